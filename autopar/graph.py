@@ -1,0 +1,120 @@
+"""autopar's graph IR: a small SSA graph made from a jaxpr.
+
+In: built by ``autopar.trace``. Out: ``Graph`` with ``Value`` (shape, dtype), ``Const``
+(a literal or captured array) and ``Node`` (one JAX primitive application) in topological
+order, use lists, and ``str(graph)``: a stable printed form for golden tests, e.g.
+``%3:f32[8,32] = dot_general(%0, %1) {dimension_numbers=...}``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+          "int32": "i32", "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32",
+          "bool": "bool"}
+
+
+def type_str(shape, dtype) -> str:
+    return f"{_SHORT.get(str(dtype), str(dtype))}[{','.join(map(str, shape))}]"
+
+
+@dataclass(frozen=True)
+class Value:
+    """An SSA value: produced by one node (or a graph input), read by any number of nodes."""
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def __str__(self) -> str:
+        return f"%{self.id}"
+
+
+@dataclass(frozen=True, eq=False)
+class Const:
+    """A literal or an array captured by the traced function; always available everywhere."""
+    value: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def __str__(self) -> str:
+        if self.shape == ():
+            return repr(np.asarray(self.value).item())
+        return f"const:{type_str(self.shape, self.dtype)}"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One primitive application. ``params`` are the JAX primitive's own parameters."""
+    id: int
+    primitive: Any
+    inputs: tuple
+    outputs: tuple[Value, ...]
+    params: dict
+    source: str = ""
+
+    @property
+    def prim(self) -> str:
+        return self.primitive.name
+
+    @property
+    def name(self) -> str:
+        return f"{self.prim}.{self.id}"
+
+    def __str__(self) -> str:
+        outs = ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.outputs)
+        ins = ", ".join(str(i) for i in self.inputs)
+        ps = ", ".join(f"{k}={_param_str(v)}" for k, v in sorted(self.params.items())
+                       if k not in _HIDDEN_PARAMS)
+        return f"{outs} = {self.prim}({ins})" + (f" {{{ps}}}" if ps else "")
+
+
+_HIDDEN_PARAMS = {"sharding", "out_sharding", "precision", "preferred_element_type",
+                  "accumulation_type", "mode", "unique_indices", "indices_are_sorted",
+                  "update_jaxpr", "update_consts"}
+
+
+def _param_str(v) -> str:
+    s = str(v).replace("\n", " ")
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    inputs: tuple[Value, ...]
+    outputs: tuple            # Value or Const
+    nodes: tuple[Node, ...]
+    in_tree: Any = None
+    out_tree: Any = None
+    producer: dict = field(default_factory=dict, repr=False)   # value id -> Node
+    users: dict = field(default_factory=dict, repr=False)      # value id -> [(Node, input index)]
+
+    @staticmethod
+    def build(inputs, outputs, nodes, in_tree=None, out_tree=None) -> "Graph":
+        producer, users = {}, {v.id: [] for v in inputs}
+        for n in nodes:
+            for i, x in enumerate(n.inputs):
+                if isinstance(x, Value):
+                    users[x.id].append((n, i))
+            for v in n.outputs:
+                producer[v.id] = n
+                users[v.id] = []
+        return Graph(tuple(inputs), tuple(outputs), tuple(nodes), in_tree, out_tree, producer, users)
+
+    def values(self):
+        yield from self.inputs
+        for n in self.nodes:
+            yield from n.outputs
+
+    def __str__(self) -> str:
+        lines = ["graph(" + ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.inputs) + ") {"]
+        lines += [f"  {n}" for n in self.nodes]
+        lines.append("  return " + ", ".join(str(o) for o in self.outputs))
+        lines.append("}")
+        return "\n".join(lines)

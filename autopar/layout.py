@@ -1,0 +1,177 @@
+"""Tensor layouts on a logical mesh.
+
+In: per tensor dimension the ordered mesh axes that split it (major first), and the set of
+axes over which the value is a pending partial sum. Out: a frozen ``Layout`` with
+- a canonical text form ``[x,(y,z),_] sum{w}`` and ``Layout.parse`` (``parse(str(l)) == l``),
+- local (per-device) shapes, validation against a shape and mesh,
+- conversions to/from MindSpore split-count tuples, MindSpore (device_matrix, tensor_map),
+  and ``jax.sharding.PartitionSpec``.
+
+Split counts -> mesh axes (``Layout.from_strategy``), the documented deterministic mapping:
+tensor dimensions are taken left to right; for a count ``c > 1`` the chosen axes are the
+subsequence of still-unused mesh axes, in mesh order, whose sizes multiply to ``c``; among
+those the one with the fewest axes wins, then the one whose axis indices are lexicographically
+smallest. So on mesh ``(x=2, y=4)``: ``(2, 4)`` -> ``[x,y]``, ``(8, 1)`` -> ``[(x,y),_]``,
+``(4, 2)`` -> ``[y,x]``, ``(1, 4)`` -> ``[_,y]``. A layout never communicates.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+from .errors import LayoutError
+from .mesh import LogicalMesh
+
+
+@dataclass(frozen=True)
+class Layout:
+    dims: tuple[tuple[str, ...], ...]
+    partial: frozenset = frozenset()
+
+    def __post_init__(self):
+        object.__setattr__(self, "dims", tuple(tuple(d) for d in self.dims))
+        object.__setattr__(self, "partial", frozenset(self.partial))
+        used = [a for d in self.dims for a in d]
+        if len(set(used)) != len(used) or set(used) & self.partial:
+            raise LayoutError(f"layout {self} uses a mesh axis twice; each axis may split one "
+                              "dimension or be a partial-sum axis, not both.")
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def replicated(rank: int) -> "Layout":
+        return Layout(((),) * rank)
+
+    @staticmethod
+    def parse(text: str) -> "Layout":
+        m = re.fullmatch(r"\s*\[(.*)\]\s*(?:sum\{([^}]*)\})?\s*", text)
+        if not m:
+            raise LayoutError(f"cannot parse layout {text!r}; expected e.g. '[x,(y,z),_] sum{{w}}'.")
+        body, part = m.group(1).strip(), m.group(2)
+        dims = []
+        for tok in re.findall(r"\([^)]*\)|[^,\s()]+", body):
+            if tok == "_":
+                dims.append(())
+            elif tok.startswith("("):
+                dims.append(tuple(a.strip() for a in tok[1:-1].split(",") if a.strip()))
+            else:
+                dims.append((tok,))
+        partial = frozenset(a.strip() for a in part.split(",") if a.strip()) if part else frozenset()
+        return Layout(tuple(dims), partial)
+
+    @staticmethod
+    def from_strategy(counts, mesh: LogicalMesh) -> "Layout":
+        """MindSpore split counts of one tensor, e.g. ``(2, 4)``, mapped as the module doc says."""
+        counts = tuple(int(c) for c in counts)
+        free = list(range(len(mesh.shape)))
+        dims = []
+        for i, c in enumerate(counts):
+            if c < 1:
+                raise LayoutError(f"split count {c} at dimension {i} of {counts} must be >= 1.")
+            if c == 1:
+                dims.append(())
+                continue
+            pick = _axes_for_count(c, free, mesh)
+            if pick is None:
+                raise LayoutError(
+                    f"split counts {counts}: no unused mesh axes of {mesh} multiply to {c} for "
+                    f"dimension {i}; use counts that are products of distinct mesh axis sizes, "
+                    "or give an ap.Layout naming the axes.")
+            for a in pick:
+                free.remove(a)
+            dims.append(tuple(mesh.axis_names[a] for a in pick))
+        return Layout(tuple(dims))
+
+    @staticmethod
+    def from_tensor_map(device_matrix, tensor_map, mesh: LogicalMesh) -> "Layout":
+        """MindSpore ``(dev_matrix, tensor_map)``: entry ``-1`` = not split, entry ``k`` = device
+        matrix dimension ``len(dev_matrix) - 1 - k``; a tuple entry splits over several."""
+        dm = tuple(device_matrix)
+        if dm != mesh.shape:
+            raise LayoutError(f"device matrix {dm} differs from the mesh shape {mesh.shape}.")
+        dims = []
+        for t in tensor_map:
+            ts = t if isinstance(t, (tuple, list)) else (t,)
+            dims.append(tuple(mesh.axis_names[len(dm) - 1 - k] for k in ts if k != -1))
+        return Layout(tuple(dims))
+
+    @staticmethod
+    def from_partition_spec(spec, rank: int) -> "Layout":
+        entries = list(spec) + [None] * (rank - len(spec))
+        dims = []
+        for e in entries:
+            dims.append(() if e is None else (tuple(e) if isinstance(e, (tuple, list)) else (e,)))
+        return Layout(tuple(dims))
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def axes(self) -> frozenset:
+        return frozenset(a for d in self.dims for a in d)
+
+    def is_replicated(self) -> bool:
+        return not self.axes and not self.partial
+
+    def splits(self, mesh: LogicalMesh) -> tuple[int, ...]:
+        return tuple(math.prod(mesh.axis_size(a) for a in d) for d in self.dims)
+
+    def local_shape(self, shape, mesh: LogicalMesh) -> tuple[int, ...]:
+        return tuple(s // c for s, c in zip(shape, self.splits(mesh)))
+
+    def check(self, shape, mesh: LogicalMesh, what: str = "value") -> "Layout":
+        """Raise LayoutError unless this layout fits a tensor of ``shape`` on ``mesh``."""
+        shape = tuple(shape)
+        if self.rank != len(shape):
+            raise LayoutError(f"{what}: layout {self} has {self.rank} dimensions but the tensor "
+                              f"has shape {shape}; give one entry per dimension.")
+        for a in self.axes | self.partial:
+            if a not in mesh.axis_names:
+                raise LayoutError(f"{what}: layout {self} names axis {a!r}, not on {mesh}.")
+        for i, (s, c) in enumerate(zip(shape, self.splits(mesh))):
+            if s % c:
+                raise LayoutError(f"{what}: dimension {i} of size {s} (shape {shape}) is split "
+                                  f"{c} ways by {self}, which does not divide it; choose a split "
+                                  f"that divides {s}.")
+        return self
+
+    # ------------------------------------------------------------------ conversions
+    def to_strategy(self, mesh: LogicalMesh) -> tuple[int, ...]:
+        return self.splits(mesh)
+
+    def to_tensor_map(self, mesh: LogicalMesh):
+        """MindSpore ``(device_matrix, tensor_map)``; see ``from_tensor_map``."""
+        n = len(mesh.shape)
+        tmap = []
+        for d in self.dims:
+            ks = [n - 1 - mesh.axis_index(a) for a in d]
+            tmap.append(-1 if not ks else (ks[0] if len(ks) == 1 else tuple(ks)))
+        return tuple(mesh.shape), tuple(tmap)
+
+    def to_partition_spec(self):
+        from jax.sharding import PartitionSpec
+        if self.partial:
+            raise LayoutError(f"layout {self} holds partial sums, which a PartitionSpec cannot "
+                              "express; reduce them first.")
+        return PartitionSpec(*[None if not d else (d[0] if len(d) == 1 else d) for d in self.dims])
+
+    # ------------------------------------------------------------------ text
+    def __str__(self) -> str:
+        body = ",".join("_" if not d else (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
+                        for d in self.dims)
+        tail = f" sum{{{','.join(sorted(self.partial))}}}" if self.partial else ""
+        return f"[{body}]{tail}"
+
+    def __repr__(self) -> str:
+        return f"Layout({str(self)!r})"
+
+
+def _axes_for_count(c: int, free: list[int], mesh: LogicalMesh):
+    for k in range(1, len(free) + 1):
+        for combo in itertools.combinations(free, k):
+            if math.prod(mesh.shape[a] for a in combo) == c:
+                return combo
+    return None

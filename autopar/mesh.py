@@ -1,0 +1,84 @@
+"""Logical device mesh: named axes with sizes, each lying inside one topology level.
+
+In: a shape, optional axis names and a Topology. Out: a frozen ``LogicalMesh``. Devices are
+numbered row-major over the axes (the last axis varies fastest), as in ``jax.sharding.Mesh``
+built from ``np.arange(n).reshape(shape)``. Axes are placed on topology levels innermost first,
+so the last axis rides the fastest links. Planning sees only this object.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .topology import Level, Topology
+
+DEFAULT_AXIS_NAMES = {1: ("x",), 2: ("x", "y"), 3: ("x", "y", "z")}
+
+
+def default_axis_names(ndim: int) -> tuple[str, ...]:
+    return DEFAULT_AXIS_NAMES.get(ndim, tuple(f"a{i}" for i in range(ndim)))
+
+
+@dataclass(frozen=True)
+class LogicalMesh:
+    axis_names: tuple[str, ...]
+    shape: tuple[int, ...]
+    topology: Topology
+
+    def __post_init__(self):
+        if len(self.axis_names) != len(self.shape):
+            raise ConfigError(f"mesh axis names {self.axis_names} do not match shape {self.shape}.")
+        if len(set(self.axis_names)) != len(self.axis_names) or "_" in self.axis_names:
+            raise ConfigError(f"mesh axis names {self.axis_names} must be distinct and not '_'.")
+        if any(s < 1 for s in self.shape):
+            raise ConfigError(f"mesh shape {self.shape} has a non-positive size.")
+        if math.prod(self.shape) != self.topology.num_devices:
+            raise ConfigError(
+                f"mesh shape {self.shape} has {math.prod(self.shape)} devices but the topology has "
+                f"{self.topology.num_devices}; make device_num equal the product of mesh_shape.")
+
+    @staticmethod
+    def create(shape, axis_names=None, topology: Topology | None = None) -> "LogicalMesh":
+        shape = tuple(int(s) for s in shape)
+        names = tuple(axis_names) if axis_names else default_axis_names(len(shape))
+        return LogicalMesh(names, shape, topology or Topology.local(math.prod(shape)))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def axis_size(self, name: str) -> int:
+        return self.shape[self.axis_index(name)]
+
+    def axis_index(self, name: str) -> int:
+        try:
+            return self.axis_names.index(name)
+        except ValueError:
+            raise ConfigError(f"no mesh axis {name!r}; the mesh has {self.axis_names}.") from None
+
+    def level(self, name: str) -> Level:
+        """The topology level whose links an axis uses (its slowest level if it spans several)."""
+        return self._levels()[self.axis_index(name)]
+
+    def _levels(self) -> tuple[Level, ...]:
+        levels = list(self.topology.levels)
+        out = []
+        li, room = len(levels) - 1, levels[-1].size
+        for size in reversed(self.shape):
+            lv = levels[li]
+            while size > 1:
+                if room == 1:
+                    li -= 1
+                    room = levels[li].size
+                g = math.gcd(size, room)
+                if g == 1:
+                    raise ConfigError(f"mesh shape {self.shape} does not factor over {self.topology}.")
+                size //= g
+                room //= g
+                lv = levels[li]
+            out.append(lv)
+        return tuple(reversed(out))
+
+    def __str__(self) -> str:
+        return "Mesh(" + ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape)) + ")"

@@ -1,0 +1,85 @@
+"""The Program: per-rank SPMD instructions, the contract between planning and the runtimes.
+
+In: built by ``autopar.redistribution.lower`` from a Graph and a Strategy. Out: a frozen
+``Program`` holding, in execution order,
+- ``Compute``: one primitive applied to local (per-device) operands with local shape params;
+- ``Collective``: an explicit collective over named mesh axes (kind, axes, local shape, dtype,
+  per-device payload bytes, chosen algorithm); ``dim``/``dst_dim`` say which tensor dimensions it
+  gathers, scatters or exchanges;
+- ``Slice``: a local slice of a replicated dimension along a mesh axis (no communication).
+Operands are integer register ids or ``graph.Const``. Every runtime executes exactly this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .graph import type_str
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]        # local shape of the operand
+    dtype: Any
+    bytes: int                    # per-device payload: the larger of the local input and output
+    algorithm: str = "ring"
+    dim: Optional[int] = None     # all_gather: gathered dim; reduce_scatter: scattered dim;
+    dst_dim: Optional[int] = None  # all_to_all: dim = concatenated (gathered) dim, dst_dim = split dim
+    src: int = -1                 # register read
+    out: int = -1                 # register written
+    reason: str = ""              # what needed it, e.g. "dot_general.12 input 0"
+
+    def __str__(self) -> str:
+        d = "" if self.dim is None else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
+        return (f"{self.kind}({','.join(self.axes)}){d} {type_str(self.shape, np.dtype(self.dtype))} "
+                f"{self.bytes} B [{self.algorithm}]" + (f"  ; {self.reason}" if self.reason else ""))
+
+
+@dataclass(frozen=True)
+class Slice:
+    axes: tuple[str, ...]
+    dim: int
+    shape: tuple[int, ...]        # local shape before slicing
+    src: Any = -1                 # register id or graph.Const
+    out: int = -1
+
+    def __str__(self) -> str:
+        return f"%r{self.out} = slice(%r{self.src}, dim={self.dim}, axes={','.join(self.axes)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Compute:
+    node: Any                     # the graph Node (its primitive and global shapes)
+    params: dict                  # primitive params for local shapes
+    inputs: tuple                 # register ids or graph.Const
+    outputs: tuple[int, ...]
+    out_shapes: tuple             # local output shapes
+
+    def __str__(self) -> str:
+        ins = ", ".join(f"%r{i}" if isinstance(i, int) else str(i) for i in self.inputs)
+        outs = ", ".join(f"%r{o}" for o in self.outputs)
+        return f"{outs} = {self.node.prim}({ins})  ; {self.node.name} local {self.out_shapes}"
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    mesh: Any                     # LogicalMesh
+    inputs: tuple[int, ...]       # registers of the flattened arguments (sharded by in_layouts)
+    in_layouts: tuple             # Layout per argument leaf
+    outputs: tuple                # register id or graph.Const per flattened result
+    out_layouts: tuple            # Layout per result leaf (never partial)
+    instructions: tuple
+    in_tree: Any = None
+    out_tree: Any = None
+
+    def collectives(self) -> list[Collective]:
+        return [i for i in self.instructions if isinstance(i, Collective)]
+
+    def __str__(self) -> str:
+        return "\n".join(str(i) for i in self.instructions)

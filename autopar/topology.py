@@ -1,0 +1,60 @@
+"""Physical topology: the device hierarchy with per-level alpha/beta link costs.
+
+In: level sizes and link constants (or a preset name). Out: a frozen ``Topology`` whose
+``levels`` are outermost first; ``comm_time`` prices a byte count over a level.
+All communication constants live here; solvers read them from a Topology, never hard-code them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the hierarchy: ``size`` children joined by links of latency ``alpha``
+    (seconds per message) and inverse bandwidth ``beta`` (seconds per byte)."""
+    name: str
+    size: int
+    alpha: float
+    beta: float
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The device hierarchy, outermost level first, plus per-device compute throughput."""
+    levels: tuple[Level, ...]
+    flops: float = 50e9           # sustained float32 FLOP/s of one device
+    mem_bandwidth: float = 10e9   # bytes/s of one device's memory
+
+    def __post_init__(self):
+        if not self.levels:
+            raise ConfigError("Topology needs at least one level; use Topology.local(n).")
+        for lv in self.levels:
+            if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0:
+                raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0.")
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(lv.size for lv in self.levels)
+
+    @staticmethod
+    def local(n: int) -> "Topology":
+        """This machine: ``n`` ranks sharing one host's memory (constants from ../shared/PEERS.md:
+        a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth)."""
+        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
+
+    @staticmethod
+    def cluster(hosts: int, per_host: int = 8, nic_gbps: float = 200.0) -> "Topology":
+        """GPU hosts with ``per_host`` NVLink-connected devices joined by ``nic_gbps`` NICs."""
+        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9)),
+                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9)),
+                        flops=300e12, mem_bandwidth=2e12)
+
+    def __str__(self) -> str:
+        return "Topology(" + " x ".join(str(lv) for lv in self.levels) + ")"

@@ -1,0 +1,86 @@
+"""Trace a JAX function into autopar's Graph.
+
+In: a Python function and example arguments (pytrees of arrays or ``jax.ShapeDtypeStruct``).
+Out: a ``Graph`` whose inputs are the flattened leaves and whose outputs are the flattened
+results (``in_tree``/``out_tree`` keep the pytree structure). Nested ``jit``, ``closed_call``,
+``remat``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
+is traced the custom derivative rules have been applied, so their primal bodies are what runs.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax._src import source_info_util
+from jax.extend.core import Literal
+
+from .graph import Const, Graph, Node, Value
+
+# primitive name -> parameter holding the body to inline
+_INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+           "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+           "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
+
+
+def trace(fn, *args) -> Graph:
+    flat, in_tree = jax.tree.flatten(args)
+    out_tree_box = []
+
+    def flat_fn(*leaves):
+        out = fn(*jax.tree.unflatten(in_tree, leaves))
+        leaves_out, tree = jax.tree.flatten(out)
+        out_tree_box.append(tree)
+        return leaves_out
+
+    specs = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in flat]
+    closed = jax.make_jaxpr(flat_fn)(*specs)
+    b = _Builder()
+    inputs = [b.new_value(v.aval) for v in closed.jaxpr.invars]
+    outs = b.inline(closed.jaxpr, closed.consts, inputs, "")
+    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
+
+
+def _dtype(x):
+    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
+class _Builder:
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.next_id = 0
+
+    def new_value(self, aval) -> Value:
+        v = Value(self.next_id, tuple(int(d) for d in aval.shape), np.dtype(aval.dtype))
+        self.next_id += 1
+        return v
+
+    def inline(self, jaxpr, consts, args, outer_src):
+        env = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = Const(np.asarray(c), tuple(np.shape(c)), np.dtype(_dtype(c)))
+        for var, a in zip(jaxpr.invars, args):
+            env[var] = a
+
+        def read(atom):
+            if isinstance(atom, Literal):
+                val = atom.val
+                return Const(val, tuple(np.shape(val)), np.dtype(atom.aval.dtype))
+            return env[atom]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            src = source_info_util.summarize(eqn.source_info) or outer_src
+            key = _INLINE.get(eqn.primitive.name)
+            if key is not None and key in eqn.params:
+                body = eqn.params[key]
+                if eqn.primitive.name == "custom_vjp_call_jaxpr" or hasattr(body, "consts"):
+                    sub, sub_consts = body.jaxpr, body.consts
+                else:
+                    sub, sub_consts = body, ()
+                outs = self.inline(sub, sub_consts, ins, src)
+            else:
+                outs = [self.new_value(v.aval) for v in eqn.outvars]
+                self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
+                                       dict(eqn.params), src))
+            for var, o in zip(eqn.outvars, outs):
+                env[var] = o
+        return [read(a) for a in jaxpr.outvars]

@@ -1,0 +1,95 @@
+"""Candidate strategies of one operator on a logical mesh.
+
+In: a graph ``Node``, its ``OpSpec`` (from the rule table) and a ``LogicalMesh``. Out: every
+``Candidate``: an assignment of mesh axes to the spec's letters (each axis used at most once,
+axes of one letter in mesh order, every split dividing the dimensions it splits), optionally
+with the remaining axes turned into pending partial sums fed to one linear input group; with the
+input and output ``Layout``s it implies. Enumeration order is deterministic; index 0 is always
+the fully replicated candidate.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.graph import Const
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
+
+from .rules.spec import OpSpec
+
+
+@dataclass(frozen=True)
+class Candidate:
+    assign: tuple            # ((letter, (axis, ...)), ...) for split letters only
+    partial: frozenset       # axes over which linear group ``group`` receives partial sums
+    group: int               # index into OpSpec.linear, or -1
+    in_layouts: tuple[Layout, ...]
+    out_layouts: tuple[Layout, ...]
+
+    def __str__(self) -> str:
+        ins = ", ".join(map(str, self.in_layouts))
+        outs = ", ".join(map(str, self.out_layouts))
+        return f"{ins} -> {outs}"
+
+    @property
+    def num_splits(self) -> int:
+        return sum(len(a) for _, a in self.assign) + len(self.partial)
+
+
+def _is_float(dtype) -> bool:
+    return np.issubdtype(np.dtype(dtype), np.inexact)
+
+
+def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh) -> list[Candidate]:
+    letters = spec.letters
+    axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
+    groups = [g for g in spec.linear
+              if all(not isinstance(node.inputs[i], Const) for i in g)
+              and all(_is_float(v.dtype) for v in node.outputs)]
+    in_shapes = [x.shape for x in node.inputs]
+    out_shapes = [v.shape for v in node.outputs]
+    # each axis: None (unused), a letter, or "+" (partial input)
+    choices = [None, *letters] + (["+"] if groups else [])
+    out: list[Candidate] = []
+    for pick in itertools.product(choices, repeat=len(axes)):
+        assign = {}
+        for a, c in zip(axes, pick):
+            if c not in (None, "+"):
+                assign.setdefault(c, []).append(a)
+        partial = frozenset(a for a, c in zip(axes, pick) if c == "+")
+        for gi in (range(len(spec.linear)) if partial else [-1]):
+            if partial and spec.linear[gi] not in groups:
+                continue
+            cand = _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh)
+            if cand is not None:
+                out.append(cand)
+    return out
+
+
+def _layout(dims, assign, partial=frozenset()) -> Layout:
+    return Layout(tuple(tuple(assign.get(l, ())) if l else () for l in dims), partial)
+
+
+def _fits(dims, shape, assign, mesh) -> bool:
+    for l, s in zip(dims, shape):
+        if l in assign and s % math.prod(mesh.axis_size(a) for a in assign[l]):
+            return False
+    return True
+
+
+def _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh):
+    for dims, shape in zip(spec.inputs + spec.outputs, list(in_shapes) + list(out_shapes)):
+        if not _fits(dims, shape, assign, mesh):
+            return None
+    group = set(spec.linear[gi]) if gi >= 0 else set()
+    ins = tuple(_layout(d, assign, partial if i in group else frozenset())
+                for i, d in enumerate(spec.inputs))
+    reduced = frozenset(a for l in spec.reduce for a in assign.get(l, ()))
+    outs = tuple(_layout(d, assign, partial | reduced) for d in spec.outputs)
+    order = {l: i for i, l in enumerate(spec.letters)}
+    key = tuple(sorted(((l, tuple(a)) for l, a in assign.items()), key=lambda t: order[t[0]]))
+    return Candidate(key, partial, gi, ins, outs)

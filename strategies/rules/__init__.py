@@ -1,0 +1,31 @@
+"""The rule table: primitive name -> ``Rule``, assembled from one module per op family.
+
+In: a graph node. Out: ``rule_for(node)`` returns its Rule or raises ``RuleError`` naming the
+primitive, its operand shapes and the user's source line. Adding an operator is one entry in
+its family's ``RULES`` dict.
+"""
+from __future__ import annotations
+
+from autopar.errors import RuleError
+from autopar.graph import type_str
+
+from . import dot, elementwise
+from .spec import OpSpec, Rule, parse
+
+RULES: dict[str, Rule] = {}
+for _family in (elementwise, dot):
+    RULES.update(_family.RULES)
+
+
+def rule_for(node) -> Rule:
+    rule = RULES.get(node.prim)
+    if rule is None:
+        shapes = ", ".join(type_str(x.shape, x.dtype) for x in node.inputs)
+        raise RuleError(
+            f"no sharding rule for primitive '{node.prim}' ({shapes}) at "
+            f"{node.source or 'an unknown source line'}; rewrite that line with supported jax.numpy "
+            "operations, or add a Rule for it to a family module in autopar/strategies/rules/.")
+    return rule
+
+
+__all__ = ["RULES", "OpSpec", "Rule", "parse", "rule_for"]

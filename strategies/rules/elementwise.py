@@ -1,0 +1,50 @@
+"""Elementwise primitives: every operand has the result's shape (or is a scalar literal).
+
+In: a node of an elementwise primitive. Out: the spec ``"d0 d1 .., d0 d1 .. -> d0 d1 .."``;
+scalar operands get no letters. Linear groups say where partial sums may flow through.
+"""
+from __future__ import annotations
+
+from .spec import OpSpec, Rule
+
+
+def _letters(rank):
+    return tuple(f"d{i}" for i in range(rank))
+
+
+def elementwise(linear=()):
+    def spec(node):
+        out = _letters(len(node.outputs[0].shape))
+        ins = tuple(out if len(x.shape) == len(out) else () for x in node.inputs)
+        return OpSpec(ins, tuple(out for _ in node.outputs), frozenset(), linear)
+    return Rule(spec)
+
+
+_NONLINEAR = ["exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "integer_pow", "pow", "max",
+              "min", "abs", "sign", "erf", "erf_inv", "log1p", "expm1", "eq", "ne", "lt", "le",
+              "gt", "ge", "and", "or", "not", "xor", "floor", "ceil", "round", "rem", "exp2",
+              "is_finite", "square", "clamp", "nextafter", "atan2", "sin", "cos", "cbrt",
+              "stop_gradient", "select_and_gather_add"]
+
+RULES = {name: elementwise() for name in _NONLINEAR}
+RULES.update({
+    "add": elementwise(linear=((0, 1),)),
+    "sub": elementwise(linear=((0, 1),)),
+    "add_any": elementwise(linear=((0, 1),)),
+    "neg": elementwise(linear=((0,),)),
+    "mul": elementwise(linear=((0,), (1,))),
+    "div": elementwise(linear=((0,),)),
+    "copy": elementwise(linear=((0,),)),
+    "copy_p": elementwise(linear=((0,),)),
+    "real": elementwise(linear=((0,),)),
+    "convert_element_type": elementwise(linear=((0,),)),
+    "reduce_precision": elementwise(linear=((0,),)),
+    "select_n": Rule(lambda node: _select_spec(node)),
+})
+
+
+def _select_spec(node):
+    """``select_n(pred, *cases)``: linear jointly in the cases, never in the predicate."""
+    out = _letters(len(node.outputs[0].shape))
+    ins = tuple(out if len(x.shape) == len(out) else () for x in node.inputs)
+    return OpSpec(ins, (out,), frozenset(), (tuple(range(1, len(node.inputs))),))
