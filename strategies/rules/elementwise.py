@@ -1,7 +1,9 @@
-"""Elementwise primitives: every operand has the result's shape (or is a scalar literal).
+"""Elementwise primitives: every operand has the result's rank (size-1 dimensions broadcast)
+or is a scalar.
 
 In: a node of an elementwise primitive. Out: the spec ``"d0 d1 .., d0 d1 .. -> d0 d1 .."``;
-scalar operands get no letters. Linear groups say where partial sums may flow through.
+scalar operands get no letters and a size-1 dimension broadcast against a larger one is ``_``.
+Linear groups say where partial sums may flow through.
 """
 from __future__ import annotations
 
@@ -12,10 +14,17 @@ def _letters(rank):
     return tuple(f"d{i}" for i in range(rank))
 
 
+def _operands(node):
+    shape = node.outputs[0].shape
+    out = _letters(len(shape))
+    ins = tuple(tuple(l if s == o else None for l, s, o in zip(out, x.shape, shape))
+                if len(x.shape) == len(shape) else () for x in node.inputs)
+    return ins, out
+
+
 def elementwise(linear=()):
     def spec(node):
-        out = _letters(len(node.outputs[0].shape))
-        ins = tuple(out if len(x.shape) == len(out) else () for x in node.inputs)
+        ins, out = _operands(node)
         return OpSpec(ins, tuple(out for _ in node.outputs), frozenset(), linear)
     return Rule(spec)
 
@@ -45,6 +54,5 @@ RULES.update({
 
 def _select_spec(node):
     """``select_n(pred, *cases)``: linear jointly in the cases, never in the predicate."""
-    out = _letters(len(node.outputs[0].shape))
-    ins = tuple(out if len(x.shape) == len(out) else () for x in node.inputs)
+    ins, out = _operands(node)
     return OpSpec(ins, (out,), frozenset(), (tuple(range(1, len(node.inputs))),))
