@@ -1,0 +1,255 @@
+"""Redistribution planner: the cheapest sequence of collectives from one layout to another.
+
+In: a ``LogicalMesh`` (for ``Planner``), then per query a source and a destination ``Layout``,
+the global tensor shape and its dtype. Out: a frozen ``Plan`` holding the ordered ``Step``s
+that turn per-device blocks of ``src`` into per-device blocks of ``dst``, and their estimated
+time in seconds. Pure planning: nothing here touches devices.
+
+Transitions (each step moves ONE mesh axis ``a``; "innermost" = last axis of a dimension):
+
+| from -> to            | step                            | effect on the layout                     |
+|-----------------------|---------------------------------|------------------------------------------|
+| replicate -> shard    | ``slice(a, dim=d)``             | unused ``a`` appended innermost to dim d |
+| shard -> replicate    | ``all_gather(a, dim=d)``        | innermost ``a`` of dim d removed         |
+| partial -> replicate  | ``all_reduce(a)``               | ``a`` removed from the partial set       |
+| partial -> shard      | ``reduce_scatter(a, dim=d)``    | ``a`` leaves partial, innermost of dim d |
+| shard(i) -> shard(j)  | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost ``a`` of dim i -> innermost of dim j |
+
+Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
+axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level.
+The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
+paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Ties are broken by fewer
+steps, then by the step sequence in a fixed order (kind order as in ``KINDS``, then mesh axis
+order, then dims). A partial axis can only be reduced, never created: an axis partial in ``dst``
+must be partial in ``src`` too (and then stays partial), otherwise ``RedistributionError``.
+Results are memoised per ``Planner`` instance.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from autopar.errors import RedistributionError
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
+from autopar.strategies.comm_cost import collective_time
+
+KINDS = ("slice", "all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One redistribution step over mesh ``axes`` (the planner emits one axis per step).
+    ``dim``: the sliced, gathered or scattered dim (all_to_all: the dim the axis leaves);
+    ``dst_dim``: all_to_all only, the dim the axis moves to."""
+    kind: str
+    axes: tuple[str, ...]
+    dim: Optional[int] = None
+    dst_dim: Optional[int] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "axes", tuple(self.axes))
+
+    def __str__(self) -> str:
+        ax = ",".join(self.axes)
+        if self.kind == "all_to_all":
+            return f"all_to_all({ax}, {self.dim}->{self.dst_dim})"
+        if self.dim is None:
+            return f"{self.kind}({ax})"
+        return f"{self.kind}({ax}, dim={self.dim})"
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step of a plan with its local (per-device) shapes, input bytes, time and algorithm."""
+    step: Step
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    in_bytes: int
+    out_bytes: int
+    seconds: float
+    algorithm: str
+
+    def __str__(self) -> str:
+        return f"{self.step} {self.in_shape}->{self.out_shape} {self.seconds:.3g}s [{self.algorithm}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    src: Layout
+    dst: Layout
+    shape: tuple[int, ...]
+    dtype: Any
+    steps: tuple[Step, ...]
+    cost: float
+
+    def __str__(self) -> str:
+        body = "; ".join(map(str, self.steps)) if self.steps else "nothing"
+        return f"{self.src} -> {self.dst}: {body} ({self.cost:.3g}s)"
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+class Planner:
+    """Cheapest redistribution plans on one mesh, memoised on the instance."""
+
+    def __init__(self, mesh: LogicalMesh):
+        self.mesh = mesh
+        self._size = dict(zip(mesh.axis_names, mesh.shape))
+        self._order = {a: i for i, a in enumerate(mesh.axis_names)}
+        self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta) for a in mesh.axis_names}
+        self._memo: dict = {}
+
+    # ------------------------------------------------------------------ public
+    def plan(self, src: Layout, dst: Layout, shape, dtype) -> Plan:
+        shape = tuple(int(s) for s in shape)
+        dt = np.dtype(dtype)
+        key = (src, dst, shape, dt)
+        hit = self._memo.get(key)
+        if hit is None:
+            self._validate(src, dst, shape)
+            steps, cost = self._search(src, dst, shape, dt.itemsize)
+            hit = self._memo[key] = Plan(src, dst, shape, dt, steps, cost)
+        return hit
+
+    def cost(self, src: Layout, dst: Layout, shape, dtype) -> float:
+        return self.plan(src, dst, shape, dtype).cost
+
+    def step_costs(self, plan: Plan) -> tuple[StepCost, ...]:
+        """Per step of ``plan``: local input/output shapes, bytes, time and algorithm."""
+        dims = plan.src.dims
+        partial = tuple(sorted(plan.src.partial, key=self._order.__getitem__))
+        out = []
+        item = np.dtype(plan.dtype).itemsize
+        for st in plan.steps:
+            in_shape = self._local(plan.shape, dims)
+            dims, partial = _apply(dims, partial, st)
+            out_shape = self._local(plan.shape, dims)
+            b_in, b_out = item * math.prod(in_shape), item * math.prod(out_shape)
+            sec, alg = self._time(st.kind, st.axes[0], b_in)
+            out.append(StepCost(st, in_shape, out_shape, b_in, b_out, sec, alg))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ internals
+    def _local(self, shape, dims) -> tuple[int, ...]:
+        return tuple(s // math.prod(self._size[a] for a in d) for s, d in zip(shape, dims))
+
+    def _time(self, kind: str, axis: str, nbytes: int):
+        if kind == "slice":
+            return 0.0, "local"
+        alpha, beta = self._lvl[axis]
+        return collective_time(kind, nbytes, self._size[axis], alpha, beta)
+
+    def _fail(self, src, dst, shape, why: str):
+        raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "
+                                  f"from {src} to {dst}: {why}")
+
+    def _validate(self, src: Layout, dst: Layout, shape) -> None:
+        for name, lay in (("source", src), ("destination", dst)):
+            if lay.rank != len(shape):
+                self._fail(src, dst, shape, f"the {name} layout has {lay.rank} dimensions but the "
+                           f"shape has {len(shape)}; give one entry per tensor dimension.")
+            unknown = sorted((lay.axes | lay.partial) - set(self._size))
+            if unknown:
+                self._fail(src, dst, shape, f"the {name} layout names axes {unknown} that are not "
+                           f"on the mesh (axes {self.mesh.axis_names}); use mesh axis names.")
+            for i, d in enumerate(lay.dims):
+                c = math.prod(self._size[a] for a in d)
+                if shape[i] % c:
+                    self._fail(src, dst, shape, f"the {name} layout splits dimension {i} of size "
+                               f"{shape[i]} {c} ways, which does not divide it; choose axes whose "
+                               "sizes multiply to a divisor of the dimension.")
+        extra = sorted(dst.partial - src.partial)
+        if extra:
+            self._fail(src, dst, shape, f"the destination is a partial sum over {extra} but the "
+                       "source is not; a partial sum cannot be created by communication, so "
+                       "make the destination not partial over those axes.")
+
+    def _search(self, src: Layout, dst: Layout, shape, itemsize: int):
+        """Dijkstra over states ``(dims, partial)``; priority ``(cost, #steps, step keys)``."""
+        order, size = self._order, self._size
+        keep = dst.partial                          # partial axes that must stay partial
+        start = (src.dims, tuple(sorted(src.partial, key=order.__getitem__)))
+        goal = (dst.dims, tuple(sorted(dst.partial, key=order.__getitem__)))
+        if start == goal:
+            return (), 0.0
+        names = self.mesh.axis_names
+        rank = len(shape)
+        best = {start: (0.0, 0, ())}
+        heap = [(0.0, 0, (), start, ())]
+        done = set()
+        while heap:
+            cost, n, pkey, state, steps = heapq.heappop(heap)
+            if state in done:
+                continue
+            if state == goal:
+                return steps, cost
+            done.add(state)
+            dims, partial = state
+            splits = [math.prod(size[a] for a in d) for d in dims]
+            local = [s // c for s, c in zip(shape, splits)]
+            nbytes = itemsize * math.prod(local)
+            used = {a for d in dims for a in d}
+            for nxt, st, skey in self._moves(dims, partial, splits, shape, used, keep, names, rank):
+                if nxt in done:
+                    continue
+                sec = 0.0 if st.kind == "slice" else self._time(st.kind, st.axes[0], nbytes)[0]
+                cand = (cost + sec, n + 1, pkey + (skey,))
+                old = best.get(nxt)
+                if old is None or cand < old:
+                    best[nxt] = cand
+                    heapq.heappush(heap, (*cand, nxt, steps + (st,)))
+        self._fail(src, dst, shape, "no sequence of collectives reaches the destination "
+                   "(internal planner error; please report it).")
+
+    def _moves(self, dims, partial, splits, shape, used, keep, names, rank):
+        """Every legal step from state ``(dims, partial)`` as ``(next state, Step, sort key)``."""
+        size, order = self._size, self._order
+        for a in names:
+            ai, n = order[a], size[a]
+            if a in partial:
+                if a in keep:
+                    continue
+                rest = tuple(p for p in partial if p != a)
+                yield (dims, rest), Step("all_reduce", (a,)), (2, ai, -1, -1)
+                for d in range(rank):
+                    if shape[d] % (splits[d] * n) == 0:
+                        nd = dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
+                        yield (nd, rest), Step("reduce_scatter", (a,), d), (3, ai, d, -1)
+            elif a not in used:
+                for d in range(rank):
+                    if shape[d] % (splits[d] * n) == 0:
+                        nd = dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
+                        yield (nd, partial), Step("slice", (a,), d), (0, ai, d, -1)
+        for i in range(rank):
+            if not dims[i]:
+                continue
+            a = dims[i][-1]
+            ai, n = order[a], size[a]
+            gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
+            yield (gone, partial), Step("all_gather", (a,), i), (1, ai, i, -1)
+            for j in range(rank):
+                if j != i and shape[j] % (splits[j] * n) == 0:
+                    nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
+                    yield (nd, partial), Step("all_to_all", (a,), i, j), (4, ai, i, j)
+
+
+def _apply(dims, partial, st: Step):
+    """The layout state after ``st`` (no validation; used to annotate planned steps)."""
+    dims = list(dims)
+    axes = tuple(st.axes)
+    if st.kind in ("all_reduce", "reduce_scatter"):
+        partial = tuple(p for p in partial if p not in axes)
+    if st.kind in ("all_gather", "all_to_all"):
+        dims[st.dim] = dims[st.dim][:len(dims[st.dim]) - len(axes)]
+    if st.kind in ("slice", "reduce_scatter"):
+        dims[st.dim] = dims[st.dim] + axes
+    if st.kind == "all_to_all":
+        dims[st.dst_dim] = dims[st.dst_dim] + axes
+    return tuple(dims), partial
