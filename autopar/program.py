@@ -43,14 +43,20 @@ class Collective:
 
 @dataclass(frozen=True)
 class Slice:
+    """A local step, no communication: ``slice`` keeps this rank's block of dimension ``dim``
+    along ``axes``; ``partial_zero`` turns a replicated value into a partial sum over ``axes``
+    (the value on the first rank of the axis, zeros elsewhere)."""
     axes: tuple[str, ...]
-    dim: int
-    shape: tuple[int, ...]        # local shape before slicing
+    dim: Optional[int]
+    shape: tuple[int, ...]        # local shape before the step
     src: Any = -1                 # register id or graph.Const
     out: int = -1
+    kind: str = "slice"
+    dst_dim: Optional[int] = None
 
     def __str__(self) -> str:
-        return f"%r{self.out} = slice(%r{self.src}, dim={self.dim}, axes={','.join(self.axes)})"
+        src = f"%r{self.src}" if isinstance(self.src, int) else str(self.src)
+        return f"%r{self.out} = {self.kind}({src}, dim={self.dim}, axes={','.join(self.axes)})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,12 +8,17 @@ is traced the custom derivative rules have been applied, so their primal bodies 
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
 from .graph import Const, Graph, Node, Value
+
+# Report the user's line, not autopar's, as the source of an operation (ap.shard and friends).
+source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 # primitive name -> parameter holding the body to inline
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",

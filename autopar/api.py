@@ -1,0 +1,215 @@
+"""The public entry: ``compile``, ``parallel`` and the ``Compiled`` step.
+
+In: a single-device step function, example arguments (pytrees; the first holds the
+parameters), a ``ParallelConfig`` and optional ``batch_argnums``/``in_strategy``/``strategy``.
+Out: a ``Compiled`` object: calling it runs the sharded Program on the configured backend and
+returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
+Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
+This is the only module that imports every layer.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from .config import Backend, ParallelConfig, ParallelMode
+from .errors import ConfigError, LayoutError
+from .graph import type_str
+from .layout import Layout
+from .strategies.propagation import Assignment, candidates_of, propagate
+from .strategies.strategy import InputStrategy, OpStrategy, Strategy
+from .redistribution.lower import lower
+from .redistribution.planner import Planner
+from .trace import trace
+
+
+def _key_str(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _leaf_names(args) -> list[tuple[str, bool]]:
+    """(name, is_param) per flattened leaf: parameter leaves by their path ("h0.w1"), other
+    arguments as "arg<i>.<path>"."""
+    out = []
+    for i, a in enumerate(args):
+        for path, _ in jax.tree_util.tree_flatten_with_path(a)[0]:
+            p = ".".join(_key_str(k) for k in path)
+            out.append(((p or "params") if i == 0 else f"arg{i}" + (f".{p}" if p else ""), i == 0))
+    return out
+
+
+def _spec_layout(spec, shape, mesh, what) -> Layout:
+    if isinstance(spec, str):
+        spec = Layout.parse(spec)
+    if not isinstance(spec, Layout):
+        counts = tuple(int(c) for c in spec)
+        if len(counts) != len(shape):
+            raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
+                              f"has shape {tuple(shape)}; give one split count per dimension.")
+        if math.prod(counts) > mesh.size:
+            raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
+                              f"{mesh} has only {mesh.size} devices; lower the split counts.")
+        for i, (s, c) in enumerate(zip(shape, counts)):
+            if s % c:
+                raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
+                                  f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
+        spec = Layout.from_strategy(counts, mesh)
+    return spec.check(shape, mesh, what)
+
+
+class Compiled:
+    """A compiled step: call it like the original function."""
+
+    def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types):
+        self.fn, self.graph, self.config = fn, graph, config
+        self.strategy, self.program = strategy, program
+        self._in_tree, self._leaf_types = in_tree, leaf_types
+        self._runner = None
+
+    def collectives(self):
+        return self.program.collectives()
+
+    def __call__(self, *args):
+        flat, tree = jax.tree.flatten(args)
+        got = [type_str(np.shape(x), x.dtype) for x in flat]
+        if tree != self._in_tree or got != self._leaf_types:
+            raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
+                              f"called with {got} ({tree}); compile again for new shapes.")
+        if self._runner is None:
+            if self.config.backend is not Backend.JAX:
+                raise ConfigError(f"backend={self.config.backend.value!r} is not available in this "
+                                  "build; use backend='jax'.")
+            from .runtime.jax_backend import build
+            self._runner = build(self.program)
+        return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
+
+
+def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -> dict:
+    mode = config.parallel_mode
+    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    layouts = {}
+    if mode is ParallelMode.DATA_PARALLEL:
+        axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
+        for j, v in enumerate(graph.inputs):
+            if leaf_arg[j] in batch_argnums and v.shape:
+                if v.shape[0] % mesh.size:
+                    raise LayoutError(f"data_parallel: batch argument {names[j][0]} has dimension 0 "
+                                      f"of size {v.shape[0]}, not divisible by device_num="
+                                      f"{mesh.size}; use a batch size that is a multiple of it.")
+                layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
+    if in_strategy is not None and mode is ParallelMode.SEMI_AUTO_PARALLEL:
+        if len(in_strategy) != len(args):
+            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
+                              "arguments; give one per argument (None for 'no constraint').")
+        is_leaf = lambda x: x is None or isinstance(x, (Layout, str)) or (
+            isinstance(x, tuple) and all(isinstance(c, int) for c in x))
+        j = 0
+        for a, spec in zip(args, in_strategy):
+            leaves = jax.tree.leaves(a)
+            specs = jax.tree.leaves(jax.tree.map(lambda s, _: s, spec, a, is_leaf=is_leaf)
+                                    if not is_leaf(spec) else [spec] * len(leaves), is_leaf=is_leaf)
+            for s in specs:
+                if s is not None:
+                    layouts[j] = _spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")
+                j += 1
+    return layouts
+
+
+def _fixed(config, mesh, graph) -> dict:
+    if config.parallel_mode is not ParallelMode.SEMI_AUTO_PARALLEL:
+        return {}
+    return {n.id: _spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
+                               f"ap.shard at {n.source or n.name}")
+            for n in graph.nodes if n.prim == "autopar_shard"}
+
+
+def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
+    if not strategy.mesh_matches(mesh):
+        raise LayoutError(f"the strategy was made for mesh {strategy.mesh_shape} "
+                          f"{strategy.axis_names}, not {mesh}; use the same mesh_shape.")
+    if len(strategy.ops) != len(graph.nodes) or len(strategy.inputs) != len(graph.inputs):
+        raise LayoutError(f"the strategy has {len(strategy.ops)} operators and {len(strategy.inputs)} "
+                          f"arguments; this function traces to {len(graph.nodes)} and "
+                          f"{len(graph.inputs)}: it was saved for a different function or shapes.")
+    choice = {}
+    for node, op in zip(graph.nodes, strategy.ops):
+        match = [c for c in cands[node.id]
+                 if c.in_layouts == op.in_layouts and c.out_layouts == op.out_layouts]
+        if op.prim != node.prim or not match:
+            raise LayoutError(f"strategy entry {op.name} ({op.prim}) does not fit {node.name} of "
+                              "this function; it was saved for a different function or shapes.")
+        choice[node.id] = match[0]
+    return Assignment(choice, tuple(i.layout for i in strategy.inputs), 0.0)
+
+
+def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
+            in_strategy=None, strategy: Strategy | None = None) -> Compiled:
+    """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
+
+    ``batch_argnums``: arguments holding the batch (default: every argument after the first).
+    ``in_strategy``: semi_auto_parallel only; one entry per argument: None, a split-count tuple,
+    an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
+    ``strategy``: a saved ``Strategy`` to reuse instead of searching.
+    """
+    config = config or ParallelConfig()
+    mode = config.parallel_mode
+    if mode in (ParallelMode.AUTO_PARALLEL, ParallelMode.HYBRID_PARALLEL):
+        raise ConfigError(f"parallel_mode={mode.value!r} is not available in this version; use "
+                          "'stand_alone', 'data_parallel' or 'semi_auto_parallel'.")
+    mesh = config.mesh()
+    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
+        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
+    graph = trace(fn, *args)
+    names = _leaf_names(args)
+    planner = Planner(mesh)
+    cands = candidates_of(graph, mesh)
+    if strategy is not None:
+        assignment = _from_strategy(strategy, graph, mesh, cands)
+    else:
+        arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+        def cost(s, d, shape, dtype):
+            if not d.partial <= s.partial:
+                return math.inf
+            return planner.cost(s, d, shape, dtype)
+        assignment = propagate(graph, mesh, _fixed(config, mesh, graph), arg_layouts, cost, cands)
+    program, comm, _ = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
+    inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
+                   for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
+    ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
+                           tuple(v.shape for v in n.outputs), assignment.choice[n.id].in_layouts,
+                           assignment.choice[n.id].out_layouts, comm[n.id]) for n in graph.nodes)
+    strat = Strategy(mode.value, "loaded" if strategy is not None else config.search_mode.value,
+                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops)
+    leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
+    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
+
+
+class ParallelFunction:
+    """What ``@ap.parallel`` returns: ``.compile(*args)`` or call it directly (compiled once per
+    argument shapes)."""
+
+    def __init__(self, fn, config, **kw):
+        self.fn, self.config, self.kw = fn, config, kw
+        self._cache = {}
+
+    def compile(self, *args) -> Compiled:
+        flat, tree = jax.tree.flatten(args)
+        key = (tree, tuple((np.shape(x), str(x.dtype)) for x in flat))
+        if key not in self._cache:
+            self._cache[key] = compile(self.fn, *args, config=self.config, **self.kw)
+        return self._cache[key]
+
+    def __call__(self, *args):
+        return self.compile(*args)(*args)
+
+
+def parallel(fn=None, *, config: ParallelConfig | None = None, **kw):
+    """``@ap.parallel(config=cfg)`` (or bare ``@ap.parallel``) on a step function."""
+    if fn is None:
+        return lambda f: ParallelFunction(f, config, **kw)
+    return ParallelFunction(fn, config, **kw)

@@ -1,0 +1,105 @@
+"""ParallelConfig: every setting of one compilation, in one frozen value.
+
+In: keyword fields (MindSpore's names where MindSpore has one). Out: a validated, frozen
+``ParallelConfig``; ``config.mesh()`` builds the ``LogicalMesh`` it describes. Enums list the
+valid choices; an invalid value raises ``ConfigError`` listing them.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Optional
+
+from .errors import ConfigError
+from .mesh import LogicalMesh
+from .topology import Topology
+
+
+class ParallelMode(str, Enum):
+    STAND_ALONE = "stand_alone"              # one device, no communication
+    DATA_PARALLEL = "data_parallel"          # batch split over all devices, gradients all-reduced
+    SEMI_AUTO_PARALLEL = "semi_auto_parallel"  # user annotations + propagation
+    AUTO_PARALLEL = "auto_parallel"          # full strategy search
+    HYBRID_PARALLEL = "hybrid_parallel"      # the step calls collectives itself
+
+
+class SearchMode(str, Enum):
+    SHARDING_PROPAGATION = "sharding_propagation"
+    DYNAMIC_PROGRAMMING = "dynamic_programming"
+    RECURSIVE_PROGRAMMING = "recursive_programming"
+    ILP = "ilp"
+
+
+class Backend(str, Enum):
+    JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
+    NATIVE = "native"    # autopar's multi-process runtime
+
+
+def _enum(cls, value, field):
+    try:
+        return cls(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        valid = ", ".join(repr(m.value) for m in cls)
+        raise ConfigError(f"{field}={value!r} is not valid; choose one of {valid}.") from None
+
+
+_UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30, "TB": 2 ** 40}
+
+
+def parse_bytes(value) -> Optional[int]:
+    """``16GB`` / ``"512 MB"`` / ``1024`` -> bytes (binary units, as MindSpore's max_device_memory)."""
+    if value is None or isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?)\s*", str(value).upper())
+    if not m:
+        raise ConfigError(f"max_device_memory={value!r} is not a size; write e.g. 16GB or 512MB.")
+    return int(float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "" else ""])
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    parallel_mode: ParallelMode = ParallelMode.STAND_ALONE   # how the step is parallelised
+    device_num: Optional[int] = None          # devices used; default: product of mesh_shape, else 1
+    mesh_shape: Optional[tuple] = None        # logical mesh; default: (device_num,)
+    mesh_axis_names: Optional[tuple] = None   # default: x / x,y / x,y,z
+    topology: Optional[Topology] = None       # default: Topology.local(device_num)
+    search_mode: SearchMode = SearchMode.SHARDING_PROPAGATION  # solver for auto_parallel
+    max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap
+    gradients_mean: bool = True               # data_parallel: average replica gradients (see README)
+    backend: Backend = Backend.JAX            # where compiled steps run
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)
+        set_("parallel_mode", _enum(ParallelMode, self.parallel_mode, "parallel_mode"))
+        set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
+        set_("backend", _enum(Backend, self.backend, "backend"))
+        set_("max_device_memory", parse_bytes(self.max_device_memory))
+        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
+        n = self.device_num
+        if shape is None:
+            n = 1 if n is None else int(n)
+            shape = (n,)
+        elif n is None:
+            n = math.prod(shape)
+        if n < 1 or math.prod(shape) != n:
+            raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
+                              "devices; make them agree.")
+        if self.parallel_mode is ParallelMode.STAND_ALONE and n != 1:
+            raise ConfigError(f"parallel_mode='stand_alone' runs on one device but device_num={n}; "
+                              "use data_parallel or semi_auto_parallel for several devices.")
+        set_("device_num", n)
+        set_("mesh_shape", shape)
+        if self.mesh_axis_names is not None:
+            set_("mesh_axis_names", tuple(self.mesh_axis_names))
+        if self.topology is not None and self.topology.num_devices != n:
+            raise ConfigError(f"topology {self.topology} has {self.topology.num_devices} devices, "
+                              f"device_num is {n}.")
+
+    def mesh(self) -> LogicalMesh:
+        return LogicalMesh.create(self.mesh_shape, self.mesh_axis_names,
+                                  self.topology or Topology.local(self.device_num))
+
+    def replace(self, **changes) -> "ParallelConfig":
+        return replace(self, **changes)

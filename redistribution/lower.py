@@ -1,0 +1,131 @@
+"""Lowering: Graph + chosen candidates -> per-rank SPMD Program.
+
+In: a Graph, the chosen ``Candidate`` of every node (its input/output layouts), the layout of
+every graph input, a LogicalMesh and a redistribution ``Planner``. Out: ``(Program, comm)``:
+the Program holds one ``Compute`` per node (local shape params from the node's rule), and
+between producer and consumer the ``Slice``/``Collective`` instructions of the cheapest
+redistribution from the produced layout to the layout the consumer reads. A value redistributed
+to the same layout for several consumers is redistributed once. Graph outputs are made
+replicated. ``comm`` maps node id -> estimated seconds of the redistributions feeding it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autopar.graph import Const, Value
+from autopar.layout import Layout
+from autopar.program import Collective, Compute, Program, Slice
+from autopar.strategies.comm_cost import collective_time
+from autopar.strategies.rules import rule_for
+
+
+def step_layout(layout: Layout, step) -> Layout:
+    """The layout after one redistribution step (see redistribution.planner)."""
+    a = step.axes[0]
+    dims = [list(d) for d in layout.dims]
+    partial = set(layout.partial)
+    if step.kind in ("all_reduce", "reduce_scatter", "partial_zero"):
+        partial.discard(a)
+    if step.kind == "partial_zero":
+        partial.add(a)
+    if step.kind in ("all_gather", "all_to_all"):
+        dims[step.dim].remove(a)
+    if step.kind in ("slice", "reduce_scatter"):
+        dims[step.dim].append(a)
+    if step.kind == "all_to_all":
+        dims[step.dst_dim].append(a)
+    return Layout(tuple(tuple(d) for d in dims), frozenset(partial))
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+
+class _Lowerer:
+    def __init__(self, graph, choice, in_layouts, mesh, planner):
+        self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
+        self.instructions = []
+        self.where = {}            # (value id, Layout) -> register
+        self.layout = {}           # value id -> produced layout
+        self.next_reg = 0
+        self.inputs = []
+        for v, l in zip(graph.inputs, in_layouts):
+            r = self.new_reg()
+            self.inputs.append(r)
+            self.where[(v.id, l)] = r
+            self.layout[v.id] = l
+
+    def new_reg(self) -> int:
+        self.next_reg += 1
+        return self.next_reg - 1
+
+    def read(self, x, want: Layout, reason: str):
+        """Register holding ``x`` in layout ``want`` (emitting redistribution); and its cost."""
+        if isinstance(x, Const):
+            have, src = Layout.replicated(len(x.shape)), x
+            if want == have:
+                return x, 0.0
+        else:
+            have = self.layout[x.id]
+            src = self.where[(x.id, have)]
+            if (x.id, want) in self.where:
+                return self.where[(x.id, want)], 0.0
+        plan = self.planner.plan(have, want, x.shape, x.dtype)
+        cur = have
+        for step in plan.steps:
+            shape = cur.local_shape(x.shape, self.mesh)
+            nxt = step_layout(cur, step)
+            out = self.new_reg()
+            if step.kind in ("slice", "partial_zero"):
+                self.instructions.append(Slice(step.axes, step.dim, shape, src, out, step.kind))
+            else:
+                n = math.prod(self.mesh.axis_size(a) for a in step.axes)
+                lv = self.mesh.level(step.axes[0])
+                out_shape = nxt.local_shape(x.shape, self.mesh)
+                nbytes = max(_nbytes(shape, x.dtype), _nbytes(out_shape, x.dtype))
+                _, algo = collective_time(step.kind, _nbytes(shape, x.dtype), n, lv.alpha, lv.beta)
+                self.instructions.append(Collective(step.kind, tuple(step.axes), shape, np.dtype(x.dtype),
+                                                    nbytes, algo, step.dim, step.dst_dim, src, out, reason))
+            src, cur = out, nxt
+            if not isinstance(x, Const):
+                self.where[(x.id, cur)] = out
+        return src, plan.cost
+
+    def run(self):
+        comm = {}
+        for node in self.graph.nodes:
+            cand = self.choice[node.id]
+            ins, cost = [], 0.0
+            for k, (x, want) in enumerate(zip(node.inputs, cand.in_layouts)):
+                r, c = self.read(x, want, f"{node.name} input {k}")
+                ins.append(r)
+                cost += c
+            comm[node.id] = cost
+            in_shapes = [l.local_shape(x.shape, self.mesh) for x, l in zip(node.inputs, cand.in_layouts)]
+            out_shapes = [l.local_shape(v.shape, self.mesh) for v, l in zip(node.outputs, cand.out_layouts)]
+            params = rule_for(node).params_for(node, in_shapes, out_shapes)
+            outs = []
+            for v, l in zip(node.outputs, cand.out_layouts):
+                r = self.new_reg()
+                self.where[(v.id, l)] = r
+                self.layout[v.id] = l
+                outs.append(r)
+            self.instructions.append(Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes)))
+        outputs, out_layouts, out_cost = [], [], 0.0
+        for i, o in enumerate(self.graph.outputs):
+            rep = Layout.replicated(len(o.shape))
+            r, c = self.read(o, rep, f"output {i}") if isinstance(o, Value) else (o, 0.0)
+            outputs.append(r)
+            out_layouts.append(rep)
+            out_cost += c
+        return outputs, out_layouts, comm, out_cost
+
+
+def lower(graph, choice, in_layouts, mesh, planner):
+    lw = _Lowerer(graph, choice, in_layouts, mesh, planner)
+    outputs, out_layouts, comm, out_cost = lw.run()
+    prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),
+                   tuple(lw.instructions), graph.in_tree, graph.out_tree)
+    return prog, comm, out_cost

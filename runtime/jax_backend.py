@@ -1,0 +1,69 @@
+"""The JAX backend: run a Program with ``jax.shard_map`` over a ``jax.sharding.Mesh``.
+
+In: a ``Program`` and the flattened global argument arrays. Out: the flattened global results.
+The whole Program becomes one jitted ``shard_map``: arguments enter split by the Program's
+input layouts (``in_specs``), every ``Compute`` binds its primitive on local blocks with local
+params, every ``Collective``/``Slice`` runs as the ``jax.lax`` call of ``jax_collectives``, and
+results leave replicated. On CPU, fake devices (``--xla_force_host_platform_device_count``)
+make this the in-process numerical check of every plan.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from autopar.errors import ConfigError
+from autopar.graph import Const
+from autopar.program import Collective, Compute, Slice
+
+from .jax_collectives import apply_step
+
+
+def jax_mesh(mesh) -> Mesh:
+    """The jax Mesh for a LogicalMesh: the first ``mesh.size`` devices, row-major."""
+    devices = jax.devices()
+    if len(devices) < mesh.size:
+        raise ConfigError(
+            f"{mesh} needs {mesh.size} devices but JAX sees {len(devices)} "
+            f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count="
+            f"{mesh.size} before importing jax, or lower device_num.")
+    return Mesh(np.array(devices[:mesh.size]).reshape(mesh.shape), mesh.axis_names)
+
+
+def _const(c: Const):
+    return np.asarray(c.value, dtype=c.dtype)
+
+
+def program_function(program):
+    """The per-device function of a Program: local argument blocks -> local results."""
+    mesh = program.mesh
+
+    def local(*blocks):
+        regs = dict(zip(program.inputs, blocks))
+        get = lambda r: _const(r) if isinstance(r, Const) else regs[r]
+        for ins in program.instructions:
+            if isinstance(ins, Compute):
+                out = ins.node.primitive.bind(*[get(i) for i in ins.inputs], **ins.params)
+                outs = out if ins.node.primitive.multiple_results else [out]
+                regs.update(zip(ins.outputs, outs))
+            elif isinstance(ins, (Collective, Slice)):
+                regs[ins.out] = apply_step(get(ins.src), ins, mesh)
+        return tuple(regs[o] for o in program.outputs if not isinstance(o, Const))
+
+    return local
+
+
+def build(program):
+    """A jitted callable: flat global arguments -> flat global results."""
+    jm = jax_mesh(program.mesh)
+    in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
+    n_out = sum(not isinstance(o, Const) for o in program.outputs)
+    f = jax.jit(jax.shard_map(program_function(program), mesh=jm, in_specs=in_specs,
+                              out_specs=(PartitionSpec(),) * n_out, check_vma=False))
+
+    def run(flat_args):
+        got = iter(f(*flat_args))
+        return [_const(o) if isinstance(o, Const) else next(got) for o in program.outputs]
+
+    return run

@@ -1,0 +1,138 @@
+"""Sharding propagation: give every operator a layout from a few fixed ones.
+
+In: a Graph, a LogicalMesh, ``fixed`` (node id -> required output Layout, from ``ap.shard``),
+``arg_layouts`` (graph input index -> Layout, from ``in_strategy`` or data parallelism) and a
+``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's).
+Out: ``Assignment``: the chosen Candidate of every node and the layout of every graph input.
+
+Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and fixed inputs;
+of the nodes next to decided ones, the one with the fewest undecided inputs goes first (then
+the earliest discovered), so layouts flow mostly along the data. Each node takes the candidate
+with the least total resharding cost against its already-decided neighbours (producers of its
+inputs, consumers of its outputs, and the graph outputs, which must end replicated). Ties go to the candidate with fewer split axes, then to
+the lower enumeration index, so results are deterministic. Nodes no fixed layout reaches take
+their replicated candidate. Inputs without a fixed layout are fed replicated-then-sliced (free),
+so they are not seeds; afterwards each takes the layout all its consumers agree on (else
+replicated).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopar.errors import LayoutError
+from autopar.graph import Const, Value
+from autopar.layout import Layout
+
+from .candidates import Candidate, enumerate_candidates
+from .rules import rule_for
+
+
+@dataclass(frozen=True, eq=False)
+class Assignment:
+    choice: dict          # node id -> Candidate
+    inputs: tuple         # Layout per graph input
+    cost: float           # total resharding seconds counted by the search
+
+
+def candidates_of(graph, mesh) -> dict:
+    """node id -> candidate list (rule errors surface here, naming the primitive and source)."""
+    return {n.id: enumerate_candidates(n, rule_for(n).spec(n), mesh) for n in graph.nodes}
+
+
+def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assignment:
+    cands = cands or candidates_of(graph, mesh)
+    choice: dict[int, Candidate] = {}
+    in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
+    arg_ids = {v.id for v in graph.inputs}
+    out_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+
+    for nid, layout in fixed.items():
+        node = graph.nodes[nid]
+        ok = [c for c in cands[nid] if c.out_layouts[0] == layout and c.in_layouts[0] == layout]
+        if not ok:
+            raise LayoutError(f"annotation {layout} on {node.name} ({node.source}) is not a valid "
+                              f"layout of shape {node.outputs[0].shape} on {mesh}.")
+        choice[nid] = ok[0]
+
+    def produced(v):
+        """Layout a value currently has, or None if its producer is undecided."""
+        if isinstance(v, Const):
+            return Layout.replicated(len(v.shape))
+        if v.id in arg_ids:
+            return in_layout.get(v.id, Layout.replicated(len(v.shape)))
+        n = graph.producer[v.id]
+        c = choice.get(n.id)
+        return None if c is None else c.out_layouts[n.outputs.index(v)]
+
+    def in_cost(node, c):
+        total = 0.0
+        for x, want in zip(node.inputs, c.in_layouts):
+            have = produced(x)
+            if have is not None:
+                total += reshard_cost(have, want, x.shape, x.dtype)
+        return total
+
+    def score(node, c):
+        total = in_cost(node, c)
+        for v, have in zip(node.outputs, c.out_layouts):
+            for user, k in graph.users[v.id]:
+                uc = choice.get(user.id)
+                if uc is not None:
+                    total += reshard_cost(have, uc.in_layouts[k], v.shape, v.dtype)
+            if v.id in out_ids:
+                total += reshard_cost(have, Layout.replicated(len(v.shape)), v.shape, v.dtype)
+        return total
+
+    def decide(node):
+        best = min(enumerate(cands[node.id]), key=lambda ic: (score(node, ic[1]), ic[1].num_splits, ic[0]))
+        choice[node.id] = best[1]
+
+    def neighbours(node):
+        for x in node.inputs:
+            if isinstance(x, Value) and x.id not in arg_ids:
+                yield graph.producer[x.id]
+        for v in node.outputs:
+            for user, _ in graph.users[v.id]:
+                yield user
+
+    order = {}                                     # frontier: node id -> discovery index
+
+    def discover(node):
+        if node.id not in order and node.id not in choice:
+            order[node.id] = len(order) + len(choice)
+
+    def undecided_inputs(node):
+        return sum(1 for x in node.inputs if isinstance(x, Value) and produced(x) is None)
+
+    for nid in sorted(fixed):
+        for nb in neighbours(graph.nodes[nid]):
+            discover(nb)
+    for i in sorted(arg_layouts):
+        for u, _ in graph.users[graph.inputs[i].id]:
+            discover(u)
+    while order:
+        nid = min(order, key=lambda k: (undecided_inputs(graph.nodes[k]), order[k]))
+        del order[nid]
+        node = graph.nodes[nid]
+        decide(node)
+        for nb in neighbours(node):
+            discover(nb)
+    for node in graph.nodes:                       # unreached: replicated
+        choice.setdefault(node.id, cands[node.id][0])
+
+    inputs = []
+    for i, v in enumerate(graph.inputs):
+        if i in arg_layouts:
+            inputs.append(arg_layouts[i])
+            continue
+        wants = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id]}
+        wants = {w for w in wants if not w.partial}
+        inputs.append(wants.pop() if len(wants) == 1 and v.id not in out_ids
+                      else Layout.replicated(len(v.shape)))
+        in_layout[v.id] = inputs[-1]
+    total = sum(in_cost(n, choice[n.id]) for n in graph.nodes)
+    for o in graph.outputs:
+        if isinstance(o, Value):
+            total += reshard_cost(produced(o), Layout.replicated(len(o.shape)), o.shape, o.dtype)
+    return Assignment(choice, tuple(inputs), total if math.isfinite(total) else math.inf)

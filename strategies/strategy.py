@@ -1,0 +1,150 @@
+"""Strategy: the chosen layout of every operator and argument, as plain data.
+
+In: built by ``autopar.api`` from an ``Assignment`` (or loaded from JSON). Out: a frozen
+``Strategy`` that prints as a table (``table()``), serialises to autopar's JSON (``to_json``,
+``save``, ``Strategy.load``/``from_json``, exact round trip) and to MindSpore's strategy
+checkpoint JSON (``save(path, format="mindspore")``: ``parallel_strategy_item`` with one
+split-count list per operator input, ``parallel_layout_item`` with ``dev_matrix``,
+``tensor_map`` and ``tensor_shape`` per parameter).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from autopar.errors import LayoutError
+from autopar.graph import type_str
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
+
+FORMAT = "autopar-strategy"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class InputStrategy:
+    name: str            # pytree path of the argument leaf, e.g. "params.h0.w1"
+    shape: tuple
+    dtype: str
+    layout: Layout
+    is_param: bool       # a leaf of the first argument (the parameters)
+
+
+@dataclass(frozen=True)
+class OpStrategy:
+    name: str            # "<primitive>.<node index>"
+    prim: str
+    source: str          # the user's source line
+    in_shapes: tuple
+    out_shapes: tuple
+    in_layouts: tuple    # Layout per operand (literal operands included)
+    out_layouts: tuple
+    comm_time: float = 0.0   # estimated seconds of the redistributions feeding this operator
+
+
+@dataclass(frozen=True, eq=False)
+class Strategy:
+    mode: str
+    search: str
+    mesh_shape: tuple
+    axis_names: tuple
+    inputs: tuple        # InputStrategy per flattened argument leaf
+    ops: tuple           # OpStrategy per graph node, in graph order
+
+    @property
+    def comm_time(self) -> float:
+        return sum(o.comm_time for o in self.ops)
+
+    def mesh_matches(self, mesh: LogicalMesh) -> bool:
+        return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
+
+    # ------------------------------------------------------------------ table
+    def table(self) -> str:
+        mesh = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
+        head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh}) "
+                f"estimated redistribution {self.comm_time * 1e6:.1f} us"]
+        rows = [("argument", "shape", "layout", "", "")]
+        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "") for i in self.inputs]
+        rows.append(("operator", "output", "inputs -> output layout", "comm us", "source"))
+        for o in self.ops:
+            outs = " ".join(type_str(s, "") .rstrip() for s in o.out_shapes)
+            lay = ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts))
+            rows.append((o.name, outs.replace("[", "[", 1), lay,
+                         f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _short(o.source)))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = head
+        for r in rows:
+            if r[0] in ("argument", "operator") and r[1] in ("shape", "output"):
+                lines.append("")
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ autopar JSON
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "mode": self.mode, "search": self.search,
+            "mesh": {"shape": list(self.mesh_shape), "axis_names": list(self.axis_names)},
+            "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype,
+                        "layout": str(i.layout), "is_param": i.is_param} for i in self.inputs],
+            "ops": [{"name": o.name, "prim": o.prim, "source": o.source,
+                     "in_shapes": [list(s) for s in o.in_shapes],
+                     "out_shapes": [list(s) for s in o.out_shapes],
+                     "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
+                     "comm_time": o.comm_time} for o in self.ops],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> "Strategy":
+        d = json.loads(text)
+        if d.get("format") != FORMAT:
+            raise LayoutError("not an autopar strategy file (no \"format\": \"autopar-strategy\"); "
+                              "MindSpore checkpoints are written by autopar but not read back.")
+        return Strategy(
+            d["mode"], d["search"], tuple(d["mesh"]["shape"]), tuple(d["mesh"]["axis_names"]),
+            tuple(InputStrategy(i["name"], tuple(i["shape"]), i["dtype"], Layout.parse(i["layout"]),
+                                i["is_param"]) for i in d["inputs"]),
+            tuple(OpStrategy(o["name"], o["prim"], o["source"],
+                             tuple(tuple(s) for s in o["in_shapes"]),
+                             tuple(tuple(s) for s in o["out_shapes"]),
+                             tuple(Layout.parse(l) for l in o["in"]),
+                             tuple(Layout.parse(l) for l in o["out"]), o["comm_time"])
+                  for o in d["ops"]))
+
+    @staticmethod
+    def load(path) -> "Strategy":
+        with open(path) as f:
+            return Strategy.from_json(f.read())
+
+    # ------------------------------------------------------------------ MindSpore JSON
+    def to_mindspore(self) -> dict:
+        mesh = LogicalMesh.create(self.mesh_shape, self.axis_names)
+        ops = {o.name: {"stage": 0, "parallel_strategy": [list(l.to_strategy(mesh)) for l in o.in_layouts]}
+               for o in self.ops}
+        params = {}
+        for i in self.inputs:
+            if i.is_param:
+                dm, tmap = i.layout.to_tensor_map(mesh)
+                params[i.name] = {"dev_matrix": list(dm),
+                                  "tensor_map": [list(t) if isinstance(t, tuple) else t for t in tmap],
+                                  "tensor_shape": list(i.shape), "field": 0,
+                                  "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+        return {"current_stage": 0, "parallel_strategy_item": ops, "parallel_layout_item": params}
+
+    def save(self, path, format: str = "autopar") -> None:
+        if format not in ("autopar", "mindspore"):
+            raise LayoutError(f"format={format!r}: choose 'autopar' or 'mindspore'.")
+        text = self.to_json() if format == "autopar" else json.dumps(self.to_mindspore(), indent=1)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def _short(source: str) -> str:
+    """'path/to/file.py:12:4 (fn)' -> 'file.py:12 (fn)'."""
+    if not source:
+        return ""
+    loc, _, fn = source.partition(" ")
+    parts = loc.rsplit("/", 1)[-1].split(":")
+    return ":".join(parts[:2]) + (f" {fn}" if fn else "")
