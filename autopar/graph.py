@@ -71,7 +71,7 @@ class Node:
         outs = ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.outputs)
         ins = ", ".join(str(i) for i in self.inputs)
         ps = ", ".join(f"{k}={_param_str(v)}" for k, v in sorted(self.params.items())
-                       if k not in _HIDDEN_PARAMS)
+                       if k not in _HIDDEN_PARAMS and v is not None)
         return f"{outs} = {self.prim}({ins})" + (f" {{{ps}}}" if ps else "")
 
 

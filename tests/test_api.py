@@ -1,0 +1,155 @@
+"""End-to-end: compile in every mode on fake CPU devices and compare with the single device."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autopar as ap
+import models as m
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                         rtol=RTOL, atol=ATOL), a, b)
+
+
+def nbytes(tree):
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def test_stand_alone_mlp():
+    p, b = m.mlp_params(), m.mlp_batch()
+    c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig())
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    assert c.collectives() == []
+
+
+@pytest.mark.parametrize("mesh", [(8,), (2, 4)])
+def test_data_parallel_mlp_golden(mesh):
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", mesh_shape=mesh)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    kinds = {x.kind for x in c.collectives()}
+    assert kinds == {"all_reduce"}, [str(x) for x in c.collectives()]
+    assert sum(x.bytes for x in c.collectives()) == nbytes(p) + 4      # gradients + scalar loss
+    assert all(i.layout.is_replicated() for i in c.strategy.inputs if i.is_param)
+    assert all(i.layout.dims[0] for i in c.strategy.inputs if not i.is_param)
+
+
+def test_data_parallel_adam_and_gpt():
+    p, b = m.gpt_params(), m.gpt_batch(batch=8)
+    s = m.adam_init(p)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4)
+    c = ap.compile(m.gpt_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
+    assert_same(c(p, s, b), m.gpt_adam_step(p, s, b))
+    assert {x.kind for x in c.collectives()} == {"all_reduce"}
+
+
+def megatron_step(params, batch):
+    def loss_fn(params, batch):
+        x, y = batch
+        for i in (1, 3):
+            h = jax.nn.gelu(x @ ap.shard(params[f"w{i}"], (1, 4)) + ap.shard(params[f"b{i}"], (4,)))
+            x = h @ ap.shard(params[f"w{i + 1}"], (4, 1)) + params[f"b{i + 1}"]
+        return jnp.mean((x - y) ** 2)
+    loss, g = jax.value_and_grad(loss_fn)(params, batch)
+    return loss, jax.tree.map(lambda p, g: p - 0.1 * g, params, g)
+
+
+def test_megatron_mlp_golden():
+    B, H = 8, 16
+    p = m.mlp_params(sizes=(H, 4 * H, H, 4 * H, H))
+    b = m.mlp_batch(batch=B, sizes=(H, H))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4)
+    c = ap.compile(megatron_step, p, b, config=cfg)
+    assert_same(c(p, b), megatron_step(p, b))
+    colls = c.collectives()
+    act = [x for x in colls if x.shape == (B, H)]
+    assert [x.kind for x in act] == ["all_reduce"] * 3       # 2 forward blocks + 1 backward (block 2's input)
+    fwd = [x for x in act if "output" not in x.reason]
+    assert len(fwd) == 3
+    others = [x for x in colls if x not in act]
+    for x in others:                      # only the scalar loss and parameter outputs remain
+        assert x.reason.startswith("output"), str(x)
+        assert x.kind in ("all_gather", "all_reduce")
+        assert x.shape != (B, H) and x.shape != (B, 4 * H)
+
+
+def test_hybrid_2x4_gpt_block():
+    p, b = m.gpt_params(d=32, heads=4), m.gpt_batch(batch=4)
+    blk = {k: None for k in p["h0"]}
+    blk.update(w1=(1, 4), b1=(4,), w2=(4, 1))
+    pstrat = {k: None for k in p}
+    pstrat["h0"] = blk
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=(pstrat, ((2, 1), (2, 1))))
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    lay = {i.name: str(i.layout) for i in c.strategy.inputs}
+    assert lay["h0.w1"] == "[_,y]" and lay["h0.w2"] == "[y,_]" and lay["arg1.0"] == "[x,_]"
+
+
+def test_decorator_and_strategy_roundtrip(tmp_path):
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4)
+
+    @ap.parallel(config=cfg, in_strategy=({"w1": (1, 4), "b1": None, "w2": (4, 1), "b2": None}, None))
+    def step(params, batch):
+        return m.mlp_sgd_step(params, batch)
+
+    c = step.compile(p, b)
+    assert_same(step(p, b), m.mlp_sgd_step(p, b))
+    c.strategy.save(tmp_path / "s.json")
+    loaded = ap.Strategy.load(tmp_path / "s.json")
+    assert loaded.to_json() == c.strategy.to_json()
+    c2 = ap.compile(m.mlp_sgd_step, p, b, config=cfg, strategy=loaded)
+    assert str(c2.program) == str(c.program)
+    assert_same(c2(p, b), m.mlp_sgd_step(p, b))
+    table = c.strategy.table()
+    assert "dot_general" in table and "[_,x]" in table
+    for c_ in c.collectives():
+        assert c_.kind in ap.program.KINDS and c_.bytes > 0 and c_.axes and c_.dtype == np.float32
+
+
+def test_mindspore_strategy_file(tmp_path):
+    import json
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg,
+                   in_strategy=({"w1": (1, 4), "b1": None, "w2": (4, 1), "b2": None}, None))
+    c.strategy.save(tmp_path / "ms.json", format="mindspore")
+    d = json.loads((tmp_path / "ms.json").read_text())
+    assert d["current_stage"] == 0
+    w1 = d["parallel_layout_item"]["w1"]
+    assert w1 == {"dev_matrix": [2, 4], "tensor_map": [-1, 0], "tensor_shape": [16, 32], "field": 0,
+                  "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    dots = [v for k, v in d["parallel_strategy_item"].items() if k.startswith("dot_general")]
+    assert dots and all(v["stage"] == 0 and len(v["parallel_strategy"]) == 2 for v in dots)
+
+
+@pytest.mark.parametrize("spec,msg", [((1, 4, 1), "has 3 entries"), ((3, 1), "does not divide"),
+                                      ((4, 4), "only 8 devices"), ((1, 3), "does not divide")])
+def test_bad_annotations(spec, msg):
+    def f(params, x):
+        return x @ ap.shard(params["w"], spec)
+    p, x = {"w": jnp.ones((8, 16))}, jnp.ones((4, 8))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8)
+    with pytest.raises(ap.LayoutError, match=msg) as e:
+        ap.compile(f, p, x, config=cfg)
+    assert "test_api.py" in str(e.value)
+
+
+def test_data_parallel_batch_not_divisible():
+    p, b = m.mlp_params(), m.mlp_batch(batch=6)
+    with pytest.raises(ap.LayoutError, match="not divisible by device_num=4"):
+        ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel", device_num=4))
+
+
+def test_wrong_call_shapes():
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    c = ap.compile(m.mlp_sgd_step, p, b)
+    with pytest.raises(ap.ConfigError, match="compile again"):
+        c(p, m.mlp_batch(batch=4))
