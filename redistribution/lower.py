@@ -11,6 +11,7 @@ replicated. ``comm`` maps node id -> estimated seconds of the redistributions fe
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,7 +27,9 @@ def step_layout(layout: Layout, step) -> Layout:
     a = step.axes[0]
     dims = [list(d) for d in layout.dims]
     partial = set(layout.partial)
-    if step.kind in ("all_reduce", "reduce_scatter", "partial_zero"):
+    if step.kind == "all_reduce":
+        partial -= set(step.axes)
+    if step.kind == "reduce_scatter":
         partial.discard(a)
     if step.kind == "partial_zero":
         partial.add(a)
@@ -37,6 +40,17 @@ def step_layout(layout: Layout, step) -> Layout:
     if step.kind == "all_to_all":
         dims[step.dst_dim].append(a)
     return Layout(tuple(tuple(d) for d in dims), frozenset(partial))
+
+
+def _merge_all_reduces(steps):
+    """Consecutive all_reduce steps become one all_reduce over all their axes."""
+    out = []
+    for st in steps:
+        if out and st.kind == "all_reduce" and out[-1].kind == "all_reduce":
+            out[-1] = replace(out[-1], axes=out[-1].axes + st.axes)
+        else:
+            out.append(st)
+    return out
 
 
 def _nbytes(shape, dtype) -> int:
@@ -74,7 +88,7 @@ class _Lowerer:
                 return self.where[(x.id, want)], 0.0
         plan = self.planner.plan(have, want, x.shape, x.dtype)
         cur = have
-        for step in plan.steps:
+        for step in _merge_all_reduces(plan.steps):
             shape = cur.local_shape(x.shape, self.mesh)
             nxt = step_layout(cur, step)
             out = self.new_reg()

@@ -9,7 +9,7 @@ Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and f
 of the nodes next to decided ones, the one with the fewest undecided inputs goes first (then
 the earliest discovered), so layouts flow mostly along the data. Each node takes the candidate
 with the least total resharding cost against its already-decided neighbours (producers of its
-inputs, consumers of its outputs, and the graph outputs, which must end replicated). Ties go to the candidate with fewer split axes, then to
+inputs, consumers of its outputs, and the graph outputs, which must end replicated). Ties (costs equal to the picosecond) go to the candidate with fewer split axes, then to
 the lower enumeration index, so results are deterministic. Nodes no fixed layout reaches take
 their replicated candidate. Inputs without a fixed layout are fed replicated-then-sliced (free),
 so they are not seeds; afterwards each takes the layout all its consumers agree on (else
@@ -33,6 +33,11 @@ class Assignment:
     choice: dict          # node id -> Candidate
     inputs: tuple         # Layout per graph input
     cost: float           # total resharding seconds counted by the search
+
+
+def _quantize(seconds: float) -> float:
+    """Costs equal to the picosecond compare equal (float noise must not break ties)."""
+    return float(round(seconds * 1e12)) if math.isfinite(seconds) else math.inf
 
 
 def candidates_of(graph, mesh) -> dict:
@@ -85,7 +90,8 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         return total
 
     def decide(node):
-        best = min(enumerate(cands[node.id]), key=lambda ic: (score(node, ic[1]), ic[1].num_splits, ic[0]))
+        best = min(enumerate(cands[node.id]),
+                   key=lambda ic: (_quantize(score(node, ic[1])), ic[1].num_splits, ic[0]))
         choice[node.id] = best[1]
 
     def neighbours(node):

@@ -18,7 +18,10 @@ def sgd(params, grads, lr=0.1):
     return jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
 
-def adam(params, grads, state, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8):
+def adam(params, grads, state, lr=1e-2, b1=0.9, b2=0.999, eps=1e-6):
+    """Adam. eps is 1e-6, not 1e-8: the attention key bias has a mathematically zero gradient,
+    and with a tiny eps Adam would amplify its 1e-10 rounding noise into lr-sized updates that
+    differ with any change of summation order (single device or sharded alike)."""
     m, v, t = state
     t = t + 1
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, grads)
