@@ -7,6 +7,8 @@ Linear groups say where partial sums may flow through.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .spec import OpSpec, Rule
 
 
@@ -33,7 +35,7 @@ _NONLINEAR = ["exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "integer_pow", 
               "min", "abs", "sign", "erf", "erf_inv", "log1p", "expm1", "eq", "ne", "lt", "le",
               "gt", "ge", "and", "or", "not", "xor", "floor", "ceil", "round", "rem", "exp2",
               "is_finite", "square", "clamp", "nextafter", "atan2", "sin", "cos", "cbrt",
-              "stop_gradient", "select_and_gather_add"]
+              "stop_gradient"]
 
 RULES = {name: elementwise() for name in _NONLINEAR}
 RULES.update({
@@ -46,10 +48,18 @@ RULES.update({
     "copy": elementwise(linear=((0,),)),
     "copy_p": elementwise(linear=((0,),)),
     "real": elementwise(linear=((0,),)),
-    "convert_element_type": elementwise(linear=((0,),)),
+    "convert_element_type": Rule(lambda node: _convert_spec(node)),
     "reduce_precision": elementwise(linear=((0,),)),
     "select_n": Rule(lambda node: _select_spec(node)),
 })
+
+
+def _convert_spec(node):
+    """A conversion is linear only from a floating operand: a sum of bools is not a bool."""
+    spec = elementwise().spec(node)
+    if all(np.issubdtype(np.dtype(x.dtype), np.inexact) for x in node.inputs):
+        spec = OpSpec(spec.inputs, spec.outputs, spec.reduce, ((0,),))
+    return spec
 
 
 def _select_spec(node):
