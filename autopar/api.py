@@ -20,7 +20,7 @@ from .graph import type_str
 from .layout import Layout
 from .strategies.propagation import Assignment, candidates_of, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
-from .redistribution.lower import lower
+from .redistribution.lower import lower, plan_steps
 from .redistribution.planner import Planner
 from .trace import trace
 
@@ -173,9 +173,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     else:
         arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
         def cost(s, d, shape, dtype):
-            if not d.partial <= s.partial:
-                return math.inf
-            return planner.cost(s, d, shape, dtype)
+            return plan_steps(planner, s, d, shape, dtype)[1]
         assignment = propagate(graph, mesh, _fixed(config, mesh, graph), arg_layouts, cost, cands)
     program, comm, _ = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)

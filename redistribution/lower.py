@@ -11,7 +11,8 @@ replicated. ``comm`` maps node id -> estimated seconds of the redistributions fe
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import numpy as np
 
@@ -40,6 +41,25 @@ def step_layout(layout: Layout, step) -> Layout:
     if step.kind == "all_to_all":
         dims[step.dst_dim].append(a)
     return Layout(tuple(tuple(d) for d in dims), frozenset(partial))
+
+
+@dataclass(frozen=True)
+class ZeroStep:
+    """Local step making a replicated value a partial sum over ``axes``: the value stays on the
+    first rank of the axis group, every other rank holds zeros (exact; no communication)."""
+    axes: tuple
+    kind: str = "partial_zero"
+    dim: Optional[int] = None
+    dst_dim: Optional[int] = None
+
+
+def plan_steps(planner, src: Layout, dst: Layout, shape, dtype):
+    """``(steps, seconds)`` from ``src`` to ``dst``. Partial axes the destination has and the
+    source lacks are created last, locally (``ZeroStep``); the rest is the planner's path."""
+    extra = dst.partial - src.partial
+    plan = planner.plan(src, Layout(dst.dims, dst.partial - extra), shape, dtype)
+    zeros = tuple(ZeroStep((a,)) for a in sorted(extra, key=planner.mesh.axis_names.index))
+    return tuple(plan.steps) + zeros, plan.cost
 
 
 def _merge_all_reduces(steps):
@@ -82,13 +102,16 @@ class _Lowerer:
             if want == have:
                 return x, 0.0
         else:
-            have = self.layout[x.id]
-            src = self.where[(x.id, have)]
             if (x.id, want) in self.where:
                 return self.where[(x.id, want)], 0.0
-        plan = self.planner.plan(have, want, x.shape, x.dtype)
+            # read from the cheapest layout the value already exists in
+            have = min((l for (vid, l) in self.where if vid == x.id),
+                       key=lambda l: (plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
+                                      l != self.layout[x.id]))
+            src = self.where[(x.id, have)]
+        steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
         cur = have
-        for step in _merge_all_reduces(plan.steps):
+        for step in _merge_all_reduces(steps):
             shape = cur.local_shape(x.shape, self.mesh)
             nxt = step_layout(cur, step)
             out = self.new_reg()
@@ -105,7 +128,7 @@ class _Lowerer:
             src, cur = out, nxt
             if not isinstance(x, Const):
                 self.where[(x.id, cur)] = out
-        return src, plan.cost
+        return src, cost
 
     def run(self):
         comm = {}

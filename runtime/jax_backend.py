@@ -10,6 +10,7 @@ make this the in-process numerical check of every plan.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
@@ -17,7 +18,7 @@ from autopar.errors import ConfigError
 from autopar.graph import Const
 from autopar.program import Collective, Compute, Slice
 
-from .jax_collectives import apply_step
+from .jax_collectives import apply_step, group_index
 
 
 def jax_mesh(mesh) -> Mesh:
@@ -47,6 +48,10 @@ def program_function(program):
                 out = ins.node.primitive.bind(*[get(i) for i in ins.inputs], **ins.params)
                 outs = out if ins.node.primitive.multiple_results else [out]
                 regs.update(zip(ins.outputs, outs))
+            elif isinstance(ins, Slice) and ins.kind == "partial_zero":
+                x = get(ins.src)
+                first = group_index(ins.axes, mesh) == 0
+                regs[ins.out] = jnp.where(first, x, jnp.zeros_like(x))
             elif isinstance(ins, (Collective, Slice)):
                 regs[ins.out] = apply_step(get(ins.src), ins, mesh)
         return tuple(regs[o] for o in program.outputs if not isinstance(o, Const))

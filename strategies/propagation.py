@@ -7,9 +7,12 @@ Out: ``Assignment``: the chosen Candidate of every node and the layout of every 
 
 Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and fixed inputs;
 of the nodes next to decided ones, the one with the fewest undecided inputs goes first (then
-the earliest discovered), so layouts flow mostly along the data. Each node takes the candidate
-with the least total resharding cost against its already-decided neighbours (producers of its
-inputs, consumers of its outputs, and the graph outputs, which must end replicated). Ties (costs equal to the picosecond) go to the candidate with fewer split axes, then to
+the earliest discovered), so layouts flow mostly along the data. Each node takes, among its
+replicated candidate and the candidates whose every split is copied from a decided neighbour
+(propagation spreads the user's splits, it does not invent new ones), the one with the least
+resharding cost against its decided neighbours: producers of its inputs (a value already
+redistributed for another consumer is read from the cheapest layout it exists in), and the
+distinct layouts its decided consumers and the graph outputs (replicated) read. Ties (costs equal to the picosecond) go to the candidate with fewer split axes, then to
 the lower enumeration index, so results are deterministic. Nodes no fixed layout reaches take
 their replicated candidate. Inputs without a fixed layout are fed replicated-then-sliced (free),
 so they are not seeds; afterwards each takes the layout all its consumers agree on (else
@@ -17,6 +20,7 @@ replicated).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -60,8 +64,16 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
                               f"layout of shape {node.outputs[0].shape} on {mesh}.")
         choice[nid] = ok[0]
 
+    specs = {}
+    avail: dict = {}                               # value id -> layouts it will exist in
+
+    def spec_of(node):
+        if node.id not in specs:
+            specs[node.id] = rule_for(node).spec(node)
+        return specs[node.id]
+
     def produced(v):
-        """Layout a value currently has, or None if its producer is undecided."""
+        """Layout a value is produced in, or None if its producer is undecided."""
         if isinstance(v, Const):
             return Layout.replicated(len(v.shape))
         if v.id in arg_ids:
@@ -70,29 +82,67 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         c = choice.get(n.id)
         return None if c is None else c.out_layouts[n.outputs.index(v)]
 
+    def read_cost(x, want):
+        have = produced(x)
+        if have is None:
+            return 0.0
+        if isinstance(x, Const):
+            return reshard_cost(have, want, x.shape, x.dtype)
+        return min(reshard_cost(h, want, x.shape, x.dtype) for h in avail.get(x.id, {have}) | {have})
+
     def in_cost(node, c):
-        total = 0.0
-        for x, want in zip(node.inputs, c.in_layouts):
-            have = produced(x)
-            if have is not None:
-                total += reshard_cost(have, want, x.shape, x.dtype)
-        return total
+        return sum(read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
+
+    def wanted(v):
+        """Distinct layouts decided consumers (and the graph output) read ``v`` in."""
+        w = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id] if u.id in choice}
+        if v.id in out_ids:
+            w.add(Layout.replicated(len(v.shape)))
+        return w
 
     def score(node, c):
         total = in_cost(node, c)
         for v, have in zip(node.outputs, c.out_layouts):
-            for user, k in graph.users[v.id]:
-                uc = choice.get(user.id)
-                if uc is not None:
-                    total += reshard_cost(have, uc.in_layouts[k], v.shape, v.dtype)
-            if v.id in out_ids:
-                total += reshard_cost(have, Layout.replicated(len(v.shape)), v.shape, v.dtype)
+            for want in wanted(v):
+                total += reshard_cost(have, want, v.shape, v.dtype)
         return total
 
+    def neighbour_layouts(node):
+        """Per operand (inputs then outputs), the decided layouts next to it."""
+        out = []
+        for x in node.inputs:
+            have = produced(x) if isinstance(x, Value) else None
+            fixed_in = isinstance(x, Value) and (x.id not in arg_ids or x.id in in_layout)
+            out.append([have] if have is not None and fixed_in else [])
+        for v in node.outputs:
+            out.append([w for w in wanted(v)])
+        return out
+
+    def supported(node, c) -> bool:
+        """Propagation copies splits, it does not invent them: every mesh axis a candidate
+        places on a letter must sit on that letter's dimension in a decided neighbour's layout,
+        and every partial axis it feeds must already be partial in that input."""
+        sp = spec_of(node)
+        near = neighbour_layouts(node)
+        dims_of = list(sp.inputs) + list(sp.outputs)
+        for letter, axes in c.assign:
+            for a in axes:
+                if not any(a in lay.dims[d] for op, lays in enumerate(near) for lay in lays
+                           for d, l in enumerate(dims_of[op]) if l == letter):
+                    return False
+        if c.partial:
+            group = sp.linear[c.group]
+            if not any(c.partial <= lay.partial for i in group for lay in near[i]):
+                return False
+        return True
+
     def decide(node):
-        best = min(enumerate(cands[node.id]),
-                   key=lambda ic: (_quantize(score(node, ic[1])), ic[1].num_splits, ic[0]))
+        opts = [(i, c) for i, c in enumerate(cands[node.id]) if i == 0 or supported(node, c)]
+        best = min(opts, key=lambda ic: (_quantize(score(node, ic[1])), ic[1].num_splits, ic[0]))
         choice[node.id] = best[1]
+        for x, want in zip(node.inputs, best[1].in_layouts):
+            if isinstance(x, Value):
+                avail.setdefault(x.id, set()).add(want)
 
     def neighbours(node):
         for x in node.inputs:
@@ -103,10 +153,11 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
                 yield user
 
     order = {}                                     # frontier: node id -> discovery index
+    counter = itertools.count()
 
     def discover(node):
         if node.id not in order and node.id not in choice:
-            order[node.id] = len(order) + len(choice)
+            order[node.id] = next(counter)
 
     def undecided_inputs(node):
         return sum(1 for x in node.inputs if isinstance(x, Value) and produced(x) is None)
