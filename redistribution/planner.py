@@ -104,7 +104,9 @@ class Planner:
         self._size = dict(zip(mesh.axis_names, mesh.shape))
         self._order = {a: i for i, a in enumerate(mesh.axis_names)}
         self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta) for a in mesh.axis_names}
-        self._memo: dict = {}
+        self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
+        self._searches: dict = {}    # (src state, kept partial, shape, itemsize) -> _Search
+        self._edges: dict = {}       # (shape, itemsize) -> {state: moves}
 
     # ------------------------------------------------------------------ public
     def plan(self, src: Layout, dst: Layout, shape, dtype) -> Plan:
@@ -172,72 +174,107 @@ class Planner:
                        "make the destination not partial over those axes.")
 
     def _search(self, src: Layout, dst: Layout, shape, itemsize: int):
-        """Dijkstra over states ``(dims, partial)``; priority ``(cost, #steps, step keys)``."""
-        order, size = self._order, self._size
-        keep = dst.partial                          # partial axes that must stay partial
+        """Dijkstra from ``src`` with priority ``(cost, #steps, step sort keys)``. The search is
+        kept on the instance per (src, dst.partial, shape, itemsize) and resumed by later
+        queries: settled states are final, so one search answers every destination."""
+        order = self._order
         start = (src.dims, tuple(sorted(src.partial, key=order.__getitem__)))
         goal = (dst.dims, tuple(sorted(dst.partial, key=order.__getitem__)))
         if start == goal:
             return (), 0.0
-        names = self.mesh.axis_names
-        rank = len(shape)
-        best = {start: (0.0, 0, ())}
-        heap = [(0.0, 0, (), start, ())]
-        done = set()
-        while heap:
-            cost, n, pkey, state, steps = heapq.heappop(heap)
+        skey = (start, dst.partial, shape, itemsize)
+        search = self._searches.get(skey)
+        if search is None:
+            search = self._searches[skey] = _Search(start)
+        edges = self._edges.get((shape, itemsize))
+        if edges is None:
+            edges = self._edges[(shape, itemsize)] = {}
+        keep = dst.partial
+        heap, best, parent, done = search.heap, search.best, search.parent, search.done
+        while goal not in done and heap:
+            cost, n, pkey, state = heapq.heappop(heap)
             if state in done:
                 continue
-            if state == goal:
-                return steps, cost
             done.add(state)
-            dims, partial = state
-            splits = [math.prod(size[a] for a in d) for d in dims]
-            local = [s // c for s, c in zip(shape, splits)]
-            nbytes = itemsize * math.prod(local)
-            used = {a for d in dims for a in d}
-            for nxt, st, skey in self._moves(dims, partial, splits, shape, used, keep, names, rank):
-                if nxt in done:
+            out = edges.get(state)
+            if out is None:
+                out = edges[state] = self._moves(state, shape, itemsize)
+            for nxt, sec, k, st, reduced in out:
+                if nxt in done or reduced in keep:
                     continue
-                sec = 0.0 if st.kind == "slice" else self._time(st.kind, st.axes[0], nbytes)[0]
-                cand = (cost + sec, n + 1, pkey + (skey,))
+                cand = (cost + sec, n + 1, pkey + (k,))
                 old = best.get(nxt)
                 if old is None or cand < old:
                     best[nxt] = cand
-                    heapq.heappush(heap, (*cand, nxt, steps + (st,)))
-        self._fail(src, dst, shape, "no sequence of collectives reaches the destination "
-                   "(internal planner error; please report it).")
+                    parent[nxt] = (state, st)
+                    heapq.heappush(heap, (*cand, nxt))
+        if goal not in done:
+            self._fail(src, dst, shape, "no sequence of collectives reaches the destination "
+                       "(internal planner error; please report it).")
+        steps = []
+        state = goal
+        while state != start:
+            state, st = parent[state]
+            steps.append(st)
+        return tuple(reversed(steps)), best[goal][0]
 
-    def _moves(self, dims, partial, splits, shape, used, keep, names, rank):
-        """Every legal step from state ``(dims, partial)`` as ``(next state, Step, sort key)``."""
+    def _moves(self, state, shape, itemsize):
+        """Every legal step from ``state = (dims, partial)``, as tuples ``(next state, seconds,
+        sort key, Step, reduced partial axis or None)``; only states whose splits divide."""
+        dims, partial = state
         size, order = self._size, self._order
-        for a in names:
+        rank = len(shape)
+        splits = [math.prod(size[a] for a in d) for d in dims]
+        nbytes = itemsize * math.prod(s // c for s, c in zip(shape, splits))
+        used = {a for d in dims for a in d}
+        out = []
+
+        def put(d, a):
+            return dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
+
+        for a in self.mesh.axis_names:
             ai, n = order[a], size[a]
             if a in partial:
-                if a in keep:
-                    continue
                 rest = tuple(p for p in partial if p != a)
-                yield (dims, rest), Step("all_reduce", (a,)), (2, ai, -1, -1)
+                sec = self._time("all_reduce", a, nbytes)[0]
+                out.append(((dims, rest), sec, (2, ai, -1, -1), Step("all_reduce", (a,)), a))
+                sec = self._time("reduce_scatter", a, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
-                        nd = dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
-                        yield (nd, rest), Step("reduce_scatter", (a,), d), (3, ai, d, -1)
+                        out.append(((put(d, a), rest), sec, (3, ai, d, -1),
+                                    Step("reduce_scatter", (a,), d), a))
             elif a not in used:
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
-                        nd = dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
-                        yield (nd, partial), Step("slice", (a,), d), (0, ai, d, -1)
+                        out.append(((put(d, a), partial), 0.0, (0, ai, d, -1),
+                                    Step("slice", (a,), d), None))
         for i in range(rank):
             if not dims[i]:
                 continue
             a = dims[i][-1]
             ai, n = order[a], size[a]
             gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
-            yield (gone, partial), Step("all_gather", (a,), i), (1, ai, i, -1)
+            sec = self._time("all_gather", a, nbytes)[0]
+            out.append(((gone, partial), sec, (1, ai, i, -1), Step("all_gather", (a,), i), None))
+            sec = self._time("all_to_all", a, nbytes)[0]
             for j in range(rank):
                 if j != i and shape[j] % (splits[j] * n) == 0:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
-                    yield (nd, partial), Step("all_to_all", (a,), i, j), (4, ai, i, j)
+                    out.append(((nd, partial), sec, (4, ai, i, j),
+                                Step("all_to_all", (a,), i, j), None))
+        return tuple(out)
+
+
+class _Search:
+    """A resumable single-source Dijkstra: heap of ``(cost, #steps, keys, state)``, the best
+    key and parent ``(state, Step)`` per reached state, and the settled set."""
+    __slots__ = ("heap", "best", "parent", "done")
+
+    def __init__(self, start):
+        self.heap = [(0.0, 0, (), start)]
+        self.best = {start: (0.0, 0, ())}
+        self.parent: dict = {}
+        self.done: set = set()
 
 
 def _apply(dims, partial, st: Step):

@@ -1,0 +1,85 @@
+"""Redistribution steps and Program collectives as ``jax.lax`` calls inside ``jax.shard_map``.
+
+In: a per-device block ``x`` (traced inside a ``jax.shard_map`` whose axis names are the mesh
+axis names), a step-like object with attributes ``kind``, ``axes``, ``dim`` and ``dst_dim``
+(``redistribution.planner.Step`` or ``autopar.program.Collective``; an object without ``kind``,
+such as ``autopar.program.Slice``, is a slice), and the mesh (a ``jax.sharding.Mesh`` or an
+``autopar.LogicalMesh``; only its axis sizes are read). Out: the new per-device block.
+
+| kind             | jax.lax call                                                           |
+|------------------|------------------------------------------------------------------------|
+| all_reduce       | ``psum(x, axes)``                                                      |
+| all_gather       | ``all_gather(x, axes, axis=dim, tiled=True)``                          |
+| reduce_scatter   | ``psum_scatter(x, axes, scatter_dimension=dim, tiled=True)``           |
+| all_to_all       | ``all_to_all(x, axes, split_axis=dst_dim, concat_axis=dim, tiled=True)``|
+| slice            | ``dynamic_slice_in_dim(x, index(axes) * chunk, chunk, dim)``           |
+
+Block order: a dimension split over axes ``(x, y)`` holds block ``ix * ny + iy`` on device
+``(ix, iy)`` (major first, as ``PartitionSpec(("x", "y"))``); a step over several axes treats them
+as one combined axis in that order, so slicing over ``(x, y)`` equals slicing ``x`` then ``y``.
+"""
+from __future__ import annotations
+
+import math
+
+from jax import lax
+
+from autopar.errors import CollectiveError
+
+
+def _axis_size(mesh, axis: str) -> int:
+    if mesh is None:
+        return lax.axis_size(axis)
+    if hasattr(mesh, "axis_size"):          # autopar LogicalMesh
+        return mesh.axis_size(axis)
+    return int(mesh.shape[axis])            # jax.sharding.Mesh: shape is {name: size}
+
+
+def group_index(axes, mesh):
+    """This device's index in the group of ``axes`` (first axis major), a traced int32."""
+    idx = 0
+    for a in axes:
+        idx = idx * _axis_size(mesh, a) + lax.axis_index(a)
+    return idx
+
+
+def apply_step(x, step, mesh):
+    """Run one step on the local block ``x``; see the module table."""
+    kind = getattr(step, "kind", "slice")
+    axes = tuple(step.axes)
+    if not axes:
+        return x
+    name = axes[0] if len(axes) == 1 else axes
+    dim = step.dim
+    if kind == "all_reduce":
+        return lax.psum(x, name)
+    if kind == "all_gather":
+        return lax.all_gather(x, name, axis=dim, tiled=True)
+    if kind == "reduce_scatter":
+        _check_divides(x, dim, axes, mesh, kind)
+        return lax.psum_scatter(x, name, scatter_dimension=dim, tiled=True)
+    if kind == "all_to_all":
+        _check_divides(x, step.dst_dim, axes, mesh, kind)
+        return lax.all_to_all(x, name, split_axis=step.dst_dim, concat_axis=dim, tiled=True)
+    if kind == "slice":
+        n = _check_divides(x, dim, axes, mesh, kind)
+        chunk = x.shape[dim] // n
+        return lax.dynamic_slice_in_dim(x, group_index(axes, mesh) * chunk, chunk, dim)
+    raise CollectiveError(f"apply_step: unknown step kind {kind!r} in {step}; the jax runtime runs "
+                          "slice, all_gather, all_reduce, reduce_scatter and all_to_all.")
+
+
+def apply_steps(x, steps, mesh):
+    """Run ``steps`` in order on the local block ``x``."""
+    for st in steps:
+        x = apply_step(x, st, mesh)
+    return x
+
+
+def _check_divides(x, dim, axes, mesh, kind) -> int:
+    n = math.prod(_axis_size(mesh, a) for a in axes)
+    if dim is None or not 0 <= dim < x.ndim or x.shape[dim] % n:
+        raise CollectiveError(f"{kind} over axes {axes} (group of {n}) cannot split dimension "
+                              f"{dim} of the local block of shape {tuple(x.shape)}; the split must "
+                              "divide that dimension. Re-plan with a layout that divides it.")
+    return n
