@@ -13,7 +13,7 @@ For one node, ``check_node``:
    valid ranges (``indexing.index_bounds``), other ints small; ``Const`` inputs keep their value;
 3. per candidate, cuts every input into per-device blocks per its input layout (a partial-sum
    axis gets random per-device addends that sum to the global value), checks the local result
-   shapes with ``jax.eval_shape``, then runs ``primitive.bind(*local, **rule.params_for(node,
+   shapes with the primitive's ``abstract_eval``, then runs ``primitive.bind(*local, **rule.params_for(node,
    local in shapes, local out shapes))`` inside ``jax.shard_map`` (a ``Const`` with a split
    layout is sliced on the device by ``lax.axis_index``);
 4. reassembles each result per its output layout (summing over partial axes; replicas are
@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.core import ShapedArray
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autopar.errors import ConfigError
@@ -41,6 +42,8 @@ from autopar.strategies.rules.indexing import index_bounds
 
 RTOL = ATOL = 1e-5
 DEFAULT_BATCH = 96        # candidates compiled together
+# the checked programs are tiny and run once: compile them with the cheapest XLA backend settings
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 # primitive -> range of its floating inputs (default [-2, 2])
 _POS, _UNIT = (0.5, 2.0), (-0.875, 0.875)
@@ -236,9 +239,9 @@ def _prepare(node, rule, cand, glob, mesh, rng):
             return f"bool input given the partial layout {layout}"
         blocks.append(_device_blocks(g, layout, mesh, rng))
         consts.append(None)
-    local_args = [jax.ShapeDtypeStruct(s, x.dtype) for s, x in zip(in_shapes, node.inputs)]
+    local_args = [ShapedArray(tuple(sh), x.dtype) for sh, x in zip(in_shapes, node.inputs)]
     try:
-        avals = jax.eval_shape(lambda *a: node.primitive.bind(*a, **params), *local_args)
+        avals, _ = node.primitive.abstract_eval(*local_args, **params)
     except (TypeError, ValueError) as e:
         return f"local bind with params {params} rejected: {e}"
     avals = avals if node.primitive.multiple_results else [avals]
@@ -325,7 +328,9 @@ def _run(jobs, mesh, jax_mesh):
     sharded = jax.shard_map(body, mesh=jax_mesh, in_specs=(spec,) * len(flat),
                             out_specs=[[spec] * len(j.node.outputs) for j in jobs for _ in j.runs],
                             check_vma=False)
-    ref, dev = jax.jit(lambda g, b: (reference(*g), sharded(*b) if nruns else []))(glob, flat)
+    program = jax.jit(lambda g, b: (reference(*g), sharded(*b) if nruns else []),
+                      compiler_options=_FAST_COMPILE)
+    ref, dev = program(glob, flat)
     assert len(dev) == nruns
     it = iter(dev)
     results = [[[np.asarray(o) for o in next(it)] for _ in j.runs] for j in jobs]
