@@ -173,7 +173,8 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     else:
         arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
         def cost(s, d, shape, dtype):
-            return plan_steps(planner, s, d, shape, dtype)[1]
+            steps, seconds = plan_steps(planner, s, d, shape, dtype)
+            return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
         assignment = propagate(graph, mesh, _fixed(config, mesh, graph), arg_layouts, cost, cands)
     program, comm, _ = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)

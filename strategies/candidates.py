@@ -86,9 +86,10 @@ def _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh):
         if not _fits(dims, shape, assign, mesh):
             return None
     group = set(spec.linear[gi]) if gi >= 0 else set()
-    ins = tuple(_layout(d, assign, partial if i in group else frozenset())
-                for i, d in enumerate(spec.inputs))
     reduced = frozenset(a for l in spec.reduce for a in assign.get(l, ()))
+    ins = tuple(_layout(d, assign, (partial if i in group else frozenset())
+                        | (reduced if i in spec.reduce_partial else frozenset()))
+                for i, d in enumerate(spec.inputs))
     outs = tuple(_layout(d, assign, partial | reduced) for d in spec.outputs)
     order = {l: i for i, l in enumerate(spec.letters)}
     key = tuple(sorted(((l, tuple(a)) for l, a in assign.items()), key=lambda t: order[t[0]]))

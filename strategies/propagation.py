@@ -2,19 +2,21 @@
 
 In: a Graph, a LogicalMesh, ``fixed`` (node id -> required output Layout, from ``ap.shard``),
 ``arg_layouts`` (graph input index -> Layout, from ``in_strategy`` or data parallelism) and a
-``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's).
+``reshard_cost(src, dst, shape, dtype) -> (seconds, collectives)`` function (the
+redistribution planner's).
 Out: ``Assignment``: the chosen Candidate of every node and the layout of every graph input.
 
 Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and fixed inputs;
-of the nodes next to decided ones, the one with the fewest undecided inputs goes first (then
-the earliest discovered), so layouts flow mostly along the data. Each node takes, among its
+of the nodes next to a decided neighbour with a split or partial layout, the one with the
+fewest undecided inputs goes first (then the earliest discovered), so layouts flow mostly along
+the data. Nodes no split ever reaches take their replicated candidate at the end. Each node takes, among its
 replicated candidate and the candidates whose every split is copied from a decided neighbour
 (propagation spreads the user's splits, it does not invent new ones), the one with the least
 resharding cost against its decided neighbours: producers of its inputs (a value already
 redistributed for another consumer is read from the cheapest layout it exists in), and the
-distinct layouts its decided consumers and the graph outputs (replicated) read. Ties (costs equal to the picosecond) go to the candidate with fewer split axes, then to
-the lower enumeration index, so results are deterministic. Nodes no fixed layout reaches take
-their replicated candidate. Inputs without a fixed layout are fed replicated-then-sliced (free),
+distinct layouts its decided consumers and the graph outputs (replicated) read. Ties (costs equal to the picosecond) go to the candidate needing fewer collectives, then to
+the one splitting more dimensions (it follows its split neighbours), then to the one keeping
+fewer pending partial sums, then to the lower enumeration index, so results are deterministic. Inputs without a fixed layout are fed replicated-then-sliced (free),
 so they are not seeds; afterwards each takes the layout all its consumers agree on (else
 replicated).
 """
@@ -37,6 +39,14 @@ class Assignment:
     choice: dict          # node id -> Candidate
     inputs: tuple         # Layout per graph input
     cost: float           # total resharding seconds counted by the search
+
+
+_ZERO = (0.0, 0)
+
+
+def _sum(costs):
+    costs = list(costs)
+    return (sum(c[0] for c in costs), sum(c[1] for c in costs))
 
 
 def _quantize(seconds: float) -> float:
@@ -85,13 +95,13 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
     def read_cost(x, want):
         have = produced(x)
         if have is None:
-            return 0.0
+            return _ZERO
         if isinstance(x, Const):
             return reshard_cost(have, want, x.shape, x.dtype)
         return min(reshard_cost(h, want, x.shape, x.dtype) for h in avail.get(x.id, {have}) | {have})
 
     def in_cost(node, c):
-        return sum(read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
+        return _sum(read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
 
     def wanted(v):
         """Distinct layouts decided consumers (and the graph output) read ``v`` in."""
@@ -101,11 +111,9 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         return w
 
     def score(node, c):
-        total = in_cost(node, c)
-        for v, have in zip(node.outputs, c.out_layouts):
-            for want in wanted(v):
-                total += reshard_cost(have, want, v.shape, v.dtype)
-        return total
+        return _sum([in_cost(node, c)] + [reshard_cost(have, want, v.shape, v.dtype)
+                                          for v, have in zip(node.outputs, c.out_layouts)
+                                          for want in wanted(v)])
 
     def neighbour_layouts(node):
         """Per operand (inputs then outputs), the decided layouts next to it."""
@@ -138,7 +146,11 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
 
     def decide(node):
         opts = [(i, c) for i, c in enumerate(cands[node.id]) if i == 0 or supported(node, c)]
-        best = min(opts, key=lambda ic: (_quantize(score(node, ic[1])), ic[1].num_splits, ic[0]))
+        def key(ic):
+            seconds, count = score(node, ic[1])
+            c = ic[1]
+            return _quantize(seconds), count, -(c.num_splits - len(c.partial)), len(c.partial), ic[0]
+        best = min(opts, key=key)
         choice[node.id] = best[1]
         for x, want in zip(node.inputs, best[1].in_layouts):
             if isinstance(x, Value):
@@ -168,8 +180,16 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
     for i in sorted(arg_layouts):
         for u, _ in graph.users[graph.inputs[i].id]:
             discover(u)
-    while order:
-        nid = min(order, key=lambda k: (undecided_inputs(graph.nodes[k]), order[k]))
+    def uninformed(node) -> bool:
+        """No decided neighbour carries a split or a partial sum (deciding now would only
+        give the replicated candidate, so wait for one that does)."""
+        return all(lay.is_replicated() for lays in neighbour_layouts(node) for lay in lays)
+
+    while True:
+        ready = [k for k in order if not uninformed(graph.nodes[k])]
+        if not ready:
+            break
+        nid = min(ready, key=lambda k: (undecided_inputs(graph.nodes[k]), order[k]))
         del order[nid]
         node = graph.nodes[nid]
         decide(node)
@@ -188,8 +208,7 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         inputs.append(wants.pop() if len(wants) == 1 and v.id not in out_ids
                       else Layout.replicated(len(v.shape)))
         in_layout[v.id] = inputs[-1]
-    total = sum(in_cost(n, choice[n.id]) for n in graph.nodes)
-    for o in graph.outputs:
-        if isinstance(o, Value):
-            total += reshard_cost(produced(o), Layout.replicated(len(o.shape)), o.shape, o.dtype)
-    return Assignment(choice, tuple(inputs), total if math.isfinite(total) else math.inf)
+    total = _sum([in_cost(n, choice[n.id]) for n in graph.nodes] +
+                 [reshard_cost(produced(o), Layout.replicated(len(o.shape)), o.shape, o.dtype)
+                  for o in graph.outputs if isinstance(o, Value)])[0]
+    return Assignment(choice, tuple(inputs), total)

@@ -15,6 +15,10 @@ splits every dimension that carries it. Einsum-like text builds one:
   every input of one group with partial sums over some free mesh axes, and the outputs are then
   partial over the same axes (``add``: ``((0, 1),)``; ``mul``: ``((0,), (1,))``).
 
+``reduce_partial`` lists inputs that carry no ``+`` letter yet are added into the result
+(``scatter-add``'s operand): when a ``+`` letter is split they must arrive as partial sums over
+the same axes, or every device would add them once.
+
 A ``Rule`` pairs the spec builder with ``local_params``, which rewrites the primitive's shape
 parameters for local (per-device) shapes; the default handles ``shape``/``new_sizes``/``sizes``.
 """
@@ -32,6 +36,7 @@ class OpSpec:
     outputs: tuple[Dims, ...]
     reduce: frozenset = frozenset()
     linear: tuple[tuple[int, ...], ...] = ()
+    reduce_partial: tuple[int, ...] = ()   # inputs that must be partial over split ``+`` letters
 
     @property
     def letters(self) -> tuple[str, ...]:
