@@ -18,9 +18,9 @@ Transitions (each step moves ONE mesh axis ``a``; "innermost" = last axis of a d
 Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
 axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level.
 The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
-paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Ties are broken by fewer
-steps, then by the step sequence in a fixed order (kind order as in ``KINDS``, then mesh axis
-order, then dims). A partial axis can only be reduced, never created: an axis partial in ``dst``
+paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Path costs are compared
+in whole picoseconds; ties go to fewer steps, then to the step sequence in a fixed order (kind
+order as in ``KINDS``, then mesh axis order, then dims). ``Plan.cost`` is the float sum. A partial axis can only be reduced, never created: an axis partial in ``dst``
 must be partial in ``src`` too (and then stays partial), otherwise ``RedistributionError``.
 Results are memoised per ``Planner`` instance.
 """
@@ -174,7 +174,7 @@ class Planner:
                        "make the destination not partial over those axes.")
 
     def _search(self, src: Layout, dst: Layout, shape, itemsize: int):
-        """Dijkstra from ``src`` with priority ``(cost, #steps, step sort keys)``. The search is
+        """Dijkstra from ``src`` with priority ``(picoseconds, #steps, step sort keys)``. The search is
         kept on the instance per (src, dst.partial, shape, itemsize) and resumed by later
         queries: settled states are final, so one search answers every destination."""
         order = self._order
@@ -192,35 +192,37 @@ class Planner:
         keep = dst.partial
         heap, best, parent, done = search.heap, search.best, search.parent, search.done
         while goal not in done and heap:
-            cost, n, pkey, state = heapq.heappop(heap)
+            ps, n, pkey, state = heapq.heappop(heap)
             if state in done:
                 continue
             done.add(state)
             out = edges.get(state)
             if out is None:
                 out = edges[state] = self._moves(state, shape, itemsize)
-            for nxt, sec, k, st, reduced in out:
+            for nxt, sec, eps, k, st, reduced in out:
                 if nxt in done or reduced in keep:
                     continue
-                cand = (cost + sec, n + 1, pkey + (k,))
+                cand = (ps + eps, n + 1, pkey + (k,))
                 old = best.get(nxt)
                 if old is None or cand < old:
                     best[nxt] = cand
-                    parent[nxt] = (state, st)
+                    parent[nxt] = (state, st, sec)
                     heapq.heappush(heap, (*cand, nxt))
         if goal not in done:
             self._fail(src, dst, shape, "no sequence of collectives reaches the destination "
                        "(internal planner error; please report it).")
-        steps = []
+        path = []
         state = goal
         while state != start:
-            state, st = parent[state]
-            steps.append(st)
-        return tuple(reversed(steps)), best[goal][0]
+            state, st, sec = parent[state]
+            path.append((st, sec))
+        path.reverse()
+        return tuple(st for st, _ in path), sum(sec for _, sec in path)
 
     def _moves(self, state, shape, itemsize):
         """Every legal step from ``state = (dims, partial)``, as tuples ``(next state, seconds,
-        sort key, Step, reduced partial axis or None)``; only states whose splits divide."""
+        integer picoseconds, sort key, Step, reduced partial axis or None)``; only states whose
+        splits divide the shape are produced."""
         dims, partial = state
         size, order = self._size, self._order
         rank = len(shape)
@@ -237,16 +239,17 @@ class Planner:
             if a in partial:
                 rest = tuple(p for p in partial if p != a)
                 sec = self._time("all_reduce", a, nbytes)[0]
-                out.append(((dims, rest), sec, (2, ai, -1, -1), Step("all_reduce", (a,)), a))
+                out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step("all_reduce", (a,)),
+                            a))
                 sec = self._time("reduce_scatter", a, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
-                        out.append(((put(d, a), rest), sec, (3, ai, d, -1),
+                        out.append(((put(d, a), rest), sec, _ps(sec), (3, ai, d, -1),
                                     Step("reduce_scatter", (a,), d), a))
             elif a not in used:
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
-                        out.append(((put(d, a), partial), 0.0, (0, ai, d, -1),
+                        out.append(((put(d, a), partial), 0.0, 0, (0, ai, d, -1),
                                     Step("slice", (a,), d), None))
         for i in range(rank):
             if not dims[i]:
@@ -255,24 +258,31 @@ class Planner:
             ai, n = order[a], size[a]
             gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
             sec = self._time("all_gather", a, nbytes)[0]
-            out.append(((gone, partial), sec, (1, ai, i, -1), Step("all_gather", (a,), i), None))
+            out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step("all_gather", (a,), i),
+                        None))
             sec = self._time("all_to_all", a, nbytes)[0]
             for j in range(rank):
                 if j != i and shape[j] % (splits[j] * n) == 0:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
-                    out.append(((nd, partial), sec, (4, ai, i, j),
+                    out.append(((nd, partial), sec, _ps(sec), (4, ai, i, j),
                                 Step("all_to_all", (a,), i, j), None))
         return tuple(out)
 
 
+def _ps(seconds: float) -> int:
+    """Whole picoseconds: path costs are compared as exact integer sums, so float noise never
+    decides a tie (the propagation search compares costs to the picosecond too)."""
+    return round(seconds * 1e12)
+
+
 class _Search:
-    """A resumable single-source Dijkstra: heap of ``(cost, #steps, keys, state)``, the best
-    key and parent ``(state, Step)`` per reached state, and the settled set."""
+    """A resumable single-source Dijkstra: heap of ``(picoseconds, #steps, keys, state)``, the
+    best key and parent ``(state, Step, seconds)`` per reached state, and the settled set."""
     __slots__ = ("heap", "best", "parent", "done")
 
     def __init__(self, start):
-        self.heap = [(0.0, 0, (), start)]
-        self.best = {start: (0.0, 0, ())}
+        self.heap = [(0, 0, (), start)]
+        self.best = {start: (0, 0, ())}
         self.parent: dict = {}
         self.done: set = set()
 

@@ -1,0 +1,540 @@
+"""Tests of the redistribution planner (pure) and of its steps run by JAX (8 fake CPU devices).
+
+Exhaustive over meshes (8,), (2,4), (3,2) and (2,2,2) and tensors of rank 1-3: every valid
+layout (each mesh axis unused, partial, or splitting one dimension, in every order) and every
+(src, dst) pair with dst.partial <= src.partial.
+- pure tier: each plan follows the step semantics through valid states to dst, its cost is the
+  sum of its step costs and equals an independent Bellman-Ford optimum; pairs that would create
+  a partial sum raise RedistributionError;
+- JAX tier 1 (every config): every distinct (state, step) edge used by any plan runs in one
+  jitted shard_map per (mesh, shape) on canonical data. The canonical data of a state is the
+  global value with, per partial axis a, the addend on index i scaled by u_a[i] (sum of u_a = 1),
+  a form every step keeps; so running a plan on canonical data is exactly the chain of these
+  verified computations, i.e. every plan is executed;
+- JAX tier 2: plans run whole, with fully random partial addends, one jit per source layout (all
+  its destinations share the plan-prefix tree): every pair where that is cheap, and the longest
+  plans of the larger configs.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from autopar.errors import CollectiveError, RedistributionError
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
+from autopar.program import Collective, Slice
+from autopar.redistribution.planner import Plan, Planner, Step
+from autopar.runtime.jax_collectives import apply_step, apply_steps, group_index
+from autopar.strategies.comm_cost import collective_time
+from autopar.topology import Topology
+
+CONFIGS = [((8,), (16,)), ((8,), (8, 8)), ((8,), (8, 2, 8)),
+           ((2, 4), (16,)), ((2, 4), (8, 12)), ((2, 4), (4, 8, 4)),
+           ((3, 2), (12,)), ((3, 2), (12, 6)), ((3, 2), (6, 4, 6)),
+           ((2, 2, 2), (8,)), ((2, 2, 2), (4, 6)), ((2, 2, 2), (4, 6, 4))]
+IDS = ["mesh" + "x".join(map(str, m)) + "-shape" + "x".join(map(str, s)) for m, s in CONFIGS]
+WHOLE_PLANS_ALL = 400        # run every pair whole when the plan-prefix trees are this small
+WHOLE_PLANS_LONGEST = 24     # else run this many of the longest plans whole
+F32 = np.float32
+COMPILE_OPTS = {"xla_backend_optimization_level": 0}   # tiny arrays: compile time dominates
+
+
+# ---------------------------------------------------------------------------- helpers
+def names_of(mshape):
+    return ("x", "y", "z")[:len(mshape)]
+
+
+def all_layouts(mshape, shape):
+    """Every layout of ``shape`` on the mesh whose splits divide the shape."""
+    names, sizes, r = names_of(mshape), dict(zip(names_of(mshape), mshape)), len(shape)
+    out = []
+    for pick in itertools.product(["unused", "partial", *range(r)], repeat=len(names)):
+        groups = [[a for a, c in zip(names, pick) if c == d] for d in range(r)]
+        partial = frozenset(a for a, c in zip(names, pick) if c == "partial")
+        for dims in itertools.product(*[itertools.permutations(g) for g in groups]):
+            if all(shape[d] % math.prod(sizes[a] for a in dims[d]) == 0 for d in range(r)):
+                out.append(Layout(dims, partial))
+    return out
+
+
+def step_after(layout: Layout, st: Step, sizes, shape) -> Layout:
+    """The brief's step semantics, written independently of the planner; raises AssertionError
+    on an illegal step or an intermediate layout whose splits do not divide the shape."""
+    (a,) = st.axes
+    dims, partial = [list(d) for d in layout.dims], set(layout.partial)
+    used = {x for d in dims for x in d}
+    if st.kind == "slice":
+        assert a not in used and a not in partial
+        dims[st.dim].append(a)
+    elif st.kind == "all_gather":
+        assert dims[st.dim] and dims[st.dim][-1] == a
+        dims[st.dim].pop()
+    elif st.kind == "all_reduce":
+        assert a in partial
+        partial.discard(a)
+    elif st.kind == "reduce_scatter":
+        assert a in partial
+        partial.discard(a)
+        dims[st.dim].append(a)
+    elif st.kind == "all_to_all":
+        assert st.dim != st.dst_dim and dims[st.dim] and dims[st.dim][-1] == a
+        dims[st.dim].pop()
+        dims[st.dst_dim].append(a)
+    else:
+        raise AssertionError(st.kind)
+    out = Layout(tuple(map(tuple, dims)), frozenset(partial))
+    assert all(s % math.prod(sizes[x] for x in d) == 0 for s, d in zip(shape, out.dims)), out
+    return out
+
+
+def step_seconds(mesh, layout, st, shape, itemsize):
+    if st.kind == "slice":
+        return 0.0
+    lv, (a,) = mesh.level(st.axes[0]), st.axes
+    nbytes = itemsize * math.prod(layout.local_shape(shape, mesh))
+    return collective_time(st.kind, nbytes, mesh.axis_size(a), lv.alpha, lv.beta)[0]
+
+
+def moves(layout, names, sizes, shape, keep):
+    """All legal steps (independent generator) except reducing an axis in ``keep``."""
+    r = len(shape)
+    for a in names:
+        if a in layout.partial:
+            if a not in keep:
+                yield Step("all_reduce", (a,))
+                yield from (Step("reduce_scatter", (a,), d) for d in range(r))
+        elif a not in layout.axes:
+            yield from (Step("slice", (a,), d) for d in range(r))
+    for i, d in enumerate(layout.dims):
+        if d:
+            yield Step("all_gather", (d[-1],), i)
+            yield from (Step("all_to_all", (d[-1],), i, j) for j in range(r) if j != i)
+
+
+def bellman_ford(mesh, src, shape, keep):
+    """Cheapest seconds from ``src`` to every reachable layout, by label correcting."""
+    names, sizes = mesh.axis_names, dict(zip(mesh.axis_names, mesh.shape))
+    dist, todo = {src: 0.0}, [src]
+    while todo:
+        nxt = []
+        for lay in todo:
+            for st in moves(lay, names, sizes, shape, keep):
+                try:
+                    new = step_after(lay, st, sizes, shape)
+                except AssertionError:
+                    continue
+                c = dist[lay] + step_seconds(mesh, lay, st, shape, 4)
+                if c < dist.get(new, math.inf) - 1e-18:
+                    dist[new] = c
+                    nxt.append(new)
+        todo = nxt
+    return dist
+
+
+def jax_mesh(mshape):
+    n = math.prod(mshape)
+    return Mesh(np.array(jax.devices()[:n]).reshape(mshape), names_of(mshape))
+
+
+def spec(layout: Layout, names):
+    """Global representation: one leading dim per partial axis (mesh order), then the tensor."""
+    part = sorted(layout.partial, key=names.index)
+    return P(*part, *[None if not d else (d[0] if len(d) == 1 else d) for d in layout.dims])
+
+
+def weights(mshape):
+    """Per axis, integer weights summing to 1 (distinct per axis), for canonical addends."""
+    out = {}
+    for k, (a, n) in enumerate(zip(names_of(mshape), mshape)):
+        u = np.arange(n) * (k + 2) - (k + 1)
+        u[-1] += 1 - u.sum()
+        out[a] = u.astype(F32)
+    return out
+
+
+def canonical(G, layout, names, w):
+    part = sorted(layout.partial, key=names.index)
+    arr = G
+    for a in reversed(part):
+        arr = w[a].reshape((-1,) + (1,) * arr.ndim) * arr[None]
+    return arr
+
+
+def random_addends(G, layout, names, sizes, rng):
+    part = sorted(layout.partial, key=names.index)
+    if not part:
+        return G
+    flat = rng.integers(-4, 5, size=(math.prod(sizes[a] for a in part),) + G.shape).astype(F32)
+    flat[-1] = G - flat[:-1].sum(0)
+    return flat.reshape(tuple(sizes[a] for a in part) + G.shape)
+
+
+def enter(block, layout):
+    return block.reshape(block.shape[len(layout.partial):])
+
+
+def leave(block, layout):
+    return block.reshape((1,) * len(layout.partial) + block.shape)
+
+
+@dataclass(frozen=True)
+class Case:
+    """All plans of one (mesh, shape)."""
+    mesh: LogicalMesh
+    shape: tuple
+    layouts: tuple
+    plans: dict          # (src, dst) -> Plan
+
+
+def make_case(mshape, shape) -> Case:
+    mesh = LogicalMesh.create(mshape, names_of(mshape))
+    planner = Planner(mesh)
+    lays = tuple(all_layouts(mshape, shape))
+    plans = {(s, d): planner.plan(s, d, shape, F32)
+             for s in lays for d in lays if d.partial <= s.partial}
+    return Case(mesh, shape, lays, plans)
+
+
+@pytest.fixture(scope="module")
+def case():
+    """``case(mesh_shape, shape)``: the Case, planned once per module run."""
+    made = {}
+
+    def get(mshape, shape):
+        if (mshape, shape) not in made:
+            made[(mshape, shape)] = make_case(mshape, shape)
+        return made[(mshape, shape)]
+    return get
+
+
+# ---------------------------------------------------------------------------- pure tier
+@pytest.mark.parametrize("mshape,shape", CONFIGS, ids=IDS)
+def test_every_plan_is_valid_and_optimal(mshape, shape, case):
+    c = case(mshape, shape)
+    sizes = dict(zip(c.mesh.axis_names, mshape))
+    optimum = {}
+    for (src, dst), plan in c.plans.items():
+        assert isinstance(plan, Plan) and plan.src == src and plan.dst == dst
+        lay, total = src, 0.0
+        for st in plan.steps:
+            total += step_seconds(c.mesh, lay, st, shape, 4)
+            lay = step_after(lay, st, sizes, shape)
+        assert lay == dst, f"{plan} ends at {lay}"
+        assert plan.cost == pytest.approx(total, rel=1e-12, abs=1e-18)
+        key = (src, dst.partial)
+        if key not in optimum:
+            optimum[key] = bellman_ford(c.mesh, src, shape, dst.partial)
+        assert plan.cost == pytest.approx(optimum[key][dst], rel=1e-9, abs=1e-15), str(plan)
+        if src == dst:
+            assert plan.steps == () and plan.cost == 0.0
+    planner = Planner(c.mesh)
+    for src in c.layouts:
+        for dst in c.layouts:
+            if not dst.partial <= src.partial:
+                with pytest.raises(RedistributionError, match="partial sum cannot be created"):
+                    planner.plan(src, dst, shape, F32)
+
+
+def test_plan_cost_matches_fresh_planner_and_is_memoised(case):
+    c = case((2, 2, 2), (4, 6))
+    fresh = Planner(c.mesh)
+    for (src, dst), plan in list(c.plans.items())[::7]:
+        again = fresh.plan(src, dst, c.shape, F32)
+        assert again == plan
+        assert fresh.plan(src, dst, c.shape, "float32") is again
+        assert fresh.cost(src, dst, c.shape, F32) == plan.cost
+
+
+# ---------------------------------------------------------------------------- unit tests
+MESH8 = LogicalMesh.create((8,))
+MESH24 = LogicalMesh.create((2, 4))
+
+
+def L(text):
+    return Layout.parse(text)
+
+
+def test_gather_cost_is_all_gather_time():
+    lv = MESH8.level("x")
+    plan = Planner(MESH8).plan(L("[x]"), L("[_]"), (64,), F32)
+    assert plan.steps == (Step("all_gather", ("x",), 0),)
+    assert plan.cost == collective_time("all_gather", 8 * 4, 8, lv.alpha, lv.beta)[0]
+
+
+def test_partial_to_shard_is_one_reduce_scatter():
+    pl, lv = Planner(MESH8), MESH8.level("x")
+    for n in (1 << 16, 64):
+        plan = pl.plan(L("[_] sum{x}"), L("[x]"), (n,), F32)
+        rs = collective_time("reduce_scatter", n * 4, 8, lv.alpha, lv.beta)[0]
+        ar = collective_time("all_reduce", n * 4, 8, lv.alpha, lv.beta)[0]
+        assert plan.cost == min(rs, ar)
+        if n > 1000:   # bandwidth-bound: one reduce_scatter beats all_reduce + slice
+            assert plan.steps == (Step("reduce_scatter", ("x",), 0),) and rs < ar
+        else:          # latency-bound: halving-doubling all_reduce (6 alpha) beats ring RS (7)
+            assert [s.kind for s in plan.steps] == ["all_reduce", "slice"]
+    plan = pl.plan(L("[_] sum{x}"), L("[_]"), (64,), F32)
+    assert plan.steps == (Step("all_reduce", ("x",)),)
+    two = Planner(MESH24).plan(L("[_,_] sum{y}"), L("[_,y]"), (8, 8), F32)
+    assert two.steps == (Step("reduce_scatter", ("y",), 1),)
+
+
+def test_shard_to_shard_is_all_to_all():
+    plan = Planner(MESH8).plan(L("[x,_]"), L("[_,x]"), (16, 16), F32)
+    assert plan.steps == (Step("all_to_all", ("x",), 0, 1),)
+    assert str(plan.steps[0]) == "all_to_all(x, 0->1)"
+
+
+def test_swap_goes_through_intermediate_layouts():
+    pl = Planner(MESH24)
+    plan = pl.plan(L("[x,y]"), L("[y,x]"), (8, 8), F32)
+    assert len(plan.steps) >= 2 and plan.cost > 0
+    lay = L("[x,y]")
+    for st in plan.steps:
+        lay = step_after(lay, st, {"x": 2, "y": 4}, (8, 8))
+    assert lay == L("[y,x]")
+    costs = pl.step_costs(plan)
+    assert sum(sc.seconds for sc in costs) == pytest.approx(plan.cost)
+    assert costs[0].in_shape == (4, 2) and costs[-1].out_shape == (2, 4)
+    for a, b in zip(costs, costs[1:]):
+        assert a.out_shape == b.in_shape
+
+
+def test_never_visits_a_split_that_does_not_divide():
+    pl, sizes = Planner(LogicalMesh.create((2, 2, 2))), {"x": 2, "y": 2, "z": 2}
+    src, dst = L("[y,z,_]"), L("[(x,y),z,_]")
+    # with room on dim 1, y parks there ([_,(z,y),_]) while x is sliced in ...
+    wide = pl.plan(src, dst, (64, 32, 64), F32)
+    assert wide.steps[0] == Step("all_to_all", ("y",), 0, 1)
+    # ... but dim 1 of size 30 cannot be split 4 ways, so y must park on dim 2 instead.
+    narrow = pl.plan(src, dst, (64, 30, 64), F32)
+    assert narrow.steps[0] == Step("all_to_all", ("y",), 0, 2)
+    lay = src
+    for st in narrow.steps:
+        lay = step_after(lay, st, sizes, (64, 30, 64))
+    assert lay == dst
+
+
+def test_equal_layouts_need_nothing():
+    pl = Planner(MESH24)
+    for text in ("[_,_]", "[x,y]", "[_,(y,x)] ", "[_,_] sum{x,y}", "[y,_] sum{x}"):
+        plan = pl.plan(L(text), L(text), (8, 8), F32)
+        assert plan.steps == () and plan.cost == 0.0
+        assert "nothing" in str(plan)
+
+
+def test_keeps_destination_partial_axes():
+    plan = Planner(MESH24).plan(L("[_,_] sum{x,y}"), L("[y,_] sum{x}"), (8, 8), F32)
+    assert plan.steps == (Step("reduce_scatter", ("y",), 0),)
+
+
+def test_cost_uses_each_axis_topology_level():
+    mesh = LogicalMesh.create((2, 4), topology=Topology.cluster(2, 4))
+    pl = Planner(mesh)
+    for axis in ("x", "y"):
+        lv = mesh.level(axis)
+        c = pl.cost(L(f"[{axis}]"), L("[_]"), (64,), F32)
+        n = mesh.axis_size(axis)
+        assert c == collective_time("all_gather", 64 // n * 4, n, lv.alpha, lv.beta)[0]
+    assert mesh.level("x") != mesh.level("y")
+
+
+@pytest.mark.parametrize("src,dst,shape,match", [
+    ("[y]", "[_]", (6,), "does not divide"),
+    ("[_]", "[(x,y)]", (4,), "does not divide"),
+    ("[q]", "[_]", (8,), "not on the mesh"),
+    ("[_]", "[_] sum{w}", (8,), "not on the mesh"),
+    ("[_,_]", "[_]", (8, 8), "dimensions"),
+    ("[x]", "[_] sum{y}", (8,), "partial sum cannot be created"),
+])
+def test_errors_name_layouts_shape_and_mesh(src, dst, shape, match):
+    with pytest.raises(RedistributionError, match=match) as e:
+        Planner(MESH24).plan(L(src), L(dst), shape, F32)
+    msg = str(e.value)
+    assert str(L(src)) in msg and str(L(dst)) in msg and str(shape) in msg and str(MESH24) in msg
+
+
+def test_step_and_plan_text():
+    assert str(Step("slice", ("y",), 1)) == "slice(y, dim=1)"
+    assert str(Step("all_reduce", ("x",))) == "all_reduce(x)"
+    plan = Planner(MESH8).plan(L("[_] sum{x}"), L("[x]"), (64,), F32)
+    assert str(plan).startswith("[_] sum{x} -> [x]: all_reduce(x); slice(x, dim=0) (")
+
+
+def test_planners_share_nothing():
+    a, b = Planner(MESH24), Planner(MESH24)
+    a.plan(L("[x,y]"), L("[y,x]"), (8, 8), F32)
+    assert not b._memo and not b._searches
+
+
+# ---------------------------------------------------------------------------- JAX tier 1
+def compile_run(fn, *args):
+    return fn.lower(*args).compile(COMPILE_OPTS)(*args)
+
+
+@pytest.mark.parametrize("mshape,shape", CONFIGS, ids=IDS)
+def test_every_step_runs_on_jax(mshape, shape, case):
+    c = case(mshape, shape)
+    names, sizes, w = c.mesh.axis_names, dict(zip(c.mesh.axis_names, mshape)), weights(mshape)
+    edges = {}
+    for (src, _), plan in c.plans.items():
+        lay = src
+        for st in plan.steps:
+            nxt = step_after(lay, st, sizes, shape)
+            edges[(lay, st)] = nxt
+            lay = nxt
+    states = sorted({s for s, _ in edges}, key=str)
+    index = {s: i for i, s in enumerate(states)}
+    edge_list = sorted(edges.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+    G = np.random.default_rng(1).integers(-4, 5, size=shape).astype(F32)
+    jm = jax_mesh(mshape)
+
+    def body(*blocks):
+        outs = []
+        for (lay, st), nxt in edge_list:
+            y = apply_step(enter(blocks[index[lay]], lay), st, jm)
+            outs.append(leave(y, nxt))
+        return tuple(outs)
+
+    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=tuple(spec(s, names) for s in states),
+                               out_specs=tuple(spec(n, names) for _, n in edge_list),
+                               check_vma=False))
+    outs = compile_run(fn, *[canonical(G, s, names, w) for s in states])
+    for ((lay, st), nxt), out in zip(edge_list, outs):
+        np.testing.assert_array_equal(np.asarray(out), canonical(G, nxt, names, w),
+                                      err_msg=f"{st} from {lay} to {nxt} on {c.mesh}")
+
+
+# ---------------------------------------------------------------------------- JAX tier 2
+def run_whole(c: Case, pairs, rng):
+    """Run the plans of ``pairs`` whole, one jit per source layout; check every result."""
+    names, sizes = c.mesh.axis_names, dict(zip(c.mesh.axis_names, c.mesh.shape))
+    jm = jax_mesh(c.mesh.shape)
+    G = rng.integers(-4, 5, size=c.shape).astype(F32)
+    by_src = {}
+    for src, dst in pairs:
+        by_src.setdefault(src, []).append(dst)
+    for src, dsts in by_src.items():
+        plans = [c.plans[(src, d)] for d in dsts]
+
+        def body(block, plans=plans, src=src):
+            memo = {(): enter(block, src)}
+            outs = []
+            for plan in plans:
+                for k in range(1, len(plan.steps) + 1):
+                    if plan.steps[:k] not in memo:
+                        memo[plan.steps[:k]] = apply_step(memo[plan.steps[:k - 1]],
+                                                          plan.steps[k - 1], jm)
+                outs.append(leave(memo[plan.steps], plan.dst))
+            return tuple(outs)
+
+        fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=spec(src, names),
+                                   out_specs=tuple(spec(d, names) for d in dsts),
+                                   check_vma=False))
+        outs = compile_run(fn, random_addends(G, src, names, sizes, rng))
+        for plan, out in zip(plans, outs):
+            got = np.asarray(out)
+            got = got.reshape((-1,) + c.shape).sum(0) if plan.dst.partial else got
+            np.testing.assert_array_equal(got, G, err_msg=f"{plan} on {c.mesh}")
+
+
+def prefix_count(plans):
+    return len({p.steps[:k] for p in plans for k in range(1, len(p.steps) + 1)})
+
+
+@pytest.mark.parametrize("mshape,shape", CONFIGS, ids=IDS)
+def test_plans_run_whole_on_jax(mshape, shape, case):
+    c = case(mshape, shape)
+    pairs = list(c.plans)
+    by_src = {}
+    for p in pairs:
+        by_src.setdefault(p[0], []).append(c.plans[p])
+    if sum(prefix_count(v) for v in by_src.values()) > WHOLE_PLANS_ALL:
+        pairs.sort(key=lambda p: (-len(c.plans[p].steps), str(p[0]), str(p[1])))
+        pairs = pairs[:WHOLE_PLANS_LONGEST]
+    run_whole(c, pairs, np.random.default_rng(2))
+
+
+# ---------------------------------------------------------------------------- runtime API
+def test_multi_axis_steps_match_single_axis_steps():
+    """Program collectives may name several axes: they act as one combined axis, first major."""
+    mshape, shape = (2, 2, 2), (8, 8)
+    names, jm, mesh = names_of(mshape), jax_mesh(mshape), LogicalMesh.create(mshape)
+    G = np.arange(64, dtype=F32).reshape(shape)
+    w = weights(mshape)
+    col = dict(shape=shape, dtype=F32, bytes=0)
+    cases = [  # (src, multi-axis step, dst)
+        (L("[(x,y),_]"), Collective("all_gather", ("x", "y"), dim=0, **col), L("[_,_]")),
+        (L("[(z,x,y),_]"), Collective("all_gather", ("x", "y"), dim=0, **col), L("[z,_]")),
+        (L("[_,z]"), Slice(("x", "y"), dim=0, shape=shape), L("[(x,y),z]")),
+        (L("[_,_] sum{x,y}"), Collective("all_reduce", ("x", "y"), **col), L("[_,_]")),
+        (L("[_,_] sum{x,y}"), Collective("reduce_scatter", ("x", "y"), dim=1, **col),
+         L("[_,(x,y)]")),
+        (L("[(x,y),_]"), Collective("all_to_all", ("x", "y"), dim=0, dst_dim=1, **col),
+         L("[_,(x,y)]")),
+        (L("[z,_]"), Step("all_to_all", ("z",), 0, 1), L("[_,z]")),
+    ]
+
+    def body(*blocks):
+        return tuple(leave(apply_step(enter(b, s), st, mesh), d)
+                     for b, (s, st, d) in zip(blocks, cases))
+
+    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=tuple(spec(s, names) for s, _, _ in cases),
+                               out_specs=tuple(spec(d, names) for _, _, d in cases),
+                               check_vma=False))
+    outs = fn(*[canonical(G, s, names, w) for s, _, _ in cases])
+    for (s, st, d), out in zip(cases, outs):
+        np.testing.assert_array_equal(np.asarray(out), canonical(G, d, names, w), err_msg=str(st))
+
+
+def test_apply_steps_group_index_and_errors():
+    mshape = (2, 4)
+    names, jm = names_of(mshape), jax_mesh(mshape)
+    plan = Planner(MESH24).plan(L("[x,y]"), L("[y,x]"), (8, 8), F32)
+    G = np.arange(64, dtype=F32).reshape(8, 8)
+
+    def body(b):
+        idx = group_index(("x", "y"), jm).reshape(1, 1)
+        return apply_steps(b, plan.steps, jm), idx
+
+    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=P("x", "y"),
+                               out_specs=(P("y", "x"), P(("x", "y"))), check_vma=False))
+    out, idx = fn(G)
+    np.testing.assert_array_equal(np.asarray(out), G)
+    np.testing.assert_array_equal(np.asarray(idx).ravel(), np.arange(8))
+
+    def bad(b):
+        return apply_step(b, Step("slice", ("y",), 0), jm)
+
+    with pytest.raises(CollectiveError, match="does not|cannot split"):
+        jax.jit(jax.shard_map(bad, mesh=jm, in_specs=P("x"), out_specs=P(("x", "y")),
+                              check_vma=False))(np.zeros((6,), F32))
+    with pytest.raises(CollectiveError, match="unknown step kind"):
+        odd = SimpleNamespace(kind="teleport", axes=("x",), dim=None, dst_dim=None)
+        jax.jit(jax.shard_map(lambda b: apply_step(b, odd, jm), mesh=jm,
+                              in_specs=P(), out_specs=P(), check_vma=False))(np.zeros(4, F32))
+
+
+def test_planning_is_fast(case):
+    """The propagation search calls the planner thousands of times: a cold planner plans every
+    pair of the rank-3 (2,2,2) case (over 10k pairs) in a few seconds, and memo hits are cheap."""
+    c = case((2, 2, 2), (4, 6, 4))
+    pl = Planner(c.mesh)
+    t = time.perf_counter()
+    for src, dst in c.plans:
+        pl.plan(src, dst, c.shape, F32)
+    cold = time.perf_counter() - t
+    t = time.perf_counter()
+    for src, dst in c.plans:
+        pl.plan(src, dst, c.shape, F32)
+    warm = time.perf_counter() - t
+    assert len(c.plans) > 10000
+    assert cold < 10.0 and warm < 1.0, (cold, warm)
