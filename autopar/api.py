@@ -176,14 +176,14 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
             steps, seconds = plan_steps(planner, s, d, shape, dtype)
             return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
         assignment = propagate(graph, mesh, _fixed(config, mesh, graph), arg_layouts, cost, cands)
-    program, comm, _ = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
+    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
                            tuple(v.shape for v in n.outputs), assignment.choice[n.id].in_layouts,
                            assignment.choice[n.id].out_layouts, comm[n.id]) for n in graph.nodes)
     strat = Strategy(mode.value, "loaded" if strategy is not None else config.search_mode.value,
-                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops)
+                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm)
     leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
     return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
 

@@ -1,8 +1,9 @@
-"""Quick start: a 2-layer MLP training step, Megatron-style on a 2 x 4 mesh of CPU devices.
+"""Quick start: a 2-layer MLP training step on a 2 x 4 mesh of CPU devices: data parallel over
+the mesh's x axis, Megatron-style tensor parallel over its y axis.
 
 Run: python examples/quickstart.py. It compiles the plain single-device step with two
-``ap.shard`` annotations, checks the sharded result against the single-device one, and prints
-the chosen strategy and the collectives autopar inserted.
+``ap.shard`` annotations and a batch split, checks the sharded result against the single-device
+one, and prints the chosen strategy and the collectives autopar inserted.
 """
 import os
 
@@ -37,7 +38,8 @@ def main():
              jnp.asarray(r.normal(size=(16, 32)), jnp.float32))
 
     cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
-    compiled = ap.compile(step, params, batch, config=cfg)
+    # the batch is split over x (data parallel), the weights over y (tensor parallel)
+    compiled = ap.compile(step, params, batch, config=cfg, in_strategy=(None, ((2, 1), (2, 1))))
     loss, new_params = compiled(params, batch)
 
     ref_loss, ref_params = step(params, batch)

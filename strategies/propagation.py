@@ -8,8 +8,8 @@ Out: ``Assignment``: the chosen Candidate of every node and the layout of every 
 
 Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and fixed inputs;
 of the nodes next to a decided neighbour with a split or partial layout, the one with the
-fewest undecided inputs goes first (then the earliest discovered), so layouts flow mostly along
-the data. Nodes no split ever reaches take their replicated candidate at the end. Each node takes, among its
+fewest undecided inputs goes first (then the earliest in program order), so layouts flow
+mostly along the data. Nodes no split ever reaches take their replicated candidate at the end. Each node takes, among its
 replicated candidate and the candidates whose every split is copied from a decided neighbour
 (propagation spreads the user's splits, it does not invent new ones), the one with the least
 resharding cost against its decided neighbours: producers of its inputs (a value already
@@ -189,7 +189,7 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         ready = [k for k in order if not uninformed(graph.nodes[k])]
         if not ready:
             break
-        nid = min(ready, key=lambda k: (undecided_inputs(graph.nodes[k]), order[k]))
+        nid = min(ready, key=lambda k: (undecided_inputs(graph.nodes[k]), k))
         del order[nid]
         node = graph.nodes[nid]
         decide(node)

@@ -50,10 +50,11 @@ class Strategy:
     axis_names: tuple
     inputs: tuple        # InputStrategy per flattened argument leaf
     ops: tuple           # OpStrategy per graph node, in graph order
+    output_comm_time: float = 0.0   # estimated seconds to make the results replicated
 
     @property
     def comm_time(self) -> float:
-        return sum(o.comm_time for o in self.ops)
+        return sum(o.comm_time for o in self.ops) + self.output_comm_time
 
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
@@ -67,9 +68,9 @@ class Strategy:
         rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "") for i in self.inputs]
         rows.append(("operator", "output", "inputs -> output layout", "comm us", "source"))
         for o in self.ops:
-            outs = " ".join(type_str(s, "") .rstrip() for s in o.out_shapes)
+            outs = " ".join(type_str(s, "") for s in o.out_shapes)
             lay = ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts))
-            rows.append((o.name, outs.replace("[", "[", 1), lay,
+            rows.append((o.name, outs, lay,
                          f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _short(o.source)))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = head
@@ -91,6 +92,7 @@ class Strategy:
                      "out_shapes": [list(s) for s in o.out_shapes],
                      "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
                      "comm_time": o.comm_time} for o in self.ops],
+            "output_comm_time": self.output_comm_time,
         }
 
     def to_json(self) -> str:
@@ -111,7 +113,7 @@ class Strategy:
                              tuple(tuple(s) for s in o["out_shapes"]),
                              tuple(Layout.parse(l) for l in o["in"]),
                              tuple(Layout.parse(l) for l in o["out"]), o["comm_time"])
-                  for o in d["ops"]))
+                  for o in d["ops"]), d.get("output_comm_time", 0.0))
 
     @staticmethod
     def load(path) -> "Strategy":
