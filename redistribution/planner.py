@@ -7,22 +7,27 @@ time in seconds. Pure planning: nothing here touches devices.
 
 Transitions (each step moves ONE mesh axis ``a``; "innermost" = last axis of a dimension):
 
-| from -> to            | step                            | effect on the layout                     |
-|-----------------------|---------------------------------|------------------------------------------|
-| replicate -> shard    | ``slice(a, dim=d)``             | unused ``a`` appended innermost to dim d |
-| shard -> replicate    | ``all_gather(a, dim=d)``        | innermost ``a`` of dim d removed         |
-| partial -> replicate  | ``all_reduce(a)``               | ``a`` removed from the partial set       |
-| partial -> shard      | ``reduce_scatter(a, dim=d)``    | ``a`` leaves partial, innermost of dim d |
-| shard(i) -> shard(j)  | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost ``a`` of dim i -> innermost of dim j |
+| from -> to           | step                                | effect on the layout                  |
+|----------------------|-------------------------------------|---------------------------------------|
+| replicate -> shard   | ``slice(a, dim=d)`` (local)         | unused ``a`` appended innermost to d  |
+| shard -> replicate   | ``all_gather(a, dim=d)``            | innermost ``a`` of dim d removed      |
+| partial -> replicate | ``all_reduce(a)``                   | ``a`` leaves the partial set          |
+| partial -> shard     | ``reduce_scatter(a, dim=d)``        | ``a`` leaves partial, innermost of d  |
+| shard(i) -> shard(j) | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost ``a`` of i -> innermost of j |
 
 Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
 axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level.
 The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
 paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Path costs are compared
 in whole picoseconds; ties go to fewer steps, then to the step sequence in a fixed order (kind
-order as in ``KINDS``, then mesh axis order, then dims). ``Plan.cost`` is the float sum. A partial axis can only be reduced, never created: an axis partial in ``dst``
-must be partial in ``src`` too (and then stays partial), otherwise ``RedistributionError``.
-Results are memoised per ``Planner`` instance.
+order as in ``KINDS``, then mesh axis order, then dims); ``Plan.cost`` is the float sum. A
+partial axis can only be reduced, never created: an axis partial in ``dst`` must be partial in
+``src`` too (and then stays partial), otherwise ``RedistributionError``, as for a layout that
+names unknown axes or does not divide the shape. Results are memoised per ``Planner`` instance
+(one resumable Dijkstra per source answers every destination).
+
+API: ``Planner(mesh).plan(src, dst, shape, dtype) -> Plan``, ``.cost(...) -> seconds`` and
+``.step_costs(plan)`` (per step: local shapes, bytes, seconds, algorithm, for lowering).
 """
 from __future__ import annotations
 
@@ -81,6 +86,8 @@ class StepCost:
 
 @dataclass(frozen=True)
 class Plan:
+    """The steps from ``src`` to ``dst`` for a tensor of global ``shape`` and ``dtype`` (a numpy
+    dtype), and their total estimated seconds; ``steps == ()`` and ``cost == 0`` if equal."""
     src: Layout
     dst: Layout
     shape: tuple[int, ...]
@@ -91,9 +98,6 @@ class Plan:
     def __str__(self) -> str:
         body = "; ".join(map(str, self.steps)) if self.steps else "nothing"
         return f"{self.src} -> {self.dst}: {body} ({self.cost:.3g}s)"
-
-    def __len__(self) -> int:
-        return len(self.steps)
 
 
 class Planner:

@@ -17,6 +17,9 @@ such as ``autopar.program.Slice``, is a slice), and the mesh (a ``jax.sharding.M
 Block order: a dimension split over axes ``(x, y)`` holds block ``ix * ny + iy`` on device
 ``(ix, iy)`` (major first, as ``PartitionSpec(("x", "y"))``); a step over several axes treats them
 as one combined axis in that order, so slicing over ``(x, y)`` equals slicing ``x`` then ``y``.
+Build the ``shard_map`` with ``check_vma=False``: JAX types an all_gather result as still
+varying over the gathered axis, so its replication check would reject correct out_specs.
+A partial-sum value is simply a different addend on each device of its partial axes.
 """
 from __future__ import annotations
 

@@ -42,8 +42,8 @@ CONFIGS = [((8,), (16,)), ((8,), (8, 8)), ((8,), (8, 2, 8)),
            ((3, 2), (12,)), ((3, 2), (12, 6)), ((3, 2), (6, 4, 6)),
            ((2, 2, 2), (8,)), ((2, 2, 2), (4, 6)), ((2, 2, 2), (4, 6, 4))]
 IDS = ["mesh" + "x".join(map(str, m)) + "-shape" + "x".join(map(str, s)) for m, s in CONFIGS]
-WHOLE_PLANS_ALL = 400        # run every pair whole when the plan-prefix trees are this small
-WHOLE_PLANS_LONGEST = 24     # else run this many of the longest plans whole
+WHOLE_PLANS_ALL = 800        # run every pair whole when the plan-prefix trees are this small
+WHOLE_PLANS_LONGEST = 40     # else the plans from the all-partial layout and the longest ones
 F32 = np.float32
 COMPILE_OPTS = {"xla_backend_optimization_level": 0}   # tiny arrays: compile time dominates
 
@@ -415,51 +415,54 @@ def test_every_step_runs_on_jax(mshape, shape, case):
 
 # ---------------------------------------------------------------------------- JAX tier 2
 def run_whole(c: Case, pairs, rng):
-    """Run the plans of ``pairs`` whole, one jit per source layout; check every result."""
+    """Run the plans of ``pairs`` whole in one jit (plans from one source share their prefix
+    tree), each source with its own random partial addends; check every result."""
     names, sizes = c.mesh.axis_names, dict(zip(c.mesh.axis_names, c.mesh.shape))
     jm = jax_mesh(c.mesh.shape)
     G = rng.integers(-4, 5, size=c.shape).astype(F32)
     by_src = {}
     for src, dst in pairs:
-        by_src.setdefault(src, []).append(dst)
-    for src, dsts in by_src.items():
-        plans = [c.plans[(src, d)] for d in dsts]
+        by_src.setdefault(src, []).append(c.plans[(src, dst)])
+    srcs = list(by_src)
 
-        def body(block, plans=plans, src=src):
+    def body(*blocks):
+        outs = []
+        for src, block in zip(srcs, blocks):
             memo = {(): enter(block, src)}
-            outs = []
-            for plan in plans:
+            for plan in by_src[src]:
                 for k in range(1, len(plan.steps) + 1):
                     if plan.steps[:k] not in memo:
                         memo[plan.steps[:k]] = apply_step(memo[plan.steps[:k - 1]],
                                                           plan.steps[k - 1], jm)
                 outs.append(leave(memo[plan.steps], plan.dst))
-            return tuple(outs)
+        return tuple(outs)
 
-        fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=spec(src, names),
-                                   out_specs=tuple(spec(d, names) for d in dsts),
-                                   check_vma=False))
-        outs = compile_run(fn, random_addends(G, src, names, sizes, rng))
-        for plan, out in zip(plans, outs):
-            got = np.asarray(out)
-            got = got.reshape((-1,) + c.shape).sum(0) if plan.dst.partial else got
-            np.testing.assert_array_equal(got, G, err_msg=f"{plan} on {c.mesh}")
+    plans = [p for s in srcs for p in by_src[s]]
+    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=tuple(spec(s, names) for s in srcs),
+                               out_specs=tuple(spec(p.dst, names) for p in plans),
+                               check_vma=False))
+    outs = compile_run(fn, *[random_addends(G, s, names, sizes, rng) for s in srcs])
+    for plan, out in zip(plans, outs):
+        got = np.asarray(out)
+        got = got.reshape((-1,) + c.shape).sum(0) if plan.dst.partial else got
+        np.testing.assert_array_equal(got, G, err_msg=f"{plan} on {c.mesh}")
 
 
 def prefix_count(plans):
-    return len({p.steps[:k] for p in plans for k in range(1, len(p.steps) + 1)})
+    """Distinct (source, step prefix) pairs: the collectives a whole-plan run compiles."""
+    return len({(p.src, p.steps[:k]) for p in plans for k in range(1, len(p.steps) + 1)})
 
 
 @pytest.mark.parametrize("mshape,shape", CONFIGS, ids=IDS)
 def test_plans_run_whole_on_jax(mshape, shape, case):
     c = case(mshape, shape)
-    pairs = list(c.plans)
-    by_src = {}
-    for p in pairs:
-        by_src.setdefault(p[0], []).append(c.plans[p])
-    if sum(prefix_count(v) for v in by_src.values()) > WHOLE_PLANS_ALL:
-        pairs.sort(key=lambda p: (-len(c.plans[p].steps), str(p[0]), str(p[1])))
-        pairs = pairs[:WHOLE_PLANS_LONGEST]
+    pairs = sorted(c.plans, key=lambda p: (-len(c.plans[p].steps), str(p[0]), str(p[1])))
+    if prefix_count(c.plans.values()) > WHOLE_PLANS_ALL:
+        # every plan out of the all-partial layout (each partial subset kept, every target
+        # layout), plus the longest plans overall
+        every = frozenset(c.mesh.axis_names)
+        pairs = pairs[:WHOLE_PLANS_LONGEST] + [p for p in pairs[WHOLE_PLANS_LONGEST:]
+                                               if p[0].partial == every]
     run_whole(c, pairs, np.random.default_rng(2))
 
 
