@@ -7,13 +7,13 @@ time in seconds. Pure planning: nothing here touches devices.
 
 Transitions (each step moves ONE mesh axis ``a``; "innermost" = last axis of a dimension):
 
-| from -> to           | step                                | effect on the layout                  |
-|----------------------|-------------------------------------|---------------------------------------|
-| replicate -> shard   | ``slice(a, dim=d)`` (local)         | unused ``a`` appended innermost to d  |
-| shard -> replicate   | ``all_gather(a, dim=d)``            | innermost ``a`` of dim d removed      |
-| partial -> replicate | ``all_reduce(a)``                   | ``a`` leaves the partial set          |
-| partial -> shard     | ``reduce_scatter(a, dim=d)``        | ``a`` leaves partial, innermost of d  |
-| shard(i) -> shard(j) | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost ``a`` of i -> innermost of j |
+| from -> to           | step                                | effect on the layout              |
+|----------------------|-------------------------------------|-----------------------------------|
+| replicate -> shard   | ``slice(a, dim=d)`` (local)         | unused ``a`` becomes innermost of d |
+| shard -> replicate   | ``all_gather(a, dim=d)``            | innermost ``a`` of d removed      |
+| partial -> replicate | ``all_reduce(a)``                   | ``a`` leaves the partial set      |
+| partial -> shard     | ``reduce_scatter(a, dim=d)``        | ``a``: partial -> innermost of d  |
+| shard(i) -> shard(j) | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost of i -> innermost of j  |
 
 Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
 axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level.
@@ -81,7 +81,8 @@ class StepCost:
     algorithm: str
 
     def __str__(self) -> str:
-        return f"{self.step} {self.in_shape}->{self.out_shape} {self.seconds:.3g}s [{self.algorithm}]"
+        return (f"{self.step} {self.in_shape}->{self.out_shape} {self.seconds:.3g}s "
+                f"[{self.algorithm}]")
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,9 @@ class Planner:
                        "make the destination not partial over those axes.")
 
     def _search(self, src: Layout, dst: Layout, shape, itemsize: int):
-        """Dijkstra from ``src`` with priority ``(picoseconds, #steps, step sort keys)``. The search is
-        kept on the instance per (src, dst.partial, shape, itemsize) and resumed by later
-        queries: settled states are final, so one search answers every destination."""
+        """Dijkstra from ``src`` with priority ``(picoseconds, #steps, step sort keys)``. The
+        search is kept on the instance per (src, dst.partial, shape, itemsize) and resumed by
+        later queries: settled states are final, so one search answers every destination."""
         order = self._order
         start = (src.dims, tuple(sorted(src.partial, key=order.__getitem__)))
         goal = (dst.dims, tuple(sorted(dst.partial, key=order.__getitem__)))
