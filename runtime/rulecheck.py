@@ -9,18 +9,20 @@ For one node, ``check_node``:
 1. enumerates the candidates of the node's rule (``enumerate_candidates(node, rule.spec(node),
    mesh)``);
 2. draws random global inputs of the node's shapes and dtypes: floats are multiples of 1/8 in
-   [-2, 2] (positive for ``log``/``sqrt``/..; exact under sums), bools random, index operands of gather/scatter/dynamic slices in their
-   valid ranges (``indexing.index_bounds``), other ints small; ``Const`` inputs keep their value;
+   [-2, 2] (positive for ``log``/``sqrt``/..), so sums of them are exact in any order; bools
+   random; index operands of gather/scatter/dynamic slices in their valid ranges
+   (``indexing.index_bounds``); other ints small; ``Const`` inputs keep their value;
 3. per candidate, cuts every input into per-device blocks per its input layout (a partial-sum
    axis gets random per-device addends that sum to the global value), checks the local result
-   shapes with the primitive's ``abstract_eval``, then runs ``primitive.bind(*local, **rule.params_for(node,
-   local in shapes, local out shapes))`` inside ``jax.shard_map`` (a ``Const`` with a split
-   layout is sliced on the device by ``lax.axis_index``);
+   shapes with the primitive's ``abstract_eval``, then runs ``primitive.bind(*local,
+   **rule.params_for(node, local in shapes, local out shapes))`` inside ``jax.shard_map`` (a
+   ``Const`` with a split layout is sliced on the device by ``lax.axis_index``);
 4. reassembles each result per its output layout (summing over partial axes; replicas are
    compared one by one) and compares with ``primitive.bind(*global, **node.params)``: floats to
    rtol = atol = 1e-5, ints and bools exactly.
-All candidates of a node run in one jitted ``shard_map`` (one compilation per node).
-``check_graphs`` checks each distinct (primitive, operand types, params) once.
+``check_graphs`` checks each distinct (primitive, operand types, params) once, and runs the
+candidates of several nodes, with their unsharded references, in one jitted program (about
+``batch`` candidates per compilation; compiling is what costs time).
 """
 from __future__ import annotations
 
@@ -389,6 +391,6 @@ def _compare(got, layout, want, mesh):
 def _check_meshes(mesh, jax_mesh):
     if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or \
             tuple(jax_mesh.devices.shape) != tuple(mesh.shape):
-        raise ConfigError(f"jax mesh {dict(jax_mesh.shape)} does not match the logical mesh {mesh}; "
-                          "build it as jax.sharding.Mesh(devices.reshape(mesh.shape), "
+        raise ConfigError(f"jax mesh {dict(jax_mesh.shape)} does not match the logical mesh "
+                          f"{mesh}; build it as jax.sharding.Mesh(devices.reshape(mesh.shape), "
                           "mesh.axis_names).")

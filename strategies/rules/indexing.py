@@ -15,10 +15,11 @@ the operand (unless out-of-bound indices read a non-zero, non-NaN ``fill_value``
 scatter-add / scatter-sub (the backward of a gather): operand and result dimensions share
 letters; batching dimensions are shared with indices and updates; whole window dimensions with
 the updates. A scatter (non-batching) dimension of indices/updates adds many updates into one
-operand row, so splitting it leaves partial sums: it is a ``+`` letter, and the operand must then arrive
-as a partial sum over the same axes (``reduce_partial``), unless it is a literal zero constant
-(a non-zero constant operand forbids the split: every device would add it once). Jointly linear in (operand, updates). ``scatter`` (set),
-``scatter-mul``/``-min``/``-max`` never split scatter dimensions.
+operand row, so splitting it leaves partial sums: it is a ``+`` letter, and the operand must
+then arrive as a partial sum over the same axes (``reduce_partial``), unless it is a literal zero
+constant (a non-zero constant operand forbids the split: every device would add it once).
+Jointly linear in (operand, updates). ``scatter`` (set), ``scatter-mul``/``-min``/``-max`` never
+split scatter dimensions.
 
 dynamic_slice / dynamic_update_slice: a dimension taken (or overwritten) in full may be split
 (its start index is clamped to 0); the scalar start indices never carry letters.
@@ -88,11 +89,14 @@ def _scatter(summable: bool, linear):
         O, I, U = [None] * len(operand), [None] * len(indices), [None] * len(updates)
         scatter_u = [d for d in range(len(updates)) if d not in set(dn.update_window_dims)]
         batching = dict(zip(dn.scatter_indices_batching_dims, dn.operand_batching_dims))
+        operand_value = node.inputs[0]
+        zero = _is_zero_const(operand_value)
+        summed = summable and (zero or not isinstance(operand_value, Const))
         reduce = set()
         for i, u in enumerate(scatter_u):              # indices dims except the index vector
             if i in batching:
                 I[i] = U[u] = O[batching[i]] = f"i{i}"
-            elif summable and (_is_zero_const(node.inputs[0]) or not isinstance(node.inputs[0], Const)):
+            elif summed:
                 I[i] = U[u] = f"s{i}"
                 reduce.add(f"s{i}")
         window = [d for d in range(len(operand))
@@ -104,7 +108,6 @@ def _scatter(summable: bool, linear):
         for d, u in zip(window, dn.update_window_dims):
             if d in whole:
                 O[d] = U[u] = f"w{d}"
-        zero = _is_zero_const(node.inputs[0])
         return OpSpec((tuple(O), tuple(I), tuple(U)), (tuple(O),), frozenset(reduce),
                       linear(node) if callable(linear) else linear,
                       () if zero or not reduce else (0,))

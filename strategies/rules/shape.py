@@ -55,7 +55,8 @@ def broadcast_in_dim_spec(node):
 
 def reshape_groups(in_shape, out_shape):
     """Runs of dimensions with equal size products: ``[(in_dims, out_dims), ...]``, size-1
-    dimensions left out. ``(4, 8, 32) -> (4, 8, 4, 8)`` gives ``[([0],[0]), ([1],[1]), ([2],[2,3])]``.
+    dimensions left out. ``(4, 8, 32) -> (4, 8, 4, 8)`` gives
+    ``[([0],[0]), ([1],[1]), ([2],[2,3])]``.
     Returns ``[]`` when a zero-size dimension makes grouping meaningless."""
     if 0 in in_shape or 0 in out_shape:
         return []
