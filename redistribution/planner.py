@@ -5,7 +5,8 @@ the global tensor shape and its dtype. Out: a frozen ``Plan`` holding the ordere
 that turn per-device blocks of ``src`` into per-device blocks of ``dst``, and their estimated
 time in seconds. Pure planning: nothing here touches devices.
 
-Transitions (each step moves ONE mesh axis ``a``; "innermost" = last axis of a dimension):
+Transitions (each step moves one mesh axis ``a``, except that one all_reduce may reduce several
+partial axes as a group; "innermost" = last axis of a dimension):
 
 | from -> to           | step                                | effect on the layout              |
 |----------------------|-------------------------------------|-----------------------------------|
@@ -32,6 +33,7 @@ API: ``Planner(mesh).plan(src, dst, shape, dtype) -> Plan``, ``.cost(...) -> sec
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -139,7 +141,7 @@ class Planner:
             dims, partial = _apply(dims, partial, st)
             out_shape = self._local(plan.shape, dims)
             b_in, b_out = item * math.prod(in_shape), item * math.prod(out_shape)
-            sec, alg = self._time(st.kind, st.axes[0], b_in)
+            sec, alg = self._time(st.kind, st.axes, b_in)
             out.append(StepCost(st, in_shape, out_shape, b_in, b_out, sec, alg))
         return tuple(out)
 
@@ -147,11 +149,15 @@ class Planner:
     def _local(self, shape, dims) -> tuple[int, ...]:
         return tuple(s // math.prod(self._size[a] for a in d) for s, d in zip(shape, dims))
 
-    def _time(self, kind: str, axis: str, nbytes: int):
+    def _time(self, kind: str, axes, nbytes: int):
+        """Seconds and algorithm of one step over ``axes`` (one name or a tuple of names, taken
+        as one group priced on the slowest of their levels)."""
         if kind == "slice":
             return 0.0, "local"
-        alpha, beta = self._lvl[axis]
-        return collective_time(kind, nbytes, self._size[axis], alpha, beta)
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        alpha = max(self._lvl[a][0] for a in axes)
+        beta = max(self._lvl[a][1] for a in axes)
+        return collective_time(kind, nbytes, math.prod(self._size[a] for a in axes), alpha, beta)
 
     def _fail(self, src, dst, shape, why: str):
         raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "
@@ -205,7 +211,7 @@ class Planner:
             if out is None:
                 out = edges[state] = self._moves(state, shape, itemsize)
             for nxt, sec, eps, k, st, reduced in out:
-                if nxt in done or reduced in keep:
+                if nxt in done or any(r in keep for r in reduced):
                     continue
                 cand = (ps + eps, n + 1, pkey + (k,))
                 old = best.get(nxt)
@@ -226,7 +232,7 @@ class Planner:
 
     def _moves(self, state, shape, itemsize):
         """Every legal step from ``state = (dims, partial)``, as tuples ``(next state, seconds,
-        integer picoseconds, sort key, Step, reduced partial axis or None)``; only states whose
+        integer picoseconds, sort key, Step, reduced partial axes)``; only states whose
         splits divide the shape are produced."""
         dims, partial = state
         size, order = self._size, self._order
@@ -245,17 +251,17 @@ class Planner:
                 rest = tuple(p for p in partial if p != a)
                 sec = self._time("all_reduce", a, nbytes)[0]
                 out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step("all_reduce", (a,)),
-                            a))
+                            (a,)))
                 sec = self._time("reduce_scatter", a, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         out.append(((put(d, a), rest), sec, _ps(sec), (3, ai, d, -1),
-                                    Step("reduce_scatter", (a,), d), a))
+                                    Step("reduce_scatter", (a,), d), (a,)))
             elif a not in used:
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         out.append(((put(d, a), partial), 0.0, 0, (0, ai, d, -1),
-                                    Step("slice", (a,), d), None))
+                                    Step("slice", (a,), d), ()))
         for i in range(rank):
             if not dims[i]:
                 continue
@@ -264,13 +270,19 @@ class Planner:
             gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
             sec = self._time("all_gather", a, nbytes)[0]
             out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step("all_gather", (a,), i),
-                        None))
+                        ()))
             sec = self._time("all_to_all", a, nbytes)[0]
             for j in range(rank):
                 if j != i and shape[j] % (splits[j] * n) == 0:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
                     out.append(((nd, partial), sec, _ps(sec), (4, ai, i, j),
-                                Step("all_to_all", (a,), i, j), None))
+                                Step("all_to_all", (a,), i, j), ()))
+        for k in range(2, len(partial) + 1):        # one all_reduce over several partial axes
+            for group in itertools.combinations(partial, k):
+                rest = tuple(p for p in partial if p not in group)
+                sec = self._time("all_reduce", group, nbytes)[0]
+                out.append(((dims, rest), sec, _ps(sec), (2, order[group[0]], k, -1),
+                            Step("all_reduce", group), group))
         return tuple(out)
 
 

@@ -69,6 +69,9 @@ def all_layouts(mshape, shape):
 def step_after(layout: Layout, st: Step, sizes, shape) -> Layout:
     """The brief's step semantics, written independently of the planner; raises AssertionError
     on an illegal step or an intermediate layout whose splits do not divide the shape."""
+    if st.kind == "all_reduce":                       # one or several partial axes at once
+        assert set(st.axes) <= layout.partial and len(set(st.axes)) == len(st.axes)
+        return Layout(layout.dims, layout.partial - set(st.axes))
     (a,) = st.axes
     dims, partial = [list(d) for d in layout.dims], set(layout.partial)
     used = {x for d in dims for x in d}
@@ -78,9 +81,6 @@ def step_after(layout: Layout, st: Step, sizes, shape) -> Layout:
     elif st.kind == "all_gather":
         assert dims[st.dim] and dims[st.dim][-1] == a
         dims[st.dim].pop()
-    elif st.kind == "all_reduce":
-        assert a in partial
-        partial.discard(a)
     elif st.kind == "reduce_scatter":
         assert a in partial
         partial.discard(a)
@@ -99,9 +99,11 @@ def step_after(layout: Layout, st: Step, sizes, shape) -> Layout:
 def step_seconds(mesh, layout, st, shape, itemsize):
     if st.kind == "slice":
         return 0.0
-    lv, (a,) = mesh.level(st.axes[0]), st.axes
+    alpha = max(mesh.level(a).alpha for a in st.axes)
+    beta = max(mesh.level(a).beta for a in st.axes)
     nbytes = itemsize * math.prod(layout.local_shape(shape, mesh))
-    return collective_time(st.kind, nbytes, mesh.axis_size(a), lv.alpha, lv.beta)[0]
+    n = math.prod(mesh.axis_size(a) for a in st.axes)
+    return collective_time(st.kind, nbytes, n, alpha, beta)[0]
 
 
 def moves(layout, names, sizes, shape, keep):
@@ -118,6 +120,9 @@ def moves(layout, names, sizes, shape, keep):
         if d:
             yield Step("all_gather", (d[-1],), i)
             yield from (Step("all_to_all", (d[-1],), i, j) for j in range(r) if j != i)
+    free = [a for a in names if a in layout.partial and a not in keep]
+    for k in range(2, len(free) + 1):
+        yield from (Step("all_reduce", g) for g in itertools.combinations(free, k))
 
 
 def bellman_ford(mesh, src, shape, keep):
