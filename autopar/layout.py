@@ -166,7 +166,7 @@ class Layout:
         return f"[{body}]{tail}"
 
     def __repr__(self) -> str:
-        return f"Layout({str(self)!r})"
+        return f"Layout.parse({str(self)!r})"
 
 
 def _axes_for_count(c: int, free: list[int], mesh: LogicalMesh):
