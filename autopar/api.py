@@ -161,6 +161,11 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     if mode in (ParallelMode.AUTO_PARALLEL, ParallelMode.HYBRID_PARALLEL):
         raise ConfigError(f"parallel_mode={mode.value!r} is not available in this version; use "
                           "'stand_alone', 'data_parallel' or 'semi_auto_parallel'.")
+    if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
+        raise ConfigError(
+            "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
+            "device_num times the gradient of the step you wrote; autopar keeps the single-device "
+            "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
     mesh = config.mesh()
     batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
         [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)

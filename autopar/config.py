@@ -67,7 +67,8 @@ class ParallelConfig:
     topology: Optional[Topology] = None       # default: Topology.local(device_num)
     search_mode: SearchMode = SearchMode.SHARDING_PROPAGATION  # solver for auto_parallel
     max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap
-    gradients_mean: bool = True               # data_parallel: average replica gradients (see README)
+    gradients_mean: bool = True               # data_parallel: replica gradients are averaged, so
+                                              # the step equals the single-device one (False: see README)
     backend: Backend = Backend.JAX            # where compiled steps run
 
     def __post_init__(self):

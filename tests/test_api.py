@@ -163,3 +163,11 @@ def test_wrong_call_shapes():
     c = ap.compile(m.mlp_sgd_step, p, b)
     with pytest.raises(ap.ConfigError, match="compile again"):
         c(p, m.mlp_batch(batch=4))
+
+
+def test_gradients_mean():
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, gradients_mean=True)
+    assert_same(ap.compile(m.mlp_sgd_step, p, b, config=cfg)(p, b), m.mlp_sgd_step(p, b))
+    with pytest.raises(ap.ConfigError, match="multiply the loss by device_num"):
+        ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(gradients_mean=False))
