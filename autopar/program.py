@@ -2,7 +2,9 @@
 
 In: built by ``autopar.redistribution.lower`` from a Graph and a Strategy. Out: a frozen
 ``Program`` holding, in execution order,
-- ``Compute``: one primitive applied to local (per-device) operands with local shape params;
+- ``Segment``: a maximal run of ``Compute`` steps (one primitive each, applied to local
+  operands with local shape params) with no communication inside; a runtime compiles it once
+  (``segment.jaxpr()`` is its jaxpr with local shapes) and calls it (``segment(*inputs)``);
 - ``Collective``: an explicit collective over named mesh axes (kind, axes, local shape, dtype,
   per-device payload bytes, chosen algorithm); ``dim``/``dst_dim`` say which tensor dimensions it
   gathers, scatters or exchanges;
@@ -73,6 +75,63 @@ class Compute:
         return f"{outs} = {self.node.prim}({ins})  ; {self.node.name} local {self.out_shapes}"
 
 
+def _const(c):
+    return np.asarray(c.value, dtype=c.dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    computes: tuple               # Compute steps in order
+    inputs: tuple[int, ...]       # registers read from before the segment
+    outputs: tuple[int, ...]      # registers written here and read later (or results)
+    in_avals: tuple               # (local shape, dtype) per input register
+
+    def __call__(self, *xs):
+        regs = dict(zip(self.inputs, xs))
+        for c in self.computes:
+            args = [regs[i] if isinstance(i, int) else _const(i) for i in c.inputs]
+            out = c.node.primitive.bind(*args, **c.params)
+            regs.update(zip(c.outputs, out if c.node.primitive.multiple_results else [out]))
+        return tuple(regs[o] for o in self.outputs)
+
+    def jaxpr(self):
+        """The segment as a ClosedJaxpr on local shapes."""
+        import jax
+        return jax.make_jaxpr(self)(*[jax.ShapeDtypeStruct(s, d) for s, d in self.in_avals])
+
+    def __str__(self) -> str:
+        head = (f"segment({', '.join(f'%r{i}' for i in self.inputs)}) -> "
+                f"{', '.join(f'%r{o}' for o in self.outputs)} {{")
+        return "\n".join([head] + [f"  {c}" for c in self.computes] + ["}"])
+
+
+def segment(instructions, avals, final_reads) -> tuple:
+    """Group runs of Compute into Segments. ``avals``: register -> (local shape, dtype);
+    ``final_reads``: registers read after the last instruction (the results)."""
+    later = [set(final_reads)]
+    for ins in reversed(instructions):                  # registers read at or after each point
+        reads = set(ins.inputs if isinstance(ins, Compute) else [ins.src])
+        later.append(later[-1] | {r for r in reads if isinstance(r, int)})
+    later.reverse()                                     # later[i]: read by instructions[i:] or results
+    out, run, start = [], [], 0
+    for i, ins in enumerate(list(instructions) + [None]):
+        if isinstance(ins, Compute):
+            if not run:
+                start = i
+            run.append(ins)
+            continue
+        if run:
+            made = {o for c in run for o in c.outputs}
+            reads = [r for c in run for r in c.inputs if isinstance(r, int) and r not in made]
+            ins_regs = tuple(dict.fromkeys(reads))
+            outs = tuple(o for c in run for o in c.outputs if o in later[i])
+            out.append(Segment(tuple(run), ins_regs, outs, tuple(avals[r] for r in ins_regs)))
+            run = []
+        if ins is not None:
+            out.append(ins)
+    return tuple(out)
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     mesh: Any                     # LogicalMesh
@@ -86,6 +145,9 @@ class Program:
 
     def collectives(self) -> list[Collective]:
         return [i for i in self.instructions if isinstance(i, Collective)]
+
+    def segments(self) -> list[Segment]:
+        return [i for i in self.instructions if isinstance(i, Segment)]
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)

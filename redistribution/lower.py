@@ -2,8 +2,8 @@
 
 In: a Graph, the chosen ``Candidate`` of every node (its input/output layouts), the layout of
 every graph input, a LogicalMesh and a redistribution ``Planner``. Out: ``(Program, comm)``:
-the Program holds one ``Compute`` per node (local shape params from the node's rule), and
-between producer and consumer the ``Slice``/``Collective`` instructions of the cheapest
+the Program holds one ``Compute`` per node (local shape params from the node's rule), grouped
+into ``Segment``s, and between producer and consumer the ``Slice``/``Collective`` steps of the cheapest
 redistribution from the produced layout to the layout the consumer reads. A value redistributed
 to the same layout for several consumers is redistributed once. Graph outputs are made
 replicated. ``comm`` maps node id -> estimated seconds of the redistributions feeding it.
@@ -18,7 +18,7 @@ import numpy as np
 
 from autopar.graph import Const, Value
 from autopar.layout import Layout
-from autopar.program import Collective, Compute, Program, Slice
+from autopar.program import Collective, Compute, Program, Slice, segment
 from autopar.strategies.comm_cost import collective_time
 from autopar.strategies.rules import rule_for
 
@@ -85,8 +85,10 @@ class _Lowerer:
         self.layout = {}           # value id -> produced layout
         self.next_reg = 0
         self.inputs = []
+        self.avals = {}            # register -> (local shape, dtype)
         for v, l in zip(graph.inputs, in_layouts):
             r = self.new_reg()
+            self.avals[r] = (l.local_shape(v.shape, mesh), np.dtype(v.dtype))
             self.inputs.append(r)
             self.where[(v.id, l)] = r
             self.layout[v.id] = l
@@ -125,6 +127,7 @@ class _Lowerer:
                 _, algo = collective_time(step.kind, _nbytes(shape, x.dtype), n, lv.alpha, lv.beta)
                 self.instructions.append(Collective(step.kind, tuple(step.axes), shape, np.dtype(x.dtype),
                                                     nbytes, algo, step.dim, step.dst_dim, src, out, reason))
+            self.avals[out] = (nxt.local_shape(x.shape, self.mesh), np.dtype(x.dtype))
             src, cur = out, nxt
             if not isinstance(x, Const):
                 self.where[(x.id, cur)] = out
@@ -144,8 +147,9 @@ class _Lowerer:
             out_shapes = [l.local_shape(v.shape, self.mesh) for v, l in zip(node.outputs, cand.out_layouts)]
             params = rule_for(node).params_for(node, in_shapes, out_shapes)
             outs = []
-            for v, l in zip(node.outputs, cand.out_layouts):
+            for v, l, shp in zip(node.outputs, cand.out_layouts, out_shapes):
                 r = self.new_reg()
+                self.avals[r] = (tuple(shp), np.dtype(v.dtype))
                 self.where[(v.id, l)] = r
                 self.layout[v.id] = l
                 outs.append(r)
@@ -163,6 +167,7 @@ class _Lowerer:
 def lower(graph, choice, in_layouts, mesh, planner):
     lw = _Lowerer(graph, choice, in_layouts, mesh, planner)
     outputs, out_layouts, comm, out_cost = lw.run()
+    body = segment(lw.instructions, lw.avals, [o for o in outputs if isinstance(o, int)])
     prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),
-                   tuple(lw.instructions), graph.in_tree, graph.out_tree)
+                   body, graph.in_tree, graph.out_tree)
     return prog, comm, out_cost

@@ -2,7 +2,7 @@
 
 In: a ``Program`` and the flattened global argument arrays. Out: the flattened global results.
 The whole Program becomes one jitted ``shard_map``: arguments enter split by the Program's
-input layouts (``in_specs``), every ``Compute`` binds its primitive on local blocks with local
+input layouts (``in_specs``), every ``Segment`` binds its primitives on local blocks with local
 params, every ``Collective``/``Slice`` runs as the ``jax.lax`` call of ``jax_collectives``, and
 results leave replicated. On CPU, fake devices (``--xla_force_host_platform_device_count``)
 make this the in-process numerical check of every plan.
@@ -16,7 +16,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
-from autopar.program import Collective, Compute, Slice
+from autopar.program import Collective, Segment, Slice
 
 from .jax_collectives import apply_step, group_index
 
@@ -44,10 +44,8 @@ def program_function(program):
         regs = dict(zip(program.inputs, blocks))
         get = lambda r: _const(r) if isinstance(r, Const) else regs[r]
         for ins in program.instructions:
-            if isinstance(ins, Compute):
-                out = ins.node.primitive.bind(*[get(i) for i in ins.inputs], **ins.params)
-                outs = out if ins.node.primitive.multiple_results else [out]
-                regs.update(zip(ins.outputs, outs))
+            if isinstance(ins, Segment):
+                regs.update(zip(ins.outputs, ins(*[regs[i] for i in ins.inputs])))
             elif isinstance(ins, Slice) and ins.kind == "partial_zero":
                 x = get(ins.src)
                 first = group_index(ins.axes, mesh) == 0

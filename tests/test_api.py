@@ -171,3 +171,25 @@ def test_gradients_mean():
     assert_same(ap.compile(m.mlp_sgd_step, p, b, config=cfg)(p, b), m.mlp_sgd_step(p, b))
     with pytest.raises(ap.ConfigError, match="multiply the loss by device_num"):
         ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(gradients_mean=False))
+
+
+def test_program_segments_are_local_jaxprs():
+    B, H = 32, 128
+    p = m.mlp_params(sizes=(H, 4 * H, H, 4 * H, H))
+    b = m.mlp_batch(batch=B, sizes=(H, H))
+    c = ap.compile(megatron_step, p, b,
+                   config=ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4))
+    prog = c.program
+    kinds = [type(i).__name__ for i in prog.instructions]
+    assert all(not (a == b == "Segment") for a, b in zip(kinds, kinds[1:]))
+    segs = prog.segments()
+    assert len(segs) >= 2
+    dots = set()
+    for s in segs:
+        j = s.jaxpr()
+        assert [tuple(v.aval.shape) for v in j.jaxpr.invars] == [a[0] for a in s.in_avals]
+        dots |= {tuple(v.aval.shape) for e in j.jaxpr.eqns if e.primitive.name == "dot_general"
+                 for v in e.outvars}
+    assert (B, H) in dots            # x @ w1 with w1's 4H columns split 4 ways: local [B, H]
+    assert (B, 4 * H) not in dots    # no device computes a whole hidden activation
+    assert "segment(" in str(prog)
