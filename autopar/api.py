@@ -110,9 +110,14 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
             isinstance(x, tuple) and all(isinstance(c, int) for c in x))
         j = 0
         for a, spec in zip(args, in_strategy):
-            leaves = jax.tree.leaves(a)
-            specs = jax.tree.leaves(jax.tree.map(lambda s, _: s, spec, a, is_leaf=is_leaf)
-                                    if not is_leaf(spec) else [spec] * len(leaves), is_leaf=is_leaf)
+            try:   # spec is a prefix of the argument: one entry covers a whole subtree
+                per_leaf = jax.tree.map(lambda s, sub: [s] * len(jax.tree.leaves(sub)), spec, a,
+                                        is_leaf=is_leaf)
+            except ValueError as e:
+                raise LayoutError(f"in_strategy entry {spec!r} does not match the structure of "
+                                  f"its argument: {e}") from None
+            specs = [s for group in jax.tree.leaves(per_leaf, is_leaf=lambda x: isinstance(x, list))
+                     for s in group]
             for s in specs:
                 if s is not None:
                     layouts[j] = _spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")

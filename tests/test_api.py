@@ -193,3 +193,15 @@ def test_program_segments_are_local_jaxprs():
     assert (B, H) in dots            # x @ w1 with w1's 4H columns split 4 ways: local [B, H]
     assert (B, 4 * H) not in dots    # no device computes a whole hidden activation
     assert "segment(" in str(prog)
+
+
+def test_in_strategy_prefix_covers_subtrees():
+    p, b = m.gpt_params(), m.gpt_batch(batch=4)
+    pstrat = {k: None for k in p}          # None covers the whole "h0" dict
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=(pstrat, (2, 1)))
+    lay = {i.name: str(i.layout) for i in c.strategy.inputs}
+    assert lay["arg1.0"] == "[x,_]" and lay["arg1.1"] == "[x,_]"
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    with pytest.raises(ap.LayoutError, match="in_strategy"):
+        ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=({"wte": (1, 2)}, None))
