@@ -11,7 +11,7 @@ replicated. ``comm`` maps node id -> estimated seconds of the redistributions fe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -19,28 +19,16 @@ import numpy as np
 from autopar.graph import Const, Value
 from autopar.layout import Layout
 from autopar.program import Collective, Compute, Program, Slice, segment
-from autopar.strategies.comm_cost import collective_time
 from autopar.strategies.rules import rule_for
+
+from .planner import after
 
 
 def step_layout(layout: Layout, step) -> Layout:
-    """The layout after one redistribution step (see redistribution.planner)."""
-    a = step.axes[0]
-    dims = [list(d) for d in layout.dims]
-    partial = set(layout.partial)
-    if step.kind == "all_reduce":
-        partial -= set(step.axes)
-    if step.kind == "reduce_scatter":
-        partial.discard(a)
+    """The layout after one step: a planner step, or a ``ZeroStep`` adding a partial axis."""
     if step.kind == "partial_zero":
-        partial.add(a)
-    if step.kind in ("all_gather", "all_to_all"):
-        dims[step.dim].remove(a)
-    if step.kind in ("slice", "reduce_scatter"):
-        dims[step.dim].append(a)
-    if step.kind == "all_to_all":
-        dims[step.dst_dim].append(a)
-    return Layout(tuple(tuple(d) for d in dims), frozenset(partial))
+        return Layout(layout.dims, layout.partial | set(step.axes))
+    return after(layout, step)
 
 
 @dataclass(frozen=True)
@@ -60,17 +48,6 @@ def plan_steps(planner, src: Layout, dst: Layout, shape, dtype):
     plan = planner.plan(src, Layout(dst.dims, dst.partial - extra), shape, dtype)
     zeros = tuple(ZeroStep((a,)) for a in sorted(extra, key=planner.mesh.axis_names.index))
     return tuple(plan.steps) + zeros, plan.cost
-
-
-def _merge_all_reduces(steps):
-    """Consecutive all_reduce steps become one all_reduce over all their axes."""
-    out = []
-    for st in steps:
-        if out and st.kind == "all_reduce" and out[-1].kind == "all_reduce":
-            out[-1] = replace(out[-1], axes=out[-1].axes + st.axes)
-        else:
-            out.append(st)
-    return out
 
 
 def _nbytes(shape, dtype) -> int:
@@ -113,18 +90,16 @@ class _Lowerer:
             src = self.where[(x.id, have)]
         steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
         cur = have
-        for step in _merge_all_reduces(steps):
+        for step in steps:
             shape = cur.local_shape(x.shape, self.mesh)
             nxt = step_layout(cur, step)
             out = self.new_reg()
             if step.kind in ("slice", "partial_zero"):
                 self.instructions.append(Slice(step.axes, step.dim, shape, src, out, step.kind))
             else:
-                n = math.prod(self.mesh.axis_size(a) for a in step.axes)
-                lv = self.mesh.level(step.axes[0])
                 out_shape = nxt.local_shape(x.shape, self.mesh)
                 nbytes = max(_nbytes(shape, x.dtype), _nbytes(out_shape, x.dtype))
-                _, algo = collective_time(step.kind, _nbytes(shape, x.dtype), n, lv.alpha, lv.beta)
+                _, algo = self.planner.step_time(step.kind, step.axes, _nbytes(shape, x.dtype))
                 self.instructions.append(Collective(step.kind, tuple(step.axes), shape, np.dtype(x.dtype),
                                                     nbytes, algo, step.dim, step.dst_dim, src, out, reason))
             self.avals[out] = (nxt.local_shape(x.shape, self.mesh), np.dtype(x.dtype))

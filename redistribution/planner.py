@@ -141,7 +141,7 @@ class Planner:
             dims, partial = _apply(dims, partial, st)
             out_shape = self._local(plan.shape, dims)
             b_in, b_out = item * math.prod(in_shape), item * math.prod(out_shape)
-            sec, alg = self._time(st.kind, st.axes, b_in)
+            sec, alg = self.step_time(st.kind, st.axes, b_in)
             out.append(StepCost(st, in_shape, out_shape, b_in, b_out, sec, alg))
         return tuple(out)
 
@@ -149,7 +149,7 @@ class Planner:
     def _local(self, shape, dims) -> tuple[int, ...]:
         return tuple(s // math.prod(self._size[a] for a in d) for s, d in zip(shape, dims))
 
-    def _time(self, kind: str, axes, nbytes: int):
+    def step_time(self, kind: str, axes, nbytes: int):
         """Seconds and algorithm of one step over ``axes`` (one name or a tuple of names, taken
         as one group priced on the slowest of their levels)."""
         if kind == "slice":
@@ -249,10 +249,10 @@ class Planner:
             ai, n = order[a], size[a]
             if a in partial:
                 rest = tuple(p for p in partial if p != a)
-                sec = self._time("all_reduce", a, nbytes)[0]
+                sec = self.step_time("all_reduce", a, nbytes)[0]
                 out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step("all_reduce", (a,)),
                             (a,)))
-                sec = self._time("reduce_scatter", a, nbytes)[0]
+                sec = self.step_time("reduce_scatter", a, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         out.append(((put(d, a), rest), sec, _ps(sec), (3, ai, d, -1),
@@ -268,10 +268,10 @@ class Planner:
             a = dims[i][-1]
             ai, n = order[a], size[a]
             gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
-            sec = self._time("all_gather", a, nbytes)[0]
+            sec = self.step_time("all_gather", a, nbytes)[0]
             out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step("all_gather", (a,), i),
                         ()))
-            sec = self._time("all_to_all", a, nbytes)[0]
+            sec = self.step_time("all_to_all", a, nbytes)[0]
             for j in range(rank):
                 if j != i and shape[j] % (splits[j] * n) == 0:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
@@ -280,7 +280,7 @@ class Planner:
         for k in range(2, len(partial) + 1):        # one all_reduce over several partial axes
             for group in itertools.combinations(partial, k):
                 rest = tuple(p for p in partial if p not in group)
-                sec = self._time("all_reduce", group, nbytes)[0]
+                sec = self.step_time("all_reduce", group, nbytes)[0]
                 out.append(((dims, rest), sec, _ps(sec), (2, order[group[0]], k, -1),
                             Step("all_reduce", group), group))
         return tuple(out)
@@ -302,6 +302,12 @@ class _Search:
         self.best = {start: (0, 0, ())}
         self.parent: dict = {}
         self.done: set = set()
+
+
+def after(layout: Layout, st: Step) -> Layout:
+    """The layout after one planner step."""
+    dims, partial = _apply(layout.dims, tuple(layout.partial), st)
+    return Layout(dims, frozenset(partial))
 
 
 def _apply(dims, partial, st: Step):
