@@ -31,6 +31,8 @@ def test_inlines_jit_custom_jvp_and_vjp():
         for v in n.outputs:
             assert isinstance(v.shape, tuple)
     assert g.out_tree == jax.tree.structure({"w": 0})
+    fwd = trace(f, {"w": jnp.ones((4, 3))}, jnp.ones((2, 4)))        # the calls themselves
+    assert [n.prim for n in fwd.nodes] == ["dot_general", "max", "mul", "reduce_sum"]
 
 
 def test_printed_form_is_stable():
