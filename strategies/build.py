@@ -1,0 +1,133 @@
+"""Build a SearchProblem from a traced Graph, and map a Solution back to candidates.
+
+In: a Graph, a LogicalMesh, the candidate lists of its nodes, fixed argument layouts and a
+``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's),
+and the per-device memory limit. Out: ``Built``: the ``SearchProblem`` plus what is needed to
+read a Solution back (``assignment``).
+
+Problem nodes are the graph inputs (arguments; their candidates are the layouts they may be
+kept in: a fixed one, or every non-partial layout) and the graph's operators. Node cost =
+compute time of the candidate (cost_model) plus, for a graph result, the time to make it
+replicated. Usage = the local bytes of the node's output(s); the live interval runs from the
+producing step to the last reading step (arguments and results: the whole step). Edge (u, v)
+per operand: cost matrix ``reshard(out layout of u's candidate -> in layout v's candidate
+reads)``, computed once per distinct layout pair.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.graph import Value
+from autopar.layout import Layout
+
+from .candidates import Candidate
+from .cost_model import compute_time, local_bytes, output_bytes
+from .problem import SearchProblem
+
+
+def arg_layouts(value, mesh) -> list[Layout]:
+    """Every non-partial layout of an argument (axes on one dimension in mesh order)."""
+    axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
+    out = []
+    for pick in itertools.product([None, *range(len(value.shape))], repeat=len(axes)):
+        dims = tuple(tuple(a for a, d in zip(axes, pick) if d == i) for i in range(len(value.shape)))
+        lay = Layout(dims)
+        if all(s % c == 0 for s, c in zip(value.shape, lay.splits(mesh))):
+            out.append(lay)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Built:
+    problem: SearchProblem
+    graph: object
+    arg_options: tuple        # per graph input: its candidate layouts
+    cands: dict               # node id -> candidate list
+
+    def assignment(self, choice):
+        """(node id -> Candidate, input layouts) for a Solution's choice."""
+        n_in = len(self.graph.inputs)
+        inputs = tuple(opts[c] for opts, c in zip(self.arg_options, choice[:n_in]))
+        nodes = {n.id: self.cands[n.id][c] for n, c in zip(self.graph.nodes, choice[n_in:])}
+        return nodes, inputs
+
+
+def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
+                  name="autopar") -> Built:
+    n_in = len(graph.inputs)
+    steps = len(graph.nodes) + 1
+    index = {v.id: i for i, v in enumerate(graph.inputs)}          # value id -> (problem node)
+    out_index = {}                                                 # value id -> output position
+    for k, n in enumerate(graph.nodes):
+        for j, v in enumerate(n.outputs):
+            index[v.id] = n_in + k
+            out_index[v.id] = j
+    result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    last_use = {v: 0 for v in index}
+    for k, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if isinstance(x, Value):
+                last_use[x.id] = k + 1
+
+    arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
+                        for i, v in enumerate(graph.inputs))
+    costs, usages, intervals, names = [], [], [], []
+    for i, v in enumerate(graph.inputs):
+        opts = arg_options[i]
+        c = np.zeros(len(opts))
+        if v.id in result_ids:
+            c += [reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype) for l in opts]
+        costs.append(c)
+        usages.append(np.array([local_bytes(l, v, mesh) for l in opts], np.int64))
+        intervals.append((0, steps))
+        names.append(f"argument {i}")
+    for k, n in enumerate(graph.nodes):
+        cs = cands[n.id]
+        c = np.array([compute_time(n, cand, mesh) for cand in cs])
+        for j, v in enumerate(n.outputs):
+            if v.id in result_ids:
+                c += _by_layout([cand.out_layouts[j] for cand in cs],
+                                lambda l: reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype))
+        costs.append(c)
+        usages.append(np.array([output_bytes(n, cand, mesh) for cand in cs], np.int64))
+        end = steps if any(v.id in result_ids for v in n.outputs) else \
+            max([last_use[v.id] for v in n.outputs] + [k + 1]) + 1
+        intervals.append((k + 1, end))
+        names.append(f"{n.name} ({n.source})" if n.source else n.name)
+
+    edges, ecosts = [], []
+    for k, n in enumerate(graph.nodes):
+        v_idx = n_in + k
+        for pos, x in enumerate(n.inputs):
+            if not isinstance(x, Value):
+                continue
+            u_idx = index[x.id]
+            if u_idx < n_in:
+                src = arg_options[u_idx]
+            else:
+                j = out_index[x.id]
+                src = [cand.out_layouts[j] for cand in cands[graph.nodes[u_idx - n_in].id]]
+            dst = [cand.in_layouts[pos] for cand in cands[n.id]]
+            edges.append((u_idx, v_idx))
+            ecosts.append(_matrix(src, dst, lambda s, d: reshard_cost(s, d, x.shape, x.dtype)))
+    problem = SearchProblem(tuple(costs), tuple(usages), np.array(intervals, np.int64).reshape(-1, 2),
+                            np.array(edges, np.int64).reshape(-1, 2), tuple(ecosts), usage_limit,
+                            name, tuple(names))
+    return Built(problem, graph, arg_options, dict(cands))
+
+
+def _by_layout(layouts, f) -> np.ndarray:
+    memo = {}
+    return np.array([memo[l] if l in memo else memo.setdefault(l, f(l)) for l in layouts])
+
+
+def _matrix(src, dst, f) -> np.ndarray:
+    us, ui = np.unique(np.array([str(l) for l in src]), return_inverse=True)
+    ds, di = np.unique(np.array([str(l) for l in dst]), return_inverse=True)
+    first_s = {s: src[i] for i, s in reversed(list(enumerate(str(l) for l in src)))}
+    first_d = {d: dst[i] for i, d in reversed(list(enumerate(str(l) for l in dst)))}
+    small = np.array([[f(first_s[s], first_d[d]) for d in ds] for s in us]).reshape(len(us), len(ds))
+    return small[np.ix_(ui, di)]
