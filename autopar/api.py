@@ -18,6 +18,8 @@ from .config import Backend, ParallelConfig, ParallelMode
 from .errors import ConfigError, LayoutError
 from .graph import type_str
 from .layout import Layout
+from .strategies import solvers
+from .strategies.build import build_problem
 from .strategies.propagation import Assignment, candidates_of, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
@@ -102,7 +104,8 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
                                       f"of size {v.shape[0]}, not divisible by device_num="
                                       f"{mesh.size}; use a batch size that is a multiple of it.")
                 layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
-    if in_strategy is not None and mode is ParallelMode.SEMI_AUTO_PARALLEL:
+    if in_strategy is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL,
+                                            ParallelMode.AUTO_PARALLEL):
         if len(in_strategy) != len(args):
             raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
                               "arguments; give one per argument (None for 'no constraint').")
@@ -126,11 +129,25 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
 
 
 def _fixed(config, mesh, graph) -> dict:
-    if config.parallel_mode is not ParallelMode.SEMI_AUTO_PARALLEL:
+    if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
         return {}
     return {n.id: _spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
                                f"ap.shard at {n.source or n.name}")
             for n in graph.nodes if n.prim == "autopar_shard"}
+
+
+def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name):
+    """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
+    fixed = _fixed(config, mesh, graph)
+    cands = dict(cands)
+    for nid, layout in fixed.items():
+        cands[nid] = [c for c in cands[nid] if c.out_layouts[0] == layout == c.in_layouts[0]]
+    fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
+    built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name)
+    solution = solvers.get(config.search_mode.value)(built.problem)
+    choice, inputs = built.assignment(solution.choice)
+    return Assignment(choice, inputs, solution.cost)
 
 
 def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
@@ -163,9 +180,9 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     """
     config = config or ParallelConfig()
     mode = config.parallel_mode
-    if mode in (ParallelMode.AUTO_PARALLEL, ParallelMode.HYBRID_PARALLEL):
-        raise ConfigError(f"parallel_mode={mode.value!r} is not available in this version; use "
-                          "'stand_alone', 'data_parallel' or 'semi_auto_parallel'.")
+    if mode is ParallelMode.HYBRID_PARALLEL:
+        raise ConfigError("parallel_mode='hybrid_parallel' is not available in this version; use "
+                          "'stand_alone', 'data_parallel', 'semi_auto_parallel' or 'auto_parallel'.")
     if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
         raise ConfigError(
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
@@ -180,6 +197,9 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     cands = candidates_of(graph, mesh)
     if strategy is not None:
         assignment = _from_strategy(strategy, graph, mesh, cands)
+    elif mode is ParallelMode.AUTO_PARALLEL:
+        assignment = _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner,
+                             cands, getattr(fn, "__name__", "step"))
     else:
         arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
         def cost(s, d, shape, dtype):

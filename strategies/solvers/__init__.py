@@ -10,3 +10,24 @@ can. Every solver has the signature
 from or polish, ``progress`` an optional callable ``progress(message: str)`` for searches that
 take more than a second. Solvers are pure: no devices, no global state.
 """
+from __future__ import annotations
+
+import importlib
+
+from autopar.errors import ConfigError
+
+# search_mode (MindSpore's names, plus autopar's own) -> module implementing ``solve``
+MODULES = {
+    "sharding_propagation": "propagation",
+    "dynamic_programming": "dp",
+    "ilp": "ilp",
+    "local_search": "local_search",
+    "brute_force": "brute",
+}
+
+
+def get(name: str):
+    """The ``solve`` function registered under ``name``."""
+    if name not in MODULES:
+        raise ConfigError(f"no solver named {name!r}; choose one of {', '.join(sorted(MODULES))}.")
+    return importlib.import_module(f".{MODULES[name]}", __name__).solve
