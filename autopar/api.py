@@ -19,7 +19,8 @@ from .errors import ConfigError, LayoutError
 from .graph import type_str
 from .layout import Layout
 from .strategies import solvers
-from .strategies.build import build_problem
+from .strategies.build import build_problem, memory_profile
+from .strategies.cost_model import compute_time, output_bytes
 from .strategies.propagation import Assignment, candidates_of, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
@@ -136,6 +137,13 @@ def _fixed(config, mesh, graph) -> dict:
             for n in graph.nodes if n.prim == "autopar_shard"}
 
 
+def _search_name(config) -> str:
+    mode = config.parallel_mode
+    if mode is ParallelMode.AUTO_PARALLEL:
+        return config.search_mode.value
+    return "sharding_propagation" if mode is ParallelMode.SEMI_AUTO_PARALLEL else "none"
+
+
 def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
     fixed = _fixed(config, mesh, graph)
@@ -209,11 +217,17 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
+    ch = assignment.choice
     ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                           tuple(v.shape for v in n.outputs), assignment.choice[n.id].in_layouts,
-                           assignment.choice[n.id].out_layouts, comm[n.id]) for n in graph.nodes)
-    strat = Strategy(mode.value, "loaded" if strategy is not None else config.search_mode.value,
-                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm)
+                           tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
+                           ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
+                           output_bytes(n, ch[n.id], mesh)) for n in graph.nodes)
+    prof = memory_profile(graph, ch, assignment.inputs, mesh)
+    peak_step = int(np.argmax(prof))
+    peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
+    strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
+                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
+                     int(prof[peak_step]), peak_op, config.max_device_memory)
     leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
     return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
 

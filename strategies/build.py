@@ -28,6 +28,41 @@ from .cost_model import compute_time, local_bytes, output_bytes
 from .problem import SearchProblem
 
 
+def live_intervals(graph):
+    """``(inputs, nodes)``: half-open live steps of each graph input and of each node's outputs.
+    Step 0 holds the arguments, step k + 1 runs node k; a value lives from its producing step to
+    its last reading step; arguments and results live for the whole step."""
+    steps = len(graph.nodes) + 1
+    result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    last_use = {}
+    for k, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if isinstance(x, Value):
+                last_use[x.id] = k + 1
+    inputs = [(0, steps)] * len(graph.inputs)
+    nodes = []
+    for k, n in enumerate(graph.nodes):
+        if any(v.id in result_ids for v in n.outputs):
+            nodes.append((k + 1, steps))
+        else:
+            nodes.append((k + 1, max([last_use.get(v.id, 0) for v in n.outputs] + [k + 1]) + 1))
+    return inputs, nodes
+
+
+def memory_profile(graph, choice, input_layouts, mesh) -> np.ndarray:
+    """Bytes live on one device at every step for a chosen strategy."""
+    ins, nodes = live_intervals(graph)
+    prof = np.zeros(len(graph.nodes) + 2, np.int64)
+    for (s, e), v, l in zip(ins, graph.inputs, input_layouts):
+        prof[s] += local_bytes(l, v, mesh)
+        prof[e] -= local_bytes(l, v, mesh)
+    for (s, e), n in zip(nodes, graph.nodes):
+        b = output_bytes(n, choice[n.id], mesh)
+        prof[s] += b
+        prof[e] -= b
+    return np.cumsum(prof)[:-1]
+
+
 def arg_layouts(value, mesh) -> list[Layout]:
     """Every non-partial layout of an argument (axes on one dimension in mesh order)."""
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
@@ -58,7 +93,7 @@ class Built:
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
                   name="autopar") -> Built:
     n_in = len(graph.inputs)
-    steps = len(graph.nodes) + 1
+    in_iv, node_iv = live_intervals(graph)
     index = {v.id: i for i, v in enumerate(graph.inputs)}          # value id -> (problem node)
     out_index = {}                                                 # value id -> output position
     for k, n in enumerate(graph.nodes):
@@ -66,11 +101,6 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
             index[v.id] = n_in + k
             out_index[v.id] = j
     result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
-    last_use = {v: 0 for v in index}
-    for k, n in enumerate(graph.nodes):
-        for x in n.inputs:
-            if isinstance(x, Value):
-                last_use[x.id] = k + 1
 
     arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
                         for i, v in enumerate(graph.inputs))
@@ -82,7 +112,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
             c += [reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype) for l in opts]
         costs.append(c)
         usages.append(np.array([local_bytes(l, v, mesh) for l in opts], np.int64))
-        intervals.append((0, steps))
+        intervals.append(in_iv[i])
         names.append(f"argument {i}")
     for k, n in enumerate(graph.nodes):
         cs = cands[n.id]
@@ -93,9 +123,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
                                 lambda l: reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype))
         costs.append(c)
         usages.append(np.array([output_bytes(n, cand, mesh) for cand in cs], np.int64))
-        end = steps if any(v.id in result_ids for v in n.outputs) else \
-            max([last_use[v.id] for v in n.outputs] + [k + 1]) + 1
-        intervals.append((k + 1, end))
+        intervals.append(node_iv[k])
         names.append(f"{n.name} ({n.source})" if n.source else n.name)
 
     edges, ecosts = [], []

@@ -10,6 +10,7 @@ Out: seconds and bytes, per device:
   S is how many ways the candidate splits the work (output splits times split contractions) and
   ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
+Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 Communication time between candidates comes from the redistribution planner.
 """
 from __future__ import annotations
@@ -45,7 +46,13 @@ def local_bytes(layout, value, mesh) -> int:
     return _size(layout.local_shape(value.shape, mesh)) * np.dtype(value.dtype).itemsize
 
 
+# operators that only relabel their operand (XLA emits no kernel for them)
+FREE = frozenset({"autopar_shard", "reshape", "squeeze", "expand_dims", "stop_gradient"})
+
+
 def compute_time(node, cand, mesh) -> float:
+    if node.prim in FREE:
+        return 0.0
     topo = mesh.topology
     moved = sum(local_bytes(l, x, mesh) for x, l in zip(node.inputs, cand.in_layouts)
                 if not isinstance(x, Const))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Optional
 
 from autopar.errors import LayoutError
 from autopar.graph import type_str
@@ -40,6 +41,8 @@ class OpStrategy:
     in_layouts: tuple    # Layout per operand (literal operands included)
     out_layouts: tuple
     comm_time: float = 0.0   # estimated seconds of the redistributions feeding this operator
+    compute_time: float = 0.0  # estimated seconds of the operator itself on one device
+    out_bytes: int = 0       # bytes its outputs occupy on one device
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,10 +54,22 @@ class Strategy:
     inputs: tuple        # InputStrategy per flattened argument leaf
     ops: tuple           # OpStrategy per graph node, in graph order
     output_comm_time: float = 0.0   # estimated seconds to make the results replicated
+    peak_memory: int = 0            # estimated peak bytes live on one device
+    peak_op: str = ""               # the operator running at the peak
+    memory_limit: Optional[int] = None   # max_device_memory, if set
 
     @property
     def comm_time(self) -> float:
         return sum(o.comm_time for o in self.ops) + self.output_comm_time
+
+    @property
+    def compute_time(self) -> float:
+        return sum(o.compute_time for o in self.ops)
+
+    @property
+    def step_time(self) -> float:
+        """Estimated step time: compute plus communication (no overlap assumed)."""
+        return self.compute_time + self.comm_time
 
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
@@ -62,17 +77,23 @@ class Strategy:
     # ------------------------------------------------------------------ table
     def table(self) -> str:
         mesh = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
-        head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh}) "
-                f"estimated redistribution {self.comm_time * 1e6:.1f} us"]
-        rows = [("argument", "shape", "layout", "", "")]
-        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "") for i in self.inputs]
-        rows.append(("operator", "output", "inputs -> output layout", "comm us", "source"))
+        cap = "no cap" if self.memory_limit is None else f"cap {_bytes(self.memory_limit)}"
+        head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh})",
+                f"estimated step {self.step_time * 1e6:.1f} us = compute "
+                f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us; "
+                f"peak memory {_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
+        rows = [("argument", "shape", "layout", "", "", "", "")]
+        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "", "", "")
+                 for i in self.inputs]
+        rows.append(("operator", "output", "inputs -> output layout", "compute us", "comm us",
+                     "memory", "source"))
         for o in self.ops:
             outs = " ".join(type_str(s, "") for s in o.out_shapes)
             lay = ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts))
-            rows.append((o.name, outs, lay,
-                         f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _short(o.source)))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+            rows.append((o.name, outs, lay, f"{o.compute_time * 1e6:.2f}",
+                         f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _bytes(o.out_bytes),
+                         _short(o.source)))
+        widths = [max(len(r[i]) for r in rows) for i in range(7)]
         lines = head
         for r in rows:
             if r[0] in ("argument", "operator") and r[1] in ("shape", "output"):
@@ -91,8 +112,10 @@ class Strategy:
                      "in_shapes": [list(s) for s in o.in_shapes],
                      "out_shapes": [list(s) for s in o.out_shapes],
                      "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
-                     "comm_time": o.comm_time} for o in self.ops],
-            "output_comm_time": self.output_comm_time,
+                     "comm_time": o.comm_time, "compute_time": o.compute_time,
+                     "out_bytes": o.out_bytes} for o in self.ops],
+            "output_comm_time": self.output_comm_time, "peak_memory": self.peak_memory,
+            "peak_op": self.peak_op, "memory_limit": self.memory_limit,
         }
 
     def to_json(self) -> str:
@@ -112,8 +135,10 @@ class Strategy:
                              tuple(tuple(s) for s in o["in_shapes"]),
                              tuple(tuple(s) for s in o["out_shapes"]),
                              tuple(Layout.parse(l) for l in o["in"]),
-                             tuple(Layout.parse(l) for l in o["out"]), o["comm_time"])
-                  for o in d["ops"]), d.get("output_comm_time", 0.0))
+                             tuple(Layout.parse(l) for l in o["out"]), o["comm_time"],
+                             o["compute_time"], o["out_bytes"])
+                  for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
+            d["memory_limit"])
 
     @staticmethod
     def load(path) -> "Strategy":
@@ -141,6 +166,14 @@ class Strategy:
         text = self.to_json() if format == "autopar" else json.dumps(self.to_mindspore(), indent=1)
         with open(path, "w") as f:
             f.write(text)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def _short(source: str) -> str:
