@@ -1,0 +1,386 @@
+"""Dynamic programming by graph elimination (MindSpore's ``dp_algo``), then replay.
+
+In: a ``SearchProblem``; ``time_limit`` (seconds, default 60: bounds the residual CP-SAT
+solves and the memory multiplier search), ``star`` (allow the approximate star rule),
+``enumeration_limit`` (largest residual component solved by enumeration). Out: a
+``Solution`` respecting ``usage_limit`` (``InfeasibleError`` from ``check_fits`` otherwise);
+``optimal=True`` only when every elimination was exact, the residual was solved exactly and
+the memory limit did not bind.
+
+The problem is a graph whose nodes carry cost vectors c_i[s] and whose edges carry matrices
+M_ij[s, t] (edge direction only names the rule; costs are symmetric in use). Rules, each
+recording a table to replay, applied until no edge is left or no rule applies:
+
+- edge elimination (parallel edges i-j, either direction):  M_ij <- M_ij + M'_ij
+- merge / contract elimination (v has one neighbour w; merge when v is w's successor,
+  contract when v is its predecessor):
+      c_w[t] <- c_w[t] + min_s (c_v[s] + M_vw[s, t]),          replay s_v = argmin_s(...)[s_w]
+- node elimination (v has exactly two neighbours a, b, not adjacent): a new edge
+      M_ab[p, q] = min_s (M_av[p, s] + c_v[s] + M_vb[s, q]),   replay s_v = argmin(...)[s_a, s_b]
+- triangle elimination (the same, a and b already adjacent): M_ab <- M_ab + that minimum.
+- star elimination (only when stuck, and only while the residual is too big to solve
+  exactly; approximate): centre v with neighbours n_1 (the one with most strategies) and
+  n_2..n_k. v's strategy becomes a function of n_1's alone,
+      s*(p) = argmin_s (c_v[s] + M_v1[s, p] + sum_{k>=2} min_q (c_k[q] + M_vk[s, q])),
+  c_1[p] += c_v[s*(p)] + M_v1[s*(p), p], and each M_vk becomes an edge n_1-n_k with
+  M_1k[p, q] = M_vk[s*(p), q]. Exact costs are kept; only v's choice is restricted.
+
+Nodes that end isolated take argmin c_i. A residual component with edges is enumerated when
+the product of its strategy counts is at most ``enumeration_limit``, else solved by CP-SAT
+(ilp.py) in the time left. Replay walks the records backwards, each table giving the
+eliminated node's strategy from its anchors' strategies. The first four rules are exact, so
+trees and series-parallel graphs are solved optimally.
+
+Memory: eliminations optimise cost only. If the cost-optimal choice breaks the limit, a
+Lagrangian multiplier lambda is added to the node costs of the nodes live at violated steps,
+c_i[s] + lambda * usage_i[s]; lambda is searched (exponentially, then by bisection) for the
+smallest value whose choice fits, the set of penalised nodes widening if violations move.
+Every candidate choice then goes through ``propagation.repair_memory`` (moves nodes live at
+the peak to smaller strategies), the three cheapest through ``propagation.improve`` (1-opt
+descent within the limit), and the cheapest is returned (or ``initial``, when given, feasible
+and cheaper). Inexact runs (star rule, unproven residual) are polished the same way.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from autopar.strategies.problem import SearchProblem, Solution, check_fits
+from autopar.strategies.solvers.propagation import Adjacency, improve, repair_memory
+
+DEFAULT_TIME_LIMIT = 60.0
+ENUMERATION_LIMIT = 20_000
+_BLOCK = 1 << 22            # largest (p, s, q) array built at once in node elimination
+_LAMBDA_STEPS = 14          # bisection steps of the memory multiplier
+_POLISHED = 3               # cheapest repaired candidates given to the descent
+
+
+@dataclass(frozen=True, eq=False)
+class Elimination:
+    """One applied rule: ``node`` was removed; ``table`` gives its strategy from the
+    strategies of ``anchors`` (one anchor: table[s_a]; two: table[s_a, s_b])."""
+    kind: str
+    node: int
+    anchors: tuple
+    table: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class Reduction:
+    """What elimination leaves: the records in order, the final node costs, the residual
+    edges ``{(i, j) i < j: matrix}`` between alive nodes, the alive nodes, and the count of
+    each rule applied (edge eliminations included)."""
+    records: tuple
+    costs: tuple
+    pairs: dict
+    alive: tuple
+    counts: dict
+
+    @property
+    def fully_reduced(self) -> bool:
+        return not self.pairs
+
+    @property
+    def exact(self) -> bool:
+        return self.counts.get("star", 0) == 0
+
+
+class _Graph:
+    """The mutable working graph of one elimination run (local to ``eliminate``)."""
+
+    def __init__(self, problem: SearchProblem, costs):
+        self.cost = [np.array(c, np.float64) for c in costs]
+        self.nbr: list = [dict() for _ in self.cost]      # i -> {j: True if edge i->j first}
+        self.mats: dict = {}
+        self.counts = {k: 0 for k in ("edge", "merge", "contract", "node", "triangle", "star")}
+        for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
+            if u == v:
+                self.cost[u] += np.diag(m)
+            else:
+                self.add(u, v, m)
+
+    def mat(self, i: int, j: int) -> np.ndarray:
+        return self.mats[i, j] if i < j else self.mats[j, i].T
+
+    def add(self, i: int, j: int, m: np.ndarray) -> None:
+        key, m = ((i, j), m) if i < j else ((j, i), m.T)
+        if key in self.mats:
+            self.mats[key] = self.mats[key] + m
+            self.counts["edge"] += 1
+        else:
+            self.mats[key] = np.array(m, np.float64)
+            self.nbr[i][j] = True
+            self.nbr[j][i] = False
+
+    def drop(self, v: int) -> None:
+        for w in self.nbr[v]:
+            del self.nbr[w][v]
+            self.mats.pop((min(v, w), max(v, w)))
+        self.nbr[v] = {}
+
+
+def _node_table(a_v: np.ndarray, c_v: np.ndarray, v_b: np.ndarray):
+    """min and argmin over s of a_v[p, s] + c_v[s] + v_b[s, q], in blocks of rows p."""
+    p, s, q = a_v.shape[0], a_v.shape[1], v_b.shape[1]
+    best = np.empty((p, q))
+    arg = np.empty((p, q), np.int64)
+    rows = max(1, _BLOCK // max(1, s * q))
+    for lo in range(0, p, rows):
+        t = (a_v[lo:lo + rows] + c_v[None, :])[:, :, None] + v_b[None, :, :]
+        arg[lo:lo + rows] = t.argmin(axis=1)
+        best[lo:lo + rows] = np.take_along_axis(t, arg[lo:lo + rows][:, None, :], 1)[:, 0]
+    return best, arg
+
+
+def _coupling(m: np.ndarray) -> float:
+    """How much a neighbour's strategy p constrains the centre's: the mean over p of the
+    spread max_s m[s, p] - min_s m[s, p] (the star rule keys the centre on the neighbour
+    with the largest)."""
+    return float((m.max(axis=0) - m.min(axis=0)).mean())
+
+
+def _components(alive: list, g: _Graph) -> list:
+    """Connected components (sorted node lists) among ``alive`` nodes that have edges."""
+    seen, out = set(), []
+    for r in alive:
+        if r in seen or not g.nbr[r]:
+            continue
+        comp, stack = [], [r]
+        seen.add(r)
+        while stack:
+            x = stack.pop()
+            comp.append(x)
+            for w in g.nbr[x]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        out.append(sorted(comp))
+    return out
+
+
+def _small(comps: list, g: _Graph, limit: int) -> bool:
+    return all(math.prod(len(g.cost[i]) for i in c) <= limit for c in comps)
+
+
+def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
+              enumeration_limit: int = ENUMERATION_LIMIT) -> Reduction:
+    """Apply the rules of the module docstring to ``problem`` with node costs ``costs``
+    (default: the problem's)."""
+    g = _Graph(problem, problem.node_costs if costs is None else costs)
+    n = len(g.cost)
+    alive = np.ones(n, bool)
+    records = []
+    queue = deque(i for i in range(n) if len(g.nbr[i]) <= 2)
+    while True:
+        while queue:
+            v = queue.popleft()
+            deg = len(g.nbr[v])
+            if not alive[v] or deg == 0 or deg > 2:
+                continue
+            if deg == 1:
+                (w, first), = g.nbr[v].items()
+                t = g.cost[v][:, None] + g.mat(v, w)
+                arg = t.argmin(axis=0)
+                g.cost[w] = g.cost[w] + t[arg, np.arange(t.shape[1])]
+                kind = "contract" if first else "merge"
+                records.append(Elimination(kind, v, (w,), arg))
+                g.drop(v)
+                anchors = (w,)
+            else:
+                a, b = sorted(g.nbr[v])
+                best, arg = _node_table(g.mat(a, v), g.cost[v], g.mat(v, b))
+                kind = "triangle" if b in g.nbr[a] else "node"
+                records.append(Elimination(kind, v, (a, b), arg))
+                g.drop(v)
+                g.add(a, b, best)
+                if kind == "triangle":
+                    g.counts["edge"] -= 1          # counted as the triangle, not an edge merge
+                anchors = (a, b)
+            g.counts[kind] += 1
+            alive[v] = False
+            queue.extend(w for w in anchors if len(g.nbr[w]) <= 2)
+        if not g.mats or not star:
+            break
+        alive_list = np.flatnonzero(alive).tolist()
+        if _small(_components(alive_list, g), g, enumeration_limit):
+            break
+        v = min((i for i in alive_list if g.nbr[i]),
+                key=lambda i: (len(g.nbr[i]), len(g.cost[i]), i))
+        nbrs = sorted(g.nbr[v])
+        n1 = max(nbrs, key=lambda j: (_coupling(g.mat(v, j)), len(g.cost[j]), -j))
+        rest = [j for j in nbrs if j != n1]
+        est = g.cost[v].copy()
+        for k in rest:
+            est += (g.mat(v, k) + g.cost[k][None, :]).min(axis=1)
+        m1 = g.mat(v, n1)
+        table = (est[:, None] + m1).argmin(axis=0)             # s*(p) for each p of n_1
+        cols = np.arange(m1.shape[1])
+        g.cost[n1] = g.cost[n1] + g.cost[v][table] + m1[table, cols]
+        moved = [(k, g.mat(v, k)[table, :]) for k in rest]
+        records.append(Elimination("star", v, (n1,), table))
+        g.counts["star"] += 1
+        g.drop(v)
+        for k, m in moved:
+            g.add(n1, k, m)
+        alive[v] = False
+        queue.extend(w for w in nbrs if len(g.nbr[w]) <= 2)
+    return Reduction(tuple(records), tuple(g.cost), dict(g.mats),
+                     tuple(np.flatnonzero(alive).tolist()), dict(g.counts))
+
+
+def _solve_residual(red: Reduction, enumeration_limit: int, deadline: float):
+    """Choice of every alive node (dict) and whether it is exactly optimal."""
+    from autopar.strategies.solvers import brute, ilp
+    choice = {i: int(np.argmin(red.costs[i])) for i in red.alive}
+    exact = True
+    adjacent: dict = {}
+    for i, j in red.pairs:
+        adjacent.setdefault(i, []).append(j)
+        adjacent.setdefault(j, []).append(i)
+    seen: set = set()
+    for r in sorted(adjacent):
+        if r in seen:
+            continue
+        comp, stack = [], [r]
+        seen.add(r)
+        while stack:
+            x = stack.pop()
+            comp.append(x)
+            for w in adjacent[x]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        comp.sort()
+        index = {x: k for k, x in enumerate(comp)}
+        keys = sorted(k for k in red.pairs if k[0] in index)
+        sub = SearchProblem(tuple(red.costs[i] for i in comp),
+                            tuple(np.zeros(len(red.costs[i]), np.int64) for i in comp),
+                            np.zeros((len(comp), 2), np.int64),
+                            np.array([(index[i], index[j]) for i, j in keys], np.int64
+                                     ).reshape(-1, 2),
+                            tuple(red.pairs[k] for k in keys), None, "dp-residual")
+        if math.prod(len(c) for c in sub.node_costs) <= enumeration_limit:
+            sol = brute.solve(sub, max_combinations=enumeration_limit)
+        else:
+            sol = ilp.solve(sub, time_limit=max(0.1, deadline - time.perf_counter()))
+            exact = exact and sol.optimal
+        for x, s in zip(comp, sol.choice):
+            choice[x] = s
+    return choice, exact
+
+
+def _replay(n: int, red: Reduction, residual: dict) -> np.ndarray:
+    choice = np.full(n, -1, np.int64)
+    for i, s in residual.items():
+        choice[i] = s
+    for rec in reversed(red.records):
+        choice[rec.node] = int(rec.table[tuple(int(choice[a]) for a in rec.anchors)])
+    return choice
+
+
+def run(problem: SearchProblem, costs=None, *, star: bool = True,
+        enumeration_limit: int = ENUMERATION_LIMIT, deadline: float = math.inf):
+    """Eliminate, solve the residual, replay: (choice, exact) ignoring memory."""
+    red = eliminate(problem, costs, star=star, enumeration_limit=enumeration_limit)
+    residual, exact = _solve_residual(red, enumeration_limit, deadline)
+    return _replay(problem.num_nodes, red, residual), exact and red.exact
+
+
+def _violated_nodes(problem: SearchProblem, choice) -> np.ndarray:
+    """Mask of nodes live at some step where ``choice`` breaks the limit."""
+    prof = problem.usage_profile(choice)
+    steps = np.flatnonzero(prof > problem.usage_limit)
+    iv = problem.intervals
+    if len(steps) == 0:
+        return np.zeros(problem.num_nodes, bool)
+    first = np.searchsorted(steps, iv[:, 0], side="left")
+    return (first < len(steps)) & (steps[np.minimum(first, len(steps) - 1)] < iv[:, 1])
+
+
+def _lambda_scale(problem: SearchProblem, hot: np.ndarray) -> float:
+    """Cost per byte that makes a penalised node indifferent between its cheapest and its
+    smallest strategy, summed over the penalised nodes."""
+    d = u = 0.0
+    for i in np.flatnonzero(hot).tolist():
+        c, us = problem.node_costs[i], problem.node_usages[i]
+        d += float(c[int(np.argmin(us))] - c.min())
+        u += float(us[int(np.argmin(c))] - us.min())
+    return max(d, 1e-9) / max(u, 1.0)
+
+
+def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
+          star: bool = True, enumeration_limit: int = ENUMERATION_LIMIT) -> Solution:
+    """Elimination DP with a Lagrangian memory multiplier and repair (module docstring)."""
+    t0 = time.perf_counter()
+    check_fits(problem)
+    deadline = t0 + (DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
+    opts = dict(star=star, enumeration_limit=enumeration_limit, deadline=deadline)
+    choice, exact = run(problem, **opts)
+    adj = Adjacency.of(problem)
+    if problem.feasible(choice):
+        if not exact:
+            choice = improve(problem, choice, adj, deadline=deadline)
+        return _finish(problem, choice, initial, t0, exact, progress)
+    usage = [u.astype(np.float64) for u in problem.node_usages]
+    candidates = [choice]
+    hot = _violated_nodes(problem, choice)
+
+    def penalised(lam: float):
+        costs = [c + lam * u if h else c
+                 for c, u, h in zip(problem.node_costs, usage, hot.tolist())]
+        return run(problem, costs, **opts)[0]
+
+    for _ in range(4):                       # widen the penalised set while violations move
+        scale = _lambda_scale(problem, hot)
+        low, high, fit = 0.0, None, None
+        lam = scale / 1024.0
+        for _ in range(80):
+            c = penalised(lam)
+            if problem.feasible(c):
+                high, fit = lam, c
+                break
+            low, candidates = lam, candidates + [c]
+            if time.perf_counter() > deadline:
+                break
+            lam *= 4.0
+        if fit is None:
+            extra = _violated_nodes(problem, candidates[-1]) & ~hot
+            if not extra.any() or time.perf_counter() > deadline:
+                break
+            hot |= extra
+            continue
+        candidates.append(fit)
+        for _ in range(_LAMBDA_STEPS):
+            if time.perf_counter() > deadline or high <= low * 1.001:
+                break
+            mid = math.sqrt(low * high) if low > 0 else high / 4.0
+            c = penalised(mid)
+            candidates.append(c)
+            if problem.feasible(c):
+                high = mid
+            else:
+                low = mid
+        break
+    repaired = [c if problem.feasible(c) else repair_memory(problem, c, adj) for c in candidates]
+    repaired.sort(key=problem.cost)
+    polished = [improve(problem, c, adj, deadline=deadline) for c in repaired[:_POLISHED]]
+    choice = min(polished, key=problem.cost)
+    return _finish(problem, choice, initial, t0, False, progress, len(candidates))
+
+
+def _finish(problem: SearchProblem, choice, initial, t0: float, exact: bool, progress,
+            runs: int = 1) -> Solution:
+    """The Solution, or ``initial`` when that is feasible and cheaper."""
+    sol = Solution.of(problem, choice, "dynamic_programming", time.perf_counter() - t0, exact)
+    if not exact and initial is not None and len(initial.choice) == problem.num_nodes \
+            and problem.feasible(initial.choice) and problem.cost(initial.choice) < sol.cost:
+        sol = Solution.of(problem, initial.choice, "dynamic_programming",
+                          time.perf_counter() - t0)
+    if progress is not None:
+        progress(f"dynamic_programming: cost {sol.cost:.9g} after {runs} elimination runs")
+    return sol
