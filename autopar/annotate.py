@@ -30,7 +30,7 @@ def shard(x, strategy):
         spec = strategy
     else:
         try:
-            spec = tuple(int(c) for c in strategy)
+            spec = tuple(strategy)          # validated (integers >= 1, fits) by ap.compile
         except TypeError:
             raise LayoutError(f"ap.shard strategy {strategy!r} must be a tuple of split counts "
                               "like (1, 4) or an ap.Layout.") from None

@@ -21,6 +21,7 @@ from .layout import Layout
 from .strategies import solvers
 from .strategies.build import build_problem, memory_profile
 from .strategies.cost_model import compute_time, output_bytes
+from .strategies.candidates import identity_candidate
 from .strategies.propagation import Assignment, candidates_of, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
@@ -46,11 +47,19 @@ def _leaf_names(args) -> list[tuple[str, bool]]:
     return out
 
 
+def _leaf_type(x) -> str:
+    """Shape and dtype of an argument leaf as JAX will see it (float64 -> float32 unless x64)."""
+    return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
+
+
 def _spec_layout(spec, shape, mesh, what) -> Layout:
     if isinstance(spec, str):
         spec = Layout.parse(spec)
     if not isinstance(spec, Layout):
-        counts = tuple(int(c) for c in spec)
+        counts = tuple(spec)
+        if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
+            raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
+                              "(1 = not split).")
         if len(counts) != len(shape):
             raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
                               f"has shape {tuple(shape)}; give one split count per dimension.")
@@ -61,7 +70,17 @@ def _spec_layout(spec, shape, mesh, what) -> Layout:
             if s % c:
                 raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
                                   f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
-        spec = Layout.from_strategy(counts, mesh)
+        try:
+            spec = Layout.from_strategy(counts, mesh)
+        except LayoutError as e:
+            raise LayoutError(f"{what}: {e} With mesh_shape={mesh.shape} the counts must be products "
+                              "of distinct mesh axis sizes; for this split choose a mesh_shape "
+                              "that has such axes (e.g. (4, 2) for a 4-way split on 8 devices).") from None
+    spec = Layout(tuple(tuple(a for a in d if a not in mesh.axis_names or mesh.axis_size(a) > 1)
+                        for d in spec.dims), spec.partial)          # size-1 axes split nothing
+    if spec.partial:
+        raise LayoutError(f"{what}: layout {spec} is a partial sum; a user layout says how a whole "
+                          "value is split, so remove the sum{...} part.")
     return spec.check(shape, mesh, what)
 
 
@@ -79,7 +98,7 @@ class Compiled:
 
     def __call__(self, *args):
         flat, tree = jax.tree.flatten(args)
-        got = [type_str(np.shape(x), x.dtype) for x in flat]
+        got = [_leaf_type(x) for x in flat]
         if tree != self._in_tree or got != self._leaf_types:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
@@ -103,8 +122,12 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
                 if v.shape[0] % mesh.size:
                     raise LayoutError(f"data_parallel: batch argument {names[j][0]} has dimension 0 "
                                       f"of size {v.shape[0]}, not divisible by device_num="
-                                      f"{mesh.size}; use a batch size that is a multiple of it.")
+                                      f"{mesh.size}; use a batch size that is a multiple of it (if "
+                                      f"argument {leaf_arg[j]} is not a batch, pass batch_argnums "
+                                      "naming only the batch arguments).")
                 layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
+    if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
+        return layouts
     if in_strategy is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL,
                                             ParallelMode.AUTO_PARALLEL):
         if len(in_strategy) != len(args):
@@ -146,10 +169,6 @@ def _search_name(config) -> str:
 
 def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
-    fixed = _fixed(config, mesh, graph)
-    cands = dict(cands)
-    for nid, layout in fixed.items():
-        cands[nid] = [c for c in cands[nid] if c.out_layouts[0] == layout == c.in_layouts[0]]
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name)
@@ -203,6 +222,9 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     names = _leaf_names(args)
     planner = Planner(mesh)
     cands = candidates_of(graph, mesh)
+    fixed = _fixed(config, mesh, graph)
+    for nid, layout in fixed.items():                 # annotated values keep their layout
+        cands[nid] = [identity_candidate(layout)]
     if strategy is not None:
         assignment = _from_strategy(strategy, graph, mesh, cands)
     elif mode is ParallelMode.AUTO_PARALLEL:
@@ -213,7 +235,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
         def cost(s, d, shape, dtype):
             steps, seconds = plan_steps(planner, s, d, shape, dtype)
             return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
-        assignment = propagate(graph, mesh, _fixed(config, mesh, graph), arg_layouts, cost, cands)
+        assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
@@ -242,7 +264,7 @@ class ParallelFunction:
 
     def compile(self, *args) -> Compiled:
         flat, tree = jax.tree.flatten(args)
-        key = (tree, tuple((np.shape(x), str(x.dtype)) for x in flat))
+        key = (tree, tuple(_leaf_type(x) for x in flat))
         if key not in self._cache:
             self._cache[key] = compile(self.fn, *args, config=self.config, **self.kw)
         return self._cache[key]

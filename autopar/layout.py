@@ -93,11 +93,17 @@ class Layout:
         dims = []
         for t in tensor_map:
             ts = t if isinstance(t, (tuple, list)) else (t,)
+            for k in ts:
+                if not (k == -1 or 0 <= k < len(dm)):
+                    raise LayoutError(f"tensor_map {tuple(tensor_map)} has entry {k}; entries are -1 "
+                                      f"or device-matrix indices 0..{len(dm) - 1} (counted from the right).")
             dims.append(tuple(mesh.axis_names[len(dm) - 1 - k] for k in ts if k != -1))
         return Layout(tuple(dims))
 
     @staticmethod
     def from_partition_spec(spec, rank: int) -> "Layout":
+        if len(spec) > rank:
+            raise LayoutError(f"PartitionSpec {spec} has {len(spec)} entries for a rank-{rank} tensor.")
         entries = list(spec) + [None] * (rank - len(spec))
         dims = []
         for e in entries:
@@ -117,6 +123,9 @@ class Layout:
         return not self.axes and not self.partial
 
     def splits(self, mesh: LogicalMesh) -> tuple[int, ...]:
+        unknown = sorted(self.axes - set(mesh.axis_names))
+        if unknown:
+            raise LayoutError(f"layout {self} names axes {unknown}, not on {mesh}.")
         return tuple(math.prod(mesh.axis_size(a) for a in d) for d in self.dims)
 
     def local_shape(self, shape, mesh: LogicalMesh) -> tuple[int, ...]:

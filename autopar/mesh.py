@@ -29,8 +29,10 @@ class LogicalMesh:
     def __post_init__(self):
         if len(self.axis_names) != len(self.shape):
             raise ConfigError(f"mesh axis names {self.axis_names} do not match shape {self.shape}.")
-        if len(set(self.axis_names)) != len(self.axis_names) or "_" in self.axis_names:
-            raise ConfigError(f"mesh axis names {self.axis_names} must be distinct and not '_'.")
+        if len(set(self.axis_names)) != len(self.axis_names) or "_" in self.axis_names or not all(
+                isinstance(a, str) and a.isidentifier() for a in self.axis_names):
+            raise ConfigError(f"mesh axis names {self.axis_names} must be distinct identifiers "
+                              "(letters, digits, '_'), and not '_' itself.")
         if any(s < 1 for s in self.shape):
             raise ConfigError(f"mesh shape {self.shape} has a non-positive size.")
         if math.prod(self.shape) != self.topology.num_devices:

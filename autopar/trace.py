@@ -3,7 +3,7 @@
 In: a Python function and example arguments (pytrees of arrays or ``jax.ShapeDtypeStruct``).
 Out: a ``Graph`` whose inputs are the flattened leaves and whose outputs are the flattened
 results (``in_tree``/``out_tree`` keep the pytree structure). Nested ``jit``, ``closed_call``,
-``remat``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
+``remat``/``jax.checkpoint``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
 is traced the custom derivative rules have been applied, so their primal bodies are what runs.
 """
 from __future__ import annotations
@@ -15,14 +15,18 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
+from .errors import RuleError
 from .graph import Const, Graph, Node, Value
 
-# Report the user's line, not autopar's, as the source of an operation (ap.shard and friends).
+# Report the user's line, not autopar's, as the source of an operation (ap.shard and friends):
+# this registers autopar's folder with JAX's traceback filter once, at import (JAX keeps that
+# list; it is the one piece of global state autopar touches).
 source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
 
 # primitive name -> parameter holding the body to inline
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-           "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
+           "remat": "jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr",
+           "custom_jvp_call": "call_jaxpr",
            "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
 
 
@@ -53,8 +57,16 @@ class _Builder:
         self.nodes: list[Node] = []
         self.next_id = 0
 
-    def new_value(self, aval) -> Value:
-        v = Value(self.next_id, tuple(int(d) for d in aval.shape), np.dtype(aval.dtype))
+    def new_value(self, aval, eqn=None) -> Value:
+        try:
+            dtype = np.dtype(aval.dtype)
+        except TypeError:
+            where = (f" made by '{eqn.primitive.name}' at "
+                     f"{source_info_util.summarize(eqn.source_info)}") if eqn is not None else ""
+            raise RuleError(f"a value of type {aval.str_short()}{where} has no array dtype autopar "
+                            "can shard (e.g. a typed PRNG key); use raw uint32 keys "
+                            "(jax.random.PRNGKey) or make random masks outside the step.") from None
+        v = Value(self.next_id, tuple(int(d) for d in aval.shape), dtype)
         self.next_id += 1
         return v
 
@@ -83,7 +95,7 @@ class _Builder:
                     sub, sub_consts = body, ()
                 outs = self.inline(sub, sub_consts, ins, src)
             else:
-                outs = [self.new_value(v.aval) for v in eqn.outvars]
+                outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
                 self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
                                        dict(eqn.params), src))
             for var, o in zip(eqn.outvars, outs):

@@ -94,3 +94,10 @@ def _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh):
     order = {l: i for i, l in enumerate(spec.letters)}
     key = tuple(sorted(((l, tuple(a)) for l, a in assign.items()), key=lambda t: order[t[0]]))
     return Candidate(key, partial, gi, ins, outs)
+
+
+def identity_candidate(layout: Layout) -> Candidate:
+    """The one candidate of an identity operator (``ap.shard``) held in ``layout``: any axis
+    order, which enumeration (mesh order only) may not produce."""
+    assign = tuple((f"d{i}", tuple(axes)) for i, axes in enumerate(layout.dims) if axes)
+    return Candidate(assign, frozenset(), -1, (layout,), (layout,))

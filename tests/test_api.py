@@ -205,3 +205,73 @@ def test_in_strategy_prefix_covers_subtrees():
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
     with pytest.raises(ap.LayoutError, match="in_strategy"):
         ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=({"wte": (1, 2)}, None))
+
+
+def test_numpy_float64_and_python_scalar_arguments():
+    r = np.random.default_rng(0)
+    p, x = {"w": r.normal(size=(16, 8))}, r.normal(size=(16, 16))       # float64 numpy
+
+    def f(params, x, lr):
+        loss, g = jax.value_and_grad(lambda q: jnp.sum(jnp.tanh(x @ q["w"])))(params)
+        return loss, jax.tree.map(lambda a, b: a - lr * b, params, g)
+
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=8)
+    c = ap.compile(f, p, x, 0.1, config=cfg, batch_argnums=(1,))
+    assert_same(c(p, x, 0.1), f(p, x, 0.1))
+    step = ap.parallel(f, config=cfg, batch_argnums=(1,))
+    assert_same(step(p, x, 0.1), f(p, x, 0.1))
+
+
+def test_remat_is_inlined():
+    def step(params, batch):
+        def loss(q):
+            h = jax.checkpoint(lambda h: jnp.tanh(h) * 2)(batch[0] @ q["w1"])
+            return jnp.mean((h @ q["w2"] - batch[1]) ** 2)
+        l, g = jax.value_and_grad(loss)(params)
+        return l, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+    p, b = m.mlp_params(bias=False), m.mlp_batch()
+    c = ap.compile(step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel", device_num=4))
+    assert_same(c(p, b), step(p, b))
+
+
+@pytest.mark.parametrize("spec,mesh", [("[(y,x),_]", (2, 4)), ("[x,y]", (1, 8)), ("[(z,y),x]", (2, 2, 2))])
+def test_any_valid_annotation_is_held(spec, mesh):
+    def f(params, x):
+        return jnp.tanh(x @ ap.shard(params["w"], spec))
+    p, x = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(16, 16)), jnp.float32)}, jnp.ones((8, 16))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", mesh_shape=mesh)
+    c = ap.compile(f, p, x, config=cfg)
+    assert_same(c(p, x), f(p, x))
+    held = [o for o in c.strategy.ops if o.prim == "autopar_shard"][0]
+    expect = ap.Layout(tuple(tuple(a for a in d if c.program.mesh.axis_size(a) > 1)
+                             for d in ap.Layout.parse(spec).dims))
+    assert held.out_layouts == (expect,)
+
+
+@pytest.mark.parametrize("spec,msg", [((0, 1), "integer split counts >= 1"), ((2.5, 1), "integer"),
+                                      ((4, 1), "mesh_shape"), ("[x,_] sum{y}", "partial sum")])
+def test_more_bad_annotations(spec, msg):
+    def f(params, x):
+        return x @ ap.shard(params["w"], spec)
+    p, x = {"w": jnp.ones((8, 16))}, jnp.ones((4, 8))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8)
+    if isinstance(spec, str):
+        cfg = cfg.replace(mesh_shape=(2, 4))
+    with pytest.raises(ap.LayoutError, match=msg) as e:
+        ap.compile(f, p, x, config=cfg)
+    assert "test_api.py" in str(e.value)
+
+
+def test_partial_in_strategy_rejected_at_compile():
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", mesh_shape=(2, 4))
+    with pytest.raises(ap.LayoutError, match="arg1.0.*partial sum"):
+        ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=(None, ("[x,_] sum{y}", None)))
+
+
+def test_typed_prng_key_is_a_rule_error():
+    def f(params, x):
+        mask = jax.random.bernoulli(jax.random.key(0), 0.5, x.shape)
+        return jnp.sum(jnp.where(mask, x @ params, 0.0))
+    with pytest.raises(ap.RuleError, match="PRNG"):
+        ap.compile(f, jnp.ones((4, 4)), jnp.ones((2, 4)))

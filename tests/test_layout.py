@@ -100,3 +100,14 @@ def test_config_validation():
         ap.ParallelConfig(device_num=4)
     with pytest.raises(ap.ConfigError, match="16GB"):
         ap.ParallelConfig(max_device_memory="lots")
+
+
+def test_conversions_reject_mismatched_input():
+    with pytest.raises(ap.LayoutError, match="tensor_map"):
+        Layout.from_tensor_map((2, 4), (2, -1), MESH)
+    with pytest.raises(ap.LayoutError, match="3 entries"):
+        Layout.from_partition_spec(P("x", "y", None), 2)
+    with pytest.raises(ap.LayoutError, match="not on"):
+        Layout.parse("[w,_]").local_shape((4, 4), MESH)
+    with pytest.raises(ap.ConfigError, match="identifiers"):
+        LogicalMesh.create((2, 2), ("t,p", "q"))
