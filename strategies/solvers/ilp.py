@@ -9,22 +9,20 @@ when nothing fits.
 Formulation (after the reduction below), over free nodes i (two or more strategies left):
 
     x[i,a] in {0,1},  sum_a x[i,a] = 1
-    edge (u,v), cost split as M[a,b] = r[a] + c[b] + R[a,b] with R >= 0 (row minima r, then
-    column minima c, moved into the node costs); compatible pairs P = {(a,b): not forbidden}:
-      support:   x[u,a] <= sum_{b:(a,b) in P} x[v,b]   and   x[v,b] <= sum_{a:(a,b) in P} x[u,a]
-      cost:      y[a,b] in {0,1} only for (a,b) in P with R[a,b] > 0 (zero pairs need none):
-                 sum_{b in P+(a)} y[a,b] >= x[u,a] + sum_{b in P+(a)} x[v,b] - 1   (each a)
-                 sum_{a in P+(b)} y[a,b] >= x[v,b] + sum_{a in P+(b)} x[u,a] - 1   (each b)
-                 sum y <= 1
-      (if u takes a and v takes b with R[a,b] > 0, the row-a and column-b sums must each reach
-      1 while at most one y is set, so y[a,b] = 1; otherwise every y may be 0. This is the
-      projection of the marginal formulation sum_b y = x[u,a], sum_a y = x[v,b] onto the
-      positive pairs, relaxed only by dropping its zero-cost variables.)
+    edge (u,v) between free nodes, cost split as M[a,b] = r[a] + c[b] + R[a,b] with R >= 0
+    (row minima r, then column minima c, moved into the node costs); P = the compatible
+    (not forbidden) pairs:
+      - separable (R = 0 on P, nothing forbidden): no edge term at all;
+      - functional (every a has exactly one compatible f(a), or the same for every b):
+            x[v,b] = sum_{a: f(a)=b} x[u,a],  cost R[a,f(a)] on x[u,a]   (no pair variables)
+      - otherwise the marginal (local-polytope) formulation over the compatible pairs:
+            y[a,b] in {0,1} for (a,b) in P,  sum_b y[a,b] = x[u,a],  sum_a y[a,b] = x[v,b],
+            cost R[a,b] on y[a,b]   (forbidden pairs simply have no variable)
     memory, at every step t that starts a maximal live set (a start with no end before the
     next start: the live set only grows at starts, so these steps dominate all others):
       sum_{i live at t} sum_a (usage[i,a] - min_a usage[i,a]) x[i,a]
           <= limit - sum_{i live at t} min_a usage[i,a]           (skipped when it cannot bind)
-    minimise sum_i sum_a cost'[i,a] x[i,a] + sum_e sum R[a,b] y[a,b].
+    minimise sum_i sum_a cost'[i,a] x[i,a] + the edge terms.
 
 Reduction (before the model): node costs and edge matrices are shifted to minimum zero (a
 constant); with a known feasible solution of shifted cost H, any node strategy or edge pair
@@ -181,7 +179,7 @@ def _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale) -> None:
 
 
 def _build(problem: SearchProblem, red: Reduced, hint) -> _Model:
-    n = problem.num_nodes
+    """The CP-SAT model of the module docstring; ``hint`` (allowed strategies) or None."""
     allowed = [np.flatnonzero(a) for a in red.allowed]
     free = np.array([len(a) > 1 for a in allowed], bool)
     fixed = np.array([int(a[0]) for a in allowed], np.int64)
@@ -320,7 +318,8 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         bound, hint = best
         red = reduce_problem(problem, bound)
         mapped = np.array([int(d[h]) for d, h in zip(red.dominator, hint)], np.int64)
-        built = _build(problem, red, mapped)
+        hinted = all(a[s] for a, s in zip(red.allowed, mapped))
+        built = _build(problem, red, mapped if hinted else None)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, budget - (time.perf_counter() - t0))
         solver.parameters.num_workers = num_workers
