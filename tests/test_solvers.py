@@ -239,7 +239,7 @@ def test_propagation_anchors_and_determinism():
     strategy = len(problem.node_costs[node]) - 1
     a = propagation.solve(problem, anchors={node: strategy})
     b = propagation.solve(problem, anchors={node: strategy})
-    assert a.choice == b.choice
+    assert a.choice == b.choice and a.choice[node] == strategy
     adj = propagation.Adjacency.of(problem)
     assert propagation.propagate(problem, adj, {node: strategy})[node] == strategy
     with pytest.raises(ConfigError, match="anchor"):

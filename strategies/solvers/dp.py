@@ -18,9 +18,11 @@ recording a table to replay, applied until no edge is left or no rule applies:
 - node elimination (v has exactly two neighbours a, b, not adjacent): a new edge
       M_ab[p, q] = min_s (M_av[p, s] + c_v[s] + M_vb[s, q]),   replay s_v = argmin(...)[s_a, s_b]
 - triangle elimination (the same, a and b already adjacent): M_ab <- M_ab + that minimum.
-- star elimination (only when stuck, and only while the residual is too big to solve
-  exactly; approximate): centre v with neighbours n_1 (the one with most strategies) and
-  n_2..n_k. v's strategy becomes a function of n_1's alone,
+- star elimination (only when stuck, and only in residual components too big to solve
+  exactly; approximate): centre v = the node of least degree (>= 3), then fewest
+  strategies; n_1 = the neighbour whose edge constrains v most (largest mean column spread
+  max_s M_v1[s, p] - min_s M_v1[s, p]); n_2..n_k the others. v's strategy becomes a
+  function of n_1's alone,
       s*(p) = argmin_s (c_v[s] + M_v1[s, p] + sum_{k>=2} min_q (c_k[q] + M_vk[s, q])),
   c_1[p] += c_v[s*(p)] + M_v1[s*(p), p], and each M_vk becomes an edge n_1-n_k with
   M_1k[p, q] = M_vk[s*(p), q]. Exact costs are kept; only v's choice is restricted.
@@ -42,6 +44,7 @@ and cheaper). Inexact runs (star rule, unproven residual) are polished the same 
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import deque
@@ -163,8 +166,37 @@ def _components(alive: list, g: _Graph) -> list:
     return out
 
 
-def _small(comps: list, g: _Graph, limit: int) -> bool:
-    return all(math.prod(len(g.cost[i]) for i in c) <= limit for c in comps)
+def _pop_centre(heap: list, g: _Graph, alive: np.ndarray, frozen: np.ndarray):
+    """The next star centre: least degree (>= 3), then fewest strategies, then lowest index;
+    stale heap entries are dropped or re-pushed with the current degree."""
+    while heap:
+        d, s, i = heapq.heappop(heap)
+        if not alive[i] or frozen[i] or len(g.nbr[i]) < 3:
+            continue
+        if len(g.nbr[i]) == d:
+            return i
+        heapq.heappush(heap, (len(g.nbr[i]), s, i))
+    return None
+
+
+def _star(g: _Graph, v: int, records: list) -> list:
+    """Star elimination of centre v (module docstring); returns v's former neighbours."""
+    nbrs = sorted(g.nbr[v])
+    n1 = max(nbrs, key=lambda j: (_coupling(g.mat(v, j)), len(g.cost[j]), -j))
+    rest = [j for j in nbrs if j != n1]
+    est = g.cost[v].copy()
+    for k in rest:
+        est += (g.mat(v, k) + g.cost[k][None, :]).min(axis=1)
+    m1 = g.mat(v, n1)
+    table = (est[:, None] + m1).argmin(axis=0)             # s*(p) for each p of n_1
+    g.cost[n1] = g.cost[n1] + g.cost[v][table] + m1[table, np.arange(m1.shape[1])]
+    moved = [(k, g.mat(v, k)[table, :]) for k in rest]
+    records.append(Elimination("star", v, (n1,), table))
+    g.counts["star"] += 1
+    g.drop(v)
+    for k, m in moved:
+        g.add(n1, k, m)
+    return nbrs
 
 
 def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
@@ -174,7 +206,10 @@ def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
     g = _Graph(problem, problem.node_costs if costs is None else costs)
     n = len(g.cost)
     alive = np.ones(n, bool)
-    records = []
+    frozen = np.zeros(n, bool)          # in a residual component left for exact solving
+    records: list = []
+    heap: list = []                      # star centres: (degree, strategies, node), lazily
+    since_check, check_every = 0, 0
     queue = deque(i for i in range(n) if len(g.nbr[i]) <= 2)
     while True:
         while queue:
@@ -203,32 +238,36 @@ def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
                 anchors = (a, b)
             g.counts[kind] += 1
             alive[v] = False
-            queue.extend(w for w in anchors if len(g.nbr[w]) <= 2)
+            for w in anchors:
+                if len(g.nbr[w]) <= 2:
+                    queue.append(w)
+                elif star:
+                    heapq.heappush(heap, (len(g.nbr[w]), len(g.cost[w]), w))
         if not g.mats or not star:
             break
-        alive_list = np.flatnonzero(alive).tolist()
-        if _small(_components(alive_list, g), g, enumeration_limit):
-            break
-        v = min((i for i in alive_list if g.nbr[i]),
-                key=lambda i: (len(g.nbr[i]), len(g.cost[i]), i))
-        nbrs = sorted(g.nbr[v])
-        n1 = max(nbrs, key=lambda j: (_coupling(g.mat(v, j)), len(g.cost[j]), -j))
-        rest = [j for j in nbrs if j != n1]
-        est = g.cost[v].copy()
-        for k in rest:
-            est += (g.mat(v, k) + g.cost[k][None, :]).min(axis=1)
-        m1 = g.mat(v, n1)
-        table = (est[:, None] + m1).argmin(axis=0)             # s*(p) for each p of n_1
-        cols = np.arange(m1.shape[1])
-        g.cost[n1] = g.cost[n1] + g.cost[v][table] + m1[table, cols]
-        moved = [(k, g.mat(v, k)[table, :]) for k in rest]
-        records.append(Elimination("star", v, (n1,), table))
-        g.counts["star"] += 1
-        g.drop(v)
-        for k, m in moved:
-            g.add(n1, k, m)
+        if since_check >= check_every:            # freeze components small enough to solve
+            big = []
+            for comp in _components(np.flatnonzero(alive & ~frozen).tolist(), g):
+                if math.prod(len(g.cost[i]) for i in comp) <= enumeration_limit:
+                    frozen[comp] = True
+                else:
+                    big += comp
+            heap = [(len(g.nbr[i]), len(g.cost[i]), i) for i in big if len(g.nbr[i]) >= 3]
+            heapq.heapify(heap)
+            since_check, check_every = 0, max(1, len(big) // 8)
+        v = _pop_centre(heap, g, alive, frozen)
+        if v is None:
+            if since_check == 0:
+                break
+            since_check = check_every
+            continue
+        nbrs = _star(g, v, records)
         alive[v] = False
+        since_check += 1
         queue.extend(w for w in nbrs if len(g.nbr[w]) <= 2)
+        for w in nbrs:
+            if len(g.nbr[w]) >= 3:
+                heapq.heappush(heap, (len(g.nbr[w]), len(g.cost[w]), w))
     return Reduction(tuple(records), tuple(g.cost), dict(g.mats),
                      tuple(np.flatnonzero(alive).tolist()), dict(g.counts))
 

@@ -17,10 +17,11 @@ Method:
    move one node live at t to a smaller strategy, the move with the least
    ``extra cost / min(bytes saved, bytes over the limit)`` (cost priced against the current
    neighbours; ties: smaller extra cost, lower node, lower strategy). Every move lowers one
-   node's usage, so the loop ends; it ends feasible because ``check_fits`` passed.
+   node's usage, so the loop ends; it ends feasible because ``check_fits`` passed. Anchors
+   move only when no other node live at the peak can shrink.
 4. Descent (``improve``): sweeps moving single nodes to cheaper strategies that keep every
    step within the limit, until a sweep moves nothing (at most 8 sweeps; after the first,
-   only neighbours of moved nodes are revisited).
+   only neighbours of moved nodes are revisited). Anchors never move here.
 
 ``initial``: when given and feasible, the cheaper of it and the propagated choice is returned.
 """
@@ -155,9 +156,10 @@ def propagate(problem: SearchProblem, adj: Adjacency, anchors: dict) -> np.ndarr
     return choice
 
 
-def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = None
-                  ) -> np.ndarray:
-    """Step 3 of the module docstring: a feasible choice close to ``choice``. Assumes
+def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = None,
+                  pinned=()) -> np.ndarray:
+    """Step 3 of the module docstring: a feasible choice close to ``choice``. Nodes in
+    ``pinned`` move only when no other node live at the peak can shrink. Assumes
     ``check_fits(problem)`` passed."""
     choice = np.array(choice, np.int64)
     limit = problem.usage_limit
@@ -172,6 +174,8 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
     np.add.at(delta, iv[:, 1], -use)
     prof = np.cumsum(delta)[:horizon]
     min_use = np.array([int(u.min()) for u in problem.node_usages], np.int64)
+    pin = np.zeros(problem.num_nodes, bool)
+    pin[list(pinned)] = True
     cache: dict = {}          # node -> (extra cost, bytes saved, node, strategy) per move
 
     def moves(i: int):
@@ -187,7 +191,10 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
         excess = int(prof[t]) - limit
         if excess <= 0:
             break
-        live = np.flatnonzero((iv[:, 0] <= t) & (t < iv[:, 1]) & (use > min_use))
+        shrinkable = (iv[:, 0] <= t) & (t < iv[:, 1]) & (use > min_use)
+        live = np.flatnonzero(shrinkable & ~pin)
+        if len(live) == 0:
+            live = np.flatnonzero(shrinkable)
         assert len(live), "check_fits passed, so some live node can shrink"
         extra, saved, node, strat = (np.concatenate(a) for a in zip(*map(moves, live.tolist())))
         score = extra / np.minimum(saved, excess)
@@ -203,12 +210,12 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
 
 
 def improve(problem: SearchProblem, choice, adj: Optional[Adjacency] = None, *,
-            max_sweeps: int = 8, deadline: float = math.inf) -> np.ndarray:
+            max_sweeps: int = 8, deadline: float = math.inf, pinned=()) -> np.ndarray:
     """Step 4 of the module docstring: 1-opt descent that keeps the choice within the limit.
     The first sweep visits every node in index order, later sweeps the neighbours of nodes
     that moved; a node moves to its cheapest strategy (given its neighbours) among those
     that fit the memory headroom of its live steps, when that is cheaper than its current
-    one by more than a relative 1e-12."""
+    one by more than a relative 1e-12. Nodes in ``pinned`` never move."""
     choice = np.array(choice, np.int64)
     n = problem.num_nodes
     if n == 0:
@@ -218,7 +225,8 @@ def improve(problem: SearchProblem, choice, adj: Optional[Adjacency] = None, *,
     limit = problem.usage_limit
     use = np.array([int(u[c]) for u, c in zip(problem.node_usages, choice)], np.int64)
     prof = problem.usage_profile(choice)
-    todo = [i for i in range(n) if len(problem.node_costs[i]) > 1]
+    frozen = set(pinned)
+    todo = [i for i in range(n) if len(problem.node_costs[i]) > 1 and i not in frozen]
     for _ in range(max_sweeps):
         dirty = set()
         for i in todo:
@@ -238,7 +246,7 @@ def improve(problem: SearchProblem, choice, adj: Optional[Adjacency] = None, *,
             prof[s0:s1] += new - use[i]
             use[i], choice[i] = new, s
             dirty.update(adj.neighbours(i))
-        todo = sorted(w for w in dirty if len(problem.node_costs[w]) > 1)
+        todo = sorted(w for w in dirty if len(problem.node_costs[w]) > 1 and w not in frozen)
         if not todo or time.perf_counter() > deadline:
             break
     return choice
@@ -250,8 +258,9 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     t0 = time.perf_counter()
     check_fits(problem)
     adj = Adjacency.of(problem)
-    choice = repair_memory(problem, propagate(problem, adj, dict(anchors or {})), adj)
-    choice = improve(problem, choice, adj)
+    anchors = {int(a): int(s) for a, s in (anchors or {}).items()}
+    choice = repair_memory(problem, propagate(problem, adj, anchors), adj, pinned=anchors)
+    choice = improve(problem, choice, adj, pinned=anchors)
     best = Solution.of(problem, choice, "sharding_propagation", time.perf_counter() - t0)
     if initial is not None and len(initial.choice) == problem.num_nodes \
             and problem.feasible(initial.choice):
