@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from autopar.errors import ConfigError, InfeasibleError
-from autopar.strategies.problem import SearchProblem
+from autopar.strategies.problem import SearchProblem, Solution
 from autopar.strategies.solvers import brute, dp, ilp, propagation
 from autopar.strategies.solvers.random_problems import (KINDS, LIMIT_MODES, REDUCIBLE,
                                                         random_medium_problem, random_problem)
@@ -225,6 +225,15 @@ def test_ilp_reduction_keeps_optimum_with_forbidden_pairs():
     assert not red.allowed[0][2]
     sol = ilp.solve(problem)
     assert sol.optimal and same(sol.cost, best.cost) and sol.cost < big
+
+
+def test_ilp_improves_a_dominated_initial_when_nothing_is_left_to_search():
+    """Dominance leaves one strategy per node, so CP-SAT gets an empty model; the answer must
+    still be the reduced choice, not the (worse) initial one."""
+    problem = _problem([[5, 1], [3, 0]], [[2, 1], [1, 1]], [[0, 2], [1, 3]], [[0, 1]],
+                       [[[0, 0], [0, 0]]], limit=10)
+    sol = ilp.solve(problem, initial=Solution.of(problem, (0, 0), "given"))
+    assert sol.choice == (1, 1) and sol.optimal
 
 
 def test_ilp_memory_steps_cover_every_maximal_live_set():

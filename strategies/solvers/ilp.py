@@ -269,6 +269,14 @@ def _build(problem: SearchProblem, red: Reduced, hint) -> _Model:
     return _Model(model, x, fixed, scale)
 
 
+def _extract(built: _Model, value) -> np.ndarray:
+    """The choice of every node from a CP-SAT assignment (``value(literal) -> bool``)."""
+    choice = built.fixed.copy()
+    for i, (idx, lits) in built.x.items():
+        choice[i] = next(int(a) for a, lit in zip(idx, lits) if value(lit))
+    return choice
+
+
 class _Watcher(cp_model.CpSolverSolutionCallback):
     """Reports improvements; stops the search when a solution is far below the bound the
     model was scaled for (the model is then rebuilt finer)."""
@@ -280,16 +288,18 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         self.best = None
 
     def on_solution_callback(self):
-        choice = self.built.fixed.copy()
-        for i, (idx, lits) in self.built.x.items():
-            choice[i] = next(int(a) for a, lit in zip(idx, lits) if self.boolean_value(lit))
+        cost = self.offer(_extract(self.built, self.boolean_value))
+        if math.isfinite(self.bound) and cost < self.bound * _REBUILD_RATIO:
+            self.stop_search()
+
+    def offer(self, choice: np.ndarray) -> float:
+        """Keep ``choice`` when it is the cheapest so far; returns its cost."""
         cost = self.problem.cost(choice)
         if self.best is None or cost < self.best[0]:
             self.best = (cost, choice)
             if self.progress is not None:
                 self.progress(f"ilp: cost {cost:.9g} at {time.perf_counter() - self.t0:.1f} s")
-        if math.isfinite(self.bound) and cost < self.bound * _REBUILD_RATIO:
-            self.stop_search()
+        return cost
 
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
@@ -333,6 +343,8 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
             raise InfeasibleError(
                 f"ilp: CP-SAT proved that no choice of {problem.name!r} fits the memory limit "
                 f"of {problem.usage_limit} bytes per device.")
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            watcher.offer(_extract(built, solver.boolean_value))   # also when no callback ran
         found = watcher.best
         if found is not None and found[0] < best[0]:
             best = found
