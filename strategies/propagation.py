@@ -9,7 +9,9 @@ Out: ``Assignment``: the chosen Candidate of every node and the layout of every 
 Algorithm (MindSpore's sharding propagation): outward from the fixed nodes and fixed inputs;
 of the nodes next to a decided neighbour with a split or partial layout, the one with the
 fewest undecided inputs goes first (then the earliest in program order), so layouts flow
-mostly along the data. Nodes no split ever reaches take their replicated candidate at the end. Each node takes, among its
+mostly along the data. Nodes no split ever reaches take their replicated candidate. Then up to
+``REFINE_PASSES`` sweeps in program order re-decide every node with all its neighbours known
+(a greedy choice made before a cheaper layout of its input existed is revisited). Each node takes, among its
 replicated candidate and the candidates whose every split is copied from a decided neighbour
 (propagation spreads the user's splits, it does not invent new ones), the one with the least
 resharding cost against its decided neighbours: producers of its inputs (a value already
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from autopar.errors import LayoutError
@@ -47,6 +50,9 @@ _ZERO = (0.0, 0)
 def _sum(costs):
     costs = list(costs)
     return (sum(c[0] for c in costs), sum(c[1] for c in costs))
+
+
+REFINE_PASSES = 3
 
 
 def _quantize(seconds: float) -> float:
@@ -75,7 +81,7 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         choice[nid] = ok[0]
 
     specs = {}
-    avail: dict = {}                               # value id -> layouts it will exist in
+    avail: dict = {}                               # value id -> Counter of layouts consumers read
 
     def spec_of(node):
         if node.id not in specs:
@@ -98,7 +104,8 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
             return _ZERO
         if isinstance(x, Const):
             return reshard_cost(have, want, x.shape, x.dtype)
-        return min(reshard_cost(h, want, x.shape, x.dtype) for h in avail.get(x.id, {have}) | {have})
+        layouts = {l for l, k in avail.get(x.id, {}).items() if k > 0} | {have}
+        return min(reshard_cost(h, want, x.shape, x.dtype) for h in layouts)
 
     def in_cost(node, c):
         return _sum(read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
@@ -154,7 +161,12 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         choice[node.id] = best[1]
         for x, want in zip(node.inputs, best[1].in_layouts):
             if isinstance(x, Value):
-                avail.setdefault(x.id, set()).add(want)
+                avail.setdefault(x.id, Counter())[want] += 1
+
+    def undecide(node):
+        for x, want in zip(node.inputs, choice.pop(node.id).in_layouts):
+            if isinstance(x, Value):
+                avail[x.id][want] -= 1
 
     def neighbours(node):
         for x in node.inputs:
@@ -196,7 +208,23 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
         for nb in neighbours(node):
             discover(nb)
     for node in graph.nodes:                       # unreached: replicated
-        choice.setdefault(node.id, cands[node.id][0])
+        if node.id not in choice:
+            choice[node.id] = cands[node.id][0]
+            for x, want in zip(node.inputs, choice[node.id].in_layouts):
+                if isinstance(x, Value):
+                    avail.setdefault(x.id, Counter())[want] += 1
+
+    for _ in range(REFINE_PASSES):                 # every neighbour is known now: re-decide
+        changed = False
+        for node in graph.nodes:
+            if node.id in fixed:
+                continue
+            old = choice[node.id]
+            undecide(node)
+            decide(node)
+            changed |= choice[node.id] is not old
+        if not changed:
+            break
 
     inputs = []
     for i, v in enumerate(graph.inputs):
