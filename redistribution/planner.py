@@ -5,8 +5,9 @@ the global tensor shape and its dtype. Out: a frozen ``Plan`` holding the ordere
 that turn per-device blocks of ``src`` into per-device blocks of ``dst``, and their estimated
 time in seconds. Pure planning: nothing here touches devices.
 
-Transitions (each step moves one mesh axis ``a``, except that one all_reduce may reduce several
-partial axes as a group; "innermost" = last axis of a dimension):
+Transitions (a step moves one mesh axis ``a``, or a group of axes acting as one combined axis,
+first axis major: several partial axes reduced or reduce-scattered together, an innermost run
+of a dimension's axes gathered or moved together; "innermost" = last axes of a dimension):
 
 | from -> to           | step                                | effect on the layout              |
 |----------------------|-------------------------------------|-----------------------------------|
@@ -277,12 +278,34 @@ class Planner:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
                     out.append(((nd, partial), sec, _ps(sec), (4, ai, i, j),
                                 Step("all_to_all", (a,), i, j), ()))
-        for k in range(2, len(partial) + 1):        # one all_reduce over several partial axes
+        # grouped steps: several axes act as one combined axis (first axis major)
+        for k in range(2, len(partial) + 1):        # all_reduce / reduce_scatter over partial axes
             for group in itertools.combinations(partial, k):
                 rest = tuple(p for p in partial if p not in group)
+                n = math.prod(size[g] for g in group)
                 sec = self.step_time("all_reduce", group, nbytes)[0]
                 out.append(((dims, rest), sec, _ps(sec), (2, order[group[0]], k, -1),
                             Step("all_reduce", group), group))
+                sec = self.step_time("reduce_scatter", group, nbytes)[0]
+                for d in range(rank):
+                    if shape[d] % (splits[d] * n) == 0:
+                        nd = dims[:d] + (dims[d] + group,) + dims[d + 1:]
+                        out.append(((nd, rest), sec, _ps(sec), (3, order[group[0]], d, k),
+                                    Step("reduce_scatter", group, d), group))
+        for i in range(rank):                       # all_gather / all_to_all of an innermost run
+            for k in range(2, len(dims[i]) + 1):
+                group = dims[i][-k:]
+                n = math.prod(size[g] for g in group)
+                gone = dims[:i] + (dims[i][:-k],) + dims[i + 1:]
+                sec = self.step_time("all_gather", group, nbytes)[0]
+                out.append(((gone, partial), sec, _ps(sec), (1, order[group[0]], i, k),
+                            Step("all_gather", group, i), ()))
+                sec = self.step_time("all_to_all", group, nbytes)[0]
+                for j in range(rank):
+                    if j != i and shape[j] % (splits[j] * n) == 0:
+                        nd = gone[:j] + (gone[j] + group,) + gone[j + 1:]
+                        out.append(((nd, partial), sec, _ps(sec), (4, order[group[0]], i, j * 8 + k),
+                                    Step("all_to_all", group, i, j), ()))
         return tuple(out)
 
 

@@ -72,23 +72,24 @@ def step_after(layout: Layout, st: Step, sizes, shape) -> Layout:
     if st.kind == "all_reduce":                       # one or several partial axes at once
         assert set(st.axes) <= layout.partial and len(set(st.axes)) == len(st.axes)
         return Layout(layout.dims, layout.partial - set(st.axes))
-    (a,) = st.axes
+    g = list(st.axes)                                  # one axis, or a group acting as one
+    k = len(g)
     dims, partial = [list(d) for d in layout.dims], set(layout.partial)
     used = {x for d in dims for x in d}
     if st.kind == "slice":
-        assert a not in used and a not in partial
-        dims[st.dim].append(a)
+        assert k == 1 and g[0] not in used and g[0] not in partial
+        dims[st.dim] += g
     elif st.kind == "all_gather":
-        assert dims[st.dim] and dims[st.dim][-1] == a
-        dims[st.dim].pop()
+        assert dims[st.dim][-k:] == g
+        del dims[st.dim][-k:]
     elif st.kind == "reduce_scatter":
-        assert a in partial
-        partial.discard(a)
-        dims[st.dim].append(a)
+        assert set(g) <= partial and len(set(g)) == k
+        partial -= set(g)
+        dims[st.dim] += g
     elif st.kind == "all_to_all":
-        assert st.dim != st.dst_dim and dims[st.dim] and dims[st.dim][-1] == a
-        dims[st.dim].pop()
-        dims[st.dst_dim].append(a)
+        assert st.dim != st.dst_dim and dims[st.dim][-k:] == g
+        del dims[st.dim][-k:]
+        dims[st.dst_dim] += g
     else:
         raise AssertionError(st.kind)
     out = Layout(tuple(map(tuple, dims)), frozenset(partial))
@@ -122,7 +123,13 @@ def moves(layout, names, sizes, shape, keep):
             yield from (Step("all_to_all", (d[-1],), i, j) for j in range(r) if j != i)
     free = [a for a in names if a in layout.partial and a not in keep]
     for k in range(2, len(free) + 1):
-        yield from (Step("all_reduce", g) for g in itertools.combinations(free, k))
+        for g in itertools.combinations(free, k):
+            yield Step("all_reduce", g)
+            yield from (Step("reduce_scatter", g, d) for d in range(r))
+    for i, d in enumerate(layout.dims):
+        for k in range(2, len(d) + 1):
+            yield Step("all_gather", d[-k:], i)
+            yield from (Step("all_to_all", d[-k:], i, j) for j in range(r) if j != i)
 
 
 def bellman_ford(mesh, src, shape, keep):
