@@ -67,6 +67,7 @@ def build(program):
 
     def run(flat_args):
         got = iter(f(*flat_args))
-        return [_const(o) if isinstance(o, Const) else next(got) for o in program.outputs]
+        # a constant result comes back as the traced function returned it (e.g. a Python float)
+        return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
 
     return run

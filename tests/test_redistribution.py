@@ -552,3 +552,13 @@ def test_planning_is_fast(case):
     warm = time.perf_counter() - t
     assert len(c.plans) > 10000
     assert cold < 10.0 and warm < 1.0, (cold, warm)
+
+
+def test_grouped_axes_move_as_one_collective():
+    pl = Planner(MESH24)
+    plan = pl.plan(L("[(x,y),_]"), L("[_,(x,y)]"), (1024, 1024), F32)
+    assert plan.steps == (Step("all_to_all", ("x", "y"), 0, 1),)
+    plan = pl.plan(L("[(x,y),_]"), L("[_,_]"), (1024, 1024), F32)
+    assert plan.steps == (Step("all_gather", ("x", "y"), 0),)
+    plan = pl.plan(L("[_,_] sum{x,y}"), L("[(x,y),_]"), (1024, 1024), F32)
+    assert plan.steps == (Step("reduce_scatter", ("x", "y"), 0),)
