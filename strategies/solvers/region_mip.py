@@ -1,0 +1,190 @@
+"""Exact MIP over a region of a ReducedProblem with every other node fixed (HiGHS, via scipy).
+
+In: a ``ReducedProblem``, the current choice and its memory ``slack`` (capacity left per kept
+step), the region's nodes and a time limit. Out: a ``RegionResult``: the region's new
+strategies (None when HiGHS found nothing in time), whether HiGHS proved them optimal for the
+region, and the model size. The caller checks memory exactly and keeps the answer only if it
+is better; a region of every node is the whole problem.
+
+Model (the local polytope of the pairwise cost, exact because ``x`` is binary):
+    x[i, s] in {0, 1},              sum_s x[i, s] = 1                      (i in region)
+    y[e, a, b] in [0, 1],           sum_b y[e, a, b] = x[u, a],  sum_a y[e, a, b] = x[v, b]
+                                                                          (edges inside)
+    minimise  sum_i sum_s unary_i[s] x[i, s] + sum_e sum_ab M_e[a, b] y[e, a, b]
+where ``unary_i`` adds to the node cost the edges to fixed neighbours at their current strategy.
+Memory, per piece ``p`` of the compressed time axis over which the region's usage is constant
+(pieces that cannot overflow or that another piece implies are left out), as a running sum so
+each term appears twice, not once per step:
+    U_p = U_{p-1} + sum_{terms starting at p} usage . x - sum_{terms ending at p} usage . x
+    U_p <= capacity_p = min over the piece of (slack + the region's current usage).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import scipy.sparse as sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from .reduce import ReducedProblem, dominated_steps
+
+
+@dataclass(frozen=True, eq=False)
+class RegionResult:
+    nodes: np.ndarray               # region nodes
+    choice: Optional[np.ndarray]    # their new strategies, None when none was found
+    optimal: bool                   # HiGHS proved it optimal for the region
+    variables: int                  # model columns
+
+
+class RegionMip:
+    """Per-problem indexes (terms and edges by node) shared by every region solve."""
+
+    def __init__(self, r: ReducedProblem):
+        self.r = r
+        n = r.num_nodes
+        self.terms = [[] for _ in range(n)]
+        for t in r.terms:
+            self.terms[t.node].append(t)
+        self.incident = [[] for _ in range(n)]
+        for e, (u, v) in enumerate(r.edges):
+            self.incident[u].append(e)
+            self.incident[v].append(e)
+        self.sizes = np.array([len(c) for c in r.node_costs], np.int64)
+
+    def pair_count(self, nodes) -> int:
+        inside = np.zeros(self.r.num_nodes, bool)
+        inside[nodes] = True
+        e = self.r.edges
+        both = inside[e[:, 0]] & inside[e[:, 1]]
+        return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
+
+    def solve(self, choice, slack, nodes, time_limit: float,
+              gap: float = 1e-6) -> RegionResult:
+        r = self.r
+        nodes = np.asarray(sorted(set(int(x) for x in nodes)), np.int64)
+        local = np.full(r.num_nodes, -1, np.int64)
+        local[nodes] = np.arange(len(nodes))
+        sizes = self.sizes[nodes]
+        xoff = np.concatenate([[0], np.cumsum(sizes)])
+        nx = int(xoff[-1])
+        unary = [r.node_costs[x].astype(np.float64).copy() for x in nodes]
+        inner = []
+        for x in nodes:
+            for e in self.incident[x]:
+                u, v = r.edges[e]
+                if local[u] >= 0 and local[v] >= 0:
+                    if u == x:
+                        inner.append(e)
+                elif u == x:
+                    unary[local[x]] += r.edge_costs[e][:, choice[v]]
+                else:
+                    unary[local[x]] += r.edge_costs[e][choice[u], :]
+        mats = [r.edge_costs[e] for e in inner]
+        ysz = np.array([m.size for m in mats], np.int64)
+        yoff = nx + np.concatenate([[0], np.cumsum(ysz)])
+        rows, cols, vals = [], [], []
+        # one strategy per node
+        rows.append(np.repeat(np.arange(len(nodes)), sizes))
+        cols.append(np.arange(nx))
+        vals.append(np.ones(nx))
+        nrow = len(nodes)
+        for e, m, y0 in zip(inner, mats, yoff[:-1]):
+            u, v = local[r.edges[e]]
+            su, sv = m.shape
+            ys = y0 + np.arange(su * sv)
+            rows += [nrow + np.repeat(np.arange(su), sv), nrow + np.arange(su),
+                     nrow + su + np.tile(np.arange(sv), su), nrow + su + np.arange(sv)]
+            cols += [ys, xoff[u] + np.arange(su), ys, xoff[v] + np.arange(sv)]
+            vals += [np.ones(su * sv), -np.ones(su), np.ones(su * sv), -np.ones(sv)]
+            nrow += su + sv
+        rhs = np.zeros(nrow)
+        rhs[:len(nodes)] = 1.0
+        ncol = int(yoff[-1])
+        mem = self._memory(choice, slack, nodes, xoff, local, nrow, ncol)
+        cost = np.concatenate(unary + [m.ravel() for m in mats])
+        lo, hi = rhs, rhs
+        lb, ub = np.zeros(ncol), np.ones(ncol)
+        if mem is not None:
+            mrows, mcols, mvals, cap = mem
+            k = len(cap)
+            rows.append(mrows)
+            cols.append(mcols)
+            vals.append(mvals)
+            lo = np.concatenate([lo, np.zeros(k)])
+            hi = lo.copy()
+            hi[:nrow] = rhs
+            cost = np.concatenate([cost, np.zeros(k)])
+            lb = np.concatenate([lb, np.full(k, -np.inf)])
+            ub = np.concatenate([ub, cap])
+            nrow += k
+            ncol += k
+        a = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                              shape=(nrow, ncol))
+        integrality = np.zeros(ncol)
+        integrality[:nx] = 1
+        res = milp(cost, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(lb, ub),
+                   options={"time_limit": max(0.05, float(time_limit)), "disp": False,
+                            "mip_rel_gap": gap})
+        if res.x is None:
+            return RegionResult(nodes, None, False, ncol)
+        xs = res.x[:nx]
+        new = np.array([int(np.argmax(xs[xoff[i]:xoff[i + 1]])) for i in range(len(nodes))],
+                       np.int64)
+        return RegionResult(nodes, new, res.status == 0, ncol)
+
+    def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
+        """Rows of the running-sum memory model, or None when the region cannot overflow."""
+        terms = [(local[x], t) for x in nodes for t in self.terms[x]]
+        if not terms:
+            return None
+        lo = np.array([t.lo for _, t in terms], np.int64)
+        hi = np.array([t.hi for _, t in terms], np.int64)
+        cur = np.array([t.usage[choice[t.node]] for _, t in terms], np.int64)
+        top = np.array([t.usage.max() for _, t in terms], np.int64)
+        cuts = np.unique(np.concatenate([lo, hi]))
+        a, b = int(cuts[0]), int(cuts[-1])
+        delta = np.zeros(b - a + 1, np.int64)
+        np.add.at(delta, lo - a, cur)
+        np.add.at(delta, hi - a, -cur)
+        free = slack[a:b] + np.cumsum(delta)[:-1]           # capacity for the region
+        cap = np.minimum.reduceat(free, cuts[:-1] - a)       # per piece
+        plo, phi = np.searchsorted(cuts, lo), np.searchsorted(cuts, hi)
+        most = np.zeros(len(cuts), np.int64)
+        np.add.at(most, plo, top)
+        np.add.at(most, phi, -top)
+        keep = np.flatnonzero(np.cumsum(most)[:-1] > cap)
+        if len(keep) == 0:
+            return None
+        cap = cap[keep]
+        klo, khi = np.searchsorted(keep, plo), np.searchsorted(keep, phi)
+        live = khi > klo
+        klo, khi, terms = klo[live], khi[live], [t for t, ok in zip(terms, live) if ok]
+        while True:
+            drop = dominated_steps(cap, klo, khi)
+            if not drop.any():
+                break
+            left = np.concatenate([[0], np.cumsum(~drop)])
+            cap, klo, khi = cap[~drop], left[klo], left[khi]
+            live = khi > klo
+            klo, khi, terms = klo[live], khi[live], [t for t, ok in zip(terms, live) if ok]
+        k = len(cap)
+        # bytes scaled so the largest usage is ~1e5: one byte stays above HiGHS' 1e-7 tolerance
+        scale = max(1.0, float(max(t.usage.max() for _, t in terms)) / 1e5)
+        rows = [row0 + np.arange(k), row0 + np.arange(1, k)]
+        cols = [col0 + np.arange(k), col0 + np.arange(k - 1)]
+        vals = [np.ones(k), -np.ones(k - 1)]
+        for (i, t), l, h in zip(terms, klo, khi):
+            nz = np.flatnonzero(t.usage)
+            u = t.usage[nz] / scale
+            rows.append(np.full(len(nz), row0 + l))
+            cols.append(xoff[i] + nz)
+            vals.append(-u)
+            if h < k:
+                rows.append(np.full(len(nz), row0 + h))
+                cols.append(xoff[i] + nz)
+                vals.append(u)
+        return (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals),
+                cap / scale)
