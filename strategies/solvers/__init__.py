@@ -23,6 +23,7 @@ MODULES = {
     "ilp": "ilp",
     "local_search": "local_search",
     "brute_force": "brute",
+    "best": "best",
 }
 
 

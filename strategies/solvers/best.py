@@ -1,0 +1,33 @@
+"""The best solver combination for a SearchProblem under a time limit (``autopar solve``).
+
+In: a SearchProblem, a time limit in seconds, an optional progress callback. Out: the best
+feasible Solution found. Small problems (after the cheap start) go to CP-SAT (``ilp``) seeded
+with the dynamic-programming answer, which is exact when it finishes; large ones (the IOPDDL
+production graphs) go to ``local_search`` (exact reductions, tree-block DP moves, region MIPs).
+"""
+from __future__ import annotations
+
+import time
+
+from ..problem import SearchProblem, Solution, check_fits
+from . import get
+
+# an ILP is tried when the pair variables of all edges stay below this many
+ILP_PAIRS = 2_000_000
+
+
+def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None) -> Solution:
+    start = time.monotonic()
+    limit = 60.0 if time_limit is None else float(time_limit)
+    check_fits(problem)
+    pairs = sum(m.size for m in problem.edge_costs)
+    if pairs > ILP_PAIRS:
+        return get("local_search")(problem, time_limit=limit, initial=initial, progress=progress)
+    first = initial or get("dynamic_programming")(problem, time_limit=0.2 * limit)
+    if progress:
+        progress(f"dynamic programming: cost {first.cost:.6g}; polishing with CP-SAT")
+    left = limit - (time.monotonic() - start) - 0.5
+    if left <= 1.0:
+        return first
+    polished = get("ilp")(problem, time_limit=left, initial=first, progress=progress)
+    return polished if polished.cost <= first.cost else first
