@@ -201,10 +201,24 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
 
     ``batch_argnums``: arguments holding the batch (default: every argument after the first).
-    ``in_strategy``: semi_auto_parallel only; one entry per argument: None, a split-count tuple,
-    an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
+    ``in_strategy``: semi_auto_parallel / auto_parallel; one entry per argument: None, a
+    split-count tuple, an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
     ``strategy``: a saved ``Strategy`` to reuse instead of searching.
     """
+    graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy)
+    leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
+    return Compiled(fn, graph, config or ParallelConfig(), strat, program, graph.in_tree, leaf_types)
+
+
+def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
+         in_strategy=None) -> Strategy:
+    """The Strategy ``compile`` would choose (with its estimated step time and per-device
+    memory), without building anything runnable. Arguments may be ``jax.ShapeDtypeStruct``s,
+    so a model far larger than this machine's memory is planned without allocating it."""
+    return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
+
+
+def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     config = config or ParallelConfig()
     mode = config.parallel_mode
     if mode is ParallelMode.HYBRID_PARALLEL:
@@ -250,8 +264,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
                      tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
                      int(prof[peak_step]), peak_op, config.max_device_memory)
-    leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
-    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
+    return graph, strat, program
 
 
 class ParallelFunction:

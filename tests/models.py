@@ -86,21 +86,28 @@ def adam_init(params):
 
 # ---------------------------------------------------------------- GPT block
 
-def gpt_params(vocab=64, seq=8, d=32, heads=4, layers=1, seed=0):
+def gpt_params(vocab=64, seq=8, d=32, heads=4, layers=1, seed=0, abstract=False):
+    """GPT parameters; ``abstract=True`` gives jax.ShapeDtypeStructs (nothing allocated)."""
     r = _rng(seed)
 
     def w(*shape, scale=0.02):
+        if abstract:
+            return jax.ShapeDtypeStruct(shape, jnp.float32)
         return jnp.asarray(r.normal(0, scale, shape), jnp.float32)
 
-    p = {"wte": w(vocab, d), "wpe": w(seq, d), "lnf_g": jnp.ones((d,)), "lnf_b": jnp.zeros((d,))}
+    def ones(n):
+        return jax.ShapeDtypeStruct((n,), jnp.float32) if abstract else jnp.ones((n,))
+
+    zeros = ones if abstract else (lambda n: jnp.zeros((n,)))
+    p = {"wte": w(vocab, d), "wpe": w(seq, d), "lnf_g": ones(d), "lnf_b": zeros(d)}
     for i in range(layers):
         p[f"h{i}"] = {
-            "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
-            "wqkv": w(d, 3 * d), "bqkv": jnp.zeros((3 * d,)),
-            "wo": w(d, d), "bo": jnp.zeros((d,)),
-            "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
-            "w1": w(d, 4 * d), "b1": jnp.zeros((4 * d,)),
-            "w2": w(4 * d, d), "b2": jnp.zeros((d,)),
+            "ln1_g": ones(d), "ln1_b": zeros(d),
+            "wqkv": w(d, 3 * d), "bqkv": zeros(3 * d),
+            "wo": w(d, d), "bo": zeros(d),
+            "ln2_g": ones(d), "ln2_b": zeros(d),
+            "w1": w(d, 4 * d), "b1": zeros(4 * d),
+            "w2": w(4 * d, d), "b2": zeros(d),
         }
     return p
 
@@ -158,7 +165,9 @@ def gpt_sgd_step(params, batch):
     return loss, sgd(params, grads)
 
 
-def gpt_batch(batch=4, seq=8, vocab=64, seed=1):
+def gpt_batch(batch=4, seq=8, vocab=64, seed=1, abstract=False):
+    if abstract:
+        return (jax.ShapeDtypeStruct((batch, seq), jnp.int32),) * 2
     r = _rng(seed)
     tokens = jnp.asarray(r.integers(0, vocab, (batch, seq)), jnp.int32)
     labels = jnp.asarray(r.integers(0, vocab, (batch, seq)), jnp.int32)
