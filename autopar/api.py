@@ -171,7 +171,8 @@ def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planne
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name)
+    built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
+                          [n for n, _ in names])
     solution = solvers.get(config.search_mode.value)(built.problem)
     choice, inputs = built.assignment(solution.choice)
     return Assignment(choice, inputs, solution.cost)

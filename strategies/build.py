@@ -2,7 +2,7 @@
 
 In: a Graph, a LogicalMesh, the candidate lists of its nodes, fixed argument layouts and a
 ``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's),
-and the per-device memory limit. Out: ``Built``: the ``SearchProblem`` plus what is needed to
+the per-device memory limit and optional argument names. Out: ``Built``: the ``SearchProblem`` plus what is needed to
 read a Solution back (``assignment``).
 
 Problem nodes are the graph inputs (arguments; their candidates are the layouts they may be
@@ -91,7 +91,7 @@ class Built:
 
 
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
-                  name="autopar") -> Built:
+                  name="autopar", arg_names=None) -> Built:
     n_in = len(graph.inputs)
     in_iv, node_iv = live_intervals(graph)
     index = {v.id: i for i, v in enumerate(graph.inputs)}          # value id -> (problem node)
@@ -113,7 +113,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
         costs.append(c)
         usages.append(np.array([local_bytes(l, v, mesh) for l in opts], np.int64))
         intervals.append(in_iv[i])
-        names.append(f"argument {i}")
+        names.append(f"argument {arg_names[i] if arg_names else i}")
     for k, n in enumerate(graph.nodes):
         cs = cands[n.id]
         c = np.array([compute_time(n, cand, mesh) for cand in cs])
