@@ -10,6 +10,8 @@ This is the only module that imports every layer.
 from __future__ import annotations
 
 import math
+import sys
+import time
 
 import jax
 import numpy as np
@@ -160,6 +162,17 @@ def _fixed(config, mesh, graph) -> dict:
             for n in graph.nodes if n.prim == "autopar_shard"}
 
 
+def _progress_printer(name, solver):
+    """Progress messages on stderr, once the search has run for more than a second."""
+    start = time.monotonic()
+
+    def report(message: str) -> None:
+        elapsed = time.monotonic() - start
+        if elapsed > 1.0:
+            print(f"autopar [{name}, {solver}, {elapsed:.1f}s] {message}", file=sys.stderr, flush=True)
+    return report
+
+
 def _search_name(config) -> str:
     mode = config.parallel_mode
     if mode is ParallelMode.AUTO_PARALLEL:
@@ -173,7 +186,9 @@ def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planne
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
                           [n for n, _ in names])
-    solution = solvers.get(config.search_mode.value)(built.problem)
+    solution = solvers.get(config.search_mode.value)(
+        built.problem, time_limit=config.search_time,
+        progress=_progress_printer(name, config.search_mode.value) if config.progress else None)
     choice, inputs = built.assignment(solution.choice)
     return Assignment(choice, inputs, solution.cost)
 

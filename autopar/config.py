@@ -70,6 +70,8 @@ class ParallelConfig:
     gradients_mean: bool = True               # data_parallel: replica gradients are averaged, so
                                               # the step equals the single-device one (False: see README)
     backend: Backend = Backend.JAX            # where compiled steps run
+    search_time: Optional[float] = None       # seconds auto_parallel's solver may take (None: its default)
+    progress: bool = True                     # report searches that run past a second on stderr
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)

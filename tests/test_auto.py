@@ -51,3 +51,14 @@ def test_auto_parallel_gpt_matches_single_device():
     dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel",
                                                                 device_num=4))
     assert c.strategy.step_time <= dp.step_time * 1.05
+
+
+def test_long_searches_report_progress(capsys):
+    p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, search_mode="ilp",
+                            search_time=4.0)
+    ap.plan(m.gpt_sgd_step, p, b, config=cfg)
+    err = capsys.readouterr().err
+    assert "autopar [gpt_sgd_step, ilp," in err
+    ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(progress=False))
+    assert capsys.readouterr().err == ""
