@@ -24,7 +24,7 @@ replicated).
 """
 from __future__ import annotations
 
-import itertools
+import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -168,45 +168,45 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
             if isinstance(x, Value):
                 avail[x.id][want] -= 1
 
-    def neighbours(node):
-        for x in node.inputs:
-            if isinstance(x, Value) and x.id not in arg_ids:
-                yield graph.producer[x.id]
-        for v in node.outputs:
-            for user, _ in graph.users[v.id]:
-                yield user
-
-    order = {}                                     # frontier: node id -> discovery index
-    counter = itertools.count()
-
-    def discover(node):
-        if node.id not in order and node.id not in choice:
-            order[node.id] = next(counter)
+    # Frontier: nodes with a split or partial decided neighbour ("informed"), popped by
+    # (undecided inputs, program order). Counts only fall, so stale heap entries are skipped.
+    informed: set = set()
+    heap: list = []
 
     def undecided_inputs(node):
         return sum(1 for x in node.inputs if isinstance(x, Value) and produced(x) is None)
 
-    for nid in sorted(fixed):
-        for nb in neighbours(graph.nodes[nid]):
-            discover(nb)
-    for i in sorted(arg_layouts):
-        for u, _ in graph.users[graph.inputs[i].id]:
-            discover(u)
-    def uninformed(node) -> bool:
-        """No decided neighbour carries a split or a partial sum (deciding now would only
-        give the replicated candidate, so wait for one that does)."""
-        return all(lay.is_replicated() for lays in neighbour_layouts(node) for lay in lays)
+    def push(node):
+        if node.id not in choice and node.id in informed:
+            heapq.heappush(heap, (undecided_inputs(node), node.id))
 
-    while True:
-        ready = [k for k in order if not uninformed(graph.nodes[k])]
-        if not ready:
-            break
-        nid = min(ready, key=lambda k: (undecided_inputs(graph.nodes[k]), k))
-        del order[nid]
+    def inform(node):
+        informed.add(node.id)
+        push(node)
+
+    def decided(node):
+        """Tell the neighbours of a just-decided node."""
+        c = choice[node.id]
+        for x, want in zip(node.inputs, c.in_layouts):
+            if isinstance(x, Value) and x.id not in arg_ids and not want.is_replicated():
+                inform(graph.producer[x.id])
+        for v, have in zip(node.outputs, c.out_layouts):
+            for user, _ in graph.users[v.id]:
+                inform(user) if not have.is_replicated() else push(user)
+
+    for nid in sorted(fixed):
+        decided(graph.nodes[nid])
+    for i in sorted(arg_layouts):
+        if not arg_layouts[i].is_replicated():
+            for u, _ in graph.users[graph.inputs[i].id]:
+                inform(u)
+    while heap:
+        count, nid = heapq.heappop(heap)
         node = graph.nodes[nid]
+        if nid in choice or count != undecided_inputs(node):
+            continue
         decide(node)
-        for nb in neighbours(node):
-            discover(nb)
+        decided(node)
     for node in graph.nodes:                       # unreached: replicated
         if node.id not in choice:
             choice[node.id] = cands[node.id][0]
