@@ -1,26 +1,25 @@
-"""Local search for large SearchProblems (the IOPDDL contest instances) under a time limit.
+"""Search for large SearchProblems (the IOPDDL contest instances) under a time limit.
 
 In: a ``SearchProblem``, a time limit in seconds (default 60), optionally an initial Solution and
-a ``progress(str)`` callback. Out: a feasible ``Solution`` (``InfeasibleError`` when even the
-smallest strategies break the memory limit).
+a ``progress(str)`` callback (about once a second). Out: a feasible ``Solution``
+(``InfeasibleError`` when even the smallest strategies break the memory limit, or when no
+strategy combination has a finite cost).
 
 Algorithm:
-1. ``reduce`` (reduce.py) shrinks the problem exactly: forbidden strategies and dominated ones
-   go, nodes whose choice is a function of a neighbour's merge into it, leaves fold.
-2. ``_State`` (state.py-like section below) keeps the choice, every node's local cost vector on
-   demand, and the free memory ``slack`` at every kept time step; a node's memory is piecewise
-   constant over its own pieces, so "which strategies fit" is one ``minimum.reduceat`` over the
-   node's span and one comparison of a (strategies, pieces) table.
-3. Start: the least-memory strategy per node, repaired at the worst step until it fits, then
-   descent.
-4. Moves, all exact in memory (a move that breaks the limit is undone):
-   - 1-opt: each node to its cheapest strategy that fits;
-   - tree blocks: grow a random induced tree of the graph, fix every other node, and choose
-     the whole tree's strategies at once by min-sum dynamic programming (leaves to root:
-     ``h_x = unary_x + sum of child messages``, ``msg_x(s_p) = min_s h_x(s) + M_xp(s, s_p)``);
-     each node is restricted to strategies that fit alone, and to ones using no more memory
-     than now wherever the joint answer overflows;
-   - kicks: the same tree DP on noisy costs, followed by descent, kept when it beats the best.
+1. ``reduce`` (reduce.py) shrinks the problem exactly: forbidden and dominated strategies go,
+   nodes whose choice is a function of a neighbour's merge into it, leaves fold.
+2. ``_State`` keeps the choice and the free memory ``slack`` at every kept time step; a node's
+   memory is piecewise constant over its own pieces, so "which strategies fit" is one
+   ``minimum.reduceat`` over the node's span and one comparison of a (strategies, pieces) table.
+3. Start: the least-memory strategy per node, repaired until it fits, then 1-opt descent.
+4. Lagrangian phase: memory prices ``lam_t >= 0`` per kept step turn the limit into node costs
+   (``usage . sum of lam over each piece``); TRW-S message passing (trws.py) minimises the priced
+   cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
+   extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
+   ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
+   priced cost.
+5. MIP phase (region_mip.py, HiGHS): the whole reduced problem when its model is small, else
+   random connected regions with every other node fixed, sized so each solves in seconds.
 The search stops a margin before the time limit, measured from the start of ``solve``.
 """
 from __future__ import annotations
@@ -31,21 +30,23 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
 from .reduce import ReducedProblem, reduce
 from .region_mip import RegionMip
+from .trws import MessagePassing
 
 
 @dataclass(frozen=True)
 class LocalSearchOptions:
-    seed: int = 0                 # random seed (block growth, kicks)
+    seed: int = 0                 # random seed (orders, regions)
     default_time: float = 60.0    # seconds when solve() is given no time limit
-    margin: float = 0.3           # seconds kept back before the time limit (plus expansion time)
-    block_size: int = 200         # most nodes in one tree block
-    kick_noise: float = 0.3       # relative noise on unary costs in a kick
+    margin: float = 0.5           # seconds kept back before the time limit
     whole_mip_columns: int = 400_000   # solve the whole reduced problem as one MIP up to this
-    region_columns: int = 30_000  # starting MIP size of a region (grows/shrinks with success)
-    region_seconds: float = 10.0  # time limit of one region MIP
+    lagrangian_share: float = 0.6      # share of the time for the Lagrangian phase otherwise
+    lagrangian_sweeps: int = 3    # TRW-S sweeps per price update
+    region_columns: int = 10_000  # starting MIP size of a region (grows/shrinks with success)
+    region_seconds: float = 8.0   # time limit of one region MIP
     progress_every: float = 1.0   # seconds between progress messages
 
 
@@ -57,14 +58,26 @@ class _State:
         self.r = r
         self.n = n
         self.cost = [c.astype(np.float64) for c in r.node_costs]
+        self.sizes = np.array([len(c) for c in self.cost], np.int64)
         self.nbrs = [[] for _ in range(n)]       # (w, M oriented (x, w))
         for (u, v), m in zip(r.edges, r.edge_costs):
             self.nbrs[u].append((int(v), m))
             self.nbrs[v].append((int(u), m.T))
         self.nbr_ids = [np.array([w for w, _ in nb], np.int64) for nb in self.nbrs]
+        self._flat(r)
         self._memory_tables(r)
         self.choice = np.zeros(n, np.int64)
         self.slack = r.capacity.astype(np.int64).copy()
+
+    def _flat(self, r: ReducedProblem):
+        self.node_off = np.concatenate([[0], np.cumsum(self.sizes)])[:-1]
+        self.node_flat = np.concatenate(self.cost) if self.n else np.zeros(0)
+        esz = np.array([m.size for m in r.edge_costs], np.int64)
+        self.edge_off = np.concatenate([[0], np.cumsum(esz)])[:-1]
+        self.edge_flat = (np.concatenate([m.ravel() for m in r.edge_costs]) if len(esz)
+                          else np.zeros(0))
+        self.eu, self.ev = r.edges[:, 0], r.edges[:, 1]
+        self.esv = self.sizes[self.ev] if len(esz) else np.zeros(0, np.int64)
 
     def _memory_tables(self, r: ReducedProblem):
         by_node = [[] for _ in range(self.n)]
@@ -88,35 +101,49 @@ class _State:
             self.starts.append((cuts[:-1] - cuts[0]).astype(np.intp))
             self.lens.append(np.diff(cuts))
             self.table.append(np.cumsum(d, 1)[:, :-1])
+        self.has_memory = np.array([d is not None for d in self.table], bool)
 
     # ------------------------------------------------------------------ queries
-    def local(self, x, choice=None) -> np.ndarray:
-        """Cost of each strategy of ``x`` with its neighbours as in ``choice``."""
-        ch = self.choice if choice is None else choice
+    def local(self, x) -> np.ndarray:
+        """Cost of each strategy of ``x`` with its neighbours as now."""
         out = self.cost[x].copy()
+        ch = self.choice
         for w, m in self.nbrs[x]:
             out += m[:, ch[w]]
         return out
 
+    def avail(self, x) -> np.ndarray:
+        """Memory ``x`` may use per piece with every other node as now."""
+        lo, hi = self.span[x]
+        return np.minimum.reduceat(self.slack[lo:hi], self.starts[x]) + \
+            self.table[x][self.choice[x]]
+
     def fits(self, x) -> np.ndarray:
         """Strategies of ``x`` that fit with every other node as now."""
-        d = self.table[x]
-        if d is None:
+        if self.table[x] is None:
             return np.ones(len(self.cost[x]), bool)
-        lo, hi = self.span[x]
-        avail = np.minimum.reduceat(self.slack[lo:hi], self.starts[x]) + d[self.choice[x]]
-        return (d <= avail).all(1)
-
-    def usage_use(self, x) -> np.ndarray:
-        """Memory-time of each strategy of ``x`` (for ranking, not for feasibility)."""
-        d = self.table[x]
-        if d is None:
-            return np.zeros(len(self.cost[x]))
-        return (d * self.lens[x]).sum(1).astype(np.float64)
+        return (self.table[x] <= self.avail(x)).all(1)
 
     def total(self, choice=None) -> float:
         ch = self.choice if choice is None else choice
-        return self.r.cost(ch)
+        if self.n == 0:
+            return self.r.offset
+        out = self.r.offset + float(self.node_flat[self.node_off + ch].sum())
+        if len(self.eu):
+            out += float(self.edge_flat[self.edge_off + ch[self.eu] * self.esv + ch[self.ev]].sum())
+        return out
+
+    def price(self, lam) -> list:
+        """Node costs plus memory priced at ``lam`` per byte and kept step."""
+        out = []
+        for x in range(self.n):
+            d = self.table[x]
+            if d is None:
+                out.append(self.cost[x])
+            else:
+                lo, hi = self.span[x]
+                out.append(self.cost[x] + d @ np.add.reduceat(lam[lo:hi], self.starts[x]))
+        return out
 
     # ------------------------------------------------------------------ updates
     def set(self, x, s):
@@ -139,12 +166,17 @@ class _State:
 
     def load(self, choice):
         self.choice = np.asarray(choice, np.int64).copy()
-        self.slack = self.r.capacity.astype(np.int64).copy()
-        for x in range(self.n):
-            d = self.table[x]
-            if d is not None:
-                lo, hi = self.span[x]
-                self.slack[lo:hi] -= np.repeat(d[self.choice[x]], self.lens[x])
+        delta = np.zeros(len(self.slack) + 1, np.int64)
+        for x in np.flatnonzero(self.has_memory):
+            lo, hi = self.span[x]
+            d = self.table[x][self.choice[x]]
+            cuts = self.starts[x] + lo
+            np.add.at(delta, cuts, d)
+            np.add.at(delta, np.append(cuts[1:], hi), -d)
+        self.slack = self.r.capacity.astype(np.int64) - np.cumsum(delta)[:-1]
+
+    def overflow(self) -> bool:
+        return bool(self.slack.size) and int(self.slack.min()) < 0
 
 
 class _Search:
@@ -159,7 +191,6 @@ class _Search:
         self.last_report = started
         self.best = None
         self.best_cost = np.inf
-        self.moves = 0
         self.optimal = False
         self.mip = RegionMip(st.r)
 
@@ -171,56 +202,67 @@ class _Search:
         if self.progress is not None and now - self.last_report >= self.opts.progress_every:
             self.last_report = now
             self.progress(f"local_search {now - self.started:6.1f}s {what}: best "
-                          f"{self.best_cost:.6g}, {self.moves} moves")
+                          f"{self.best_cost:.6g}")
 
-    def remember(self):
-        if self.st.slack.size and self.st.slack.min() < 0:
-            return
+    def remember(self) -> bool:
+        if self.st.overflow():
+            return False
         c = self.st.total()
         if c < self.best_cost:
             self.best_cost = c
             self.best = self.st.choice.copy()
+            return True
+        return False
 
-    # ------------------------------------------------------------------ start
+    def restore(self):
+        self.st.load(self.best)
+
+    # ------------------------------------------------------------------ start, repair
     def initial(self):
         st = self.st
+        choice = np.zeros(st.n, np.int64)
         for x in range(st.n):
-            use = st.usage_use(x)
-            st.choice[x] = int(np.lexsort((st.cost[x], use))[0])
-        st.load(st.choice)
-        self.repair()
+            d = st.table[x]
+            use = (d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
+            choice[x] = int(np.lexsort((st.cost[x], use))[0])
+        st.load(choice)
+        self.repair(np.inf)
 
-    def repair(self):
-        """Move nodes live at the worst step to less memory there until everything fits."""
+    def repair(self, seconds: float) -> bool:
+        """Move nodes live at overflowing steps until everything fits (or time runs out):
+        each to the strategy with the least extra cost per byte of overflow it removes."""
         st = self.st
-        while st.slack.size and st.slack.min() < 0 and self.time_left() > 0:
-            t = int(np.argmin(st.slack))
-            best = None
-            for x in np.flatnonzero((st.span[:, 0] <= t) & (st.span[:, 1] > t)):
-                d = st.table[x]
-                p = int(np.searchsorted(st.starts[x], t - st.span[x, 0], side="right")) - 1
-                gain = d[st.choice[x], p] - d[:, p]
+        end = min(self.deadline, time.monotonic() + seconds)
+        while st.overflow() and time.monotonic() < end:
+            over = np.concatenate([[0], np.cumsum(st.slack < 0)])
+            touch = (over[st.span[:, 1]] - over[st.span[:, 0]] > 0) & st.has_memory
+            moved = False
+            for x in self.rng.permutation(np.flatnonzero(touch)):
+                d, cur = st.table[x], st.choice[x]
+                excess = np.maximum(d - st.avail(x), 0).sum(1)
+                if excess[cur] == 0:
+                    continue
+                gain = excess[cur] - excess
                 if gain.max() <= 0:
                     continue
                 loc = st.local(x)
-                extra = loc - loc[st.choice[x]]
-                score = np.where(gain > 0, (np.maximum(extra, 0) + 1) / np.maximum(gain, 1),
-                                 np.inf)
-                s = int(np.argmin(score))
-                if best is None or score[s] < best[0]:
-                    best = (score[s], x, s)
-            if best is None:
+                score = np.where(gain > 0, (np.maximum(loc - loc[cur], 0) + 1.0)
+                                 / np.maximum(gain, 1), np.inf)
+                st.set(x, int(np.argmin(score)))
+                moved = True
+            if not moved:
                 break
-            st.set(best[1], best[2])
+        return not st.overflow()
 
     # ------------------------------------------------------------------ 1-opt
     def descend(self, nodes=None):
-        """Best-improvement 1-opt over ``nodes`` (all by default) until no move helps."""
+        """1-opt over ``nodes`` (all by default): each to its cheapest strategy that fits,
+        revisiting neighbours of moved nodes, until no move helps."""
         st = self.st
-        todo = list(range(st.n)) if nodes is None else list(nodes)
+        todo = list(range(st.n)) if nodes is None else [int(x) for x in nodes]
+        self.rng.shuffle(todo)
         queued = np.zeros(st.n, bool)
         queued[todo] = True
-        self.rng.shuffle(todo)
         head = 0
         while head < len(todo):
             if head % 256 == 0 and self.time_left() <= 0:
@@ -234,120 +276,40 @@ class _Search:
             s = int(np.argmin(loc))
             if loc[s] < loc[cur]:
                 st.set(x, s)
-                self.moves += 1
                 for w in st.nbr_ids[x]:
                     if not queued[w]:
                         queued[w] = True
                         todo.append(int(w))
 
-    # ------------------------------------------------------------------ tree blocks
-    def grow_tree(self, root, size):
-        """A random induced tree from ``root``: (nodes in order, parent of each)."""
-        st = self.st
-        inside = {root: -1}
-        touch = {}
-        frontier = []
-        order = [root]
-        for w in st.nbr_ids[root]:
-            touch[int(w)] = root
-            frontier.append(int(w))
-        while frontier and len(order) < size:
-            i = int(self.rng.integers(len(frontier)))
-            frontier[i], frontier[-1] = frontier[-1], frontier[i]
-            y = frontier.pop()
-            if y in inside or touch.get(y, -2) == -2:
-                continue
-            inside[y] = touch[y]
-            order.append(y)
-            for w in st.nbr_ids[y]:
-                w = int(w)
-                if w in inside:
-                    continue
-                if w in touch:
-                    touch[w] = -2            # a second neighbour inside: would close a cycle
-                else:
-                    touch[w] = y
-                    frontier.append(w)
-        return order, [inside[x] for x in order]
+    # ------------------------------------------------------------------ Lagrangian phase
+    def lagrangian(self, until: float):
+        st, r = self.st, self.st.r
+        mp = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
+        lam = np.zeros(len(st.slack))
+        step, stale = 1.0, 0
+        while time.monotonic() < until and self.time_left() > 0:
+            x = mp.sweep(st.price(lam), self.opts.lagrangian_sweeps)
+            st.load(x)
+            g = -st.slack.astype(np.float64)            # usage - capacity
+            priced = st.total() + float(lam @ g)
+            move = np.where(lam > 0, g, np.maximum(g, 0))
+            norm = float(move @ move)
+            if norm > 0 and np.isfinite(self.best_cost):
+                size = step * max(self.best_cost - priced, 0.02 * self.best_cost) / norm
+                lam = np.maximum(lam + size * move, 0.0)
+            better = False
+            if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
+                self.descend()
+                better = self.remember()
+            stale = 0 if better else stale + 1
+            if stale >= 4:
+                step, stale = max(step / 2, 1 / 64), 0
+            self.report("lagrangian")
 
-    def tree_dp(self, order, parent, noise=0.0, monotone=()):
-        """Choose strategies for the tree ``order`` (others fixed) by min-sum DP; returns the
-        new strategies and the change in true cost (negative: better)."""
-        st = self.st
-        pos = {x: i for i, x in enumerate(order)}
-        unary, true_unary = [], []
-        for x, p in zip(order, parent):
-            u = st.cost[x].copy()
-            for w, m in st.nbrs[x]:
-                if w not in pos:
-                    u += m[:, st.choice[w]]
-            true_unary.append(u.copy())
-            if noise:
-                u = u * (1 + noise * self.rng.random(len(u)))
-            ok = st.fits(x)
-            if x in monotone and st.table[x] is not None:
-                d = st.table[x]
-                ok &= (d <= d[st.choice[x]]).all(1)
-            ok[st.choice[x]] = True
-            u[~ok] = np.inf
-            unary.append(u)
-        edge = {}
-        for x, p in zip(order, parent):
-            if p >= 0:
-                for w, m in st.nbrs[x]:
-                    if w == p:
-                        edge[x] = m
-                        break
-        h = [u.copy() for u in unary]
-        arg = {}
-        for i in range(len(order) - 1, 0, -1):
-            x, p = order[i], parent[i]
-            tot = h[i][:, None] + edge[x]
-            a = np.argmin(tot, 0)
-            arg[x] = a
-            h[pos[p]] += tot[a, np.arange(tot.shape[1])]
-        new = {order[0]: int(np.argmin(h[0]))}
-        for i in range(1, len(order)):
-            x = order[i]
-            new[x] = int(arg[x][new[parent[i]]])
-        delta = 0.0
-        for i, x in enumerate(order):
-            delta += true_unary[i][new[x]] - true_unary[i][st.choice[x]]
-            if parent[i] >= 0:
-                m, p = edge[x], parent[i]
-                delta += m[new[x], new[p]] - m[st.choice[x], st.choice[p]]
-        return new, delta
-
-    def apply(self, new):
-        """Set the strategies ``new``; undo them and return False if memory overflows."""
-        st = self.st
-        old = {x: int(st.choice[x]) for x in new}
-        for x, s in new.items():
-            st.set(x, s)
-        if st.min_slack(new) >= 0:
-            return True
-        for x, s in old.items():
-            st.set(x, s)
-        return False
-
-    def block_move(self, root, size, noise=0.0):
-        order, parent = self.grow_tree(root, size)
-        new, delta = self.tree_dp(order, parent, noise)
-        if noise == 0.0 and delta >= 0:
-            return False, order
-        if self.apply(new):
-            self.moves += 1
-            return True, order
-        new, delta = self.tree_dp(order, parent, noise, monotone=set(order))
-        if (noise == 0.0 and delta >= 0) or not self.apply(new):
-            return False, order
-        self.moves += 1
-        return True, order
-
-    # ------------------------------------------------------------------ region MIP
+    # ------------------------------------------------------------------ MIP phase
     def grow_region(self, root, budget):
         """A BFS ball from ``root`` whose MIP has about ``budget`` columns."""
-        st, sizes = self.st, self.mip.sizes
+        st, sizes = self.st, self.st.sizes
         inside = np.zeros(st.n, bool)
         inside[root] = True
         order, cols, head = [root], int(sizes[root]), 0
@@ -366,56 +328,71 @@ class _Search:
                 cols += add
         return order
 
-    def region_move(self, nodes, time_limit):
+    @staticmethod
+    def mip_seconds(left: float) -> float:
+        """HiGHS' limit for ``left`` seconds: it overruns by its last check and the model
+        build, so ask for less."""
+        return 0.85 * left - 0.3
+
+    def region_move(self, nodes, time_limit, gap=1e-6):
         """Solve the region exactly; keep the answer when it fits and is cheaper."""
         st = self.st
-        res = self.mip.solve(st.choice, st.slack, nodes, time_limit)
+        res = self.mip.solve(st.choice, st.slack, nodes, time_limit, gap)
         if res.choice is None:
-            return res, False
+            return res
         before = st.total()
         old = st.choice[res.nodes].copy()
         for x, s in zip(res.nodes, res.choice):
             st.set(int(x), int(s))
         if st.min_slack(res.nodes) >= 0 and st.total() < before:
-            self.moves += 1
-            return res, True
+            self.descend(res.nodes)
+            self.remember()
+            return res
         for x, s in zip(res.nodes, old):
             st.set(int(x), int(s))
-        return res, False
+        return res
+
+    def regions(self):
+        budget = float(self.opts.region_columns)
+        while self.time_left() > 0.5:
+            nodes = self.grow_region(int(self.rng.integers(self.st.n)), budget)
+            limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
+            t0 = time.monotonic()
+            res = self.region_move(nodes, limit)
+            took = time.monotonic() - t0
+            if res.optimal and took < 0.3 * limit:
+                budget *= 1.2
+            elif not res.optimal:
+                budget *= 0.7
+            self.report(f"regions of ~{int(budget)} columns")
 
     # ------------------------------------------------------------------ driver
     def run(self):
         st = self.st
         if st.n == 0:
-            self.best = st.choice.copy()
-            self.best_cost = st.total()
+            self.best, self.best_cost = st.choice.copy(), st.total()
             return
         self.initial()
         self.descend()
         self.remember()
         self.report("start")
-        everything = int(self.mip.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
-        if everything <= self.opts.whole_mip_columns:
-            res, _ = self.region_move(np.arange(st.n), self.time_left())
-            self.remember()
+        everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
+        whole = everything <= self.opts.whole_mip_columns
+        left = self.time_left()
+        share = min(0.15 * left, 10.0) if whole else self.opts.lagrangian_share * left
+        if st.has_memory.any() or not whole:
+            self.lagrangian(time.monotonic() + share)
+        if self.best is not None:
+            self.restore()
+        if whole:
+            res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
+                                   0.0 if everything < 20_000 else 1e-6)
             self.report("whole MIP")
-            if res.optimal:
-                self.optimal = True
+            if res.optimal and res.choice is not None:
+                self.optimal = everything < 20_000
                 return
-        budget = float(self.opts.region_columns)
-        while self.time_left() > 0.5:
-            root = int(self.rng.integers(st.n))
-            nodes = self.grow_region(root, budget)
-            limit = min(self.time_left() - 0.2, self.opts.region_seconds)
-            t0 = time.monotonic()
-            res, better = self.region_move(nodes, limit)
-            took = time.monotonic() - t0
-            if res.optimal and took < 0.3 * limit:
-                budget *= 1.3
-            elif not res.optimal:
-                budget *= 0.7
-            self.remember()
-            self.report(f"regions of ~{int(budget)} columns")
+        self.regions()
+
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
           options: LocalSearchOptions = LocalSearchOptions()) -> Solution:
@@ -424,15 +401,17 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     limit = options.default_time if time_limit is None else float(time_limit)
     red = reduce(problem)
     st = _State(red)
-    expand_time = 0.02 + 2e-6 * problem.num_nodes
+    expand_time = 0.02 + 3e-6 * problem.num_nodes
     deadline = started + limit - options.margin - expand_time
     search = _Search(st, options, deadline, progress, started)
     search.run()
-    best = search.best
-    if initial is not None and problem.feasible(initial.choice):
-        if best is None or problem.cost(initial.choice) < search.best_cost:
-            return Solution.of(problem, initial.choice, "local_search",
-                               time.monotonic() - started)
-    choice = red.expand(best if best is not None else st.choice)
-    return Solution.of(problem, choice, "local_search", time.monotonic() - started,
+    if search.best is None and (initial is None or not problem.feasible(initial.choice)):
+        raise InfeasibleError(
+            f"problem {problem.name!r}: no choice of finite cost within the memory limit of "
+            f"{problem.usage_limit} was found in {limit:g} s.")
+    seconds = time.monotonic() - started
+    if initial is not None and problem.feasible(initial.choice) and (
+            search.best is None or problem.cost(initial.choice) < search.best_cost):
+        return Solution.of(problem, initial.choice, "local_search", seconds)
+    return Solution.of(problem, red.expand(search.best), "local_search", seconds,
                        optimal=search.optimal)

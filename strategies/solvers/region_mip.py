@@ -122,6 +122,9 @@ class RegionMip:
             ncol += k
         a = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                               shape=(nrow, ncol))
+        forbidden = ~np.isfinite(cost)
+        cost[forbidden] = 0.0
+        ub[forbidden] = 0.0
         integrality = np.zeros(ncol)
         integrality[:nx] = 1
         res = milp(cost, constraints=LinearConstraint(a, lo, hi), integrality=integrality,

@@ -1,0 +1,150 @@
+"""local_search and the exact reductions against brute force on tiny random problems, the
+IOPDDL example, and IOPDDL problem G under a short time limit."""
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autopar.errors import InfeasibleError
+from autopar.strategies.problem import SearchProblem
+from autopar.strategies.solvers import local_search
+from autopar.strategies.solvers.reduce import reduce
+
+IOPDDL = Path(__file__).resolve().parents[2] / "shared" / "iopddl"
+INF = 1e18
+
+
+def random_problem(seed: int) -> SearchProblem:
+    """A tiny problem with the features the reductions act on: forbidden strategies and pairs,
+    functional edges, leaves, single strategies, parallel edges, empty intervals."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 7))
+    sizes = rng.integers(1, 4, n)
+    while np.prod(sizes) > 400:
+        sizes[np.argmax(sizes)] -= 1
+    costs = [rng.integers(0, 20, k).astype(float) for k in sizes]
+    for c in costs:
+        if len(c) > 1 and rng.random() < 0.2:
+            c[rng.integers(len(c))] = INF
+    usages = [rng.integers(1, 10, k) for k in sizes]
+    starts = rng.integers(0, 8, n)
+    intervals = np.stack([starts, starts + rng.integers(0, 6, n)], 1)
+    edges, ecosts = [], []
+    for _ in range(int(rng.integers(n - 1, 2 * n + 1))):
+        u, v = rng.choice(n, 2, replace=False) if rng.random() < 0.9 else rng.choice(n, 2)
+        m = rng.integers(0, 30, (sizes[u], sizes[v])).astype(float)
+        kind = rng.random()
+        if kind < 0.3:                      # functional: one allowed v per u
+            allowed = np.zeros_like(m, bool)
+            allowed[np.arange(sizes[u]), rng.integers(0, sizes[v], sizes[u])] = True
+            m[~allowed] = INF
+        elif kind < 0.45:
+            m[rng.random(m.shape) < 0.3] = INF
+        edges.append((int(u), int(v)))
+        ecosts.append(m)
+    lo = sum(int(u.min()) for u in usages)
+    hi = sum(int(u.max()) for u in usages)
+    limit = int(rng.integers(lo // 2, hi + 1))
+    p = SearchProblem(tuple(costs), tuple(usages), intervals.astype(np.int64),
+                      np.asarray(edges, np.int64).reshape(-1, 2), tuple(ecosts), limit,
+                      f"random{seed}")
+    return p
+
+
+def brute_force(p: SearchProblem):
+    """Cheapest finite cost over memory-feasible choices (None when there is none)."""
+    best = None
+    for choice in itertools.product(*[range(len(c)) for c in p.node_costs]):
+        c = p.cost(choice)
+        if c < 1e17 and p.feasible(choice) and (best is None or c < best):
+            best = c
+    return best
+
+
+def brute_force_reduced(r):
+    best = None
+    for choice in itertools.product(*[range(len(c)) for c in r.node_costs]):
+        c = r.cost(choice)
+        if np.isfinite(c) and r.feasible(choice) and (best is None or c < best):
+            best = c
+    return best
+
+
+def test_example_is_445():
+    p = SearchProblem.load(IOPDDL / "example.json")
+    sol = local_search.solve(p, time_limit=5)
+    assert sol.cost == 445
+    assert p.feasible(sol.choice)
+
+
+def test_random_problems_against_brute_force():
+    seen, equal = 0, 0
+    for seed in range(60):
+        p = random_problem(seed)
+        opt = brute_force(p)
+        if opt is None:
+            continue
+        seen += 1
+        sol = local_search.solve(p, time_limit=2)
+        assert p.feasible(sol.choice), seed
+        assert sol.cost >= opt, seed
+        equal += sol.cost == opt
+    assert seen >= 25
+    assert equal >= 0.9 * seen
+
+
+def test_infeasible_memory_raises():
+    p = random_problem(3)
+    tight = SearchProblem(p.node_costs, p.node_usages, p.intervals, p.edges, p.edge_costs,
+                          0, "tight")
+    if all(e <= s for s, e in p.intervals):
+        pytest.fail("generator gave no live interval")
+    with pytest.raises(InfeasibleError):
+        local_search.solve(tight, time_limit=1)
+
+
+def test_reductions_map_back_exactly():
+    checked = 0
+    for seed in range(60):
+        p = random_problem(seed)
+        opt = brute_force(p)
+        if opt is None:
+            continue
+        r = reduce(p)
+        assert r.num_nodes <= p.num_nodes
+        assert brute_force_reduced(r) == opt, seed
+        # every reduced choice is an original one of the same cost and the same feasibility
+        for choice in itertools.islice(
+                itertools.product(*[range(len(c)) for c in r.node_costs]), 200):
+            full = r.expand(choice)
+            assert (full >= 0).all()
+            if np.isfinite(r.cost(choice)):
+                assert p.cost(full) == pytest.approx(r.cost(choice)), seed
+            else:
+                assert p.cost(full) >= 1e17, seed
+            assert p.feasible(full) == r.feasible(choice), seed
+        checked += 1
+    assert checked >= 25
+
+
+def test_reductions_shrink_functional_chain():
+    # a chain where each edge allows one strategy of the next per strategy of the previous
+    k, n = 3, 6
+    eye = np.where(np.eye(k) > 0, 1.0, INF)
+    p = SearchProblem(tuple(np.arange(k, dtype=float) + i for i in range(n)),
+                      tuple(np.full(k, 1, np.int64) for _ in range(n)),
+                      np.array([[0, 1]] * n, np.int64),
+                      np.array([(i, i + 1) for i in range(n - 1)], np.int64),
+                      tuple(eye for _ in range(n - 1)), None, "chain")
+    r = reduce(p)
+    assert r.num_nodes == 0
+    assert p.cost(r.expand([])) == brute_force(p) == sum(range(n)) + n - 1
+
+
+def test_problem_g_in_ten_seconds():
+    p = SearchProblem.load(IOPDDL / "asplos-2025-iopddl-G.json.gz")
+    sol = local_search.solve(p, time_limit=10)
+    assert p.feasible(sol.choice)
+    assert sol.cost <= 1.5 * 217_039
+    assert sol.seconds <= 10.5
