@@ -32,7 +32,7 @@ import numpy as np
 
 from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
-from .reduce import ReducedProblem, reduce
+from .reduce import ReducedProblem, reduce, restrict
 from .region_mip import RegionMip
 from .trws import MessagePassing
 
@@ -43,7 +43,9 @@ class LocalSearchOptions:
     default_time: float = 60.0    # seconds when solve() is given no time limit
     margin: float = 0.5           # seconds kept back before the time limit
     whole_mip_columns: int = 400_000   # solve the whole reduced problem as one MIP up to this
-    lagrangian_share: float = 0.6      # share of the time for the Lagrangian phase otherwise
+    lagrangian_share: float = 0.5      # share of the time for the Lagrangian phase otherwise
+    pool_size: int = 40           # Lagrangian solutions whose strategies the merge LP offers
+    merge_share: float = 0.5      # most of the time left that the merge LP may take
     lagrangian_sweeps: int = 3    # TRW-S sweeps per price update
     region_columns: int = 10_000  # starting MIP size of a region (grows/shrinks with success)
     region_seconds: float = 8.0   # time limit of one region MIP
@@ -193,6 +195,8 @@ class _Search:
         self.best_cost = np.inf
         self.optimal = False
         self.mip = RegionMip(st.r)
+        self.pool = []                # solutions met in the Lagrangian phase
+        self.start = None
 
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -297,14 +301,36 @@ class _Search:
             if norm > 0 and np.isfinite(self.best_cost):
                 size = step * max(self.best_cost - priced, 0.02 * self.best_cost) / norm
                 lam = np.maximum(lam + size * move, 0.0)
+            self.pool.append(x)
             better = False
             if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
                 self.descend()
                 better = self.remember()
+                self.pool.append(st.choice.copy())
             stale = 0 if better else stale + 1
             if stale >= 4:
                 step, stale = max(step / 2, 1 / 64), 0
             self.report("lagrangian")
+
+    # ------------------------------------------------------------------ merge phase
+    def merge(self, seconds: float) -> tuple:
+        """LP over the strategies the pooled solutions use, rounded, repaired and descended;
+        returns the nodes the LP left fractional."""
+        st = self.st
+        pool = self.pool[-self.opts.pool_size:] + [self.best, self.start]
+        keep = [np.unique([s[x] for s in pool]) for x in range(st.n)]
+        sub = RegionMip(restrict(st.r, keep))
+        self.restore()
+        base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
+        res = sub.relax(base, st.slack, np.arange(st.n), self.mip_seconds(seconds))
+        if res.choice is None:
+            return ()
+        st.load(np.array([k[s] for k, s in zip(keep, res.choice)], np.int64))
+        if self.repair(max(1.0, 0.1 * self.time_left())):
+            self.descend()
+            self.remember()
+        self.report("merged")
+        return res.unsure
 
     # ------------------------------------------------------------------ MIP phase
     def grow_region(self, root, budget):
@@ -330,9 +356,9 @@ class _Search:
 
     @staticmethod
     def mip_seconds(left: float) -> float:
-        """HiGHS' limit for ``left`` seconds: it overruns by its last check and the model
-        build, so ask for less."""
-        return 0.85 * left - 0.3
+        """HiGHS' limit for ``left`` seconds: it overruns its limit by up to a fifth (the
+        limit is checked between steps), so ask for less."""
+        return 0.8 * left - 0.2
 
     def region_move(self, nodes, time_limit, gap=1e-6):
         """Solve the region exactly; keep the answer when it fits and is cheaper."""
@@ -352,10 +378,14 @@ class _Search:
             st.set(int(x), int(s))
         return res
 
-    def regions(self):
+    def regions(self, seeds=()):
+        """Region MIPs around ``seeds`` first, then around random nodes, until time runs out."""
         budget = float(self.opts.region_columns)
+        seeds = list(seeds)
+        self.rng.shuffle(seeds)
         while self.time_left() > 0.5:
-            nodes = self.grow_region(int(self.rng.integers(self.st.n)), budget)
+            root = seeds.pop() if seeds else int(self.rng.integers(self.st.n))
+            nodes = self.grow_region(root, budget)
             limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
             t0 = time.monotonic()
             res = self.region_move(nodes, limit)
@@ -375,6 +405,7 @@ class _Search:
         self.initial()
         self.descend()
         self.remember()
+        self.start = st.choice.copy()
         self.report("start")
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
         whole = everything <= self.opts.whole_mip_columns
@@ -384,6 +415,10 @@ class _Search:
             self.lagrangian(time.monotonic() + share)
         if self.best is not None:
             self.restore()
+        unsure = ()
+        if not whole and self.best is not None:
+            unsure = self.merge(self.opts.merge_share * self.time_left())
+            self.restore()
         if whole:
             res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
                                    0.0 if everything < 20_000 else 1e-6)
@@ -391,7 +426,7 @@ class _Search:
             if res.optimal and res.choice is not None:
                 self.optimal = everything < 20_000
                 return
-        self.regions()
+        self.regions(unsure)
 
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,

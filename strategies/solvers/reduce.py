@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -79,6 +80,19 @@ class ReducedProblem:
             out[ids] = maps[:, int(s)]
         return out
 
+    def encode(self, choice) -> Optional[np.ndarray]:
+        """The reduced choice that expands to the original ``choice`` (None when none does)."""
+        choice = np.asarray(choice, np.int64)
+        if ((self.fixed >= 0) & (self.fixed != choice)).any():
+            return None
+        out = np.zeros(self.num_nodes, np.int64)
+        for x, (ids, maps) in enumerate(zip(self.member_ids, self.member_maps)):
+            hit = np.flatnonzero((maps == choice[ids][:, None]).all(0))
+            if len(hit) == 0:
+                return None
+            out[x] = hit[0]
+        return out
+
     def cost(self, choice) -> float:
         c = np.asarray(choice)
         total = self.offset + sum(float(nc[s]) for nc, s in zip(self.node_costs, c))
@@ -103,14 +117,15 @@ class _Work:
     def __init__(self, p: SearchProblem):
         n = p.num_nodes
         self.p = p
+        self.n = n
+        self.live = p.intervals[:, 1] > p.intervals[:, 0]
+        self.fixed = np.full(n, -1, np.int64)
+        self.offset = 0.0
         self.cost = [np.where(c >= FORBIDDEN, np.inf, c.astype(np.float64)) for c in p.node_costs]
         self.ids = [np.array([i], np.int64) for i in range(n)]
         self.maps = [np.arange(len(c), dtype=np.int64)[None, :] for c in p.node_costs]
-        self.live = p.intervals[:, 1] > p.intervals[:, 0]
         self.adj = [dict() for _ in range(n)]
         self.alive = np.ones(n, bool)
-        self.fixed = np.full(n, -1, np.int64)
-        self.offset = 0.0
         self.var_ids, self.var_use = [], []
         for i, u in enumerate(p.node_usages):
             varies = bool(self.live[i] and u.min() != u.max())
@@ -294,8 +309,8 @@ class _Work:
 def reduce(problem: SearchProblem) -> ReducedProblem:
     """Apply the reductions of the module docstring until none applies."""
     w = _Work(problem)
-    queue = deque(range(problem.num_nodes))
-    queued = np.ones(problem.num_nodes, bool)
+    queue = deque(range(w.n))
+    queued = np.ones(w.n, bool)
     pending = deque()
     while queue:
         x = queue.popleft()
@@ -309,10 +324,21 @@ def reduce(problem: SearchProblem) -> ReducedProblem:
     return _finish(w)
 
 
+def restrict(r: ReducedProblem, keep) -> ReducedProblem:
+    """``r`` with node ``x`` limited to the strategies ``keep[x]`` (sorted index arrays). Not
+    exact -- a restriction -- but its answers are answers of ``r``'s original problem."""
+    return ReducedProblem(
+        r.original, tuple(c[k] for c, k in zip(r.node_costs, keep)), r.edges,
+        tuple(m[np.ix_(keep[u], keep[v])] for (u, v), m in zip(r.edges, r.edge_costs)),
+        r.member_ids, tuple(m[:, k] for m, k in zip(r.member_maps, keep)), r.fixed, r.offset,
+        r.capacity, tuple(MemoryTerm(t.node, t.lo, t.hi, t.usage[keep[t.node]])
+                          for t in r.terms))
+
+
 def _finish(w: _Work) -> ReducedProblem:
     p = w.p
     keep = np.flatnonzero(w.alive)
-    index = np.full(p.num_nodes, -1, np.int64)
+    index = np.full(w.n, -1, np.int64)
     index[keep] = np.arange(len(keep))
     edges, ecosts = [], []
     for x in keep:

@@ -3,7 +3,8 @@
 In: a ``ReducedProblem``, the current choice and its memory ``slack`` (capacity left per kept
 step), the region's nodes and a time limit. Out: a ``RegionResult``: the region's new
 strategies (None when HiGHS found nothing in time), whether HiGHS proved them optimal for the
-region, and the model size. The caller checks memory exactly and keeps the answer only if it
+region, and the model size. ``solve`` runs the MIP; ``relax`` the LP relaxation, rounded to
+each node's largest value, and names the nodes whose values were fractional. The caller checks memory exactly and keeps the answer only if it
 is better; a region of every node is the whole problem.
 
 Model (the local polytope of the pairwise cost, exact because ``x`` is binary):
@@ -20,12 +21,13 @@ each term appears twice, not once per step:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import scipy.sparse as sparse
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from .reduce import ReducedProblem, dominated_steps
 
@@ -36,6 +38,25 @@ class RegionResult:
     choice: Optional[np.ndarray]    # their new strategies, None when none was found
     optimal: bool                   # HiGHS proved it optimal for the region
     variables: int                  # model columns
+    unsure: tuple = ()              # nodes whose LP values were fractional (relax only)
+
+
+@dataclass(frozen=True, eq=False)
+class _Model:
+    nodes: np.ndarray
+    xoff: np.ndarray        # first column of each node's x
+    cost: np.ndarray        # objective, scaled
+    a: object               # sparse equality rows (memory as equalities on U columns)
+    rhs: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    nx: int                 # number of x columns (the binaries)
+
+    def pick(self, values) -> np.ndarray:
+        """Each node's strategy with the largest ``x``."""
+        xs = values[:self.nx]
+        return np.array([int(np.argmax(xs[a:b])) for a, b in zip(self.xoff[:-1], self.xoff[1:])],
+                        np.int64)
 
 
 class RegionMip:
@@ -60,8 +81,8 @@ class RegionMip:
         both = inside[e[:, 0]] & inside[e[:, 1]]
         return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
 
-    def solve(self, choice, slack, nodes, time_limit: float,
-              gap: float = 1e-6) -> RegionResult:
+    def build(self, choice, slack, nodes) -> "_Model":
+        """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``)."""
         r = self.r
         nodes = np.asarray(sorted(set(int(x) for x in nodes)), np.int64)
         local = np.full(r.num_nodes, -1, np.int64)
@@ -104,7 +125,6 @@ class RegionMip:
         ncol = int(yoff[-1])
         mem = self._memory(choice, slack, nodes, xoff, local, nrow, ncol)
         cost = np.concatenate(unary + [m.ravel() for m in mats])
-        lo, hi = rhs, rhs
         lb, ub = np.zeros(ncol), np.ones(ncol)
         if mem is not None:
             mrows, mcols, mvals, cap = mem
@@ -112,31 +132,49 @@ class RegionMip:
             rows.append(mrows)
             cols.append(mcols)
             vals.append(mvals)
-            lo = np.concatenate([lo, np.zeros(k)])
-            hi = lo.copy()
-            hi[:nrow] = rhs
+            rhs = np.concatenate([rhs, np.zeros(k)])
             cost = np.concatenate([cost, np.zeros(k)])
             lb = np.concatenate([lb, np.full(k, -np.inf)])
             ub = np.concatenate([ub, cap])
             nrow += k
             ncol += k
-        a = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                              shape=(nrow, ncol))
         forbidden = ~np.isfinite(cost)
         cost[forbidden] = 0.0
         ub[forbidden] = 0.0
-        integrality = np.zeros(ncol)
-        integrality[:nx] = 1
-        res = milp(cost, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lb, ub),
+        a = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                              shape=(nrow, ncol))
+        # HiGHS works best with objective coefficients of moderate size
+        scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
+        return _Model(nodes, xoff, cost / scale, a, rhs, lb, ub, nx)
+
+    def solve(self, choice, slack, nodes, time_limit: float,
+              gap: float = 1e-6) -> RegionResult:
+        """The region's MIP, built and solved by HiGHS within about ``time_limit`` seconds."""
+        t0 = time.monotonic()
+        m = self.build(choice, slack, nodes)
+        time_limit -= time.monotonic() - t0
+        integrality = np.zeros(len(m.cost))
+        integrality[:m.nx] = 1
+        res = milp(m.cost, constraints=LinearConstraint(m.a, m.rhs, m.rhs),
+                   integrality=integrality, bounds=Bounds(m.lb, m.ub),
                    options={"time_limit": max(0.05, float(time_limit)), "disp": False,
                             "mip_rel_gap": gap})
         if res.x is None:
-            return RegionResult(nodes, None, False, ncol)
-        xs = res.x[:nx]
-        new = np.array([int(np.argmax(xs[xoff[i]:xoff[i + 1]])) for i in range(len(nodes))],
-                       np.int64)
-        return RegionResult(nodes, new, res.status == 0, ncol)
+            return RegionResult(m.nodes, None, False, len(m.cost))
+        return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost))
+
+    def relax(self, choice, slack, nodes, time_limit: float) -> RegionResult:
+        """The region's LP relaxation, rounded to each node's largest ``x``."""
+        t0 = time.monotonic()
+        m = self.build(choice, slack, nodes)
+        time_limit -= time.monotonic() - t0
+        res = linprog(m.cost, A_eq=m.a, b_eq=m.rhs, bounds=np.stack([m.lb, m.ub], 1),
+                      method="highs", options={"time_limit": max(0.05, float(time_limit))})
+        if res.x is None or res.status != 0:
+            return RegionResult(m.nodes, None, False, len(m.cost))
+        top = np.maximum.reduceat(res.x[:m.nx], m.xoff[:-1])
+        unsure = tuple(int(x) for x in m.nodes[top < 1 - 1e-6])
+        return RegionResult(m.nodes, m.pick(res.x), False, len(m.cost), unsure)
 
     def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
         """Rows of the running-sum memory model, or None when the region cannot overflow."""
