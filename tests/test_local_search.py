@@ -10,22 +10,24 @@ from autopar.errors import InfeasibleError
 from autopar.strategies.problem import SearchProblem
 from autopar.strategies.solvers import local_search
 from autopar.strategies.solvers.reduce import reduce
+from autopar.strategies.solvers.trws import MessagePassing
 
 IOPDDL = Path(__file__).resolve().parents[2] / "shared" / "iopddl"
 INF = 1e18
 
 
-def random_problem(seed: int) -> SearchProblem:
-    """A tiny problem with the features the reductions act on: forbidden strategies and pairs,
-    functional edges, leaves, single strategies, parallel edges, empty intervals."""
+def random_problem(seed: int, nodes=(2, 7), most=400, forbid=True) -> SearchProblem:
+    """A tiny problem with the features the reductions act on: forbidden strategies and pairs
+    (unless ``forbid`` is False), functional edges, leaves, single strategies, parallel edges,
+    empty intervals; at most ``most`` choices in all."""
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, 7))
-    sizes = rng.integers(1, 4, n)
-    while np.prod(sizes) > 400:
+    n = int(rng.integers(*nodes))
+    sizes = rng.integers(1 if forbid else 2, 4, n)
+    while np.prod(sizes) > most:
         sizes[np.argmax(sizes)] -= 1
     costs = [rng.integers(0, 20, k).astype(float) for k in sizes]
     for c in costs:
-        if len(c) > 1 and rng.random() < 0.2:
+        if forbid and len(c) > 1 and rng.random() < 0.2:
             c[rng.integers(len(c))] = INF
     usages = [rng.integers(1, 10, k) for k in sizes]
     starts = rng.integers(0, 8, n)
@@ -34,7 +36,7 @@ def random_problem(seed: int) -> SearchProblem:
     for _ in range(int(rng.integers(n - 1, 2 * n + 1))):
         u, v = rng.choice(n, 2, replace=False) if rng.random() < 0.9 else rng.choice(n, 2)
         m = rng.integers(0, 30, (sizes[u], sizes[v])).astype(float)
-        kind = rng.random()
+        kind = rng.random() if forbid else 1.0
         if kind < 0.3:                      # functional: one allowed v per u
             allowed = np.zeros_like(m, bool)
             allowed[np.arange(sizes[u]), rng.integers(0, sizes[v], sizes[u])] = True
@@ -124,8 +126,41 @@ def test_reductions_map_back_exactly():
             else:
                 assert p.cost(full) >= 1e17, seed
             assert p.feasible(full) == r.feasible(choice), seed
+            assert (r.expand(r.encode(full)) == full).all(), seed
         checked += 1
     assert checked >= 25
+
+
+def test_every_phase_on_tiny_problems():
+    # no whole-problem MIP: the Lagrangian, merge and region phases answer alone
+    opts = local_search.LocalSearchOptions(whole_mip_columns=0, region_columns=30)
+    searched = 0
+    for seed in range(8):
+        p = random_problem(100 + seed, nodes=(7, 9), most=3000, forbid=False)
+        opt = brute_force(p)
+        if opt is None:
+            continue
+        searched += reduce(p).num_nodes > 2
+        sol = local_search.solve(p, time_limit=0.6, options=opts)
+        assert p.feasible(sol.choice), seed
+        assert opt <= sol.cost < 1e17, seed
+    assert searched >= 4
+
+
+def test_message_passing_is_exact_on_trees():
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        n = int(rng.integers(2, 7))
+        sizes = rng.integers(1, 4, n)
+        edges = [(int(rng.integers(i)), i) for i in range(1, n)]
+        mats = [rng.integers(0, 20, (sizes[u], sizes[v])).astype(float) for u, v in edges]
+        unary = [rng.integers(0, 20, k).astype(float) for k in sizes]
+        mp = MessagePassing(n, sizes, np.array(edges).reshape(-1, 2), mats)
+        x = mp.sweep(unary, 3)
+        p = SearchProblem(tuple(unary), tuple(np.ones(k, np.int64) for k in sizes),
+                          np.zeros((n, 2), np.int64), np.array(edges).reshape(-1, 2),
+                          tuple(mats), None, "tree")
+        assert p.cost(x) == brute_force(p)
 
 
 def test_reductions_shrink_functional_chain():

@@ -41,7 +41,8 @@ from .trws import MessagePassing
 class LocalSearchOptions:
     seed: int = 0                 # random seed (orders, regions)
     default_time: float = 60.0    # seconds when solve() is given no time limit
-    margin: float = 0.5           # seconds kept back before the time limit
+    margin: float = 0.5           # seconds kept back before the time limit (at most a tenth) ...
+    margin_share: float = 0.01    # ... plus this share of it (HiGHS overruns, expansion)
     whole_mip_columns: int = 400_000   # solve the whole reduced problem as one MIP up to this
     lagrangian_share: float = 0.5      # share of the time for the Lagrangian phase otherwise
     pool_size: int = 40           # Lagrangian solutions whose strategies the merge LP offers
@@ -298,8 +299,9 @@ class _Search:
             priced = st.total() + float(lam @ g)
             move = np.where(lam > 0, g, np.maximum(g, 0))
             norm = float(move @ move)
-            if norm > 0 and np.isfinite(self.best_cost):
-                size = step * max(self.best_cost - priced, 0.02 * self.best_cost) / norm
+            if norm > 0:
+                ref = self.best_cost if np.isfinite(self.best_cost) else abs(priced) + 1.0
+                size = step * max(ref - priced, 0.02 * ref) / norm
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
             better = False
@@ -314,23 +316,34 @@ class _Search:
 
     # ------------------------------------------------------------------ merge phase
     def merge(self, seconds: float) -> tuple:
-        """LP over the strategies the pooled solutions use, rounded, repaired and descended;
-        returns the nodes the LP left fractional."""
+        """LP over the strategies the pooled solutions use, rounded; the nodes it left
+        fractional and their neighbours re-solved as a MIP over the same strategies; then
+        repaired and descended. Returns the fractional nodes."""
         st = self.st
-        pool = self.pool[-self.opts.pool_size:] + [self.best, self.start]
-        keep = [np.unique([s[x] for s in pool]) for x in range(st.n)]
+        end = time.monotonic() + seconds
+        pool = self.pool[::max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
+        keep = [np.unique([s[x] for s in pool + [self.best, self.start]]) for x in range(st.n)]
         sub = RegionMip(restrict(st.r, keep))
         self.restore()
         base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
-        res = sub.relax(base, st.slack, np.arange(st.n), self.mip_seconds(seconds))
+        res = sub.relax(base, st.slack, np.arange(st.n), self.mip_seconds(0.7 * seconds))
         if res.choice is None:
             return ()
-        st.load(np.array([k[s] for k, s in zip(keep, res.choice)], np.int64))
+        choice = res.choice.copy()
+        unsure = np.array(res.unsure, np.int64)
+        if len(unsure):
+            st.load(np.array([k[s] for k, s in zip(keep, choice)], np.int64))
+            near = np.unique(np.concatenate([unsure] + [st.nbr_ids[x] for x in unsure]))
+            fix = sub.solve(choice, st.slack, near, self.mip_seconds(end - time.monotonic()),
+                            1e-4)
+            if fix.choice is not None:
+                choice[fix.nodes] = fix.choice
+        st.load(np.array([k[s] for k, s in zip(keep, choice)], np.int64))
         if self.repair(max(1.0, 0.1 * self.time_left())):
             self.descend()
             self.remember()
         self.report("merged")
-        return res.unsure
+        return tuple(int(x) for x in unsure)
 
     # ------------------------------------------------------------------ MIP phase
     def grow_region(self, root, budget):
@@ -358,7 +371,7 @@ class _Search:
     def mip_seconds(left: float) -> float:
         """HiGHS' limit for ``left`` seconds: it overruns its limit by up to a fifth (the
         limit is checked between steps), so ask for less."""
-        return 0.8 * left - 0.2
+        return 0.8 * left - 0.1
 
     def region_move(self, nodes, time_limit, gap=1e-6):
         """Solve the region exactly; keep the answer when it fits and is cheaper."""
@@ -383,10 +396,12 @@ class _Search:
         budget = float(self.opts.region_columns)
         seeds = list(seeds)
         self.rng.shuffle(seeds)
-        while self.time_left() > 0.5:
+        while True:
+            limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
+            if limit < 0.05:
+                return
             root = seeds.pop() if seeds else int(self.rng.integers(self.st.n))
             nodes = self.grow_region(root, budget)
-            limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
             t0 = time.monotonic()
             res = self.region_move(nodes, limit)
             took = time.monotonic() - t0
@@ -397,7 +412,9 @@ class _Search:
             self.report(f"regions of ~{int(budget)} columns")
 
     # ------------------------------------------------------------------ driver
-    def run(self):
+    def run(self, seed: Optional[np.ndarray] = None):
+        """The phases of the module docstring; ``seed``, a reduced choice, competes with the
+        least-memory start."""
         st = self.st
         if st.n == 0:
             self.best, self.best_cost = st.choice.copy(), st.total()
@@ -406,6 +423,11 @@ class _Search:
         self.descend()
         self.remember()
         self.start = st.choice.copy()
+        if seed is not None:
+            st.load(seed)
+            if not st.overflow():
+                self.descend()
+                self.remember()
         self.report("start")
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
         whole = everything <= self.opts.whole_mip_columns
@@ -437,9 +459,14 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     red = reduce(problem)
     st = _State(red)
     expand_time = 0.02 + 3e-6 * problem.num_nodes
-    deadline = started + limit - options.margin - expand_time
+    margin = min(options.margin, 0.1 * limit) + options.margin_share * limit + expand_time
+    deadline = started + limit - margin
     search = _Search(st, options, deadline, progress, started)
-    search.run()
+    if progress is not None:
+        progress(f"local_search {time.monotonic() - started:6.1f}s reduced {problem.num_nodes} "
+                 f"nodes to {red.num_nodes} ({int(st.sizes.sum())} strategies, "
+                 f"{red.num_edges} edges)")
+    search.run(None if initial is None else red.encode(initial.choice))
     if search.best is None and (initial is None or not problem.feasible(initial.choice)):
         raise InfeasibleError(
             f"problem {problem.name!r}: no choice of finite cost within the memory limit of "
