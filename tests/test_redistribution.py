@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -537,21 +536,14 @@ def test_apply_steps_group_index_and_errors():
                               in_specs=P(), out_specs=P(), check_vma=False))(np.zeros(4, F32))
 
 
-def test_planning_is_fast(case):
-    """The propagation search calls the planner thousands of times: a cold planner plans every
-    pair of the rank-3 (2,2,2) case (over 10k pairs) in a few seconds, and memo hits are cheap."""
+def test_plans_are_memoised(case):
+    """The propagation search calls the planner thousands of times: a repeated query returns the
+    very same Plan object instead of searching again (planning speed is in benchmarks)."""
     c = case((2, 2, 2), (4, 6, 4))
     pl = Planner(c.mesh)
-    t = time.perf_counter()
-    for src, dst in c.plans:
-        pl.plan(src, dst, c.shape, F32)
-    cold = time.perf_counter() - t
-    t = time.perf_counter()
-    for src, dst in c.plans:
-        pl.plan(src, dst, c.shape, F32)
-    warm = time.perf_counter() - t
+    first = [pl.plan(src, dst, c.shape, F32) for src, dst in c.plans]
     assert len(c.plans) > 10000
-    assert cold < 10.0 and warm < 1.0, (cold, warm)
+    assert all(pl.plan(src, dst, c.shape, F32) is p for (src, dst), p in zip(c.plans, first))
 
 
 def test_grouped_axes_move_as_one_collective():
