@@ -16,15 +16,16 @@ import time
 import jax
 import numpy as np
 
-from .config import Backend, ParallelConfig, ParallelMode
+from .config import Backend, ParallelConfig, ParallelMode, SearchMode
 from .errors import ConfigError, LayoutError
 from .graph import type_str
 from .layout import Layout
-from .strategies import solvers
+from .strategies import recursive, solvers
 from .strategies.build import build_problem, memory_profile
 from .strategies.cost_model import compute_time, output_bytes
 from .strategies.candidates import identity_candidate
-from .strategies.propagation import Assignment, candidates_of, propagate
+from .strategies.candidates import candidates_of
+from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
 from .redistribution.planner import Planner
@@ -180,17 +181,51 @@ def _search_name(config) -> str:
     return "sharding_propagation" if mode is ParallelMode.SEMI_AUTO_PARALLEL else "none"
 
 
+def _state_pairs(graph) -> tuple:
+    """(graph input, graph output) leaf positions of the state a step threads through: each
+    top-level result that repeats an argument's pytree structure, shapes and dtypes (new
+    parameters, new optimizer state) is paired leaf by leaf with the first such argument."""
+    n_in, n_out = len(graph.inputs), len(graph.outputs)
+    args = jax.tree.unflatten(graph.in_tree, range(n_in))
+    outs = jax.tree.unflatten(graph.out_tree, range(n_out))
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    typ = lambda x: (tuple(x.shape), np.dtype(x.dtype))
+    pairs, used = [], set()
+    for out in outs:
+        o_leaves, o_tree = jax.tree.flatten(out)
+        for a, arg in enumerate(args):
+            a_leaves, a_tree = jax.tree.flatten(arg)
+            if a not in used and a_tree == o_tree and all(
+                    typ(graph.inputs[i]) == typ(graph.outputs[j]) for i, j in zip(a_leaves, o_leaves)):
+                used.add(a)
+                pairs += zip(a_leaves, o_leaves)
+                break
+    return tuple(pairs)
+
+
 def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
-                          [n for n, _ in names])
+                          [n for n, _ in names], state_pairs=_state_pairs(graph))
     solution = solvers.get(config.search_mode.value)(
         built.problem, time_limit=config.search_time,
         progress=_progress_printer(name, config.search_mode.value) if config.progress else None)
     choice, inputs = built.assignment(solution.choice)
     return Assignment(choice, inputs, solution.cost)
+
+
+def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, fixed, name):
+    """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
+    solved by dynamic programming (strategies/recursive.py)."""
+    fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
+    return recursive.search(
+        graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()}, fixed_args, seconds,
+        config.max_device_memory, solvers.get("dynamic_programming"), time_limit=config.search_time,
+        progress=_progress_printer(name, "recursive_programming") if config.progress else None,
+        name=name, arg_names=[n for n, _ in names], state_pairs=_state_pairs(graph))
 
 
 def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
@@ -248,24 +283,34 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     mesh = config.mesh()
     batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
         [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
+    t0 = time.monotonic()
     graph = trace(fn, *args)
+    t_trace = time.monotonic()
     names = _leaf_names(args)
     planner = Planner(mesh)
-    cands = candidates_of(graph, mesh)
     fixed = _fixed(config, mesh, graph)
-    for nid, layout in fixed.items():                 # annotated values keep their layout
-        cands[nid] = [identity_candidate(layout)]
-    if strategy is not None:
-        assignment = _from_strategy(strategy, graph, mesh, cands)
-    elif mode is ParallelMode.AUTO_PARALLEL:
-        assignment = _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner,
-                             cands, getattr(fn, "__name__", "step"))
+    name = getattr(fn, "__name__", "step")
+    if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
+            config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
+        assignment = _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names,
+                                planner, fixed, name)
     else:
-        arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
-        def cost(s, d, shape, dtype):
-            steps, seconds = plan_steps(planner, s, d, shape, dtype)
-            return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
-        assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
+        cands = candidates_of(graph, mesh)
+        for nid, layout in fixed.items():                 # annotated values keep their layout
+            cands[nid] = [identity_candidate(layout)]
+        if strategy is not None:
+            assignment = _from_strategy(strategy, graph, mesh, cands)
+        elif mode is ParallelMode.AUTO_PARALLEL:
+            assignment = _search(config, mesh, graph, args, batch_argnums, in_strategy, names,
+                                 planner, cands, name)
+        else:
+            arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+
+            def cost(s, d, shape, dtype):
+                steps, seconds = plan_steps(planner, s, d, shape, dtype)
+                return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
+            assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
+    t_search = time.monotonic()
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
@@ -279,7 +324,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
                      tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
-                     int(prof[peak_step]), peak_op, config.max_device_memory)
+                     int(prof[peak_step]), peak_op, config.max_device_memory,
+                     (("trace", t_trace - t0), ("search", t_search - t_trace),
+                      ("lower", time.monotonic() - t_search)))
     return graph, strat, program
 
 

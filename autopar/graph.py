@@ -8,6 +8,7 @@ order, use lists, and ``str(graph)``: a stable printed form for golden tests, e.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -67,12 +68,31 @@ class Node:
     def name(self) -> str:
         return f"{self.prim}.{self.id}"
 
+    @cached_property
+    def signature(self) -> str:
+        """What the operator computes, without value ids: primitive, parameters and operand and
+        result types (constants marked). Nodes with equal signatures have the same candidates,
+        costs and memory, which lets planning reuse work across repeated layers."""
+        ins = ",".join(_const_sig(x) if isinstance(x, Const) else type_str(x.shape, x.dtype)
+                       for x in self.inputs)
+        outs = ",".join(type_str(v.shape, v.dtype) for v in self.outputs)
+        ps = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if v is not None)
+        return f"{self.prim}({ins})->{outs}{{{ps}}}"
+
     def __str__(self) -> str:
         outs = ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.outputs)
         ins = ", ".join(str(i) for i in self.inputs)
         ps = ", ".join(f"{k}={_param_str(v)}" for k, v in sorted(self.params.items())
                        if k not in _HIDDEN_PARAMS and v is not None)
         return f"{outs} = {self.prim}({ins})" + (f" {{{ps}}}" if ps else "")
+
+
+def _const_sig(c: Const) -> str:
+    """A constant's part of a signature: scalars by value, arrays by type (and whether all zero,
+    which some rules check)."""
+    if c.shape == ():
+        return f"{c}:{c.dtype}"
+    return f"const:{type_str(c.shape, c.dtype)}" + (":0" if not np.any(np.asarray(c.value)) else "")
 
 
 _HIDDEN_PARAMS = {"sharding", "out_sharding", "precision", "preferred_element_type",

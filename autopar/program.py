@@ -108,11 +108,11 @@ class Segment:
 def segment(instructions, avals, final_reads) -> tuple:
     """Group runs of Compute into Segments. ``avals``: register -> (local shape, dtype);
     ``final_reads``: registers read after the last instruction (the results)."""
-    later = [set(final_reads)]
-    for ins in reversed(instructions):                  # registers read at or after each point
-        reads = set(ins.inputs if isinstance(ins, Compute) else [ins.src])
-        later.append(later[-1] | {r for r in reads if isinstance(r, int)})
-    later.reverse()                                     # later[i]: read by instructions[i:] or results
+    last = {r: len(instructions) for r in final_reads}  # register -> index of its last reader
+    for i, ins in enumerate(instructions):
+        for r in (ins.inputs if isinstance(ins, Compute) else [ins.src]):
+            if isinstance(r, int):
+                last[r] = max(last.get(r, -1), i)
     out, run, start = [], [], 0
     for i, ins in enumerate(list(instructions) + [None]):
         if isinstance(ins, Compute):
@@ -124,7 +124,7 @@ def segment(instructions, avals, final_reads) -> tuple:
             made = {o for c in run for o in c.outputs}
             reads = [r for c in run for r in c.inputs if isinstance(r, int) and r not in made]
             ins_regs = tuple(dict.fromkeys(reads))
-            outs = tuple(o for c in run for o in c.outputs if o in later[i])
+            outs = tuple(o for c in run for o in c.outputs if last.get(o, -1) >= i)
             out.append(Segment(tuple(run), ins_regs, outs, tuple(avals[r] for r in ins_regs)))
             run = []
         if ins is not None:

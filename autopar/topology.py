@@ -15,11 +15,14 @@ from .errors import ConfigError
 @dataclass(frozen=True)
 class Level:
     """One level of the hierarchy: ``size`` children joined by links of latency ``alpha``
-    (seconds per message) and inverse bandwidth ``beta`` (seconds per byte)."""
+    (seconds per message) and inverse bandwidth ``beta`` (seconds per byte); ``launch``:
+    seconds each collective call costs once, on top of its messages (waking the ranks,
+    a kernel launch), so one all-reduce is cheaper than a reduce-scatter plus an all-gather."""
     name: str
     size: int
     alpha: float
     beta: float
+    launch: float = 0.0
 
     def __str__(self) -> str:
         return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s"
@@ -36,8 +39,9 @@ class Topology:
         if not self.levels:
             raise ConfigError("Topology needs at least one level; use Topology.local(n).")
         for lv in self.levels:
-            if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0:
-                raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0.")
+            if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0 or lv.launch < 0:
+                raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
+                                  "launch >= 0.")
 
     @property
     def num_devices(self) -> int:
@@ -46,14 +50,16 @@ class Topology:
     @staticmethod
     def local(n: int) -> "Topology":
         """This machine: ``n`` ranks sharing one host's memory (constants from ../shared/PEERS.md:
-        a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth)."""
-        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
+        a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth, and about
+        25 us to wake oversubscribed ranks per call: Open MPI's 4-rank 4 KB all-reduce takes
+        57 us, its six ring hand-offs 30)."""
+        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9, launch=25e-6),))
 
     @staticmethod
     def cluster(hosts: int, per_host: int = 8, nic_gbps: float = 200.0) -> "Topology":
         """GPU hosts with ``per_host`` NVLink-connected devices joined by ``nic_gbps`` NICs."""
-        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9)),
-                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9)),
+        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9), launch=8e-6),
+                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9, launch=8e-6)),
                         flops=300e12, mem_bandwidth=2e12)
 
     def __str__(self) -> str:

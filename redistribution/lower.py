@@ -58,7 +58,7 @@ class _Lowerer:
     def __init__(self, graph, choice, in_layouts, mesh, planner):
         self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
         self.instructions = []
-        self.where = {}            # (value id, Layout) -> register
+        self.where = {}            # value id -> {Layout: register}
         self.layout = {}           # value id -> produced layout
         self.next_reg = 0
         self.inputs = []
@@ -67,7 +67,7 @@ class _Lowerer:
             r = self.new_reg()
             self.avals[r] = (l.local_shape(v.shape, mesh), np.dtype(v.dtype))
             self.inputs.append(r)
-            self.where[(v.id, l)] = r
+            self.where[v.id] = {l: r}
             self.layout[v.id] = l
 
     def new_reg(self) -> int:
@@ -81,13 +81,13 @@ class _Lowerer:
             if want == have:
                 return x, 0.0
         else:
-            if (x.id, want) in self.where:
-                return self.where[(x.id, want)], 0.0
+            held = self.where[x.id]
+            if want in held:
+                return held[want], 0.0
             # read from the cheapest layout the value already exists in
-            have = min((l for (vid, l) in self.where if vid == x.id),
-                       key=lambda l: (plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
-                                      l != self.layout[x.id]))
-            src = self.where[(x.id, have)]
+            have = min(held, key=lambda l: (plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
+                                            l != self.layout[x.id]))
+            src = held[have]
         steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
         cur = have
         for step in steps:
@@ -105,7 +105,7 @@ class _Lowerer:
             self.avals[out] = (nxt.local_shape(x.shape, self.mesh), np.dtype(x.dtype))
             src, cur = out, nxt
             if not isinstance(x, Const):
-                self.where[(x.id, cur)] = out
+                self.where[x.id][cur] = out
         return src, cost
 
     def run(self):
@@ -125,7 +125,7 @@ class _Lowerer:
             for v, l, shp in zip(node.outputs, cand.out_layouts, out_shapes):
                 r = self.new_reg()
                 self.avals[r] = (tuple(shp), np.dtype(v.dtype))
-                self.where[(v.id, l)] = r
+                self.where[v.id] = {l: r}
                 self.layout[v.id] = l
                 outs.append(r)
             self.instructions.append(Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes)))

@@ -111,7 +111,8 @@ class Planner:
         self.mesh = mesh
         self._size = dict(zip(mesh.axis_names, mesh.shape))
         self._order = {a: i for i, a in enumerate(mesh.axis_names)}
-        self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta) for a in mesh.axis_names}
+        self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta, mesh.level(a).launch)
+                     for a in mesh.axis_names}
         self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
         self._searches: dict = {}    # (src state, kept partial, shape, itemsize) -> _Search
         self._edges: dict = {}       # (shape, itemsize) -> {state: moves}
@@ -158,7 +159,9 @@ class Planner:
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         alpha = max(self._lvl[a][0] for a in axes)
         beta = max(self._lvl[a][1] for a in axes)
-        return collective_time(kind, nbytes, math.prod(self._size[a] for a in axes), alpha, beta)
+        seconds, algo = collective_time(kind, nbytes, math.prod(self._size[a] for a in axes),
+                                        alpha, beta)
+        return seconds + max(self._lvl[a][2] for a in axes), algo
 
     def _fail(self, src, dst, shape, why: str):
         raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "

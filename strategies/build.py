@@ -11,7 +11,8 @@ compute time of the candidate (cost_model) plus, for a graph result, the time to
 replicated. Usage = the local bytes of the node's output(s); the live interval runs from the
 producing step to the last reading step (arguments and results: the whole step). Edge (u, v)
 per operand: cost matrix ``reshard(out layout of u's candidate -> in layout v's candidate
-reads)``, computed once per distinct layout pair.
+reads)``, computed once per distinct layout pair; per state pair (argument, producer of its
+new value): 0 where the layouts agree, ``STATE_PENALTY`` elsewhere.
 """
 from __future__ import annotations
 
@@ -20,12 +21,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.graph import Value
+from autopar.graph import Value, type_str
 from autopar.layout import Layout
 
 from .candidates import Candidate
 from .cost_model import compute_time, local_bytes, output_bytes
 from .problem import SearchProblem
+
+
+# Seconds charged when a returned state leaf (a new parameter, new optimizer state) is produced
+# in a layout other than its argument's (the next step would have to reshard it), and when an
+# operator reads a state argument through a collective (gathering a parameter before use).
+# Both are optimizer parallelism (ZeRO / FSDP, issue 5), not plain auto_parallel: state is
+# stored as its operators read it, as MindSpore does without its parallel optimizer. A soft
+# constraint: a plan breaks it only when nothing else fits the memory cap. Returned state is
+# charged its gather like every result: the step returns it replicated.
+STATE_PENALTY = 1e6
+
+
+def _state_read(seconds: float) -> float:
+    return seconds + STATE_PENALTY if seconds > 0 else seconds
 
 
 def live_intervals(graph):
@@ -63,11 +78,14 @@ def memory_profile(graph, choice, input_layouts, mesh) -> np.ndarray:
     return np.cumsum(prof)[:-1]
 
 
-def arg_layouts(value, mesh) -> list[Layout]:
-    """Every non-partial layout of an argument (axes on one dimension in mesh order)."""
+def arg_layouts(value, mesh, picks=None) -> list[Layout]:
+    """Every non-partial layout of an argument (axes on one dimension in mesh order); ``picks``
+    (per combination, per mesh axis of size > 1: None or a dimension) restricts them."""
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
+    if picks is None:
+        picks = itertools.product([None, *range(len(value.shape))], repeat=len(axes))
     out = []
-    for pick in itertools.product([None, *range(len(value.shape))], repeat=len(axes)):
+    for pick in picks:
         dims = tuple(tuple(a for a, d in zip(axes, pick) if d == i) for i in range(len(value.shape)))
         lay = Layout(dims)
         if all(s % c == 0 for s, c in zip(value.shape, lay.splits(mesh))):
@@ -91,7 +109,13 @@ class Built:
 
 
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
-                  name="autopar", arg_names=None) -> Built:
+                  name="autopar", arg_names=None, arg_options=None, state_pairs=()) -> Built:
+    """The SearchProblem of ``graph`` (see the module docstring). ``arg_options`` (per graph
+    input, its candidate layouts) overrides the fixed/every-layout default. ``state_pairs``:
+    (graph input, graph output) positions of state the step threads through (new parameters,
+    new optimizer state): see ``STATE_PENALTY``. Costs, usages and edge matrices are computed
+    once per distinct (operator signature, candidate list) and shared, read-only, by every node
+    and edge that repeats them (the layers of a deep model)."""
     n_in = len(graph.inputs)
     in_iv, node_iv = live_intervals(graph)
     index = {v.id: i for i, v in enumerate(graph.inputs)}          # value id -> (problem node)
@@ -100,31 +124,55 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
         for j, v in enumerate(n.outputs):
             index[v.id] = n_in + k
             out_index[v.id] = j
+    state_args = {i for i, _ in state_pairs}
     result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    if arg_options is None:
+        arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
+                            for i, v in enumerate(graph.inputs))
+    memo: dict = {}
 
-    arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
-                        for i, v in enumerate(graph.inputs))
+    def shared(key, make):
+        if key not in memo:
+            arr = make()
+            arr.setflags(write=False)
+            memo[key] = arr
+        return memo[key]
+
+    def to_replicated(layouts, v):
+        return _by_layout(layouts, lambda l: reshard_cost(l, Layout.replicated(len(v.shape)),
+                                                          v.shape, v.dtype))
+
     costs, usages, intervals, names = [], [], [], []
+    src_keys = []                    # per problem node: its key as an edge source
     for i, v in enumerate(graph.inputs):
         opts = arg_options[i]
-        c = np.zeros(len(opts))
-        if v.id in result_ids:
-            c += [reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype) for l in opts]
-        costs.append(c)
-        usages.append(np.array([local_bytes(l, v, mesh) for l in opts], np.int64))
+        key = ("arg", type_str(v.shape, v.dtype), id(opts))
+        res = v.id in result_ids
+        costs.append(shared(key + ("cost", res), lambda: to_replicated(opts, v) if res
+                            else np.zeros(len(opts))))
+        usages.append(shared(key + ("usage",), lambda: np.array(
+            [local_bytes(l, v, mesh) for l in opts], np.int64)))
         intervals.append(in_iv[i])
         names.append(f"argument {arg_names[i] if arg_names else i}")
+        src_keys.append(key)
+    sigs = [n.signature for n in graph.nodes]
     for k, n in enumerate(graph.nodes):
         cs = cands[n.id]
-        c = np.array([compute_time(n, cand, mesh) for cand in cs])
-        for j, v in enumerate(n.outputs):
-            if v.id in result_ids:
-                c += _by_layout([cand.out_layouts[j] for cand in cs],
-                                lambda l: reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype))
-        costs.append(c)
-        usages.append(np.array([output_bytes(n, cand, mesh) for cand in cs], np.int64))
+        key = (sigs[k], id(cs))
+        res = tuple(v.id in result_ids for v in n.outputs)
+
+        def node_cost(n=n, cs=cs, res=res):
+            c = np.array([compute_time(n, cand, mesh) for cand in cs])
+            for j, v in enumerate(n.outputs):
+                if res[j]:
+                    c += to_replicated([cand.out_layouts[j] for cand in cs], v)
+            return c
+        costs.append(shared(key + ("cost", res), node_cost))
+        usages.append(shared(key + ("usage",), lambda n=n, cs=cs: np.array(
+            [output_bytes(n, cand, mesh) for cand in cs], np.int64)))
         intervals.append(node_iv[k])
         names.append(f"{n.name} ({n.source})" if n.source else n.name)
+        src_keys.append(key)
 
     edges, ecosts = [], []
     for k, n in enumerate(graph.nodes):
@@ -134,13 +182,27 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
                 continue
             u_idx = index[x.id]
             if u_idx < n_in:
-                src = arg_options[u_idx]
+                src, j = arg_options[u_idx], 0
             else:
                 j = out_index[x.id]
                 src = [cand.out_layouts[j] for cand in cands[graph.nodes[u_idx - n_in].id]]
-            dst = [cand.in_layouts[pos] for cand in cands[n.id]]
+            dst = cands[n.id]
+            state = u_idx in state_args
             edges.append((u_idx, v_idx))
-            ecosts.append(_matrix(src, dst, lambda s, d: reshard_cost(s, d, x.shape, x.dtype)))
+            ecosts.append(shared(("edge", src_keys[u_idx], j, src_keys[v_idx], pos, state), lambda: _matrix(
+                src, [cand.in_layouts[pos] for cand in dst],
+                lambda s, d: _state_read(reshard_cost(s, d, x.shape, x.dtype)) if state
+                else reshard_cost(s, d, x.shape, x.dtype))))
+    for i, j in state_pairs:
+        o = graph.outputs[j]
+        if not isinstance(o, Value) or o.id not in out_index:
+            continue                       # a constant, or the argument returned unchanged
+        v_idx, k = index[o.id], out_index[o.id]
+        dst = cands[graph.nodes[v_idx - n_in].id]
+        edges.append((i, v_idx))
+        ecosts.append(shared(("state", src_keys[i], src_keys[v_idx], k), lambda: _matrix(
+            arg_options[i], [cand.out_layouts[k] for cand in dst],
+            lambda a, b: 0.0 if a == b else STATE_PENALTY)))
     problem = SearchProblem(tuple(costs), tuple(usages), np.array(intervals, np.int64).reshape(-1, 2),
                             np.array(edges, np.int64).reshape(-1, 2), tuple(ecosts), usage_limit,
                             name, tuple(names))

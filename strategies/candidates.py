@@ -19,6 +19,7 @@ from autopar.graph import Const
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
 
+from .rules import rule_for
 from .rules.spec import OpSpec
 
 
@@ -44,7 +45,12 @@ def _is_float(dtype) -> bool:
     return np.issubdtype(np.dtype(dtype), np.inexact)
 
 
-def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh) -> list[Candidate]:
+def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh, picks=None,
+                         group=None) -> list[Candidate]:
+    """Every candidate (see the module docstring). ``picks`` restricts the enumeration to the
+    given per-axis choices (one tuple per combination, over the mesh axes of size > 1: None,
+    a letter of the spec, or "+" for a partial input) and ``group`` to one linear group; the
+    recursive search enumerates one axis at a time this way instead of the whole product."""
     letters = spec.letters
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
     groups = [g for g in spec.linear
@@ -52,21 +58,44 @@ def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh) -> list[Candidat
               and all(_is_float(v.dtype) for v in node.outputs)]
     in_shapes = [x.shape for x in node.inputs]
     out_shapes = [v.shape for v in node.outputs]
-    # each axis: None (unused), a letter, or "+" (partial input)
-    choices = [None, *letters] + (["+"] if groups else [])
+    if picks is None:      # each axis: None (unused), a letter, or "+" (partial input)
+        picks = itertools.product([None, *letters] + (["+"] if groups else []), repeat=len(axes))
     out: list[Candidate] = []
-    for pick in itertools.product(choices, repeat=len(axes)):
+    for pick in picks:
+        if "+" in pick and not groups:
+            continue
         assign = {}
         for a, c in zip(axes, pick):
             if c not in (None, "+"):
                 assign.setdefault(c, []).append(a)
         partial = frozenset(a for a, c in zip(axes, pick) if c == "+")
         for gi in (range(len(spec.linear)) if partial else [-1]):
-            if partial and spec.linear[gi] not in groups:
+            if partial and (spec.linear[gi] not in groups or group not in (None, gi)):
                 continue
             cand = _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh)
             if cand is not None:
                 out.append(cand)
+    return out
+
+
+def axis_choices(cand: Candidate, axes) -> tuple:
+    """Per axis of ``axes``: the letter ``cand`` splits over it, "+" if it leaves a partial sum
+    over it, or None (the inverse of enumeration's picks)."""
+    use = {a: letter for letter, group in cand.assign for a in group}
+    use.update({a: "+" for a in cand.partial})
+    return tuple(use.get(a) for a in axes)
+
+
+def candidates_of(graph, mesh) -> dict:
+    """node id -> candidate list (rule errors surface here, naming the primitive and source).
+    Nodes with equal ``signature`` share one list object, computed once: build.py reuses
+    costs per shared list, so the layers of a deep model are priced once."""
+    memo, out = {}, {}
+    for n in graph.nodes:
+        sig = n.signature
+        if sig not in memo:
+            memo[sig] = enumerate_candidates(n, rule_for(n).spec(n), mesh)
+        out[n.id] = memo[sig]
     return out
 
 

@@ -33,7 +33,7 @@ from autopar.errors import LayoutError
 from autopar.graph import Const, Value
 from autopar.layout import Layout
 
-from .candidates import Candidate, enumerate_candidates
+from .candidates import Candidate, candidates_of
 from .rules import rule_for
 
 
@@ -58,11 +58,6 @@ REFINE_PASSES = 3
 def _quantize(seconds: float) -> float:
     """Costs equal to the picosecond compare equal (float noise must not break ties)."""
     return float(round(seconds * 1e12)) if math.isfinite(seconds) else math.inf
-
-
-def candidates_of(graph, mesh) -> dict:
-    """node id -> candidate list (rule errors surface here, naming the primitive and source)."""
-    return {n.id: enumerate_candidates(n, rule_for(n).spec(n), mesh) for n in graph.nodes}
 
 
 def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assignment:

@@ -10,7 +10,7 @@ split-count list per operator input, ``parallel_layout_item`` with ``dev_matrix`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from autopar.errors import LayoutError
@@ -57,6 +57,9 @@ class Strategy:
     peak_memory: int = 0            # estimated peak bytes live on one device
     peak_op: str = ""               # the operator running at the peak
     memory_limit: Optional[int] = None   # max_device_memory, if set
+    # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
+    # lower; not saved to files
+    phase_seconds: tuple = field(default=(), compare=False)
 
     @property
     def comm_time(self) -> float:

@@ -19,7 +19,8 @@ def dp_peak(p, b):
     return ap.plan(m.mlp_sgd_step, p, b, config=cfg).peak_memory
 
 
-@pytest.mark.parametrize("mode", ["sharding_propagation", "dynamic_programming", "ilp"])
+@pytest.mark.parametrize("mode", ["sharding_propagation", "dynamic_programming", "ilp",
+                                  "recursive_programming"])
 def test_auto_parallel_fits_a_cap_data_parallel_cannot(mode):
     p, b = mlp()
     cap = int(0.4 * dp_peak(p, b))            # replicated parameters and gradients do not fit
@@ -62,3 +63,112 @@ def test_long_searches_report_progress(capsys):
     assert "autopar [gpt_sgd_step, ilp," in err
     ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(progress=False))
     assert capsys.readouterr().err == ""
+
+
+def test_recursive_programming_cuts_each_axis_and_matches_single_device():
+    """One cut per mesh axis on a (2, 2, 2) mesh: the plan runs, gives the single-device values
+    and is no worse than data parallelism; it stays within 10% of the joint search over all axes
+    (which is not exact on this graph either: either may come out ahead)."""
+    p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=8, mesh_shape=(2, 2, 2),
+                            search_mode="recursive_programming")
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert c.strategy.search == "recursive_programming"
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    dp = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
+    joint = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(search_mode="dynamic_programming"))
+    assert c.strategy.step_time <= dp.step_time * 1.001
+    assert 1 / 1.10 <= c.strategy.step_time / joint.step_time <= 1.10
+
+
+def test_recursive_programming_never_enumerates_the_product(monkeypatch):
+    """Four size-2 axes (16 devices as four halvings): every operator is offered at most
+    (letters + 2) options per cut, never the (letters + 2) ** 4 of the whole mesh."""
+    from autopar.strategies import candidates
+    p, b = m.mlp_params(sizes=(1024, 1024, 1024)), m.mlp_batch(batch=1024, sizes=(1024, 1024, 1024))
+    p, b = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (p, b))
+    alone = ap.plan(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(parallel_mode="stand_alone"))
+    seen = []
+    real = candidates.enumerate_candidates
+
+    def spy(node, spec, mesh, picks=None, group=None):
+        assert picks is not None, "the full candidate product was enumerated"
+        out = real(node, spec, mesh, picks, group)
+        seen.append(len(out))
+        return out
+    monkeypatch.setattr("autopar.strategies.recursive.enumerate_candidates", spy)
+    monkeypatch.setattr("autopar.strategies.candidates.enumerate_candidates", spy)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=16, mesh_shape=(2,) * 4,
+                            search_mode="recursive_programming", progress=False)
+    s = ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+    assert seen and max(seen) <= 6
+    assert s.peak_memory <= alone.peak_memory and s.step_time < alone.step_time / 4
+
+
+# ---------------------------------------------------------------- known optima
+def non_output(c):
+    return [x for x in c.collectives() if not x.reason.startswith("output")]
+
+
+@pytest.mark.parametrize("mesh", [(4,), (1, 4)])
+def test_large_batch_small_mlp_is_pure_data_parallel(mesh):
+    """Batch 1024, hidden 128 on this machine's topology: parameters stay replicated and the
+    only collectives are all-reduces (of the gradients and the loss)."""
+    sizes = (128, 128, 128)
+    p, b = m.mlp_params(sizes=sizes), m.mlp_batch(batch=1024, sizes=sizes)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, mesh_shape=mesh,
+                            search_mode="dynamic_programming", progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    assert all(i.layout.is_replicated() for i in c.strategy.inputs if i.is_param)
+    kinds = [x.kind for x in c.collectives()]
+    assert set(kinds) == {"all_reduce"}
+    assert sorted(x.bytes for x in c.collectives()) == [4, 512, 512, 65536, 65536]   # loss, grads
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+
+
+def test_small_batch_wide_mlp_is_tensor_parallel():
+    """Batch 128, hidden 1024: the weights are split (Megatron-style tensor parallelism), no
+    weight gradient is reduced, the activations cross devices once per MLP pair (one
+    all-reduce's worth: Megatron's forward all-reduce, or the all-gather forward plus
+    reduce-scatter backward that computes the loss split), and the plan costs no more than
+    Megatron's under the same cost model."""
+    sizes = (1024, 1024, 1024)
+    p, b = m.mlp_params(sizes=sizes), m.mlp_batch(batch=128, sizes=sizes)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4,
+                            search_mode="dynamic_programming", progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    params = {i.name: i.layout for i in c.strategy.inputs if i.is_param}
+    assert not params["w1"].is_replicated() and not params["w2"].is_replicated()
+    acts = [x for x in non_output(c) if x.shape != ()]
+    assert {x.kind for x in acts} <= {"all_reduce", "all_gather", "reduce_scatter"}
+    volume = sum(2 * x.bytes if x.kind == "all_reduce" else x.bytes for x in acts)
+    assert volume <= 2 * 128 * 1024 * 4                       # one all-reduce of (128, 1024)
+    megatron = ap.plan(m.mlp_sgd_step, p, b, config=cfg.replace(
+        parallel_mode="semi_auto_parallel"), in_strategy=(
+        {"w1": (1, 4), "b1": (4,), "w2": (4, 1), "b2": (1,)}, None))
+    assert c.strategy.step_time <= megatron.step_time
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+
+
+def test_gpt_block_over_the_cap_fits_with_no_more_traffic_than_megatron():
+    """Replicated weights plus gradients exceed the cap: the plan fits it, and moves no more
+    bytes (and costs no more) than Megatron tensor parallelism of the same block."""
+    p, b = m.gpt_params(d=256, vocab=256, seq=32), m.gpt_batch(batch=8, seq=32, vocab=256)
+    weights = sum(x.nbytes for x in jax.tree.leaves(p))
+    dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel",
+                                                                device_num=4))
+    cap = int(0.7 * dp.peak_memory)
+    assert 2 * weights > cap
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, max_device_memory=cap,
+                            search_mode="dynamic_programming", progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert c.strategy.peak_memory <= cap
+    rep = None
+    tp = {k: rep for k in ("wte", "wpe", "lnf_g", "lnf_b")}
+    tp["h0"] = {k: rep for k in ("ln1_g", "ln1_b", "ln2_g", "ln2_b", "bo", "b2")}
+    tp["h0"].update(wqkv=(1, 4), bqkv=(4,), wo=(4, 1), w1=(1, 4), b1=(4,), w2=(4, 1))
+    megatron = ap.compile(m.gpt_sgd_step, p, b, config=cfg.replace(
+        parallel_mode="semi_auto_parallel", max_device_memory=None), in_strategy=(tp, None))
+    assert sum(x.bytes for x in c.collectives()) <= sum(x.bytes for x in megatron.collectives())
+    assert c.strategy.step_time <= megatron.strategy.step_time
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))

@@ -103,7 +103,8 @@ def step_seconds(mesh, layout, st, shape, itemsize):
     beta = max(mesh.level(a).beta for a in st.axes)
     nbytes = itemsize * math.prod(layout.local_shape(shape, mesh))
     n = math.prod(mesh.axis_size(a) for a in st.axes)
-    return collective_time(st.kind, nbytes, n, alpha, beta)[0]
+    return collective_time(st.kind, nbytes, n, alpha, beta)[0] + max(
+        mesh.level(a).launch for a in st.axes)
 
 
 def moves(layout, names, sizes, shape, keep):
