@@ -50,16 +50,18 @@ class Topology:
     @staticmethod
     def local(n: int) -> "Topology":
         """This machine: ``n`` ranks sharing one host's memory (constants from ../shared/PEERS.md:
-        a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth, and about
-        25 us to wake oversubscribed ranks per call: Open MPI's 4-rank 4 KB all-reduce takes
-        57 us, its six ring hand-offs 30)."""
-        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9, launch=25e-6),))
+        a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth).
+        ``launch`` stays 0 in the presets: PEERS.md suggests ~25 us per call at 4 ranks
+        (Open MPI's 4 KB all-reduce takes 57 us, its six ring hand-offs 30), but the search
+        charges a redistribution once per reading edge, so a per-call cost would be counted
+        once per consumer and push plans away from data parallelism."""
+        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
 
     @staticmethod
     def cluster(hosts: int, per_host: int = 8, nic_gbps: float = 200.0) -> "Topology":
         """GPU hosts with ``per_host`` NVLink-connected devices joined by ``nic_gbps`` NICs."""
-        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9), launch=8e-6),
-                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9, launch=8e-6)),
+        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9)),
+                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9)),
                         flops=300e12, mem_bandwidth=2e12)
 
     def __str__(self) -> str:
