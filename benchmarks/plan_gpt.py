@@ -18,6 +18,7 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))     # this checkout's autopar
 
 import autopar as ap          # noqa: E402
 import models as m            # noqa: E402
