@@ -35,7 +35,6 @@ from .rules import rule_for
 def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, time_limit=None,
            progress=None, name="autopar", arg_names=None, state_pairs=()) -> Assignment:
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
-    sigs = {n.id: n.signature for n in graph.nodes}
     specs: dict = {}
     decided = {n.id: ((), None) for n in graph.nodes}       # (picks so far, linear group or None)
     arg_decided = [()] * len(graph.inputs)
@@ -50,7 +49,7 @@ def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, t
             if n.id in fixed_lists:
                 cands[n.id] = fixed_lists[n.id]
                 continue
-            sig, (done, group) = sigs[n.id], decided[n.id]
+            sig, (done, group) = n.signature, decided[n.id]
             key = (sig, done, group)
             if key not in lists:
                 if sig not in specs:

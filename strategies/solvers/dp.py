@@ -147,18 +147,19 @@ def _coupling(m: np.ndarray) -> float:
     return float((m.max(axis=0) - m.min(axis=0)).mean())
 
 
-def _components(alive: list, g: _Graph) -> list:
-    """Connected components (sorted node lists) among ``alive`` nodes that have edges."""
+def _components(roots, nbr) -> list:
+    """Connected components (sorted node lists) reached from ``roots`` that have edges;
+    ``nbr[x]`` iterates x's neighbours."""
     seen, out = set(), []
-    for r in alive:
-        if r in seen or not g.nbr[r]:
+    for r in roots:
+        if r in seen or not nbr[r]:
             continue
         comp, stack = [], [r]
         seen.add(r)
         while stack:
             x = stack.pop()
             comp.append(x)
-            for w in g.nbr[x]:
+            for w in nbr[x]:
                 if w not in seen:
                     seen.add(w)
                     stack.append(w)
@@ -247,7 +248,7 @@ def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
             break
         if since_check >= check_every:            # freeze components small enough to solve
             big = []
-            for comp in _components(np.flatnonzero(alive & ~frozen).tolist(), g):
+            for comp in _components(np.flatnonzero(alive & ~frozen).tolist(), g.nbr):
                 if math.prod(len(g.cost[i]) for i in comp) <= enumeration_limit:
                     frozen[comp] = True
                 else:
@@ -281,20 +282,7 @@ def _solve_residual(red: Reduction, enumeration_limit: int, deadline: float):
     for i, j in red.pairs:
         adjacent.setdefault(i, []).append(j)
         adjacent.setdefault(j, []).append(i)
-    seen: set = set()
-    for r in sorted(adjacent):
-        if r in seen:
-            continue
-        comp, stack = [], [r]
-        seen.add(r)
-        while stack:
-            x = stack.pop()
-            comp.append(x)
-            for w in adjacent[x]:
-                if w not in seen:
-                    seen.add(w)
-                    stack.append(w)
-        comp.sort()
+    for comp in _components(sorted(adjacent), adjacent):
         index = {x: k for k, x in enumerate(comp)}
         keys = sorted(k for k in red.pairs if k[0] in index)
         sub = SearchProblem(tuple(red.costs[i] for i in comp),
