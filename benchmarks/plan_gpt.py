@@ -10,6 +10,8 @@ problem + solver, lower), estimated step seconds (compute + communication), rati
 parallel, and peak memory per device. Up to 8 devices: this machine (``Topology.local``, one
 mesh axis); more: ``Topology.cluster`` hosts of 8 GPUs, mesh (devices / 8, 8). The batch is
 max(16, devices) sequences, so data parallelism splits it evenly; no memory cap.
+``problem_nodes`` is the size of the (last) SearchProblem the solver saw; ``--no-merge`` builds
+it with one node per operator, the ablation of elementwise-follower merging.
 """
 import argparse
 import json
@@ -22,9 +24,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))     # this che
 
 import autopar as ap          # noqa: E402
 import models as m            # noqa: E402
+from autopar.strategies import build  # noqa: E402
+
+PROBLEM_NODES = []            # nodes of each SearchProblem the last plan built
+
+
+def _counting(merge):
+    """build_problem, recording each problem's size (and, for the ablation, without merging)."""
+    def build_problem(*a, **kw):
+        built = _build_problem(*a, **kw, merge=merge)
+        PROBLEM_NODES.append(built.problem.num_nodes)
+        return built
+    return build_problem
+
+
+_build_problem = build.build_problem
 
 
 def measure(args, config):
+    PROBLEM_NODES.clear()
     p = m.gpt_params(vocab=args.vocab, seq=args.seq, d=args.hidden, layers=args.layers, abstract=True)
     b = m.gpt_batch(batch=max(args.batch, args.devices), seq=args.seq, vocab=args.vocab,
                     abstract=True)
@@ -41,21 +59,26 @@ def main():
     ap_.add_argument("--vocab", type=int, default=50304)
     ap_.add_argument("--time", type=float, default=60.0, help="solver time limit, seconds")
     ap_.add_argument("--solvers", nargs="+", default=["sharding_propagation", "dynamic_programming"])
+    ap_.add_argument("--no-merge", action="store_true",
+                     help="ablation: one problem node per operator (no elementwise followers merged)")
     args = ap_.parse_args()
+    import autopar.api, autopar.strategies.recursive   # noqa: E401
+    autopar.api.build_problem = autopar.strategies.recursive.build_problem = _counting(not args.no_merge)
     n = args.devices
     topo, mesh = (ap.Topology.local(n), None) if n <= 8 else (ap.Topology.cluster(n // 8, 8), (n // 8, 8))
     base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=n, mesh_shape=mesh,
                              topology=topo)
-    rows = [("data_parallel", measure(args, base))]
+    rows = [("data_parallel", measure(args, base), None)]
     for solver in args.solvers:
         cfg = base.replace(parallel_mode="auto_parallel", search_mode=solver,
                            search_time=args.time, progress=False)
-        rows.append((solver, measure(args, cfg)))
+        rows.append((solver, measure(args, cfg), PROBLEM_NODES[-1] if PROBLEM_NODES else None))
     dp = rows[0][1]
-    for name, s in rows:
+    for name, s, nodes in rows:
         phases = {f"{k}_s": round(v, 2) for k, v in s.phase_seconds}
         print(json.dumps({"plan": name, "layers": args.layers, "hidden": args.hidden,
                           "devices": n, "mesh": list(s.mesh_shape), "operators": len(s.ops),
+                          "problem_nodes": nodes,
                           **phases, "step_s": round(s.step_time, 6),
                           "vs_data_parallel": round(s.step_time / dp.step_time, 4),
                           "peak_gb": round(s.peak_memory / 2 ** 30, 3)}), flush=True)

@@ -2,15 +2,17 @@
 
 In: a Graph, a LogicalMesh, the candidate lists of its nodes, fixed argument layouts and a
 ``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's),
-the per-device memory limit and optional argument names. Out: ``Built``: the ``SearchProblem`` plus what is needed to
-read a Solution back (``assignment``).
+the per-device memory limit and optional argument names. Out: ``Built``: the ``SearchProblem``
+plus what is needed to read a Solution back (``assignment``).
 
 Problem nodes are the graph inputs (arguments; their candidates are the layouts they may be
-kept in: a fixed one, or every non-partial layout) and the graph's operators. Node cost =
-compute time of the candidate (cost_model) plus, for a graph result, the time to make it
-replicated. Usage = the local bytes of the node's output(s); the live interval runs from the
-producing step to the last reading step (arguments and results: the whole step). Edge (u, v)
-per operand: cost matrix ``reshard(out layout of u's candidate -> in layout v's candidate
+kept in: a fixed one, or every non-partial layout) and the operator chains of the graph: an
+operator with its elementwise followers merged in (``followers``; the followers' layouts are
+functions of the head's candidate, so a chain has its head's candidates). Node cost = compute
+time of the chain's members (cost_model) plus, for a graph result, the time to make it
+replicated. Usage = the local bytes of the outputs; the live interval runs from the producing
+step to the last reading step (arguments and results: the whole step). Edge (u, v) per operand
+of v's head: cost matrix ``reshard(out layout of u's candidate -> in layout v's candidate
 reads)``, computed once per distinct layout pair; per state pair (argument, producer of its
 new value): 0 where the layouts agree, ``STATE_PENALTY`` elsewhere.
 """
@@ -24,7 +26,6 @@ import numpy as np
 from autopar.graph import Value, type_str
 from autopar.layout import Layout
 
-from .candidates import Candidate
 from .cost_model import compute_time, local_bytes, output_bytes
 from .problem import SearchProblem
 
@@ -99,33 +100,85 @@ class Built:
     graph: object
     arg_options: tuple        # per graph input: its candidate layouts
     cands: dict               # node id -> candidate list
+    groups: tuple = ()        # per operator problem node: ((node id, per head choice: index), ...)
 
     def assignment(self, choice):
         """(node id -> Candidate, input layouts) for a Solution's choice."""
         n_in = len(self.graph.inputs)
         inputs = tuple(opts[c] for opts, c in zip(self.arg_options, choice[:n_in]))
-        nodes = {n.id: self.cands[n.id][c] for n, c in zip(self.graph.nodes, choice[n_in:])}
+        nodes = {nid: self.cands[nid][idx[c]] for group, c in zip(self.groups, choice[n_in:])
+                 for nid, idx in group}
         return nodes, inputs
 
 
+# A follower is merged only when its own output lives at most this many steps (it feeds the
+# next operator or two). A chain is one problem node with one live interval, so its usage must
+# cover two members at once (a member's input dies as it runs); over a long-lived chain result
+# (an activation saved for the backward pass) that would double the count under a memory cap.
+SPAN = 4
+
+
+def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
+    """The operators of ``graph`` grouped into chains (node positions, head first): a node joins
+    its producer's chain when it is an elementwise follower -- one output, every operand that
+    is a value is the same value ``x``, every candidate reads ``x`` in exactly the layout it
+    writes, it has a candidate for every layout the chain's head may write, and its output lives
+    at most ``SPAN`` steps -- and ``x`` is
+    the single output of the chain's last node, read by nothing else and not a result of the
+    step. Every other node heads its own chain. A follower then always keeps its producer's
+    layout (MindSpore's elementwise followers), which is where the merge may cost optimality:
+    the follower could have resharded instead."""
+    readers: dict = {}
+    for n in graph.nodes:
+        for x in n.inputs:
+            if isinstance(x, Value):
+                readers.setdefault(x.id, set()).add(n.id)
+    chain_of, chains = {}, []                 # value id -> chain index
+    writes = []                               # per chain: the layouts its head may write
+    for k, n in enumerate(graph.nodes):
+        xs = {x.id: x for x in n.inputs if isinstance(x, Value)}
+        c = None
+        if len(n.outputs) == 1 and len(xs) == 1 and n.prim != "autopar_shard":
+            (xid, x), = xs.items()
+            pos = [i for i, y in enumerate(n.inputs) if isinstance(y, Value)]
+            if (xid in chain_of and readers[xid] == {n.id} and xid not in result_ids
+                    and intervals[k][1] - intervals[k][0] <= SPAN
+                    and x.shape == n.outputs[0].shape
+                    and all(cand.in_layouts[i] == cand.out_layouts[0]
+                            for cand in cands[n.id] for i in pos)
+                    and writes[chain_of[xid]] <= {c.out_layouts[0] for c in cands[n.id]}):
+                c = chain_of.pop(xid)
+        if c is None:
+            c = len(chains)
+            chains.append([])
+            writes.append({cand.out_layouts[0] for cand in cands[n.id]} if len(n.outputs) == 1
+                          else set())
+        chains[c].append(k)
+        if len(n.outputs) == 1:
+            chain_of[n.outputs[0].id] = c
+    return chains
+
+
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
-                  name="autopar", arg_names=None, arg_options=None, state_pairs=()) -> Built:
+                  name="autopar", arg_names=None, arg_options=None, state_pairs=(),
+                  merge=True) -> Built:
     """The SearchProblem of ``graph`` (see the module docstring). ``arg_options`` (per graph
     input, its candidate layouts) overrides the fixed/every-layout default. ``state_pairs``:
     (graph input, graph output) positions of state the step threads through (new parameters,
-    new optimizer state): see ``STATE_PENALTY``. Costs, usages and edge matrices are computed
-    once per distinct (operator signature, candidate list) and shared, read-only, by every node
-    and edge that repeats them (the layers of a deep model)."""
+    new optimizer state): see ``STATE_PENALTY``. ``merge``: fold elementwise followers into
+    their producers (``followers``). Costs, usages and edge matrices are computed once per
+    distinct (operator signatures, candidate lists) and shared, read-only, by every node and
+    edge that repeats them (the layers of a deep model)."""
     n_in = len(graph.inputs)
     in_iv, node_iv = live_intervals(graph)
-    index = {v.id: i for i, v in enumerate(graph.inputs)}          # value id -> (problem node)
-    out_index = {}                                                 # value id -> output position
-    for k, n in enumerate(graph.nodes):
-        for j, v in enumerate(n.outputs):
-            index[v.id] = n_in + k
-            out_index[v.id] = j
-    state_args = {i for i, _ in state_pairs}
     result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    chains = followers(graph, cands, result_ids, node_iv) if merge else [[k] for k in range(len(graph.nodes))]
+    where = {v.id: (i, 0, 0) for i, v in enumerate(graph.inputs)}   # value -> (problem node, member, output)
+    for g, chain in enumerate(chains):
+        for m, k in enumerate(chain):
+            for j, v in enumerate(graph.nodes[k].outputs):
+                where[v.id] = (n_in + g, m, j)
+    state_args = {i for i, _ in state_pairs}
     if arg_options is None:
         arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
                             for i, v in enumerate(graph.inputs))
@@ -134,7 +187,8 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     def shared(key, make):
         if key not in memo:
             arr = make()
-            arr.setflags(write=False)
+            if isinstance(arr, np.ndarray):
+                arr.setflags(write=False)
             memo[key] = arr
         return memo[key]
 
@@ -144,6 +198,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
 
     costs, usages, intervals, names = [], [], [], []
     src_keys = []                    # per problem node: its key as an edge source
+    out_layouts = []                 # per problem node: per member, per output: layout per choice
     for i, v in enumerate(graph.inputs):
         opts = arg_options[i]
         key = ("arg", type_str(v.shape, v.dtype), id(opts))
@@ -155,58 +210,81 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
         intervals.append(in_iv[i])
         names.append(f"argument {arg_names[i] if arg_names else i}")
         src_keys.append(key)
-    sigs = [n.signature for n in graph.nodes]
-    for k, n in enumerate(graph.nodes):
-        cs = cands[n.id]
-        key = (sigs[k], id(cs))
-        res = tuple(v.id in result_ids for v in n.outputs)
-
-        def node_cost(n=n, cs=cs, res=res):
-            c = np.array([compute_time(n, cand, mesh) for cand in cs])
-            for j, v in enumerate(n.outputs):
-                if res[j]:
-                    c += to_replicated([cand.out_layouts[j] for cand in cs], v)
-            return c
-        costs.append(shared(key + ("cost", res), node_cost))
-        usages.append(shared(key + ("usage",), lambda n=n, cs=cs: np.array(
-            [output_bytes(n, cand, mesh) for cand in cs], np.int64)))
-        intervals.append(node_iv[k])
-        names.append(f"{n.name} ({n.source})" if n.source else n.name)
+        out_layouts.append([[opts]])
+    groups = []
+    for chain in chains:
+        nodes = [graph.nodes[k] for k in chain]
+        res = tuple(v.id in result_ids for n in nodes for v in n.outputs)
+        key = tuple((n.signature, id(cands[n.id])) for n in nodes) + (res,)
+        idx, cost, usage, outs = shared(key + ("chain",), lambda: _chain(
+            nodes, cands, mesh, result_ids, to_replicated))
+        costs.append(cost)
+        usages.append(usage)
+        intervals.append((node_iv[chain[0]][0], node_iv[chain[-1]][1]))
+        head = nodes[0]
+        names.append((f"{head.name} ({head.source})" if head.source else head.name)
+                     + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""))
         src_keys.append(key)
+        out_layouts.append(outs)
+        groups.append(tuple((n.id, i) for n, i in zip(nodes, idx)))
 
     edges, ecosts = [], []
-    for k, n in enumerate(graph.nodes):
-        v_idx = n_in + k
+    for g, chain in enumerate(chains):
+        v_idx, n = n_in + g, graph.nodes[chain[0]]   # only a chain's head reads other nodes
         for pos, x in enumerate(n.inputs):
             if not isinstance(x, Value):
                 continue
-            u_idx = index[x.id]
-            if u_idx < n_in:
-                src, j = arg_options[u_idx], 0
-            else:
-                j = out_index[x.id]
-                src = [cand.out_layouts[j] for cand in cands[graph.nodes[u_idx - n_in].id]]
+            u_idx, m, j = where[x.id]
+            src = out_layouts[u_idx][m][j]
             dst = cands[n.id]
             state = u_idx in state_args
             edges.append((u_idx, v_idx))
-            ecosts.append(shared(("edge", src_keys[u_idx], j, src_keys[v_idx], pos, state), lambda: _matrix(
+            ecosts.append(shared(("edge", src_keys[u_idx], m, j, src_keys[v_idx], pos, state), lambda: _matrix(
                 src, [cand.in_layouts[pos] for cand in dst],
                 lambda s, d: _state_read(reshard_cost(s, d, x.shape, x.dtype)) if state
                 else reshard_cost(s, d, x.shape, x.dtype))))
     for i, j in state_pairs:
         o = graph.outputs[j]
-        if not isinstance(o, Value) or o.id not in out_index:
+        if not isinstance(o, Value) or where.get(o.id, (0,))[0] < n_in:
             continue                       # a constant, or the argument returned unchanged
-        v_idx, k = index[o.id], out_index[o.id]
-        dst = cands[graph.nodes[v_idx - n_in].id]
+        v_idx, m, k = where[o.id]
         edges.append((i, v_idx))
-        ecosts.append(shared(("state", src_keys[i], src_keys[v_idx], k), lambda: _matrix(
-            arg_options[i], [cand.out_layouts[k] for cand in dst],
-            lambda a, b: 0.0 if a == b else STATE_PENALTY)))
+        ecosts.append(shared(("state", src_keys[i], src_keys[v_idx], m, k), lambda: _matrix(
+            arg_options[i], out_layouts[v_idx][m][k], lambda a, b: 0.0 if a == b else STATE_PENALTY)))
     problem = SearchProblem(tuple(costs), tuple(usages), np.array(intervals, np.int64).reshape(-1, 2),
                             np.array(edges, np.int64).reshape(-1, 2), tuple(ecosts), usage_limit,
                             name, tuple(names))
-    return Built(problem, graph, arg_options, dict(cands))
+    return Built(problem, graph, arg_options, dict(cands), tuple(groups))
+
+
+def _chain(nodes, cands, mesh, result_ids, to_replicated):
+    """One chain's (per member: candidate index per head choice, costs, usages, per member and
+    output: layout per head choice). A follower keeps its producer's layout. Usage is the
+    largest sum of two consecutive members' outputs (a member's input dies as it runs)."""
+    head = nodes[0]
+    idx = [np.arange(len(cands[head.id]))]
+    cost = np.array([compute_time(head, c, mesh) for c in cands[head.id]], dtype=float)
+    sizes = [np.array([output_bytes(head, c, mesh) for c in cands[head.id]], np.int64)]
+    outs = [[[c.out_layouts[j] for c in cands[head.id]] for j in range(len(head.outputs))]]
+    for n in nodes[1:]:
+        cs = cands[n.id]
+        pos = next(i for i, y in enumerate(n.inputs) if isinstance(y, Value))
+        pick = {}                  # ``followers`` guarantees a candidate reading each layout
+        for l in set(outs[-1][0]):
+            i = next(i for i, c in enumerate(cs) if c.in_layouts[pos] == l)
+            pick[l] = (i, compute_time(n, cs[i], mesh))
+        idx.append(np.array([pick[l][0] for l in outs[-1][0]]))
+        cost += [pick[l][1] for l in outs[-1][0]]
+        outs.append([[cs[i].out_layouts[0] for i in idx[-1]]])
+        sizes.append(np.array([output_bytes(n, cs[i], mesh) for i in idx[-1]], np.int64))
+    for n, o, i in zip(nodes, outs, idx):
+        for j, v in enumerate(n.outputs):
+            if v.id in result_ids:
+                cost += to_replicated(o[j], v)
+    usage = sizes[0] if len(sizes) == 1 else np.max([a + b for a, b in zip(sizes, sizes[1:])], axis=0)
+    for a in [cost, usage, *idx]:
+        a.setflags(write=False)
+    return idx, cost, usage, outs
 
 
 def _by_layout(layouts, f) -> np.ndarray:

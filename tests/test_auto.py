@@ -178,3 +178,38 @@ def test_gpt_block_over_the_cap_fits_with_no_more_traffic_than_megatron():
     assert sum(x.bytes for x in c.collectives()) <= sum(x.bytes for x in megatron.collectives())
     assert c.strategy.step_time <= megatron.strategy.step_time
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_elementwise_followers_merge_into_their_producers():
+    """A chain of elementwise operators after a matmul is one problem node whose followers keep
+    the matmul's layout; the merged problem's optimum equals the unmerged one's here."""
+    from autopar.mesh import LogicalMesh
+    from autopar.redistribution.lower import plan_steps
+    from autopar.redistribution.planner import Planner
+    from autopar.strategies import solvers
+    from autopar.strategies.build import build_problem
+    from autopar.strategies.candidates import candidates_of
+    from autopar.trace import trace
+
+    def f(x, w):
+        h = jax.numpy.tanh(x @ w) * 2.0
+        return jax.numpy.exp(-h).astype(jax.numpy.bfloat16) @ w.astype(jax.numpy.bfloat16).T
+
+    x, w = np.ones((64, 32), np.float32), np.ones((32, 48), np.float32)
+    graph, mesh = trace(f, x, w), LogicalMesh.create((2, 2))
+    cands, planner = candidates_of(graph, mesh), Planner(mesh)
+    cost = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
+    merged = build_problem(graph, mesh, cands, {}, cost)
+    plain = build_problem(graph, mesh, cands, {}, cost, merge=False)
+    assert plain.problem.num_nodes == len(graph.inputs) + len(graph.nodes)
+    assert merged.problem.num_nodes < plain.problem.num_nodes
+    solve = solvers.get("ilp")                 # exact on problems this small
+    best_merged, best_plain = solve(merged.problem), solve(plain.problem)
+    assert best_merged.cost == pytest.approx(best_plain.cost, rel=1e-9)
+    choice, _ = merged.assignment(best_merged.choice)
+    assert set(choice) == {n.id for n in graph.nodes}
+    # tanh cannot read the matmul's partial sums, so it heads the chain tanh-mul-neg-exp-convert
+    assert merged.problem.num_nodes == plain.problem.num_nodes - 4
+    chain = [n for n in graph.nodes if n.prim in ("tanh", "mul", "neg", "exp")]
+    chain.append(next(n for n in graph.nodes if n.inputs[0] is chain[-1].outputs[0]))
+    assert len({choice[n.id].out_layouts[0] for n in chain}) == 1
