@@ -1,0 +1,180 @@
+// Comm's verbs and progress loop (see comm.h).
+#include "comm.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace autopar {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Whether process pid exists and is not a zombie.
+bool alive(int pid) {
+  if (pid <= 0) return true;                 // unknown: rely on the timeout
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f) return false;
+  std::string line;
+  std::getline(f, line);
+  size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return true;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
+Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
+           double timeout_s, bool shm_within_hosts)
+    : rank_(rank), size_(size), shm_(std::move(shm)), links_(size), hosts_(std::move(hosts)),
+      timeout_s_(timeout_s) {
+  if (hosts_.empty()) hosts_.assign(size, 0);
+  if (int(hosts_.size()) != size) throw std::invalid_argument("hosts must name every rank's host");
+  if (shm_) {
+    shm_->set_pid(rank, int(getpid()));
+    for (int p = 0; p < size; ++p)
+      if (p != rank && (!shm_within_hosts || hosts_[p] == hosts_[rank]))
+        links_[p] = shm_->link(rank, p);
+  }
+}
+
+Comm::~Comm() { links_.clear(); }
+
+void Comm::set_link(int peer, std::unique_ptr<Link> l) { links_.at(peer) = std::move(l); }
+
+std::string Comm::link_kind(int peer) const {
+  return links_.at(peer) ? links_[peer]->kind() : std::string("none");
+}
+
+Link& Comm::link(int peer) {
+  if (peer < 0 || peer >= size_ || !links_[peer])
+    fail("no link to rank " + std::to_string(peer));
+  return *links_[peer];
+}
+
+void Comm::fail(const std::string& cause) {
+  if (shm_) shm_->abort(rank_, "rank " + std::to_string(rank_) + ", " + op_ + ": " + cause);
+  throw CollectiveError(rank_, op_, cause);
+}
+
+void Comm::check(const std::vector<Xfer>& xs, double idle_s) {
+  if (shm_ && shm_->aborted()) throw CollectiveError(rank_, op_, "job aborted: " + shm_->abort_reason());
+  for (const Xfer& x : xs) {
+    if (x.done == x.n) continue;
+    if (shm_ && !alive(shm_->pid(x.peer)))
+      fail("rank " + std::to_string(x.peer) + " (pid " + std::to_string(shm_->pid(x.peer)) +
+           ") exited");
+    if (idle_s > timeout_s_) {
+      std::ostringstream m;
+      m << "rank " << x.peer << " stopped answering: no data " << (x.is_send ? "accepted" : "received")
+        << " for " << timeout_s_ << " s (" << x.done << " of " << x.n << " bytes moved)";
+      fail(m.str());
+    }
+  }
+}
+
+void Comm::run(std::vector<Xfer>& xs) {
+  for (Xfer& x : xs)
+    if (x.n && x.peer == rank_) fail("a transfer to itself");
+  size_t idle = 0;
+  double last = 0;
+  for (;;) {
+    bool pending = false, moved = false;
+    for (Xfer& x : xs) {
+      if (x.done == x.n) continue;
+      pending = true;
+      Link& l = link(x.peer);
+      if (x.is_send) {
+        size_t limit = x.ready ? std::min(*x.ready, x.n) : x.n;
+        if (limit < x.n) limit -= limit % x.align;
+        if (limit > x.done) {
+          size_t k = l.send_some(x.p + x.done, limit - x.done);
+          x.done += k, moved |= k > 0;
+        }
+      } else {
+        size_t k;
+        try {
+          if (x.red) {
+            size_t es = dtype_size(x.red->dtype);
+            k = l.recv_some(x.n - x.done, es, [&](const char* d, size_t len) {
+              reduce_into(x.p + x.done, d, len / es, x.red->dtype, x.red->op);
+              x.done += len;
+            });
+          } else {
+            k = l.recv_some(x.n - x.done, 1, [&](const char* d, size_t len) {
+              std::memcpy(x.p + x.done, d, len);
+              x.done += len;
+            });
+          }
+        } catch (const CollectiveError&) {
+          throw;
+        } catch (const std::exception& e) {
+          fail("receiving from rank " + std::to_string(x.peer) + ": " + e.what());
+        }
+        moved |= k > 0;
+      }
+    }
+    if (!pending) return;
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    ++idle;
+    if (idle > 64) sched_yield();
+    if (idle % 256 == 0) {
+      double t = now();
+      if (idle == 256) last = t;
+      check(xs, t - last);
+    }
+  }
+}
+
+void Comm::send(int peer, const void* buf, size_t n) {
+  std::vector<Xfer> xs{{true, peer, static_cast<char*>(const_cast<void*>(buf)), n}};
+  run(xs);
+}
+
+void Comm::recv(int peer, void* buf, size_t n) {
+  std::vector<Xfer> xs{{false, peer, static_cast<char*>(buf), n}};
+  run(xs);
+}
+
+void Comm::exchange(int dst, const void* sbuf, size_t sn, int src, void* rbuf, size_t rn,
+                    const Reduce* red) {
+  std::vector<Xfer> xs{{true, dst, static_cast<char*>(const_cast<void*>(sbuf)), sn},
+                       {false, src, static_cast<char*>(rbuf), rn, red}};
+  run(xs);
+}
+
+void Comm::recv_reduce_send(int src, int dst, void* buf, size_t n, const Reduce& red) {
+  std::vector<Xfer> xs;
+  xs.reserve(2);                       // the send reads xs[0].done: no reallocation
+  xs.push_back({false, src, static_cast<char*>(buf), n, &red});
+  xs.push_back({true, dst, static_cast<char*>(buf), n, nullptr, &xs[0].done,
+                dtype_size(red.dtype)});
+  run(xs);
+}
+
+void Comm::recv_copy_send(int src, const std::vector<int>& dsts, void* buf, size_t n) {
+  std::vector<Xfer> xs;
+  xs.reserve(dsts.size() + 1);
+  xs.push_back({false, src, static_cast<char*>(buf), n});
+  for (int d : dsts) xs.push_back({true, d, static_cast<char*>(buf), n, nullptr, &xs[0].done});
+  run(xs);
+}
+
+void Comm::barrier(const Group& g) {
+  // dissemination: round k, send a byte to me + 2^k, receive one from me - 2^k
+  char out = 1, in = 0;
+  for (int d = 1; d < g.size(); d <<= 1) exchange(g.at(g.me + d), &out, 1, g.at(g.me - d), &in, 1);
+}
+
+}  // namespace autopar

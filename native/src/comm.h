@@ -1,0 +1,91 @@
+// Comm: one rank's view of a job -- its links to every peer and the transport verbs every
+// collective algorithm is written against (send, recv, exchange, recv-reduce-send,
+// recv-copy-send, barrier). All verbs run one progress loop over the links involved; waiting
+// spins briefly, then yields the core, and regularly checks the job's abort flag, whether the
+// peers it waits for are still alive, and the time since the last byte moved.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "link.h"
+#include "shm.h"
+
+namespace autopar {
+
+struct Reduce {
+  DType dtype;
+  ReduceOp op;
+};
+
+// An ordered set of global ranks (a mesh axis group) and this rank's position in it.
+struct Group {
+  std::vector<int> ranks;
+  int me;
+  int size() const { return int(ranks.size()); }
+  int at(int i) const { return ranks[((i % size()) + size()) % size()]; }
+};
+
+class Comm {
+ public:
+  // hosts[r]: the host id of rank r (the 2D algorithms' hierarchy). Every rank in the segment
+  // gets a shared-memory link, unless shm_within_hosts: then only ranks of the same host id
+  // do, and the others need TCP (connect_tcp_links) -- a multi-host job on one machine.
+  Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
+       double timeout_s, bool shm_within_hosts = false);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int host_of(int r) const { return hosts_[r]; }
+  double timeout() const { return timeout_s_; }
+  void set_link(int peer, std::unique_ptr<Link> link);
+  std::string link_kind(int peer) const;
+  ShmSegment* segment() const { return shm_.get(); }
+
+  // The operation named in errors (set by the collective entry points).
+  void set_op(std::string op) { op_ = std::move(op); }
+  const std::string& op() const { return op_; }
+
+  void send(int peer, const void* buf, size_t n);
+  void recv(int peer, void* buf, size_t n);
+  // Send sn bytes to dst while receiving rn bytes from src into rbuf (reduced into it when
+  // red is given: rbuf = rbuf op received).
+  void exchange(int dst, const void* sbuf, size_t sn, int src, void* rbuf, size_t rn,
+                const Reduce* red = nullptr);
+  // Receive n bytes from src reducing them into buf, and forward each reduced piece to dst.
+  void recv_reduce_send(int src, int dst, void* buf, size_t n, const Reduce& red);
+  // Receive n bytes from src into buf, and forward each piece to every rank of dsts.
+  void recv_copy_send(int src, const std::vector<int>& dsts, void* buf, size_t n);
+  void barrier(const Group& g);
+
+  // One transfer of the progress loop; a send with `ready` set only sends bytes below *ready.
+  struct Xfer {
+    bool is_send;
+    int peer;
+    char* p;
+    size_t n;
+    const Reduce* red = nullptr;
+    const size_t* ready = nullptr;
+    size_t align = 1;
+    size_t done = 0;
+  };
+  void run(std::vector<Xfer>& xs);
+  // Raise CollectiveError for this rank and operation, and flag the job so peers fail fast.
+  [[noreturn]] void fail(const std::string& cause);
+
+ private:
+  void check(const std::vector<Xfer>& xs, double idle_s);
+  Link& link(int peer);
+
+  int rank_, size_;
+  std::shared_ptr<ShmSegment> shm_;     // declared before links_: outlives them
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<int> hosts_;
+  double timeout_s_;
+  std::string op_ = "collective";
+};
+
+}  // namespace autopar

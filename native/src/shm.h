@@ -1,0 +1,45 @@
+// The shared-memory transport: one segment per job (a memfd, mode 0600, never named in
+// /dev/shm, so nothing outlives the job's processes), holding a header (ranks, pids, the abort
+// flag) and one single-producer single-consumer ring of slots per ordered pair of ranks.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "link.h"
+
+namespace autopar {
+
+struct ShmHeader;
+
+class ShmSegment {
+ public:
+  // Create a segment for nranks ranks (the launcher); fd() is passed to the workers.
+  static std::shared_ptr<ShmSegment> create(int nranks, size_t slots, size_t slot_bytes);
+  // Map a segment created by create() from an inherited descriptor (a worker).
+  static std::shared_ptr<ShmSegment> attach(int fd);
+  ~ShmSegment();
+
+  int fd() const { return fd_; }
+  int nranks() const;
+  size_t bytes() const { return bytes_; }
+  void set_pid(int rank, int pid);
+  int pid(int rank) const;
+  // The first failure wins: every rank's next wait raises it.
+  void abort(int rank, const std::string& why);
+  bool aborted() const;
+  std::string abort_reason() const;
+  // The link from rank me to rank peer; the segment must outlive it.
+  std::unique_ptr<Link> link(int me, int peer);
+
+ private:
+  ShmSegment(int fd, void* base, size_t bytes) : fd_(fd), base_(base), bytes_(bytes) {}
+  ShmHeader* header() const { return static_cast<ShmHeader*>(base_); }
+  int fd_;
+  void* base_;
+  size_t bytes_;
+};
+
+}  // namespace autopar
