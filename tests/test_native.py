@@ -1,0 +1,192 @@
+"""The native collectives (autopar._native) on worker processes, against numpy.
+
+One 8-rank job runs every case; groups are its first n ranks, so group sizes 1 to 8 share the
+workers. Values are small integers, so every sum, product, max and min is exact in every dtype
+(float16 and bfloat16 included) and results must match numpy exactly.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from autopar import _native
+from autopar.errors import CollectiveError
+from autopar.runtime.launcher import Job
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+SIZES = [0, 1, 7, 65537]
+GROUPS = range(1, 9)
+
+
+def dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def data(rank, count, name, op="sum", salt=0):
+    rng = np.random.default_rng(rank * 7919 + count + salt)
+    vals = rng.choice([-1, 1, 2], count) if op == "prod" else rng.integers(-8, 9, count)
+    return vals.astype(dtype(name))
+
+
+@pytest.fixture(scope="module")
+def job():
+    with Job(8, timeout=20.0) as j:
+        yield j
+
+
+# --- per-rank functions (run in the workers) -------------------------------------------------
+
+def run_all_reduce(comm, cases):
+    out = []
+    for algo, name, n, count, op in cases:
+        if comm.rank >= n:
+            out.append(None)
+            continue
+        x = data(comm.rank, count, name, op)
+        comm.all_reduce(x, list(range(n)), op, algo)
+        out.append(x)
+    return out
+
+
+def run_others(comm, cases):
+    out = []
+    for kind, name, n, count in cases:
+        r = comm.rank
+        if r >= n:
+            out.append(None)
+            continue
+        group = list(range(n))
+        x = data(r, count, name)
+        if kind == "reduce_scatter":
+            y = np.empty(np.array_split(np.arange(count), n)[r].size, x.dtype)
+            comm.reduce_scatter(x, y, group)
+        elif kind == "all_gather":
+            y = np.empty(count * n, x.dtype)
+            comm.all_gather(x, y, group)
+        elif kind == "all_to_all":
+            x = data(r, count * n, name)
+            y = np.empty_like(x)
+            comm.all_to_all(x, y, group)
+        elif kind == "broadcast":
+            y = x.copy()
+            comm.broadcast(y, group, n - 1)
+        elif kind == "send_recv":       # a ring of point-to-point messages
+            y = np.empty_like(x)
+            if n == 1:
+                y = x.copy()
+            elif r % 2 == 0:
+                comm.send(x, (r + 1) % n)
+                comm.recv(y, (r - 1) % n)
+            else:
+                comm.recv(y, (r - 1) % n)
+                comm.send(x, (r + 1) % n)
+        elif kind == "barrier":
+            comm.barrier(group)
+            y = x
+        out.append(y)
+    return out
+
+
+def die_or_reduce(comm, victim, folder):
+    """The victim exits in the middle of a large all-reduce; the others record what they saw."""
+    x = np.ones(1 << 22, np.float32)
+    if comm.rank == victim:
+        import threading
+        threading.Timer(0.05, os._exit, (3,)).start()
+        while True:
+            comm.all_reduce(x, list(range(comm.size)), "sum", "ring")
+    start = time.monotonic()
+    try:
+        while True:
+            comm.all_reduce(x, list(range(comm.size)), "sum", "ring")
+    except CollectiveError as e:
+        with open(os.path.join(folder, str(comm.rank)), "w") as f:
+            f.write(f"{time.monotonic() - start}\n{e.rank}\n{e}")
+        raise
+
+
+def link_kinds(comm):
+    return [comm.link_kind(p) for p in range(comm.size)]
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algo", sorted(_native.ALLREDUCE_ALGORITHMS))
+def test_all_reduce_every_dtype_group_size_and_length(job, algo):
+    cases = [(algo, name, n, count, "sum") for name in DTYPES for n in GROUPS for count in SIZES]
+    cases += [(algo, name, n, 1001, op) for name in ("float32", "bfloat16", "int64")
+              for n in (3, 8) for op in ("prod", "max", "min")]
+    results = job.call(run_all_reduce, [(cases,)] * 8)
+    reducer = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+    for i, (_, name, n, count, op) in enumerate(cases):
+        want = reducer[op].reduce([data(r, count, name, op) for r in range(n)]).astype(dtype(name))
+        for r in range(n):
+            got = results[r][i]
+            assert got.dtype == dtype(name) and np.array_equal(got, want), (algo, name, n, count, op, r)
+
+
+def test_other_collectives_every_dtype_and_group_size(job):
+    kinds = ["reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv", "barrier"]
+    cases = [(k, name, n, count) for k in kinds for name in DTYPES for n in GROUPS
+             for count in (0, 1, 7, 4099)]
+    results = job.call(run_others, [(cases,)] * 8)
+    for i, (kind, name, n, count) in enumerate(cases):
+        xs = [data(r, count, name) for r in range(n)]
+        for r in range(n):
+            got = results[r][i]
+            if kind == "reduce_scatter":
+                want = np.array_split(np.add.reduce(xs).astype(dtype(name)), n)[r]
+            elif kind == "all_gather":
+                want = np.concatenate(xs)
+            elif kind == "all_to_all":
+                blocks = [np.split(data(s, count * n, name), n)[r] for s in range(n)]
+                want = np.concatenate(blocks)
+            elif kind == "broadcast":
+                want = xs[n - 1]
+            elif kind == "send_recv":
+                want = xs[(r - 1) % n]
+            else:
+                want = xs[r]
+            assert np.array_equal(got, want), (kind, name, n, count, r)
+
+
+def test_large_all_reduce_matches_numpy(job):
+    cases = [(a, "float32", 8, (1 << 22) + 3, "sum") for a in ("ring", "halving_doubling", "2d_torus")]
+    results = job.call(run_all_reduce, [(cases,)] * 8)
+    want = np.add.reduce([data(r, (1 << 22) + 3, "float32") for r in range(8)])
+    assert all(np.array_equal(results[r][i], want) for r in range(8) for i in range(3))
+
+
+def test_two_hosts_over_tcp_run_the_hierarchical_algorithms():
+    with Job(4, hosts=[0, 0, 1, 1], inter_host="tcp", timeout=20.0) as j:
+        kinds = j.call(link_kinds, [()] * 4)
+        assert kinds[0] == ["none", "shm", "tcp", "tcp"] and kinds[3] == ["tcp", "tcp", "shm", "none"]
+        algos = sorted(_native.ALLREDUCE_ALGORITHMS)
+        cases = [(a, name, 4, count, "sum") for a in algos for name in ("float32", "bfloat16")
+                 for count in (0, 5, 70001)]
+        results = j.call(run_all_reduce, [(cases,)] * 4)
+        for i, (_, name, n, count, _) in enumerate(cases):
+            want = np.add.reduce([data(r, count, name) for r in range(4)]).astype(dtype(name))
+            assert all(np.array_equal(results[r][i], want) for r in range(4))
+
+
+def test_a_dead_rank_fails_every_rank_fast_and_leaves_nothing_behind(tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    j = Job(4, timeout=10.0)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err:
+        j.call(die_or_reduce, [(2, str(tmp_path))] * 4)
+    assert time.monotonic() - start < 10.0
+    assert "rank 2" in str(err.value)
+    for r in (0, 1, 3):                        # every survivor raised CollectiveError itself
+        seconds, rank, message = (tmp_path / str(r)).read_text().split("\n", 2)
+        assert float(seconds) < 10.0 and int(rank) == r and "rank 2" in message, message
+    j.close()
+    assert all(p.poll() is not None for p in j.procs)
+    assert set(os.listdir("/dev/shm")) == shm_before
+    with Job(2) as again:                      # the next job in this process works
+        assert again.call(link_kinds, [()] * 2) == [["none", "shm"], ["shm", "none"]]
