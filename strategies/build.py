@@ -123,9 +123,8 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
     its producer's chain when it is an elementwise follower -- one output, every operand that
     is a value is the same value ``x``, every candidate reads ``x`` in exactly the layout it
     writes, it has a candidate for every layout the chain's head may write, and its output lives
-    at most ``SPAN`` steps -- and ``x`` is
-    the single output of the chain's last node, read by nothing else and not a result of the
-    step. Every other node heads its own chain. A follower then always keeps its producer's
+    at most ``SPAN`` steps -- and ``x`` is the single output of the chain's last node, read by
+    nothing else and not a result of the step. Every other node heads its own chain. A follower then always keeps its producer's
     layout (MindSpore's elementwise followers), which is where the merge may cost optimality:
     the follower could have resharded instead."""
     readers: dict = {}
@@ -133,26 +132,38 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
         for x in n.inputs:
             if isinstance(x, Value):
                 readers.setdefault(x.id, set()).add(n.id)
+    memo: dict = {}                           # per shared candidate list (and operand positions)
+
+    def written(cs):
+        key = ("writes", id(cs))
+        if key not in memo:
+            memo[key] = frozenset(c.out_layouts[0] for c in cs)
+        return memo[key]
+
+    def keeps_layout(cs, pos):
+        key = ("keeps", id(cs), pos)
+        if key not in memo:
+            memo[key] = all(c.in_layouts[i] == c.out_layouts[0] for c in cs for i in pos)
+        return memo[key]
+
     chain_of, chains = {}, []                 # value id -> chain index
     writes = []                               # per chain: the layouts its head may write
     for k, n in enumerate(graph.nodes):
-        xs = {x.id: x for x in n.inputs if isinstance(x, Value)}
-        c = None
-        if len(n.outputs) == 1 and len(xs) == 1 and n.prim != "autopar_shard":
-            (xid, x), = xs.items()
-            pos = [i for i, y in enumerate(n.inputs) if isinstance(y, Value)]
-            if (xid in chain_of and readers[xid] == {n.id} and xid not in result_ids
-                    and intervals[k][1] - intervals[k][0] <= SPAN
-                    and x.shape == n.outputs[0].shape
-                    and all(cand.in_layouts[i] == cand.out_layouts[0]
-                            for cand in cands[n.id] for i in pos)
-                    and writes[chain_of[xid]] <= {c.out_layouts[0] for c in cands[n.id]}):
-                c = chain_of.pop(xid)
+        c, cs = None, cands[n.id]
+        if len(n.outputs) == 1 and n.prim != "autopar_shard":
+            xs = {x.id: x for x in n.inputs if isinstance(x, Value)}
+            if len(xs) == 1:
+                (xid, x), = xs.items()
+                pos = tuple(i for i, y in enumerate(n.inputs) if isinstance(y, Value))
+                if (xid in chain_of and readers[xid] == {n.id} and xid not in result_ids
+                        and intervals[k][1] - intervals[k][0] <= SPAN
+                        and x.shape == n.outputs[0].shape and keeps_layout(cs, pos)
+                        and writes[chain_of[xid]] <= written(cs)):
+                    c = chain_of.pop(xid)
         if c is None:
             c = len(chains)
             chains.append([])
-            writes.append({cand.out_layouts[0] for cand in cands[n.id]} if len(n.outputs) == 1
-                          else set())
+            writes.append(written(cs) if len(n.outputs) == 1 else frozenset())
         chains[c].append(k)
         if len(n.outputs) == 1:
             chain_of[n.outputs[0].id] = c
