@@ -106,11 +106,12 @@ class Compiled:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
         if self._runner is None:
-            if self.config.backend is not Backend.JAX:
-                raise ConfigError(f"backend={self.config.backend.value!r} is not available in this "
-                                  "build; use backend='jax'.")
-            from .runtime.jax_backend import build
-            self._runner = build(self.program)
+            if self.config.backend is Backend.NATIVE:
+                from .runtime.native_backend import NativeRunner
+                self._runner = NativeRunner(self.program)
+            else:
+                from .runtime.jax_backend import build
+                self._runner = build(self.program)
         return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
 
 

@@ -53,7 +53,7 @@ class Job:
         listener = Listener(address, family="AF_UNIX", authkey=self.token.encode())
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
         rendezvous = f"127.0.0.1:{_free_port()}" if tcp else ""
-        env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token)
+        env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)  # as spawn does
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "autopar.runtime.worker", address, str(r), str(nranks),

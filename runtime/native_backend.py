@@ -1,0 +1,162 @@
+"""The native backend: run a Program on one worker process per device with autopar's C++
+collectives (``autopar._native``), compute on JAX's CPU backend inside each worker.
+
+In: a ``Program`` and the flattened global arguments. Out: the flattened global results (the
+Program returns every result replicated; rank 0's copy is returned).
+
+The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
+the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
+``mesh.size`` ranks and loads the program into every worker; the workers stay alive until the
+runner is closed or collected, so a second call pays only for the step. Per call, rank r gets
+its block of every argument (``Layout`` over the mesh coordinates of r, row-major ranks) and
+runs the instructions: segments through their exported executables, collectives through
+``Comm`` over the ranks that share r's coordinates off the collective's axes (first axis
+major, as in jax_collectives), slices locally.
+
+All-reduce algorithms: the planner's ``ring`` and ``tree`` run as the native ring and double
+binary tree, ``recursive_doubling`` as halving-doubling; the native 2D algorithms by name.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import numpy as np
+
+from autopar.errors import CollectiveError
+from autopar.graph import Const
+from autopar.program import Collective, Segment, Slice
+
+ALLREDUCE = {"ring": "ring", "tree": "tree", "recursive_doubling": "halving_doubling",
+             "halving_doubling": "halving_doubling", "2d_ring": "2d_ring",
+             "2d_torus": "2d_torus", "2d_mesh": "2d_mesh"}
+
+_PROGRAMS: dict = {}          # in a worker: program key -> (mesh, instructions, inputs, outputs)
+
+
+def _c(x):
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)."""
+    return np.asarray(x, order="C")
+
+
+def block(x, layout, mesh, coords):
+    """The block of global array ``x`` that the device at ``coords`` holds under ``layout``."""
+    index = []
+    for size, axes in zip(np.shape(x), layout.dims):
+        n, i = 1, 0
+        for a in axes:
+            k = mesh.axis_index(a)
+            n, i = n * mesh.shape[k], i * mesh.shape[k] + coords[k]
+        index.append(slice(i * (size // n), (i + 1) * (size // n)))
+    return _c(np.asarray(x)[tuple(index)])
+
+
+def group(rank, axes, mesh):
+    """(ranks of the group of ``axes`` that ``rank`` belongs to, its position in the group)."""
+    coords = list(np.unravel_index(rank, mesh.shape))
+    ranks = []
+    for idx in itertools.product(*[range(mesh.axis_size(a)) for a in axes]):
+        c = list(coords)
+        for a, i in zip(axes, idx):
+            c[mesh.axis_index(a)] = i
+        ranks.append(int(np.ravel_multi_index(c, mesh.shape)))
+    return ranks, ranks.index(rank)
+
+
+class NativeRunner:
+    """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
+
+    def __init__(self, program, timeout: float = 10.0):
+        import jax
+        from jax import export
+
+        from .launcher import Job
+        self.program = program
+        instructions = []
+        for ins in program.instructions:
+            if isinstance(ins, Segment):
+                avals = [jax.ShapeDtypeStruct(s, d) for s, d in ins.in_avals]
+                exported = export.export(jax.jit(ins))(*avals)
+                instructions.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
+            else:
+                instructions.append(ins)
+        self.job = Job(program.mesh.size, timeout=timeout)
+        self._finalizer = weakref.finalize(self, self.job.close)
+        key = id(self)
+        self.key = key
+        payload = (program.mesh, tuple(instructions), program.inputs, program.outputs)
+        self.job.call(load, [(key, payload)] * program.mesh.size)
+
+    def __call__(self, flat_args):
+        mesh, p = self.program.mesh, self.program
+        per_rank = []
+        for r in range(mesh.size):
+            coords = np.unravel_index(r, mesh.shape)
+            per_rank.append((self.key, [block(x, l, mesh, coords) for x, l in zip(flat_args, p.in_layouts)]))
+        got = iter(self.job.call(run, per_rank)[0])
+        return [o.value if isinstance(o, Const) else next(got) for o in p.outputs]
+
+    def close(self):
+        self._finalizer()
+
+
+# --- in the workers ---------------------------------------------------------------------------
+
+def load(comm, key, payload):
+    from jax import export
+    mesh, instructions, inputs, outputs = payload
+    steps = [("segment", export.deserialize(ins[1]), ins[2], ins[3])
+             if isinstance(ins, tuple) else ins for ins in instructions]
+    _PROGRAMS[key] = (mesh, steps, inputs, outputs)
+    return True
+
+
+def run(comm, key, blocks):
+    mesh, steps, inputs, outputs = _PROGRAMS[key]
+    regs = dict(zip(inputs, blocks))
+    get = lambda r: np.asarray(r.value, r.dtype) if isinstance(r, Const) else regs[r]
+    for st in steps:
+        if isinstance(st, tuple):
+            _, exe, ins, outs = st
+            res = exe.call(*[regs[i] for i in ins])
+            regs.update(zip(outs, [np.asarray(y) for y in res]))
+        else:
+            regs[st.out] = _step(comm, st, get(st.src), mesh)
+    if comm.rank != 0:
+        return None
+    return [regs[o] for o in outputs if not isinstance(o, Const)]
+
+
+def _step(comm, st, x, mesh):
+    x = _c(x)
+    axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
+    if not axes:
+        return x
+    ranks, me = group(comm.rank, axes, mesh)
+    n = len(ranks)
+    kind = getattr(st, "kind", "slice")
+    if kind == "slice":
+        c = x.shape[st.dim] // n
+        return _c(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
+    if kind == "partial_zero":
+        return x if me == 0 else np.zeros_like(x)
+    if kind == "all_reduce":
+        y = x.copy()
+        comm.all_reduce(y, ranks, "sum", ALLREDUCE.get(st.algorithm, "ring"))
+        return y
+    if kind == "all_gather":
+        out = np.empty((n,) + x.shape, x.dtype)
+        comm.all_gather(x, out, ranks)
+        return np.concatenate(list(out), axis=st.dim)
+    if kind == "reduce_scatter":
+        front = _c(np.moveaxis(x, st.dim, 0))
+        out = np.empty((front.shape[0] // n,) + front.shape[1:], x.dtype)
+        comm.reduce_scatter(front, out, ranks)
+        return _c(np.moveaxis(out, 0, st.dim))
+    if kind == "all_to_all":
+        parts = np.stack(np.split(x, n, axis=st.dst_dim))      # block j goes to rank j
+        out = np.empty_like(parts)
+        comm.all_to_all(parts, out, ranks)
+        return np.concatenate(list(out), axis=st.dim)
+    raise CollectiveError(f"the native runtime has no step {kind!r} ({st}); it runs slice, "
+                          "partial_zero, all_reduce, all_gather, reduce_scatter and all_to_all.")
