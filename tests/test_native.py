@@ -190,3 +190,31 @@ def test_a_dead_rank_fails_every_rank_fast_and_leaves_nothing_behind(tmp_path):
     assert set(os.listdir("/dev/shm")) == shm_before
     with Job(2) as again:                      # the next job in this process works
         assert again.call(link_kinds, [()] * 2) == [["none", "shm"], ["shm", "none"]]
+
+
+def test_rendezvous_refuses_a_wrong_token():
+    """Rank 0 admits only hellos carrying the job's token: a rank with another token never
+    joins, and both sides fail with CollectiveError at the timeout instead of connecting."""
+    import socket
+    import threading
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address, errors = f"127.0.0.1:{port}", {}
+
+    def rank(r, token):
+        comm = _native.Comm(r, 2, -1, [0, 1], 1.5)
+        try:
+            comm.connect_tcp(address, token)
+        except CollectiveError as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(0, "the-job")),
+               threading.Thread(target=rank, args=(1, "an-intruder"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert set(errors) == {0, 1}
+    assert "wrong job token" in str(errors[0]) and errors[0].rank == 0
+    assert errors[1].rank == 1

@@ -156,7 +156,7 @@ Fd connect_to(Comm& c, const std::string& host, int port, double deadline) {
   }
 }
 
-Fd accept_one(Comm& c, int lfd, double deadline) {
+Fd accept_one(Comm& c, int lfd, double deadline, const std::string& what) {
   for (;;) {
     pollfd pf{lfd, POLLIN, 0};
     poll(&pf, 1, 100);
@@ -164,7 +164,7 @@ Fd accept_one(Comm& c, int lfd, double deadline) {
       int fd = accept(lfd, nullptr, nullptr);
       if (fd >= 0) return Fd(fd);
     }
-    if (now() > deadline) c.fail("timed out waiting for peers to connect");
+    if (now() > deadline) c.fail(what);
   }
 }
 
@@ -204,13 +204,15 @@ void connect_tcp_links(Comm& c, const std::string& rendezvous, const std::string
     std::vector<Fd> peers(n);
     int joined = 1, refused = 0;
     while (joined < n) {
-      Fd fd = accept_one(c, rfd.get(), deadline);
+      Fd fd = accept_one(c, rfd.get(), deadline,
+                         "timed out with " + std::to_string(joined) + " of " + std::to_string(n) +
+                             " ranks joined" +
+                             (refused ? " (" + std::to_string(refused) +
+                                            " connection(s) refused: wrong job token)" : ""));
       Hello h{};
       io_all(c, fd.get(), &h, sizeof(h), false, deadline, "reading a rendezvous hello");
       if (!admits(h, token, n) || peers[h.rank].get() >= 0 || h.rank == 0) {
         ++refused;                     // a stranger or a duplicate: drop the connection
-        if (now() > deadline)
-          c.fail(std::to_string(refused) + " rendezvous connection(s) refused (wrong job token)");
         continue;
       }
       table[h.rank] = h;
@@ -236,7 +238,7 @@ void connect_tcp_links(Comm& c, const std::string& rendezvous, const std::string
     c.set_link(p, std::make_unique<TcpLink>(std::move(fd), p));
   }
   while (expect > 0) {
-    Fd fd = accept_one(c, lfd.get(), deadline);
+    Fd fd = accept_one(c, lfd.get(), deadline, "timed out waiting for peers to connect");
     Hello h{};
     io_all(c, fd.get(), &h, sizeof(h), false, deadline, "reading a peer's greeting");
     if (!admits(h, token, n) || h.rank <= me || c.link_kind(h.rank) != "none") continue;

@@ -53,5 +53,7 @@ std::vector<std::vector<int>> host_groups(const Comm& c, const Group& g);
 // This rank's group inside its host, and its group across hosts (same position on each host).
 Group intra_group(const Group& g, const std::vector<std::vector<int>>& hosts);
 Group inter_group(const Group& g, const std::vector<std::vector<int>>& hosts);
+// Both, when the group spans at least two equal hosts of at least two ranks; else false.
+bool two_levels(const Comm& c, const Group& g, Group* intra, Group* inter);
 
 }  // namespace autopar

@@ -40,4 +40,12 @@ Group inter_group(const Group& g, const std::vector<std::vector<int>>& hosts) {
   return out;
 }
 
+bool two_levels(const Comm& c, const Group& g, Group* intra, Group* inter) {
+  auto hosts = host_groups(c, g);
+  if (hosts.size() < 2 || hosts[0].size() < 2) return false;
+  *intra = intra_group(g, hosts);
+  *inter = inter_group(g, hosts);
+  return true;
+}
+
 }  // namespace autopar

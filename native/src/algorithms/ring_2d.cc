@@ -9,10 +9,9 @@
 namespace autopar {
 
 void allreduce_2d_ring(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op) {
-  auto hosts = host_groups(c, g);
-  if (hosts.size() < 2 || hosts[0].size() < 2) return allreduce_ring(c, g, buf, count, t, op);
+  Group intra, inter;
+  if (!two_levels(c, g, &intra, &inter)) return allreduce_ring(c, g, buf, count, t, op);
   if (count == 0) return;
-  Group intra = intra_group(g, hosts), inter = inter_group(g, hosts);
   size_t es = dtype_size(t);
   char* data = static_cast<char*>(buf);
   int L = intra.size();
