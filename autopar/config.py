@@ -72,6 +72,8 @@ class ParallelConfig:
     backend: Backend = Backend.JAX            # where compiled steps run
     search_time: Optional[float] = None       # seconds auto_parallel's solver may take (None: its default)
     progress: bool = True                     # report searches that run past a second on stderr
+    collective_timeout: float = 10.0          # native backend: seconds a collective may wait for a
+                                              # peer before every rank raises CollectiveError
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -79,6 +81,14 @@ class ParallelConfig:
         set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
         set_("backend", _enum(Backend, self.backend, "backend"))
         set_("max_device_memory", parse_bytes(self.max_device_memory))
+        try:
+            timeout = float(self.collective_timeout)
+        except (TypeError, ValueError):
+            timeout = -1.0
+        if not timeout > 0:
+            raise ConfigError(f"collective_timeout={self.collective_timeout!r} must be a positive "
+                              "number of seconds.")
+        set_("collective_timeout", timeout)
         shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
         n = self.device_num
         if shape is None:

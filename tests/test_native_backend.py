@@ -18,10 +18,11 @@ MEGATRON = {"w1": (1, 2), "b1": (2,), "w2": (2, 1), "b2": (1,)}
 def test_mlp_step_on_four_ranks(mode, mesh, strategy):
     p, b = m.mlp_params(), m.mlp_batch(batch=16)
     cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, mesh_shape=mesh, backend="native",
-                            progress=False)
+                            progress=False, collective_timeout=5)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=strategy)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     job = c._runner.job
+    assert job.timeout == 5.0
     b2 = m.mlp_batch(batch=16, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
     assert c._runner.job is job and all(pr.poll() is None for pr in job.procs)
@@ -38,3 +39,9 @@ def test_gpt_block_on_four_ranks():
     assert kinds                                  # the plan communicates
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
     c._runner.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon"])
+def test_collective_timeout_must_be_positive(bad):
+    with pytest.raises(ap.ConfigError, match="collective_timeout"):
+        ap.ParallelConfig(collective_timeout=bad)
