@@ -108,7 +108,8 @@ class Compiled:
         if self._runner is None:
             if self.config.backend is Backend.NATIVE:
                 from .runtime.native_backend import NativeRunner
-                self._runner = NativeRunner(self.program, self.config.collective_timeout)
+                self._runner = NativeRunner(self.program, self.config.collective_timeout,
+                                            self.config.allreduce_fusion_bytes)
             else:
                 from .runtime.jax_backend import build
                 self._runner = build(self.program)

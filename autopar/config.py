@@ -48,13 +48,13 @@ def _enum(cls, value, field):
 _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30, "TB": 2 ** 40}
 
 
-def parse_bytes(value) -> Optional[int]:
+def parse_bytes(value, field: str = "max_device_memory") -> Optional[int]:
     """``16GB`` / ``"512 MB"`` / ``1024`` -> bytes (binary units, as MindSpore's max_device_memory)."""
     if value is None or isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?)\s*", str(value).upper())
     if not m:
-        raise ConfigError(f"max_device_memory={value!r} is not a size; write e.g. 16GB or 512MB.")
+        raise ConfigError(f"{field}={value!r} is not a size; write e.g. 16GB or 512MB.")
     return int(float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "" else ""])
 
 
@@ -74,6 +74,8 @@ class ParallelConfig:
     progress: bool = True                     # report searches that run past a second on stderr
     collective_timeout: float = 10.0          # native backend: seconds a collective may wait for a
                                               # peer before every rank raises CollectiveError
+    allreduce_fusion_bytes: int = 25 << 20    # native backend: all-reduce bucket size
+                                              # ("25MB" accepted; 0: one call per all-reduce)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -81,6 +83,8 @@ class ParallelConfig:
         set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
         set_("backend", _enum(Backend, self.backend, "backend"))
         set_("max_device_memory", parse_bytes(self.max_device_memory))
+        set_("allreduce_fusion_bytes", parse_bytes(self.allreduce_fusion_bytes or 0,
+                                                   "allreduce_fusion_bytes"))
         try:
             timeout = float(self.collective_timeout)
         except (TypeError, ValueError):

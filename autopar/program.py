@@ -105,6 +105,25 @@ class Segment:
         return "\n".join([head] + [f"  {c}" for c in self.computes] + ["}"])
 
 
+def defer_all_reduce_readers(instructions) -> list:
+    """The same instructions in a valid order where everything that depends (transitively) on
+    an all-reduce result runs after everything that does not: the gradient all-reduces of a
+    backward pass then stand next to each other (the native runtime fuses them into buckets)
+    with the rest of the backward compute between their issue and their first use."""
+    tainted, first, later = set(), [], []
+    for ins in instructions:
+        reads = ins.inputs if isinstance(ins, Compute) else [ins.src]
+        outs = ins.outputs if isinstance(ins, Compute) else [ins.out]
+        if any(isinstance(r, int) and r in tainted for r in reads):
+            later.append(ins)
+            tainted.update(outs)
+        else:
+            first.append(ins)
+            if isinstance(ins, Collective) and ins.kind == "all_reduce":
+                tainted.update(outs)
+    return first + later
+
+
 def segment(instructions, avals, final_reads) -> tuple:
     """Group runs of Compute into Segments. ``avals``: register -> (local shape, dtype);
     ``final_reads``: registers read after the last instruction (the results)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from autopar.graph import Const, Value
 from autopar.layout import Layout
-from autopar.program import Collective, Compute, Program, Slice, segment
+from autopar.program import Collective, Compute, Program, Slice, defer_all_reduce_readers, segment
 from autopar.strategies.rules import rule_for
 
 from .planner import after
@@ -142,7 +142,8 @@ class _Lowerer:
 def lower(graph, choice, in_layouts, mesh, planner):
     lw = _Lowerer(graph, choice, in_layouts, mesh, planner)
     outputs, out_layouts, comm, out_cost = lw.run()
-    body = segment(lw.instructions, lw.avals, [o for o in outputs if isinstance(o, int)])
+    body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
+                   [o for o in outputs if isinstance(o, int)])
     prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),
                    body, graph.in_tree, graph.out_tree)
     return prog, comm, out_cost

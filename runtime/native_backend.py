@@ -11,7 +11,9 @@ runner is closed or collected, so a second call pays only for the step. Per call
 its block of every argument (``Layout`` over the mesh coordinates of r, row-major ranks) and
 runs the instructions: segments through their exported executables, collectives through
 ``Comm`` over the ranks that share r's coordinates off the collective's axes (first axis
-major, as in jax_collectives), slices locally.
+major, as in jax_collectives), slices locally. Collectives run on a background thread;
+all-reduces are fused into buckets of up to ``bucket_bytes`` (25 MiB by default, DDP's) that
+overlap with the compute after them (``_Comms``).
 
 All-reduce algorithms: the planner's ``ring`` and ``tree`` run as the native ring and double
 binary tree, ``recursive_doubling`` as halving-doubling; the native 2D algorithms by name.
@@ -31,7 +33,7 @@ ALLREDUCE = {"ring": "ring", "tree": "tree", "recursive_doubling": "halving_doub
              "halving_doubling": "halving_doubling", "2d_ring": "2d_ring",
              "2d_torus": "2d_torus", "2d_mesh": "2d_mesh"}
 
-_PROGRAMS: dict = {}          # in a worker: program key -> (mesh, instructions, inputs, outputs)
+_PROGRAMS: dict = {}          # in a worker: program key -> (mesh, steps, inputs, outputs, bucket)
 
 
 def _c(x):
@@ -66,7 +68,7 @@ def group(rank, axes, mesh):
 class NativeRunner:
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
         import jax
         from jax import export
 
@@ -84,7 +86,7 @@ class NativeRunner:
         self._finalizer = weakref.finalize(self, self.job.close)
         key = id(self)
         self.key = key
-        payload = (program.mesh, tuple(instructions), program.inputs, program.outputs)
+        payload = (program.mesh, tuple(instructions), program.inputs, program.outputs, bucket_bytes)
         self.job.call(load, [(key, payload)] * program.mesh.size)
 
     def __call__(self, flat_args):
@@ -104,27 +106,101 @@ class NativeRunner:
 
 def load(comm, key, payload):
     from jax import export
-    mesh, instructions, inputs, outputs = payload
+    mesh, instructions, inputs, outputs, bucket_bytes = payload
     steps = [("segment", export.deserialize(ins[1]), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAMS[key] = (mesh, steps, inputs, outputs)
+    _PROGRAMS[key] = (mesh, steps, inputs, outputs, bucket_bytes)
     return True
 
 
 def run(comm, key, blocks):
-    mesh, steps, inputs, outputs = _PROGRAMS[key]
+    mesh, steps, inputs, outputs, bucket_bytes = _PROGRAMS[key]
     regs = dict(zip(inputs, blocks))
-    get = lambda r: np.asarray(r.value, r.dtype) if isinstance(r, Const) else regs[r]
-    for st in steps:
-        if isinstance(st, tuple):
-            _, exe, ins, outs = st
-            res = exe.call(*[regs[i] for i in ins])
-            regs.update(zip(outs, [np.asarray(y) for y in res]))
-        else:
-            regs[st.out] = _step(comm, st, get(st.src), mesh)
-    if comm.rank != 0:
-        return None
-    return [regs[o] for o in outputs if not isinstance(o, Const)]
+    comms = _Comms(comm, mesh, bucket_bytes)
+
+    def get(r):
+        if isinstance(r, Const):
+            return np.asarray(r.value, r.dtype)
+        if r not in regs:
+            regs[r] = comms.wait(r)
+        return regs[r]
+
+    try:
+        for st in steps:
+            if isinstance(st, tuple):
+                _, exe, ins, outs = st
+                res = exe.call(*[get(i) for i in ins])
+                regs.update(zip(outs, [np.asarray(y) for y in res]))
+            elif getattr(st, "kind", "") == "all_reduce":
+                comms.all_reduce(st, _c(get(st.src)))
+            else:
+                regs[st.out] = comms.run(st, get(st.src))
+        results = [get(o) for o in outputs if not isinstance(o, Const)]
+    finally:
+        comms.close()
+    _STATS["all_reduce_calls"] += comms.calls
+    return results if comm.rank == 0 else None
+
+
+def stats(comm):
+    """This worker's counters (for tests and benchmarks)."""
+    return dict(_STATS)
+
+
+_STATS = {"all_reduce_calls": 0}
+
+
+class _Comms:
+    """The collectives of one step, issued by one background thread in program order (every
+    rank must issue them in the same order). All-reduces are deferred and fused: consecutive
+    ones over the same axes, dtype and algorithm share one flat buffer until it holds
+    ``bucket_bytes`` or a later instruction reads one of them (Horovod's tensor fusion, DDP's
+    buckets); the compute that follows runs while a bucket is reduced."""
+
+    def __init__(self, comm, mesh, bucket_bytes):
+        from concurrent.futures import ThreadPoolExecutor
+        self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="autopar-comm")
+        self.bucket, self.key, self.bytes = [], None, 0
+        self.futures = {}             # register -> (future of the flat result, offset, shape)
+        self.calls = 0
+
+    def all_reduce(self, st, x):
+        key = (st.axes, x.dtype, st.algorithm)
+        if self.bucket and key != self.key:
+            self.flush()
+        self.bucket.append((st, x))
+        self.key, self.bytes = key, self.bytes + x.nbytes
+        if self.bytes >= self.limit:
+            self.flush()
+
+    def flush(self):
+        if not self.bucket:
+            return
+        items, self.bucket, self.bytes = self.bucket, [], 0
+        flat = np.concatenate([x.ravel() for _, x in items]) if len(items) > 1 else items[0][1].copy()
+        fut = self.thread.submit(_step, self.comm, items[0][0], flat, self.mesh)
+        self.calls += 1
+        offset = 0
+        for st, x in items:
+            self.futures[st.out] = (fut, offset, x.shape)
+            offset += x.size
+
+    def wait(self, reg):
+        if any(st.out == reg for st, _ in self.bucket):
+            self.flush()
+        fut, offset, shape = self.futures.pop(reg)
+        flat = fut.result()
+        return _c(flat.reshape(-1)[offset:offset + int(np.prod(shape))].reshape(shape))
+
+    def run(self, st, x):
+        """Any other step, in order after the pending all-reduces."""
+        self.flush()
+        return self.thread.submit(_step, self.comm, st, x, self.mesh).result()
+
+    def close(self):
+        self.flush()
+        self.thread.shutdown(wait=True)
 
 
 def _step(comm, st, x, mesh):

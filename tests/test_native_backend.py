@@ -45,3 +45,24 @@ def test_gpt_block_on_four_ranks():
 def test_collective_timeout_must_be_positive(bad):
     with pytest.raises(ap.ConfigError, match="collective_timeout"):
         ap.ParallelConfig(collective_timeout=bad)
+
+
+def worker_stats(comm):
+    from autopar.runtime.native_backend import stats
+    return stats(comm)
+
+
+def test_gradient_all_reduces_are_fused_into_buckets():
+    """data_parallel's loss and gradient all-reduces of a GPT block: one call per all-reduce
+    without fusion, fewer with the default buckets; the values are the same."""
+    p, b = m.gpt_params(), m.gpt_batch(batch=4)
+    calls = {}
+    for fusion in (0, "25MB"):
+        cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                                allreduce_fusion_bytes=fusion)
+        c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+        assert_same(c(p, b), m.gpt_sgd_step(p, b))
+        calls[fusion] = c._runner.job.call(worker_stats, [()] * 2)[0]["all_reduce_calls"]
+        c._runner.close()
+    n = sum(x.kind == "all_reduce" for x in c.collectives())
+    assert calls[0] == n and calls["25MB"] < n
