@@ -131,6 +131,18 @@ class Layout:
     def local_shape(self, shape, mesh: LogicalMesh) -> tuple[int, ...]:
         return tuple(s // c for s, c in zip(shape, self.splits(mesh)))
 
+    def block(self, shape, coords, mesh: LogicalMesh) -> tuple[slice, ...]:
+        """The slices of a ``shape`` tensor held by the device at ``coords`` (axis name ->
+        index): a dimension split over axes ``(x, y)`` holds block ``ix * ny + iy``."""
+        out = []
+        for axes, n in zip(self.dims, shape):
+            idx, count = 0, 1
+            for a in axes:
+                idx = idx * mesh.axis_size(a) + int(coords[a])
+                count *= mesh.axis_size(a)
+            out.append(slice(idx * (n // count), (idx + 1) * (n // count)))
+        return tuple(out)
+
     def check(self, shape, mesh: LogicalMesh, what: str = "value") -> "Layout":
         """Raise LayoutError unless this layout fits a tensor of ``shape`` on ``mesh``."""
         shape = tuple(shape)

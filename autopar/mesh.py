@@ -7,6 +7,7 @@ so the last axis rides the fastest links. Planning sees only this object.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -58,6 +59,26 @@ class LogicalMesh:
             return self.axis_names.index(name)
         except ValueError:
             raise ConfigError(f"no mesh axis {name!r}; the mesh has {self.axis_names}.") from None
+
+    def coords(self, device: int) -> dict:
+        """Axis name -> index of ``device`` (row-major numbering)."""
+        out = {}
+        for name, size in reversed(list(zip(self.axis_names, self.shape))):
+            device, out[name] = divmod(device, size)
+        return {a: out[a] for a in self.axis_names}
+
+    def group(self, device: int, axes) -> tuple[tuple[int, ...], int]:
+        """The devices that differ from ``device`` only on ``axes``, ordered by their combined
+        index over ``axes`` (first axis major), and ``device``'s position among them."""
+        coords = self.coords(device)
+        members = []
+        for idx in itertools.product(*[range(self.axis_size(a)) for a in axes]):
+            c = dict(coords, **dict(zip(axes, idx)))
+            d = 0
+            for name, size in zip(self.axis_names, self.shape):
+                d = d * size + c[name]
+            members.append(d)
+        return tuple(members), members.index(device)
 
     def level(self, name: str) -> Level:
         """The topology level whose links an axis uses (its slowest level if it spans several)."""

@@ -132,11 +132,9 @@ def segment(instructions, avals, final_reads) -> tuple:
         for r in (ins.inputs if isinstance(ins, Compute) else [ins.src]):
             if isinstance(r, int):
                 last[r] = max(last.get(r, -1), i)
-    out, run, start = [], [], 0
+    out, run = [], []
     for i, ins in enumerate(list(instructions) + [None]):
         if isinstance(ins, Compute):
-            if not run:
-                start = i
             run.append(ins)
             continue
         if run:

@@ -45,7 +45,7 @@ class Job:
             raise ConfigError(f"hosts names {len(hosts)} ranks' hosts; the job has {nranks}.")
         if inter_host not in ("shm", "tcp"):
             raise ConfigError(f"inter_host must be 'shm' or 'tcp', not {inter_host!r}.")
-        self.nranks, self.hosts, self.timeout = nranks, hosts, timeout
+        self.nranks, self.timeout = nranks, timeout
         self.token = secrets.token_hex(16)
         self.segment = _native.Segment.create(nranks)
         self._dir = tempfile.TemporaryDirectory(prefix="autopar-")
@@ -62,7 +62,8 @@ class Job:
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False
-        self.conns = [None] * nranks
+        self.conns = [None] * nranks                 # filled in by _accept
+        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
         try:
             accept = threading.Thread(target=self._accept, args=(listener,), daemon=True)
             accept.start()
@@ -82,7 +83,6 @@ class Job:
             listener.close()
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._monitor.start()
-        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
 
     def _accept(self, listener):
         for _ in range(self.nranks):
@@ -142,7 +142,7 @@ class Job:
         if self.closed:
             return
         self.closed = True
-        Job._stop(self.procs, self.conns)
+        self._finalizer()
         self._dir.cleanup()
 
     @staticmethod

@@ -8,10 +8,10 @@ The caller exports every ``Segment`` once with ``jax.export`` (local shapes; ser
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
 ``mesh.size`` ranks and loads the program into every worker; the workers stay alive until the
 runner is closed or collected, so a second call pays only for the step. Per call, rank r gets
-its block of every argument (``Layout`` over the mesh coordinates of r, row-major ranks) and
+its block of every argument (``Layout.block`` at ``mesh.coords(r)``) and
 runs the instructions: segments through their exported executables, collectives through
-``Comm`` over the ranks that share r's coordinates off the collective's axes (first axis
-major, as in jax_collectives), slices locally. Collectives run on a background thread;
+``Comm`` over ``mesh.group(r, axes)`` (first axis major, as in jax_collectives), slices
+locally. Collectives run on a background thread;
 all-reduces are fused into buckets of up to ``bucket_bytes`` (25 MiB by default, DDP's) that
 overlap with the compute after them (``_Comms``).
 
@@ -20,49 +20,27 @@ binary tree, ``recursive_doubling`` as halving-doubling; the native 2D algorithm
 """
 from __future__ import annotations
 
-import itertools
+import functools
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from autopar.errors import CollectiveError
 from autopar.graph import Const
-from autopar.program import Collective, Segment, Slice
+from autopar.program import Segment
 
 ALLREDUCE = {"ring": "ring", "tree": "tree", "recursive_doubling": "halving_doubling",
              "halving_doubling": "halving_doubling", "2d_ring": "2d_ring",
              "2d_torus": "2d_torus", "2d_mesh": "2d_mesh"}
 
-_PROGRAMS: dict = {}          # in a worker: program key -> (mesh, steps, inputs, outputs, bucket)
+_PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs, bucket)
+_COMM_THREAD: list = []       # in a worker: the executor every collective runs on
 
 
 def _c(x):
     """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)."""
     return np.asarray(x, order="C")
-
-
-def block(x, layout, mesh, coords):
-    """The block of global array ``x`` that the device at ``coords`` holds under ``layout``."""
-    index = []
-    for size, axes in zip(np.shape(x), layout.dims):
-        n, i = 1, 0
-        for a in axes:
-            k = mesh.axis_index(a)
-            n, i = n * mesh.shape[k], i * mesh.shape[k] + coords[k]
-        index.append(slice(i * (size // n), (i + 1) * (size // n)))
-    return _c(np.asarray(x)[tuple(index)])
-
-
-def group(rank, axes, mesh):
-    """(ranks of the group of ``axes`` that ``rank`` belongs to, its position in the group)."""
-    coords = list(np.unravel_index(rank, mesh.shape))
-    ranks = []
-    for idx in itertools.product(*[range(mesh.axis_size(a)) for a in axes]):
-        c = list(coords)
-        for a, i in zip(axes, idx):
-            c[mesh.axis_index(a)] = i
-        ranks.append(int(np.ravel_multi_index(c, mesh.shape)))
-    return ranks, ranks.index(rank)
 
 
 class NativeRunner:
@@ -84,17 +62,16 @@ class NativeRunner:
                 instructions.append(ins)
         self.job = Job(program.mesh.size, timeout=timeout)
         self._finalizer = weakref.finalize(self, self.job.close)
-        key = id(self)
-        self.key = key
         payload = (program.mesh, tuple(instructions), program.inputs, program.outputs, bucket_bytes)
-        self.job.call(load, [(key, payload)] * program.mesh.size)
+        self.job.call(load, [(payload,)] * program.mesh.size)
 
     def __call__(self, flat_args):
         mesh, p = self.program.mesh, self.program
         per_rank = []
         for r in range(mesh.size):
-            coords = np.unravel_index(r, mesh.shape)
-            per_rank.append((self.key, [block(x, l, mesh, coords) for x, l in zip(flat_args, p.in_layouts)]))
+            coords = mesh.coords(r)
+            per_rank.append(([_c(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
+                              for x, l in zip(flat_args, p.in_layouts)],))
         got = iter(self.job.call(run, per_rank)[0])
         return [o.value if isinstance(o, Const) else next(got) for o in p.outputs]
 
@@ -104,17 +81,20 @@ class NativeRunner:
 
 # --- in the workers ---------------------------------------------------------------------------
 
-def load(comm, key, payload):
+def load(comm, payload):
+    """Deserialise the program's segments (a job runs one program)."""
     from jax import export
     mesh, instructions, inputs, outputs, bucket_bytes = payload
     steps = [("segment", export.deserialize(ins[1]), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAMS[key] = (mesh, steps, inputs, outputs, bucket_bytes)
+    _PROGRAM[:] = [(mesh, steps, inputs, outputs, bucket_bytes)]
+    if not _COMM_THREAD:
+        _COMM_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="autopar-comm"))
     return True
 
 
-def run(comm, key, blocks):
-    mesh, steps, inputs, outputs, bucket_bytes = _PROGRAMS[key]
+def run(comm, blocks):
+    mesh, steps, inputs, outputs, bucket_bytes = _PROGRAM[0]
     regs = dict(zip(inputs, blocks))
     comms = _Comms(comm, mesh, bucket_bytes)
 
@@ -132,7 +112,7 @@ def run(comm, key, blocks):
                 res = exe.call(*[get(i) for i in ins])
                 regs.update(zip(outs, [np.asarray(y) for y in res]))
             elif getattr(st, "kind", "") == "all_reduce":
-                comms.all_reduce(st, _c(get(st.src)))
+                comms.all_reduce(st, get(st.src))
             else:
                 regs[st.out] = comms.run(st, get(st.src))
         results = [get(o) for o in outputs if not isinstance(o, Const)]
@@ -158,9 +138,8 @@ class _Comms:
     buckets); the compute that follows runs while a bucket is reduced."""
 
     def __init__(self, comm, mesh, bucket_bytes):
-        from concurrent.futures import ThreadPoolExecutor
         self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="autopar-comm")
+        self.thread = _COMM_THREAD[0]
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
         self.calls = 0
@@ -178,7 +157,7 @@ class _Comms:
         if not self.bucket:
             return
         items, self.bucket, self.bytes = self.bucket, [], 0
-        flat = np.concatenate([x.ravel() for _, x in items]) if len(items) > 1 else items[0][1].copy()
+        flat = np.concatenate([np.ravel(x) for _, x in items])     # a fresh buffer, reduced in place
         fut = self.thread.submit(_step, self.comm, items[0][0], flat, self.mesh)
         self.calls += 1
         offset = 0
@@ -199,8 +178,14 @@ class _Comms:
         return self.thread.submit(_step, self.comm, st, x, self.mesh).result()
 
     def close(self):
+        """Issue what is pending and wait until every collective of the step is done."""
         self.flush()
-        self.thread.shutdown(wait=True)
+        self.thread.submit(lambda: None).result()
+
+
+@functools.lru_cache(maxsize=None)
+def _group(mesh, rank, axes):
+    return mesh.group(rank, axes)
 
 
 def _step(comm, st, x, mesh):
@@ -208,7 +193,7 @@ def _step(comm, st, x, mesh):
     axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
     if not axes:
         return x
-    ranks, me = group(comm.rank, axes, mesh)
+    ranks, me = _group(mesh, comm.rank, axes)
     n = len(ranks)
     kind = getattr(st, "kind", "slice")
     if kind == "slice":
@@ -216,10 +201,9 @@ def _step(comm, st, x, mesh):
         return _c(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
     if kind == "partial_zero":
         return x if me == 0 else np.zeros_like(x)
-    if kind == "all_reduce":
-        y = x.copy()
-        comm.all_reduce(y, ranks, "sum", ALLREDUCE.get(st.algorithm, "ring"))
-        return y
+    if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
+        comm.all_reduce(x, ranks, "sum", ALLREDUCE.get(st.algorithm, "ring"))
+        return x
     if kind == "all_gather":
         out = np.empty((n,) + x.shape, x.dtype)
         comm.all_gather(x, out, ranks)

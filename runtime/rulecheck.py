@@ -253,22 +253,6 @@ def _prepare(node, rule, cand, glob, mesh, rng):
     return _Run(cand, params, tuple(blocks), tuple(consts))
 
 
-def _device_coords(mesh):
-    return [dict(zip(mesh.axis_names, np.unravel_index(b, mesh.shape))) for b in range(mesh.size)]
-
-
-def _block_slices(layout, shape, coords, mesh):
-    out = []
-    for d, (axes, n) in enumerate(zip(layout.dims, shape)):
-        idx, count = 0, 1
-        for a in axes:
-            idx = idx * mesh.axis_size(a) + int(coords[a])
-            count *= mesh.axis_size(a)
-        size = n // count
-        out.append(slice(idx * size, (idx + 1) * size))
-    return tuple(out)
-
-
 def _partial_index(layout, coords, mesh):
     idx = 0
     for a in sorted(layout.partial, key=mesh.axis_index):
@@ -286,9 +270,9 @@ def _device_blocks(g, layout, mesh, rng):
     else:
         parts = [g]
     out = []
-    for coords in _device_coords(mesh):
+    for coords in map(mesh.coords, range(mesh.size)):
         part = parts[_partial_index(layout, coords, mesh)]
-        out.append(part[_block_slices(layout, g.shape, coords, mesh)])
+        out.append(part[layout.block(g.shape, coords, mesh)])
     return np.stack(out)
 
 
@@ -364,7 +348,7 @@ def _compare(got, layout, want, mesh):
     """Reassemble the device results ``got`` per ``layout`` and compare with ``want``; return
     an error string or None. Devices that differ only on partial axes are summed."""
     groups = {}
-    for b, coords in enumerate(_device_coords(mesh)):
+    for b, coords in enumerate(map(mesh.coords, range(mesh.size))):
         key = tuple(int(coords[a]) for a in mesh.axis_names if a not in layout.partial)
         groups.setdefault(key, []).append((b, coords))
     floating = np.issubdtype(want.dtype, np.inexact)
@@ -374,7 +358,7 @@ def _compare(got, layout, want, mesh):
             total = sum(got[m].astype(np.float64) for m, _ in members)
         else:
             total = sum(got[m] for m, _ in members) if len(members) > 1 else got[b]
-        block = want[_block_slices(layout, want.shape, coords, mesh)]
+        block = want[layout.block(want.shape, coords, mesh)]
         if total.shape != block.shape:
             return f"device {b} holds shape {total.shape}, its block is {block.shape}"
         if floating:

@@ -124,9 +124,9 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
     is a value is the same value ``x``, every candidate reads ``x`` in exactly the layout it
     writes, it has a candidate for every layout the chain's head may write, and its output lives
     at most ``SPAN`` steps -- and ``x`` is the single output of the chain's last node, read by
-    nothing else and not a result of the step. Every other node heads its own chain. A follower then always keeps its producer's
-    layout (MindSpore's elementwise followers), which is where the merge may cost optimality:
-    the follower could have resharded instead."""
+    nothing else and not a result of the step. Every other node heads its own chain. A
+    follower then always keeps its producer's layout (MindSpore's elementwise followers), which
+    is where the merge may cost optimality: the follower could have resharded instead."""
     readers: dict = {}
     for n in graph.nodes:
         for x in n.inputs:

@@ -46,8 +46,6 @@ Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int>
   }
 }
 
-Comm::~Comm() { links_.clear(); }
-
 void Comm::set_link(int peer, std::unique_ptr<Link> l) { links_.at(peer) = std::move(l); }
 
 std::string Comm::link_kind(int peer) const {

@@ -35,7 +35,6 @@ class Comm {
   // do, and the others need TCP (connect_tcp_links) -- a multi-host job on one machine.
   Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
        double timeout_s, bool shm_within_hosts = false);
-  ~Comm();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -43,7 +42,6 @@ class Comm {
   double timeout() const { return timeout_s_; }
   void set_link(int peer, std::unique_ptr<Link> link);
   std::string link_kind(int peer) const;
-  ShmSegment* segment() const { return shm_.get(); }
 
   // The operation named in errors (set by the collective entry points).
   void set_op(std::string op) { op_ = std::move(op); }

@@ -94,28 +94,16 @@ void loop(void* dst, const void* src, size_t n, F f) {
 }
 
 template <typename T>
+T same(T x) { return x; }
+
+// Stored type S, computed in C (C = S except for the half types, computed in float).
+template <typename S, typename C = S, C (*Up)(S) = same<S>, S (*Down)(C) = same<S>>
 void typed(void* dst, const void* src, size_t n, ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: loop<T>(dst, src, n, [](T a, T b) { return T(a + b); }); break;
-    case ReduceOp::prod: loop<T>(dst, src, n, [](T a, T b) { return T(a * b); }); break;
-    case ReduceOp::max: loop<T>(dst, src, n, [](T a, T b) { return std::max(a, b); }); break;
-    case ReduceOp::min: loop<T>(dst, src, n, [](T a, T b) { return std::min(a, b); }); break;
-  }
-}
-
-template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
-void half(void* dst, const void* src, size_t n, ReduceOp op) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) {
-    float a = Widen(d[i]), b = Widen(s[i]), r;
-    switch (op) {
-      case ReduceOp::sum: r = a + b; break;
-      case ReduceOp::prod: r = a * b; break;
-      case ReduceOp::max: r = std::max(a, b); break;
-      default: r = std::min(a, b); break;
-    }
-    d[i] = Narrow(r);
+    case ReduceOp::sum: loop<S>(dst, src, n, [](S a, S b) { return Down(C(Up(a) + Up(b))); }); break;
+    case ReduceOp::prod: loop<S>(dst, src, n, [](S a, S b) { return Down(C(Up(a) * Up(b))); }); break;
+    case ReduceOp::max: loop<S>(dst, src, n, [](S a, S b) { return Down(std::max(Up(a), Up(b))); }); break;
+    case ReduceOp::min: loop<S>(dst, src, n, [](S a, S b) { return Down(std::min(Up(a), Up(b))); }); break;
   }
 }
 
@@ -127,8 +115,8 @@ void reduce_into(void* dst, const void* src, size_t n, DType t, ReduceOp op) {
     case DType::f64: typed<double>(dst, src, n, op); break;
     case DType::i32: typed<int32_t>(dst, src, n, op); break;
     case DType::i64: typed<int64_t>(dst, src, n, op); break;
-    case DType::f16: half<f16_to_float, float_to_f16>(dst, src, n, op); break;
-    case DType::bf16: half<bf16_to_float, float_to_bf16>(dst, src, n, op); break;
+    case DType::f16: typed<uint16_t, float, f16_to_float, float_to_f16>(dst, src, n, op); break;
+    case DType::bf16: typed<uint16_t, float, bf16_to_float, float_to_bf16>(dst, src, n, op); break;
   }
 }
 
