@@ -218,3 +218,20 @@ def test_rendezvous_refuses_a_wrong_token():
     assert set(errors) == {0, 1}
     assert "wrong job token" in str(errors[0]) and errors[0].rank == 0
     assert errors[1].rank == 1
+
+
+def test_bench_prints_one_json_measurement_per_op_size_and_algorithm():
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "autopar.runtime.bench", "--op", "all", "--ranks", "3",
+                          "--size", "4KB", "1000", "--algorithm", "ring", "tree", "--json"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 2 * (2 + 4)                    # all_reduce twice, four others once, per size
+    assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                       "broadcast"}
+    for r in rows:
+        assert set(r) == {"op", "ranks", "bytes", "algorithm", "dtype", "latency_us", "busbw_gbs"}
+        assert r["ranks"] == 3 and r["bytes"] in (4096, 1000) and r["dtype"] == "float32"
+        assert r["latency_us"] > 0 and r["busbw_gbs"] > 0

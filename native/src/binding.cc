@@ -20,15 +20,19 @@ using namespace autopar;
 namespace {
 
 DType dtype_of(const py::array& a) {
-  static const std::map<std::string, DType> names{
-      {"float32", DType::f32}, {"float64", DType::f64}, {"float16", DType::f16},
-      {"bfloat16", DType::bf16}, {"int32", DType::i32}, {"int64", DType::i64}};
-  std::string name = py::str(a.dtype().attr("name"));
-  auto it = names.find(name);
-  if (it == names.end())
-    throw py::type_error("autopar collectives take float32, float64, float16, bfloat16, int32 or "
-                         "int64 arrays, not " + name);
-  return it->second;
+  // kind and item size are plain fields; dtype.name is computed in Python (microseconds)
+  py::dtype d = a.dtype();
+  char kind = d.kind();
+  ssize_t size = d.itemsize();
+  if (kind == 'f' && size == 4) return DType::f32;
+  if (kind == 'f' && size == 8) return DType::f64;
+  if (kind == 'f' && size == 2) return DType::f16;
+  if (kind == 'i' && size == 4) return DType::i32;
+  if (kind == 'i' && size == 8) return DType::i64;
+  std::string name = py::str(d.attr("name"));
+  if (name == "bfloat16") return DType::bf16;
+  throw py::type_error("autopar collectives take float32, float64, float16, bfloat16, int32 or "
+                       "int64 arrays, not " + name);
 }
 
 ReduceOp op_of(const std::string& s) {

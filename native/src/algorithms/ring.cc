@@ -1,5 +1,6 @@
 // Ring all-reduce (reduce-scatter then all-gather, 2(n-1) steps of count/n elements), and the
 // ring reduce-scatter and all-gather it is made of. Bandwidth-optimal for large messages.
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms.h"
@@ -45,16 +46,23 @@ void reduce_scatter_ring(Comm& c, const Group& g, const void* in, void* out, siz
     std::memcpy(out, in, count * es);
     return;
   }
-  // a rotated ring so the fully reduced block lands on its owner: work on a copy
-  std::vector<char> tmp(static_cast<const char*>(in), static_cast<const char*>(in) + count * es);
+  // A rotated ring so the fully reduced block lands on its owner. Step s sends the block
+  // reduced at step s - 1 (straight from the input at step 0) and reduces the received one
+  // into a copy of that input block made just before (cache-warm) in a scratch buffer; the
+  // last block reduced is this rank's own, reduced straight into out. The scratch buffer is reused
+  // across calls, so large calls do not pay page faults.
+  thread_local std::vector<char> scratch;
+  scratch.resize(std::max(scratch.size(), count * es));
+  const char* src = static_cast<const char*>(in);
   Reduce red{t, op};
   int n = g.size(), me = g.me;
   for (int s = 0; s < n - 1; ++s) {
     int sb = ((me - s - 1) % n + n) % n, rb = ((me - s - 2) % n + n) % n;
-    c.exchange(g.at(me + 1), tmp.data() + b.off[sb] * es, b.len[sb] * es, g.at(me - 1),
-               tmp.data() + b.off[rb] * es, b.len[rb] * es, &red);
+    const char* sp = s == 0 ? src + b.off[sb] * es : scratch.data() + b.off[sb] * es;
+    char* rp = rb == me ? static_cast<char*>(out) : scratch.data() + b.off[rb] * es;
+    std::memcpy(rp, src + b.off[rb] * es, b.len[rb] * es);
+    c.exchange(g.at(me + 1), sp, b.len[sb] * es, g.at(me - 1), rp, b.len[rb] * es, &red);
   }
-  std::memcpy(out, tmp.data() + b.off[me] * es, b.len[me] * es);
 }
 
 void allgather_ring(Comm& c, const Group& g, const void* in, void* out, size_t count, size_t es) {

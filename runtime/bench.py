@@ -1,0 +1,170 @@
+"""Latency and bus bandwidth of autopar's native collectives on this host.
+
+Run: ``python -m autopar.runtime.bench --op all_reduce --ranks 2 --size 16MB [--algorithm ring]
+[--dtype float32] --json``. ``--op`` and ``--size`` take several values (``--op all`` is every
+collective); ``--algorithm`` applies to all_reduce only and may also take several values.
+
+Out: one measurement per (op, size, algorithm): with ``--json`` one JSON object per line with
+the keys op, ranks, bytes, algorithm, dtype, latency_us and busbw_gbs, else a table.
+
+Conventions are NCCL-tests': ``bytes`` is each rank's buffer (all_reduce, broadcast,
+all_to_all), its whole output (all_gather) or its whole input (reduce_scatter); bus bandwidth is
+bytes / time x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter and
+all_to_all, x 1 for broadcast. A measurement runs ``calls`` back-to-back collectives per
+round after a barrier, several rounds; a round's time is its slowest rank's, and the figure is
+the median round divided by its calls. ``timing`` below is shared with
+``benchmarks/collectives.py``, which runs the peers (gloo, MPI) under the same rules.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0}
+UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+         "G": 1 << 30, "GB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'16MB', '4K', '1048576' -> bytes."""
+    t = text.strip().upper()
+    digits = t.rstrip("KMGB")
+    unit = t[len(digits):]
+    if not digits or unit not in UNITS:
+        raise SystemExit(f"bench: cannot read the size {text!r}; write e.g. 4KB, 16MB or 1048576")
+    return int(float(digits) * UNITS[unit])
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def schedule(nbytes: int) -> tuple[int, int]:
+    """(calls per round, rounds): about 32 MB moved per round, at most 100 calls."""
+    calls = max(1, min(100, (32 << 20) // max(nbytes, 1)))
+    return calls, (5 if nbytes >= (64 << 20) else 9)
+
+
+def timing(run, barrier, nbytes: int) -> list[float]:
+    """Seconds of each round of back-to-back calls of run() (after warm-up)."""
+    calls, rounds = schedule(nbytes)
+    for _ in range(min(calls, 3)):
+        run()
+    out = []
+    for _ in range(rounds):
+        barrier()
+        t = time.perf_counter()
+        for _ in range(calls):
+            run()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def combine(per_rank: list[list[float]], nbytes: int) -> float:
+    """Seconds per call: per round the slowest rank, then the median round."""
+    calls, _ = schedule(nbytes)
+    return float(np.median(np.max(np.array(per_rank), axis=0))) / calls
+
+
+def buffers(op: str, nbytes: int, n: int, dtype):
+    """(input, output) numpy buffers for one rank, sized by the NCCL-tests convention."""
+    es = np.dtype(dtype).itemsize
+    count = nbytes // es
+    if op in ("all_gather", "all_to_all", "reduce_scatter"):
+        count -= count % n
+    if op == "all_gather":
+        return np.zeros(count // n, dtype), np.zeros(count, dtype)
+    if op == "reduce_scatter":
+        return np.zeros(count, dtype), np.zeros(count // n, dtype)
+    return np.zeros(count, dtype), np.zeros(count, dtype)
+
+
+def one_call(comm, op, x, y, ranks, algorithm):
+    """The zero-argument function that runs one collective `op` on the buffers."""
+    return {"all_reduce": lambda: comm.all_reduce(x, ranks, "sum", algorithm),
+            "all_gather": lambda: comm.all_gather(x, y, ranks),
+            "reduce_scatter": lambda: comm.reduce_scatter(x, y, ranks),
+            "all_to_all": lambda: comm.all_to_all(x, y, ranks),
+            "broadcast": lambda: comm.broadcast(x, ranks, 0)}[op]
+
+
+def algorithms_of(op, algorithms):
+    """all_reduce's algorithms are chosen; the other collectives have one each."""
+    return list(algorithms) if op == "all_reduce" else [
+        {"all_gather": "ring", "reduce_scatter": "ring", "all_to_all": "pairwise",
+         "broadcast": "chain"}[op]]
+
+
+def measure(comm, ops, sizes, algorithms, dtype):
+    """In each worker: {(op, bytes, algorithm): round seconds} for this rank."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        dtype = ml_dtypes.bfloat16
+    ranks = list(range(comm.size))
+    out = {}
+    for op in ops:
+        for nbytes in sizes:
+            x, y = buffers(op, nbytes, comm.size, dtype)
+            for algo in algorithms_of(op, algorithms):
+                out[(op, nbytes, algo)] = timing(one_call(comm, op, x, y, ranks, algo),
+                                                 lambda: comm.barrier(ranks), nbytes)
+    return out
+
+
+def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None):
+    """Measure on a fresh job of `ranks` processes; the list of result rows (dicts)."""
+    from autopar.runtime.launcher import Job
+    from autopar.runtime import bench as me      # the workers resolve this module by name
+    with Job(ranks, hosts=hosts, timeout=60.0) as job:
+        per_rank = job.call(me.measure, [(list(ops), list(sizes), list(algorithms), dtype)] * ranks)
+    rows = []
+    for (op, nbytes, algo) in per_rank[0]:
+        sec = combine([r[(op, nbytes, algo)] for r in per_rank], nbytes)
+        busbw = nbytes / sec * BUS_FACTOR[op](ranks) / 1e9 if sec > 0 else 0.0
+        rows.append({"op": op, "ranks": ranks, "bytes": nbytes, "algorithm": algo, "dtype": dtype,
+                     "latency_us": round(sec * 1e6, 2), "busbw_gbs": round(busbw, 3)})
+    return rows
+
+
+def main(argv=None):
+    from autopar import _native
+    p = argparse.ArgumentParser(prog="python -m autopar.runtime.bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", nargs="+", default=["all_reduce"], choices=OPS + ("all",),
+                   help="collectives to measure ('all': every one)")
+    p.add_argument("--ranks", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--size", nargs="+", default=["16MB"],
+                   help="per-rank buffer sizes, e.g. 4KB 1MB 16MB (NCCL-tests convention)")
+    p.add_argument("--algorithm", nargs="+", default=None,
+                   choices=sorted(_native.ALLREDUCE_ALGORITHMS),
+                   help="all_reduce algorithms (default ring)")
+    p.add_argument("--dtype", default="float32",
+                   choices=["float32", "float64", "float16", "bfloat16", "int32", "int64"])
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = p.parse_args(argv)
+    ops = OPS if "all" in args.op else tuple(dict.fromkeys(args.op))
+    rows = run(ops, args.ranks, [parse_size(s) for s in args.size], args.algorithm or ["ring"],
+               args.dtype)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        return 0
+    print(f"{'op':<15}{'ranks':>6}{'size':>9}  {'algorithm':<17}{'latency us':>12}{'busbw GB/s':>12}")
+    for r in rows:
+        print(f"{r['op']:<15}{r['ranks']:>6}{size_label(r['bytes']):>9}  {r['algorithm']:<17}"
+              f"{r['latency_us']:>12.1f}{r['busbw_gbs']:>12.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
