@@ -235,3 +235,35 @@ def test_bench_prints_one_json_measurement_per_op_size_and_algorithm():
         assert set(r) == {"op", "ranks", "bytes", "algorithm", "dtype", "latency_us", "busbw_gbs"}
         assert r["ranks"] == 3 and r["bytes"] in (4096, 1000) and r["dtype"] == "float32"
         assert r["latency_us"] > 0 and r["busbw_gbs"] > 0
+
+
+def directness(comm):
+    return comm.direct
+
+
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_large_messages_single_copy_and_through_the_slots(monkeypatch, direct):
+    # Above 256 KB a send is read by the receiver straight from the sender's memory
+    # (process_vm_readv) unless AUTOPAR_DIRECT=0; both paths give numpy's values.
+    monkeypatch.setenv("AUTOPAR_DIRECT", direct)
+    count = 100_003
+    cases = [(a, "float32", n, 3 * count, "sum") for a in sorted(_native.ALLREDUCE_ALGORITHMS)
+             for n in (3, 8)]
+    others = [(k, name, n, count) for k in ("reduce_scatter", "all_gather", "all_to_all", "broadcast",
+                                            "send_recv") for name in ("float32", "float64") for n in (2, 3, 8)]
+    with Job(8, hosts=[0, 0, 0, 0, 1, 1, 1, 1], timeout=20.0) as j:
+        assert j.call(directness, [()] * 8) == [direct == "1"] * 8
+        reduced = j.call(run_all_reduce, [(cases,)] * 8)
+        rest = j.call(run_others, [(others,)] * 8)
+    for i, (algo, name, n, c, _) in enumerate(cases):
+        want = np.add.reduce([data(r, c, name) for r in range(n)])
+        assert all(np.array_equal(reduced[r][i], want) for r in range(n)), (algo, n)
+    for i, (kind, name, n, c) in enumerate(others):
+        xs = [data(r, c, name) for r in range(n)]
+        want = {"reduce_scatter": lambda r: np.array_split(np.add.reduce(xs), n)[r],
+                "all_gather": lambda r: np.concatenate(xs),
+                "all_to_all": lambda r: np.concatenate([np.split(data(s, c * n, name), n)[r]
+                                                        for s in range(n)]),
+                "broadcast": lambda r: xs[n - 1],
+                "send_recv": lambda r: xs[(r - 1) % n]}[kind]
+        assert all(np.array_equal(rest[r][i], want(r)) for r in range(n)), (kind, name, n)

@@ -211,6 +211,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("rank", [](PyComm& c) { return c.comm().rank(); })
       .def_property_readonly("size", [](PyComm& c) { return c.comm().size(); })
       .def("link_kind", [](PyComm& c, int peer) { return c.comm().link_kind(peer); })
+      .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
+                             "whether large sends are read single-copy by the receiver")
       .def("all_reduce", &PyComm::all_reduce, py::arg("array"), py::arg("ranks"),
            py::arg("op") = "sum", py::arg("algorithm") = "ring")
       .def("reduce_scatter", &PyComm::reduce_scatter, py::arg("input"), py::arg("output"),

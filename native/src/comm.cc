@@ -43,6 +43,7 @@ Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int>
     for (int p = 0; p < size; ++p)
       if (p != rank && (!shm_within_hosts || hosts_[p] == hosts_[rank]))
         links_[p] = shm_->link(rank, p);
+    if (size > 1) shm_->agree_direct(rank, timeout_s);
   }
 }
 
@@ -102,13 +103,13 @@ void Comm::run(std::vector<Xfer>& xs) {
         try {
           if (x.red) {
             size_t es = dtype_size(x.red->dtype);
-            k = l.recv_some(x.n - x.done, es, [&](const char* d, size_t len) {
+            k = l.recv_some(x.n - x.done, es, nullptr, [&](const char* d, size_t len) {
               reduce_into(x.p + x.done, d, len / es, x.red->dtype, x.red->op);
               x.done += len;
             });
           } else {
-            k = l.recv_some(x.n - x.done, 1, [&](const char* d, size_t len) {
-              std::memcpy(x.p + x.done, d, len);
+            k = l.recv_some(x.n - x.done, 1, x.p + x.done, [&](const char* d, size_t len) {
+              if (d != x.p + x.done) std::memcpy(x.p + x.done, d, len);
               x.done += len;
             });
           }

@@ -42,6 +42,8 @@ class Comm {
   double timeout() const { return timeout_s_; }
   void set_link(int peer, std::unique_ptr<Link> link);
   std::string link_kind(int peer) const;
+  // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
+  bool direct() const { return shm_ && shm_->direct(rank_); }
 
   // The operation named in errors (set by the collective entry points).
   void set_op(std::string op) { op_ = std::move(op); }

@@ -3,16 +3,28 @@
 // tail + 1 (release), the consumer reads slot head % slots and publishes head + 1. The copy
 // into and out of a slot is the transport's cost (copy-in/copy-out); a reduction reads the
 // slot directly, so recv-reduce pays one copy.
+//
+// A send of kDirectMin bytes or more, once direct sends are agreed, fills one slot with a
+// descriptor (the sender's address and length, flagged in the slot's size) instead: the
+// receiver reads the bytes from the sender's memory with process_vm_readv, into the
+// destination itself (a plain receive: one copy in all) or into a small cache-resident bounce
+// buffer it reduces from, and then counts the descriptor done; the send completes only then,
+// so the sender's buffer stays untouched while it is read.
 #include "shm.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 namespace autopar {
 
@@ -20,6 +32,10 @@ namespace {
 constexpr uint64_t kMagic = 0x6175746f70617231ull;  // "autopar1"
 constexpr size_t kLine = 64;
 constexpr int kMaxRanks = 256;
+constexpr uint64_t kDirect = 1ull << 63;            // a slot size flag: the slot is a descriptor
+constexpr size_t kDirectMin = 256 << 10;            // sends this large go single-copy
+constexpr size_t kPiece = 128 << 10;                // bytes read per call for a reduction
+constexpr size_t kCopyPiece = 1 << 20;              // bytes read per call into the destination
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
@@ -37,11 +53,19 @@ struct ShmHeader {
   int32_t abort_rank;
   char abort_msg[512];
   int32_t pids[kMaxRanks];
+  std::atomic<uint64_t> probe_addr[kMaxRanks];     // agree_direct: where each rank's probe is
+  std::atomic<int32_t> probe_result[kMaxRanks];    // 0 pending, 3 read every peer, then
+                                                   // 1 direct sends on, 2 off
+};
+
+struct Descriptor {
+  uint64_t addr, len;
 };
 
 struct ChannelHead {
   alignas(kLine) std::atomic<uint64_t> head;   // consumer position
   alignas(kLine) std::atomic<uint64_t> tail;   // producer position
+  alignas(kLine) std::atomic<uint64_t> direct_done;  // descriptors the consumer finished
   alignas(kLine) uint64_t sizes[1];            // `slots` entries follow
 };
 
@@ -53,12 +77,29 @@ size_t channel_bytes(size_t slots, size_t slot_bytes) {
 
 class ShmLink : public Link {
  public:
-  ShmLink(ChannelHead* out, ChannelHead* in, size_t slots, size_t slot_bytes)
-      : out_(out), in_(in), slots_(slots), slot_bytes_(slot_bytes) {}
+  ShmLink(ChannelHead* out, ChannelHead* in, size_t slots, size_t slot_bytes,
+          const std::atomic<int32_t>* direct, const int32_t* peer_pid)
+      : out_(out), in_(in), slots_(slots), slot_bytes_(slot_bytes), direct_(direct),
+        peer_pid_(peer_pid) {}
 
   size_t send_some(const char* p, size_t n) override {
+    if (posted_) {                    // a descriptor of p is out: done once the peer read it
+      if (out_->direct_done.load(std::memory_order_acquire) < posted_) return 0;
+      posted_ = 0;
+      return posted_len_;
+    }
     size_t taken = 0;
     uint64_t tail = out_->tail.load(std::memory_order_relaxed);
+    if (n >= kDirectMin && direct_->load(std::memory_order_relaxed) == 1) {
+      if (tail - out_->head.load(std::memory_order_acquire) >= slots_) return 0;
+      size_t s = tail % slots_;
+      Descriptor d{reinterpret_cast<uint64_t>(p), n};
+      std::memcpy(data(out_) + s * slot_bytes_, &d, sizeof d);
+      out_->sizes[s] = kDirect | n;
+      out_->tail.store(++tail, std::memory_order_release);
+      posted_ = ++descriptors_, posted_len_ = n;
+      return 0;
+    }
     while (n > 0 && tail - out_->head.load(std::memory_order_acquire) < slots_) {
       size_t k = std::min(n, slot_bytes_);
       size_t s = tail % slots_;
@@ -70,20 +111,37 @@ class ShmLink : public Link {
     return taken;
   }
 
-  size_t recv_some(size_t n, size_t align,
+  size_t recv_some(size_t n, size_t align, char* direct,
                    const std::function<void(const char*, size_t)>& consume) override {
     size_t got = 0;
     uint64_t head = in_->head.load(std::memory_order_relaxed);
     while (n > 0 && head < in_->tail.load(std::memory_order_acquire)) {
       size_t s = head % slots_;
-      size_t avail = in_->sizes[s] - offset_;
-      size_t k = std::min(n, avail);
-      if (k < n && k % align) k -= k % align;   // producers send whole elements; defensive
-      if (k == 0) break;
-      consume(data(in_) + s * slot_bytes_ + offset_, k);
+      uint64_t size = in_->sizes[s];
+      const char* slot = data(in_) + s * slot_bytes_;
+      size_t k;
+      if (size & kDirect) {
+        Descriptor d;
+        std::memcpy(&d, slot, sizeof d);
+        k = std::min<size_t>(n, std::min(d.len - offset_, direct ? kCopyPiece : kPiece));
+        if (k < n && k % align) k -= k % align;
+        if (k == 0) break;
+        char* to = direct ? direct + got : bounce(k);
+        read_remote(to, d.addr + offset_, k);
+        consume(to, k);
+        size &= ~kDirect;
+      } else {
+        k = std::min<size_t>(n, size - offset_);
+        if (k < n && k % align) k -= k % align;   // producers send whole elements; defensive
+        if (k == 0) break;
+        consume(slot + offset_, k);
+      }
       offset_ += k, n -= k, got += k;
-      if (offset_ == in_->sizes[s]) {
+      if (offset_ == size) {
         offset_ = 0;
+        if (in_->sizes[s] & kDirect)
+          in_->direct_done.store(in_->direct_done.load(std::memory_order_relaxed) + 1,
+                                 std::memory_order_release);
         in_->head.store(++head, std::memory_order_release);
       }
     }
@@ -96,10 +154,30 @@ class ShmLink : public Link {
   char* data(ChannelHead* c) const {
     return reinterpret_cast<char*>(c) + round_up(sizeof(ChannelHead) + slots_ * sizeof(uint64_t), 4096);
   }
+  static char* bounce(size_t k) {
+    thread_local std::vector<char> buf;
+    if (buf.size() < k) buf.resize(k);
+    return buf.data();
+  }
+  void read_remote(char* to, uint64_t from, size_t k) const {
+    while (k > 0) {
+      iovec local{to, k}, remote{reinterpret_cast<void*>(from), k};
+      ssize_t r = process_vm_readv(*peer_pid_, &local, 1, &remote, 1, 0);
+      if (r <= 0)
+        throw std::runtime_error(std::string("reading the sender's memory failed (") +
+                                 (r < 0 ? std::strerror(errno) : "no bytes") + ")");
+      to += r, from += uint64_t(r), k -= size_t(r);
+    }
+  }
   ChannelHead* out_;
   ChannelHead* in_;
   size_t slots_, slot_bytes_;
+  const std::atomic<int32_t>* direct_;  // this rank's agreement: 1 when direct sends are on
+  const int32_t* peer_pid_;
   size_t offset_ = 0;                 // bytes already consumed from the current input slot
+  uint64_t descriptors_ = 0;          // descriptors posted so far
+  uint64_t posted_ = 0;               // the number of the one awaiting the peer, 0: none
+  size_t posted_len_ = 0;
 };
 
 }  // namespace
@@ -175,13 +253,57 @@ std::string ShmSegment::abort_reason() const {
   return h->abort_rank >= 0 ? std::string(h->abort_msg) : std::string("aborted");
 }
 
+bool ShmSegment::agree_direct(int me, double timeout_s) {
+  static uint64_t probe;                 // lives as long as the process
+  ShmHeader* h = header();
+  int n = h->nranks;
+  probe = kMagic ^ uint64_t(uint32_t(getpid()));
+  const char* env = std::getenv("AUTOPAR_DIRECT");
+  bool wanted = !(env && std::string(env) == "0");
+  h->probe_addr[me].store(wanted ? reinterpret_cast<uint64_t>(&probe) : 0, std::memory_order_release);
+  // 1. read every peer's probe word once it is published
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool ok = wanted;
+  for (int p = 0; p < n && ok; ++p) {
+    if (p == me) continue;
+    uint64_t addr;
+    while ((addr = h->probe_addr[p].load(std::memory_order_acquire)) == 0 &&
+           h->probe_result[p].load(std::memory_order_acquire) == 0 && !aborted() &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    uint64_t got = 0;
+    iovec local{&got, sizeof got}, remote{reinterpret_cast<void*>(addr), sizeof got};
+    ok = addr != 0 && process_vm_readv(h->pids[p], &local, 1, &remote, 1, 0) == ssize_t(sizeof got) &&
+         got == (kMagic ^ uint64_t(uint32_t(h->pids[p])));
+  }
+  // 2. send single-copy only when every rank read every other (a rank that is late or failed
+  // leaves this one on the slots; receiving descriptors works either way)
+  int32_t mine = ok ? 1 : 2;
+  h->probe_result[me].store(mine == 1 ? 3 : 2, std::memory_order_release);   // 3: read all, deciding
+  bool all = ok;
+  for (int p = 0; p < n && all; ++p) {
+    int32_t r;
+    while ((r = h->probe_result[p].load(std::memory_order_acquire)) == 0 && !aborted() &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    all = r == 1 || r == 3;
+  }
+  h->probe_result[me].store(all ? 1 : 2, std::memory_order_release);
+  return all;
+}
+
+bool ShmSegment::direct(int me) const {
+  return header()->probe_result[me].load(std::memory_order_acquire) == 1;
+}
+
 std::unique_ptr<Link> ShmSegment::link(int me, int peer) {
   ShmHeader* h = header();
   auto channel = [&](int from, int to) {
     return reinterpret_cast<ChannelHead*>(static_cast<char*>(base_) + h->channels_offset +
                                           (size_t(from) * h->nranks + to) * h->channel_bytes);
   };
-  return std::make_unique<ShmLink>(channel(me, peer), channel(peer, me), h->slots, h->slot_bytes);
+  return std::make_unique<ShmLink>(channel(me, peer), channel(peer, me), h->slots, h->slot_bytes,
+                                   &h->probe_result[me], &h->pids[peer]);
 }
 
 }  // namespace autopar

@@ -1,6 +1,9 @@
 // The shared-memory transport: one segment per job (a memfd, mode 0600, never named in
 // /dev/shm, so nothing outlives the job's processes), holding a header (ranks, pids, the abort
 // flag) and one single-producer single-consumer ring of slots per ordered pair of ranks.
+// Small messages are copied through the slots (copy-in, copy-out); large ones are read by the
+// receiver straight from the sender's memory (Linux cross-memory attach, process_vm_readv:
+// one copy), when every rank of the job has shown it may do so (agree_direct).
 #pragma once
 
 #include <atomic>
@@ -31,6 +34,12 @@ class ShmSegment {
   void abort(int rank, const std::string& why);
   bool aborted() const;
   std::string abort_reason() const;
+  // Called by every rank once, right after set_pid: publish a probe word, read every other
+  // rank's with process_vm_readv and enable single-copy sends from this rank only when all of
+  // them could read each other (waits up to timeout_s for the others; off when the
+  // environment sets AUTOPAR_DIRECT=0). Returns whether they are enabled.
+  bool agree_direct(int me, double timeout_s);
+  bool direct(int me) const;
   // The link from rank me to rank peer; the segment must outlive it.
   std::unique_ptr<Link> link(int me, int peer);
 

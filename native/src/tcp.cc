@@ -67,7 +67,7 @@ class TcpLink : public Link {
                              std::strerror(errno) + ")");
   }
 
-  size_t recv_some(size_t n, size_t align,
+  size_t recv_some(size_t n, size_t align, char* /*direct*/,
                    const std::function<void(const char*, size_t)>& consume) override {
     if (end_ - begin_ < std::min(n, align) || end_ == begin_) fill();
     size_t have = end_ - begin_, k = std::min(n, have);
