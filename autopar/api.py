@@ -2,7 +2,8 @@
 
 In: a single-device step function, example arguments (pytrees; the first holds the
 parameters), a ``ParallelConfig`` and optional ``batch_argnums``/``in_strategy``/``strategy``.
-Out: a ``Compiled`` object: calling it runs the sharded Program on the configured backend and
+Out: a ``Compiled`` object: calling it runs the sharded Program on ``config.backend`` (the
+native multi-process runtime by default; ``backend="jax"`` for shard_map over JAX devices) and
 returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
 Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
 This is the only module that imports every layer.

@@ -34,7 +34,7 @@ class SearchMode(str, Enum):
 
 class Backend(str, Enum):
     JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
-    NATIVE = "native"    # autopar's multi-process runtime
+    NATIVE = "native"    # autopar's multi-process runtime (the default)
 
 
 def _enum(cls, value, field):
@@ -69,7 +69,9 @@ class ParallelConfig:
     max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap
     gradients_mean: bool = True               # data_parallel: replica gradients are averaged, so
                                               # the step equals the single-device one (False: see README)
-    backend: Backend = Backend.JAX            # where compiled steps run
+    backend: Backend = Backend.NATIVE         # where compiled steps run: "native" (one worker
+                                              # process per device, C++ collectives) or "jax"
+                                              # (shard_map over jax.devices(): GPU, TPU, fake CPUs)
     search_time: Optional[float] = None       # seconds auto_parallel's solver may take (None: its default)
     progress: bool = True                     # report searches that run past a second on stderr
     collective_timeout: float = 10.0          # native backend: seconds a collective may wait for a

@@ -32,3 +32,17 @@ class RedistributionError(AutoparError):
 
 class CollectiveError(AutoparError, RuntimeError):
     """A collective failed while running (rank, operation, cause)."""
+
+
+class WorkerError(AutoparError, RuntimeError):
+    """A Python exception raised inside a native worker process: ``rank`` is the worker's rank,
+    ``kind`` the exception's type name and ``traceback`` the worker's formatted traceback (also
+    at the end of the message)."""
+
+    def __init__(self, message: str, rank: int | None = None, kind: str | None = None,
+                 traceback: str = ""):
+        super().__init__(message)
+        self.rank, self.kind, self.traceback = rank, kind, traceback
+
+    def __reduce__(self):
+        return type(self), (str(self), self.rank, self.kind, self.traceback)

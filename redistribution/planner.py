@@ -18,7 +18,9 @@ of a dimension's axes gathered or moved together; "innermost" = last axes of a d
 | shard(i) -> shard(j) | ``all_to_all(a, dim=i, dst_dim=j)`` | innermost of i -> innermost of j  |
 
 Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
-axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level.
+axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level
+(a group of axes on the slowest of theirs, plus, when it spans hosts and the inside of a host,
+the intra-host size and level as ``inner``, for the 2D all-reduces).
 The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
 paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Path costs are compared
 in whole picoseconds; ties go to fewer steps, then to the step sequence in a fixed order (kind
@@ -113,6 +115,9 @@ class Planner:
         self._order = {a: i for i, a in enumerate(mesh.axis_names)}
         self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta, mesh.level(a).launch)
                      for a in mesh.axis_names}
+        # axes inside one host (the topology's innermost level): the 2D algorithms' intra part
+        self._intra = {a for a in mesh.axis_names if mesh.level(a) == mesh.topology.levels[-1]}
+        self._gamma = 1 / mesh.topology.mem_bandwidth     # a reduction streams at memory speed
         self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
         self._searches: dict = {}    # (src state, kept partial, shape, itemsize) -> _Search
         self._edges: dict = {}       # (shape, itemsize) -> {state: moves}
@@ -153,14 +158,21 @@ class Planner:
 
     def step_time(self, kind: str, axes, nbytes: int):
         """Seconds and algorithm of one step over ``axes`` (one name or a tuple of names, taken
-        as one group priced on the slowest of their levels)."""
+        as one group, first axis major, priced on the slowest of their levels). A group with
+        axes both inside a host (the innermost topology level) and across hosts is also priced
+        as two levels: the 2D all-reduces, with the intra-host axes' size and constants inside."""
         if kind == "slice":
             return 0.0, "local"
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         alpha = max(self._lvl[a][0] for a in axes)
         beta = max(self._lvl[a][1] for a in axes)
+        intra = [a for a in axes if a in self._intra]
+        inner = None
+        if intra and len(intra) < len(axes):
+            inner = (math.prod(self._size[a] for a in intra), max(self._lvl[a][0] for a in intra),
+                     max(self._lvl[a][1] for a in intra))
         seconds, algo = collective_time(kind, nbytes, math.prod(self._size[a] for a in axes),
-                                        alpha, beta)
+                                        alpha, beta, inner, self._gamma)
         return seconds + max(self._lvl[a][2] for a in axes), algo
 
     def _fail(self, src, dst, shape, why: str):

@@ -12,6 +12,14 @@ the caller over a Unix socket authenticated with the job's random token (passed 
 environment, not the command line), and exit when the caller goes away. A monitor thread
 watches them: when a rank dies, the segment's abort flag makes every other rank's collective
 raise ``CollectiveError`` at its next wait, and ``call`` raises it too, naming the rank.
+
+Failures in ``call``: a Python exception inside a rank's ``fn`` raises ``WorkerError`` (its
+rank, exception type and the worker's traceback); a dead rank or a failed collective raises
+``CollectiveError``. Once anything has failed, the ranks still running get a short grace to
+answer; then the segment is aborted (so every rank waiting in a collective fails at once), and
+ranks that still do not answer (stuck outside any collective, e.g. in Python) are killed and
+named in the ``CollectiveError``. A job whose segment was aborted is failed: close it and start
+a new one.
 """
 from __future__ import annotations
 
@@ -24,9 +32,16 @@ import tempfile
 import threading
 import time
 import weakref
-from multiprocessing.connection import Listener
+from multiprocessing.connection import Listener, wait
 
-from autopar.errors import CollectiveError, ConfigError
+from autopar.errors import CollectiveError, ConfigError, WorkerError
+
+_GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed, and again once
+                  # the job was aborted (each at most half the collective timeout); a rank in a
+                  # collective answers within milliseconds of an abort, one silent for longer is
+                  # stuck outside them
+_ORDER = {"exited": 1, "CollectiveError": 2}   # error kinds by how little they say about the
+                                               # cause; a worker's own exception (0) says most
 
 
 def _free_port() -> int:
@@ -91,51 +106,162 @@ class Job:
             self.conns[rank] = conn
 
     def _dead(self) -> str | None:
+        r = self._dead_rank()
+        return None if r is None else self._death(r)
+
+    def _dead_rank(self) -> int | None:
         for r, p in enumerate(self.procs):
-            code = p.poll()
-            if code is not None:
-                return f"rank {r} (pid {p.pid}) exited with code {code}"
+            if p.poll() is not None:
+                return r
         return None
+
+    def _death(self, r: int) -> str:
+        p = self.procs[r]
+        return f"rank {r} (pid {p.pid}) exited with code {p.returncode}"
+
+    def _gone(self, r: int) -> str:
+        """Why rank r's control socket closed (its exit code, once it has one)."""
+        try:
+            self.procs[r].wait(0.5)
+        except subprocess.TimeoutExpired:
+            return f"rank {r} (pid {self.procs[r].pid}) closed its control socket"
+        return self._death(r)
 
     def _watch(self):
         while not self.closed:
-            dead = self._dead()
-            if dead and not self.closed:
-                self.failure = dead
-                self.segment.abort(-1, dead)
+            r = self._dead_rank()
+            if r is not None and not self.closed:
+                dead = self._death(r)
+                self.failure = self.failure or dead
+                self.segment.abort(r, dead)        # a rank >= 0: peers' errors carry the reason
                 return
             time.sleep(0.05)
 
     def call(self, fn, per_rank_args):
-        """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results."""
+        """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results.
+
+        Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
+        a collective failed or a rank stopped answering after another failed (that rank is
+        killed and the job is failed)."""
         if self.closed or self.failure:
-            raise CollectiveError(f"this job is {'closed' if self.closed else 'failed: ' + self.failure}")
+            raise CollectiveError(
+                f"this native job is {'closed' if self.closed else 'failed: ' + self.failure}; "
+                "start a new Job (a compiled step's runner does so on its next call).")
         name = (fn.__module__, fn.__qualname__)
-        for c, args in zip(self.conns, per_rank_args):
-            c.send(("call", name, tuple(args)))
-        results, errors = [None] * self.nranks, []
-        for r, c in enumerate(self.conns):
-            while not c.poll(0.05):
-                if self.failure:
-                    break
-            if self.failure and not c.poll(0.2):
-                errors.append((r, "CollectiveError", self.failure))
-                continue
+        results, errors = [None] * self.nranks, {}        # errors: rank -> (kind, message, tb)
+        pending = {}
+        for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
             try:
-                reply = c.recv()
-            except (EOFError, OSError):
-                errors.append((r, "CollectiveError", self.failure or f"rank {r} went away"))
-                continue
-            if reply[0] == "ok":
-                results[r] = reply[1]
-            else:
-                errors.append((r, reply[1], reply[2]))
-        if errors:
-            r, kind, msg = min(errors, key=lambda e: e[1] != "CollectiveError")
-            if kind == "CollectiveError":
-                raise CollectiveError(msg)
-            raise RuntimeError(f"rank {r}: {kind}: {msg}")
+                c.send(("call", name, tuple(args)))
+                pending[c] = r
+            except OSError:
+                errors[r] = ("exited", self._gone(r), "")
+        try:
+            hung = self._collect(pending, results, errors)
+        except BaseException:
+            # e.g. KeyboardInterrupt: a reply still owed would answer the next call; the job is done
+            self.failure = self.failure or (
+                f"a call of {name[0]}.{name[1]} was interrupted before every rank answered")
+            self.segment.abort(-1, self.failure)
+            raise
+        if hung:
+            self._give_up(hung, errors)
+        if self.segment.aborted and not self.failure:
+            self.failure = self.segment.abort_reason()
+        if errors or hung:
+            raise self._error(fn, errors, hung)
         return results
+
+    def _collect(self, pending, results, errors) -> list:
+        """Read the replies of ``pending`` (conn -> rank) into ``results`` / ``errors``; once
+        something failed, abort the segment after a grace and give up on ranks that still do
+        not answer after another. The ranks given up on."""
+        grace = self._grace()
+        trouble = aborted = None          # when the first failure / the segment's abort was seen
+        while pending:
+            for c in wait(list(pending), 0.05):
+                r = pending.pop(c)
+                try:
+                    reply = c.recv()
+                except (EOFError, OSError):
+                    errors[r] = ("exited", self._gone(r), "")
+                    continue
+                if reply[0] == "ok":
+                    results[r] = reply[1]
+                else:
+                    errors[r] = (reply[1], reply[2], reply[3] if len(reply) > 3 else "")
+            now = time.monotonic()
+            if trouble is None and (errors or self.failure or self.segment.aborted):
+                trouble = now
+            if aborted is None and self.segment.aborted:
+                aborted = now
+            if not pending or trouble is None:
+                continue
+            if aborted is None and now >= trouble + grace:
+                # the others may wait in a collective for a rank that will never join it
+                self.segment.abort(*self._culprit(errors))
+                aborted = now
+            if aborted is not None and now >= aborted + grace:
+                return sorted(pending.values())
+        return []
+
+    def _culprit(self, errors) -> tuple[int, str]:
+        """(rank, reason) of the first failure, for the segment's abort."""
+        r = min(errors, key=lambda q: (_ORDER.get(errors[q][0], 0), q), default=-1)
+        if r < 0:
+            return -1, self.failure or "the caller aborted the job"
+        kind, message, _ = errors[r]
+        first = message.splitlines()[0] if message else kind
+        return r, first if kind in _ORDER else f"rank {r} failed: {kind}: {first}"
+
+    def _give_up(self, hung, errors):
+        """Ranks that did not answer after a failure: fail the job and kill them (a rank stuck
+        in Python never reads the exit message)."""
+        why = f"rank(s) {', '.join(map(str, hung))} did not answer after the job failed"
+        self.segment.abort(*(self._culprit(errors) if errors else (hung[0], why)))
+        self.failure = self.failure or why
+        for r in hung:
+            self.procs[r].kill()
+
+    def _error(self, fn, errors, hung):
+        """The one exception for a failed call, cause first: a Python exception raised in a
+        worker (WorkerError), else a dead rank, else the ranks that did not answer, else the
+        first failed collective (CollectiveError); the other ranks' failures follow."""
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        r = min(errors, key=lambda q: (_ORDER.get(errors[q][0], 0), q), default=None)
+        kind = errors[r][0] if r is not None else None
+        stuck = (f"rank(s) {', '.join(map(str, hung))} did not answer within {self._grace():g} s "
+                 "after the job was aborted: stuck outside any collective (in Python code or a "
+                 "compute segment); killed") if hung else ""
+        if kind == "exited":
+            head = (f"{where}: {errors[r][1]} during the call; the job is failed. A worker "
+                    "process ended (killed, out of memory, or an exit in the step's code); its "
+                    "stderr is above")
+        elif kind == "CollectiveError" and hung:
+            head, r, stuck = f"{where}: {stuck}", None, ""
+        elif kind == "CollectiveError":
+            head = f"{where}: {errors[r][1]}"
+        elif kind is None:
+            head, stuck = f"{where}: {stuck}", ""
+        else:
+            head = f"rank {r} raised {kind} in {where}: {errors[r][1]}"
+        others = [q for q in sorted(errors) if q != r]
+        text = head + "".join(
+            f"\nrank {q} failed too: {(errors[q][1] or errors[q][0]).splitlines()[0]}"
+            for q in others) + (f"\n{stuck}." if stuck else "")
+        if hung or any("stopped answering" in e[1] for e in errors.values()):
+            text += ("\nEvery rank must reach the same collectives; if a rank legitimately "
+                     f"computes for longer than collective_timeout ({self.timeout:g} s) before "
+                     "one, raise ParallelConfig.collective_timeout.")
+        if kind in _ORDER or kind is None:
+            return CollectiveError(text)
+        tb = errors[r][2]
+        if tb:
+            text += f"\n\nTraceback in the worker process (rank {r}):\n{tb.rstrip()}"
+        return WorkerError(text, rank=r, kind=kind, traceback=tb)
+
+    def _grace(self) -> float:
+        return min(self.timeout / 2, _GRACE)
 
     def close(self):
         """Stop the workers (they exit on their own when the caller goes away, too)."""

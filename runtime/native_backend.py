@@ -15,24 +15,34 @@ locally. Collectives run on a background thread;
 all-reduces are fused into buckets of up to ``bucket_bytes`` (25 MiB by default, DDP's) that
 overlap with the compute after them (``_Comms``).
 
-All-reduce algorithms: the planner's ``ring`` and ``tree`` run as the native ring and double
-binary tree, ``recursive_doubling`` as halving-doubling; the native 2D algorithms by name.
+All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
+and each runs under its own name.
 """
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from autopar.errors import CollectiveError
+from autopar.errors import AutoparError, CollectiveError
 from autopar.graph import Const
 from autopar.program import Segment
 
-ALLREDUCE = {"ring": "ring", "tree": "tree", "recursive_doubling": "halving_doubling",
-             "halving_doubling": "halving_doubling", "2d_ring": "2d_ring",
-             "2d_torus": "2d_torus", "2d_mesh": "2d_mesh"}
+
+def _allreduce_algorithm(name: str) -> str:
+    """``name`` itself, once checked to be a native all-reduce algorithm."""
+    from autopar import _native
+    known = _native.ALLREDUCE_ALGORITHMS
+    if name not in known:
+        raise CollectiveError(f"the plan asks for all-reduce algorithm {name!r}, which the native "
+                              f"runtime does not have (it has {sorted(known)}); re-plan with this "
+                              "autopar version, whose cost table names only those.")
+    return name
+
 
 _PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs, bucket)
 _COMM_THREAD: list = []       # in a worker: the executor every collective runs on
@@ -50,7 +60,6 @@ class NativeRunner:
         import jax
         from jax import export
 
-        from .launcher import Job
         self.program = program
         instructions = []
         for ins in program.instructions:
@@ -60,34 +69,61 @@ class NativeRunner:
                 instructions.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
             else:
                 instructions.append(ins)
-        self.job = Job(program.mesh.size, timeout=timeout)
+        self._payload = (program.mesh, tuple(instructions), program.inputs, program.outputs,
+                         bucket_bytes)
+        self.timeout = timeout
+        self.job = self._finalizer = None
+        self._start()
+
+    def _start(self):
+        """A new job with the program loaded (first use, and after a failed or closed one)."""
+        from .launcher import Job
+        self.job = Job(self.program.mesh.size, timeout=self.timeout)
         self._finalizer = weakref.finalize(self, self.job.close)
-        payload = (program.mesh, tuple(instructions), program.inputs, program.outputs, bucket_bytes)
-        self.job.call(load, [(payload,)] * program.mesh.size)
+        self._call(load, [(self._payload,)] * self.program.mesh.size)
+
+    def _call(self, fn, per_rank):
+        """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
+        is left running, and the next call starts a new one."""
+        try:
+            return self.job.call(fn, per_rank)
+        except AutoparError:
+            if self.job.failure:
+                self._finalizer()
+            raise
 
     def __call__(self, flat_args):
         mesh, p = self.program.mesh, self.program
+        if self.job.closed or self.job.failure:
+            self._finalizer()
+            self._start()
         per_rank = []
         for r in range(mesh.size):
             coords = mesh.coords(r)
             per_rank.append(([_c(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
                               for x, l in zip(flat_args, p.in_layouts)],))
-        got = iter(self.job.call(run, per_rank)[0])
+        got = iter(self._call(run, per_rank)[0])
         return [o.value if isinstance(o, Const) else next(got) for o in p.outputs]
 
     def close(self):
+        """Stop the workers; calling the runner again starts new ones."""
         self._finalizer()
 
 
 # --- in the workers ---------------------------------------------------------------------------
 
 def load(comm, payload):
-    """Deserialise the program's segments (a job runs one program)."""
+    """Deserialise the program's segments (a job runs one program), each jitted once: an
+    Exported called eagerly pays about a millisecond of dispatch per call, jitted a tenth."""
+    import jax
     from jax import export
     mesh, instructions, inputs, outputs, bucket_bytes = payload
-    steps = [("segment", export.deserialize(ins[1]), ins[2], ins[3])
+    steps = [("segment", jax.jit(export.deserialize(ins[1]).call), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
     _PROGRAM[:] = [(mesh, steps, inputs, outputs, bucket_bytes)]
+    # The comm thread hands results back to a main thread that may hold the GIL; Python's
+    # default 5 ms switch interval would then delay every collective by up to that much.
+    sys.setswitchinterval(1e-4)
     if not _COMM_THREAD:
         _COMM_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="autopar-comm"))
     return True
@@ -109,7 +145,7 @@ def run(comm, blocks):
         for st in steps:
             if isinstance(st, tuple):
                 _, exe, ins, outs = st
-                res = exe.call(*[get(i) for i in ins])
+                res = exe(*[get(i) for i in ins])
                 regs.update(zip(outs, [np.asarray(y) for y in res]))
             elif getattr(st, "kind", "") == "all_reduce":
                 comms.all_reduce(st, get(st.src))
@@ -128,6 +164,9 @@ def stats(comm):
 
 
 _STATS = {"all_reduce_calls": 0}
+# AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
+# issued, for measuring what the overlap with the following compute gains.
+_OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
 
 
 class _Comms:
@@ -143,6 +182,7 @@ class _Comms:
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
         self.calls = 0
+        self.last = None              # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
         key = (st.axes, x.dtype, st.algorithm)
@@ -158,7 +198,9 @@ class _Comms:
             return
         items, self.bucket, self.bytes = self.bucket, [], 0
         flat = np.concatenate([np.ravel(x) for _, x in items])     # a fresh buffer, reduced in place
-        fut = self.thread.submit(_step, self.comm, items[0][0], flat, self.mesh)
+        fut = self.last = self.thread.submit(_step, self.comm, items[0][0], flat, self.mesh)
+        if not _OVERLAP:
+            fut.result()
         self.calls += 1
         offset = 0
         for st, x in items:
@@ -173,8 +215,11 @@ class _Comms:
         return _c(flat.reshape(-1)[offset:offset + int(np.prod(shape))].reshape(shape))
 
     def run(self, st, x):
-        """Any other step, in order after the pending all-reduces."""
+        """Any other step, in order after the pending all-reduces: on this thread when none is
+        in flight (a hand-off to the comm thread and back costs more than a small collective)."""
         self.flush()
+        if self.last is None or self.last.done():
+            return _step(self.comm, st, x, self.mesh)
         return self.thread.submit(_step, self.comm, st, x, self.mesh).result()
 
     def close(self):
@@ -202,7 +247,7 @@ def _step(comm, st, x, mesh):
     if kind == "partial_zero":
         return x if me == 0 else np.zeros_like(x)
     if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
-        comm.all_reduce(x, ranks, "sum", ALLREDUCE.get(st.algorithm, "ring"))
+        comm.all_reduce(x, ranks, "sum", _allreduce_algorithm(st.algorithm))
         return x
     if kind == "all_gather":
         out = np.empty((n,) + x.shape, x.dtype)

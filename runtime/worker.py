@@ -3,7 +3,9 @@
 In (argv): the caller's control socket, rank, size, the inherited segment descriptor, host ids,
 timeout, whether ranks of different hosts use TCP, the TCP rendezvous address; the job token
 in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
-up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message).
+up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
+traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
+exception's type name.
 Exits on ("exit",) or when the caller goes away.
 """
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from multiprocessing.connection import Client
+
+from autopar.errors import CollectiveError
 
 
 def _resolve(module: str, qualname: str):
@@ -49,7 +54,8 @@ def main(argv):
         try:
             conn.send(("ok", _resolve(module, name)(comm, *args)))
         except Exception as e:        # noqa: BLE001 - reported to the caller
-            conn.send(("error", type(e).__name__, str(e)))
+            kind = "CollectiveError" if isinstance(e, CollectiveError) else type(e).__name__
+            conn.send(("error", kind, str(e), traceback.format_exc()))
 
 
 if __name__ == "__main__":

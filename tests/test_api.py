@@ -22,7 +22,7 @@ def nbytes(tree):
 
 def test_stand_alone_mlp():
     p, b = m.mlp_params(), m.mlp_batch()
-    c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig())
+    c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(backend="jax"))
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     assert c.collectives() == []
 
@@ -30,7 +30,7 @@ def test_stand_alone_mlp():
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)])
 def test_data_parallel_mlp_golden(mesh):
     p, b = m.mlp_params(), m.mlp_batch(batch=16)
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", mesh_shape=mesh)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", mesh_shape=mesh)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     kinds = {x.kind for x in c.collectives()}
@@ -43,7 +43,7 @@ def test_data_parallel_mlp_golden(mesh):
 def test_data_parallel_adam_mlp():
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     s = m.adam_init(p)
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4)
     c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
     assert_same(c(p, s, b), m.mlp_adam_step(p, s, b))
     assert {x.kind for x in c.collectives()} == {"all_reduce"}
@@ -53,7 +53,7 @@ def test_data_parallel_gpt():
     # SGD: Adam divides by sqrt(v) and so turns the rounding noise of near-zero gradients
     # (rare tokens, the attention key bias) into lr-sized differences under any reordering.
     p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
     assert {x.kind for x in c.collectives()} == {"all_reduce"}
@@ -74,7 +74,7 @@ def test_megatron_mlp_golden():
     B, H = 32, 128
     p = m.mlp_params(sizes=(H, 4 * H, H, 4 * H, H))
     b = m.mlp_batch(batch=B, sizes=(H, H))
-    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", device_num=4)
     c = ap.compile(megatron_step, p, b, config=cfg)
     assert_same(c(p, b), megatron_step(p, b))
     colls = c.collectives()
@@ -95,7 +95,8 @@ def test_hybrid_2x4_gpt_block():
     blk.update(w1=(1, 4), b1=(4,), w2=(4, 1))
     pstrat = {k: None for k in p}
     pstrat["h0"] = blk
-    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", device_num=8,
+                            mesh_shape=(2, 4))
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=(pstrat, ((2, 1), (2, 1))))
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
     lay = {i.name: str(i.layout) for i in c.strategy.inputs}
@@ -104,7 +105,7 @@ def test_hybrid_2x4_gpt_block():
 
 def test_decorator_and_strategy_roundtrip(tmp_path):
     p, b = m.mlp_params(), m.mlp_batch()
-    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", device_num=4)
 
     @ap.parallel(config=cfg, in_strategy=({"w1": (1, 4), "b1": None, "w2": (4, 1), "b2": None}, None))
     def step(params, batch):
@@ -167,7 +168,8 @@ def test_wrong_call_shapes():
 
 def test_gradients_mean():
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, gradients_mean=True)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4,
+                            gradients_mean=True)
     assert_same(ap.compile(m.mlp_sgd_step, p, b, config=cfg)(p, b), m.mlp_sgd_step(p, b))
     with pytest.raises(ap.ConfigError, match="multiply the loss by device_num"):
         ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(gradients_mean=False))
@@ -198,7 +200,7 @@ def test_program_segments_are_local_jaxprs():
 def test_in_strategy_prefix_covers_subtrees():
     p, b = m.gpt_params(), m.gpt_batch(batch=4)
     pstrat = {k: None for k in p}          # None covers the whole "h0" dict
-    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", device_num=2)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=(pstrat, (2, 1)))
     lay = {i.name: str(i.layout) for i in c.strategy.inputs}
     assert lay["arg1.0"] == "[x,_]" and lay["arg1.1"] == "[x,_]"
@@ -215,7 +217,7 @@ def test_numpy_float64_and_python_scalar_arguments():
         loss, g = jax.value_and_grad(lambda q: jnp.sum(jnp.tanh(x @ q["w"])))(params)
         return loss, jax.tree.map(lambda a, b: a - lr * b, params, g)
 
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=8)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=8)
     c = ap.compile(f, p, x, 0.1, config=cfg, batch_argnums=(1,))
     assert_same(c(p, x, 0.1), f(p, x, 0.1))
     step = ap.parallel(f, config=cfg, batch_argnums=(1,))
@@ -230,7 +232,8 @@ def test_remat_is_inlined():
         l, g = jax.value_and_grad(loss)(params)
         return l, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
     p, b = m.mlp_params(bias=False), m.mlp_batch()
-    c = ap.compile(step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel", device_num=4))
+    c = ap.compile(step, p, b, config=ap.ParallelConfig(backend="jax", parallel_mode="data_parallel",
+                                                        device_num=4))
     assert_same(c(p, b), step(p, b))
 
 
@@ -239,7 +242,7 @@ def test_any_valid_annotation_is_held(spec, mesh):
     def f(params, x):
         return jnp.tanh(x @ ap.shard(params["w"], spec))
     p, x = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(16, 16)), jnp.float32)}, jnp.ones((8, 16))
-    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", mesh_shape=mesh)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", mesh_shape=mesh)
     c = ap.compile(f, p, x, config=cfg)
     assert_same(c(p, x), f(p, x))
     held = [o for o in c.strategy.ops if o.prim == "autopar_shard"][0]

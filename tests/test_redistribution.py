@@ -33,8 +33,8 @@ from autopar.mesh import LogicalMesh
 from autopar.program import Collective, Slice
 from autopar.redistribution.planner import Plan, Planner, Step
 from autopar.runtime.jax_collectives import apply_step, apply_steps, group_index
-from autopar.strategies.comm_cost import collective_time
-from autopar.topology import Topology
+from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
+from autopar.topology import Level, Topology
 
 CONFIGS = [((8,), (16,)), ((8,), (8, 8)), ((8,), (8, 2, 8)),
            ((2, 4), (16,)), ((2, 4), (8, 12)), ((2, 4), (4, 8, 4)),
@@ -103,7 +103,8 @@ def step_seconds(mesh, layout, st, shape, itemsize):
     beta = max(mesh.level(a).beta for a in st.axes)
     nbytes = itemsize * math.prod(layout.local_shape(shape, mesh))
     n = math.prod(mesh.axis_size(a) for a in st.axes)
-    return collective_time(st.kind, nbytes, n, alpha, beta)[0] + max(
+    gamma = 1 / mesh.topology.mem_bandwidth            # seconds per reduced byte
+    return collective_time(st.kind, nbytes, n, alpha, beta, gamma=gamma)[0] + max(
         mesh.level(a).launch for a in st.axes)
 
 
@@ -284,16 +285,21 @@ def test_gather_cost_is_all_gather_time():
 
 def test_partial_to_shard_is_one_reduce_scatter():
     pl, lv = Planner(MESH8), MESH8.level("x")
-    for n in (1 << 16, 64):
-        plan = pl.plan(L("[_] sum{x}"), L("[x]"), (n,), F32)
-        rs = collective_time("reduce_scatter", n * 4, 8, lv.alpha, lv.beta)[0]
-        ar = collective_time("all_reduce", n * 4, 8, lv.alpha, lv.beta)[0]
-        assert plan.cost == min(rs, ar) == rs       # recursive halving: log2(n) alpha
-        assert plan.steps == (Step("reduce_scatter", ("x",), 0),) and rs < ar
+    n = 1 << 16
+    plan = pl.plan(L("[_] sum{x}"), L("[x]"), (n,), F32)
+    g = 1 / MESH8.topology.mem_bandwidth
+    rs = collective_time("reduce_scatter", n * 4, 8, lv.alpha, lv.beta, gamma=g)[0]
+    ar = collective_time("all_reduce", n * 4, 8, lv.alpha, lv.beta, gamma=g)[0]
+    assert plan.cost == min(rs, ar) == rs
+    assert plan.steps == (Step("reduce_scatter", ("x",), 0),) and rs < ar
+    # 64 floats: recursive doubling's log2(8) = 3 messages beat the ring reduce-scatter's 7
+    plan = pl.plan(L("[_] sum{x}"), L("[x]"), (64,), F32)
+    assert plan.steps == (Step("all_reduce", ("x",)), Step("slice", ("x",), 0))
+    assert pl.step_costs(plan)[0].algorithm == "recursive_doubling"
     plan = pl.plan(L("[_] sum{x}"), L("[_]"), (64,), F32)
     assert plan.steps == (Step("all_reduce", ("x",)),)
     two = Planner(MESH24).plan(L("[_,_] sum{y}"), L("[_,y]"), (8, 8), F32)
-    assert two.steps == (Step("reduce_scatter", ("y",), 1),)
+    assert two.steps == (Step("all_reduce", ("y",)), Step("slice", ("y",), 1))
 
 
 def test_shard_to_shard_is_all_to_all():
@@ -342,6 +348,8 @@ def test_equal_layouts_need_nothing():
 
 def test_keeps_destination_partial_axes():
     plan = Planner(MESH24).plan(L("[_,_] sum{x,y}"), L("[y,_] sum{x}"), (8, 8), F32)
+    assert plan.steps == (Step("all_reduce", ("y",)), Step("slice", ("y",), 0))    # 256 B
+    plan = Planner(MESH24).plan(L("[_,_] sum{x,y}"), L("[y,_] sum{x}"), (1024, 8), F32)
     assert plan.steps == (Step("reduce_scatter", ("y",), 0),)
 
 
@@ -354,6 +362,68 @@ def test_cost_uses_each_axis_topology_level():
         n = mesh.axis_size(axis)
         assert c == collective_time("all_gather", 64 // n * 4, n, lv.alpha, lv.beta)[0]
     assert mesh.level("x") != mesh.level("y")
+
+
+def test_all_reduce_algorithms_are_the_native_ones():
+    from autopar import _native
+    assert set(ALL_REDUCE) == set(_native.ALLREDUCE_ALGORITHMS)
+    seen = set()
+    for n in range(2, 17):
+        for hosts in [h for h in range(1, n + 1) if n % h == 0]:
+            inner = (n // hosts, 3e-6, 1e-11) if hosts > 1 else None
+            for nbytes in (4, 1 << 12, 1 << 20, 1 << 28):
+                seen |= set(all_reduce_times(nbytes, n, 1e-5, 1e-9, inner))
+                seen.add(collective_time("all_reduce", nbytes, n, 1e-5, 1e-9, inner)[1])
+    assert seen == set(_native.ALLREDUCE_ALGORITHMS)
+    # every other kind names the one algorithm the native runtime runs for it
+    assert {collective_time(k, 1 << 20, 8, 1e-5, 1e-9)[1] for k in
+            ("all_gather", "reduce_scatter", "all_to_all", "broadcast")} == {"ring", "pairwise",
+                                                                            "chain"}
+
+
+def test_two_level_all_reduce_is_priced_two_dimensional():
+    mesh = LogicalMesh.create((2, 4), topology=Topology.cluster(2, 4))
+    node, gpu = mesh.level("x"), mesh.level("y")
+    pl, nbytes = Planner(mesh), 64 << 20
+    sec, algo = pl.step_time("all_reduce", ("x", "y"), nbytes)
+    flat = all_reduce_times(nbytes, 8, node.alpha, node.beta)
+    assert algo == "2d_torus" and sec < flat["ring"] / 2
+    assert sec == all_reduce_times(nbytes, 8, node.alpha, node.beta, (4, gpu.alpha, gpu.beta),
+                                   1 / mesh.topology.mem_bandwidth)["2d_torus"]
+    # the planner may compose the same three phases itself, with recursive doubling between the
+    # 2 hosts where the native 2d_torus runs a ring; never costlier than the one 2D step
+    plan = pl.plan(L("[_] sum{x,y}"), L("[_]"), (nbytes // 4,), F32)
+    assert plan.cost <= sec
+    assert plan.steps in ((Step("all_reduce", ("x", "y")),),
+                          (Step("reduce_scatter", ("y",), 0), Step("all_reduce", ("x",)),
+                           Step("all_gather", ("y",), 0)))
+    # one level only, or a tiny message: a flat algorithm
+    for axes, n in ((("x", "y"), 4), ("y", nbytes), ("x", nbytes)):
+        assert pl.step_time("all_reduce", axes, n)[1] in ("ring", "halving_doubling",
+                                                          "recursive_doubling")
+    # one topology level: never a 2D algorithm
+    assert Planner(MESH24).step_time("all_reduce", ("x", "y"), nbytes)[1] == "halving_doubling"
+
+
+def test_all_reduce_choice_by_message_size():
+    a, b = 5e-6, 1 / 4e9
+    for nbytes in (4, 1 << 12):                      # latency-bound: log2(n) whole-buffer steps
+        t = all_reduce_times(nbytes, 8, a, b)
+        assert collective_time("all_reduce", nbytes, 8, a, b) == (t["recursive_doubling"],
+                                                                  "recursive_doubling")
+        assert t["recursive_doubling"] == pytest.approx(3 * (a + nbytes * b))
+        assert t["halving_doubling"] == pytest.approx(6 * a + 1.75 * nbytes * b)
+        # tree.cc runs its two trees one after the other: 4 messages per level
+        assert t["tree"] == pytest.approx(24 * a + 8 * nbytes * b) and t["tree"] > t["ring"]
+    assert collective_time("all_reduce", 4, 6, a, b)[1] == "recursive_doubling"   # 2 + 2 folds
+    big = 64 << 20                                   # bandwidth-bound: 2(n-1)/n B bytes
+    assert collective_time("all_reduce", big, 8, a, b)[1] == "halving_doubling"
+    assert collective_time("all_reduce", big, 6, a, b)[1] == "ring"    # no fold of 2 ranks
+    # reducing costs: at 2 ranks recursive doubling (one whole-buffer exchange, reduced whole)
+    # wins for small messages only
+    g = 1 / 10e9
+    assert collective_time("all_reduce", 1 << 10, 2, a, b, gamma=g)[1] == "recursive_doubling"
+    assert collective_time("all_reduce", 1 << 20, 2, a, b, gamma=g)[1] == "ring"
 
 
 @pytest.mark.parametrize("src,dst,shape,match", [
@@ -374,7 +444,7 @@ def test_errors_name_layouts_shape_and_mesh(src, dst, shape, match):
 def test_step_and_plan_text():
     assert str(Step("slice", ("y",), 1)) == "slice(y, dim=1)"
     assert str(Step("all_reduce", ("x",))) == "all_reduce(x)"
-    plan = Planner(MESH8).plan(L("[_] sum{x}"), L("[x]"), (64,), F32)
+    plan = Planner(MESH8).plan(L("[_] sum{x}"), L("[x]"), (1 << 16,), F32)
     assert str(plan).startswith("[_] sum{x} -> [x]: reduce_scatter(x, dim=0) (")
     plan = Planner(MESH24).plan(L("[x,y]"), L("[y,x]"), (8, 8), F32)
     assert str(plan).startswith("[x,y] -> [y,x]: ") and "; " in str(plan)
@@ -548,7 +618,11 @@ def test_plans_are_memoised(case):
 
 
 def test_grouped_axes_move_as_one_collective():
-    pl = Planner(MESH24)
+    # without a per-call cost, two ring all-gathers (3 + 1 hand-offs) beat one of 8 ranks (7)
+    plan = Planner(MESH24).plan(L("[(x,y),_]"), L("[_,_]"), (1024, 1024), F32)
+    assert plan.steps == (Step("all_gather", ("y",), 0), Step("all_gather", ("x",), 0))
+    host = Topology((Level("host", 8, alpha=5e-6, beta=1 / 4e9, launch=25e-6),))
+    pl = Planner(LogicalMesh.create((2, 4), topology=host))
     plan = pl.plan(L("[(x,y),_]"), L("[_,(x,y)]"), (1024, 1024), F32)
     assert plan.steps == (Step("all_to_all", ("x", "y"), 0, 1),)
     plan = pl.plan(L("[(x,y),_]"), L("[_,_]"), (1024, 1024), F32)

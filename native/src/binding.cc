@@ -47,7 +47,7 @@ using AllReduce = void (*)(Comm&, const Group&, void*, size_t, DType, ReduceOp);
 const std::map<std::string, AllReduce>& allreduce_algorithms() {
   static const std::map<std::string, AllReduce> m{
       {"ring", allreduce_ring}, {"halving_doubling", allreduce_halving_doubling},
-      {"tree", allreduce_tree}, {"2d_ring", allreduce_2d_ring}, {"2d_torus", allreduce_2d_torus},
+      {"recursive_doubling", allreduce_recursive_doubling}, {"tree", allreduce_tree}, {"2d_ring", allreduce_2d_ring}, {"2d_torus", allreduce_2d_torus},
       {"2d_mesh", allreduce_2d_mesh}};
   return m;
 }

@@ -2,8 +2,11 @@
 #include "comm.h"
 
 #include <sched.h>
+#include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -84,7 +87,7 @@ void Comm::run(std::vector<Xfer>& xs) {
   for (Xfer& x : xs)
     if (x.n && x.peer == rank_) fail("a transfer to itself");
   size_t idle = 0;
-  double last = 0;
+  double since = 0, checked = 0;
   for (;;) {
     bool pending = false, moved = false;
     for (Xfer& x : xs) {
@@ -116,6 +119,7 @@ void Comm::run(std::vector<Xfer>& xs) {
         } catch (const CollectiveError&) {
           throw;
         } catch (const std::exception& e) {
+          check(xs, 0);              // a job already aborted, or a dead sender, is the cause
           fail("receiving from rank " + std::to_string(x.peer) + ": " + e.what());
         }
         moved |= k > 0;
@@ -126,12 +130,23 @@ void Comm::run(std::vector<Xfer>& xs) {
       idle = 0;
       continue;
     }
-    ++idle;
-    if (idle > 64) sched_yield();
-    if (idle % 256 == 0) {
-      double t = now();
-      if (idle == 256) last = t;
-      check(xs, t - last);
+    if (++idle <= 64) continue;               // spin: the peer usually answers within microseconds
+    double t = now();
+    if (idle == 65) since = t, checked = t;
+    double waited = t - since;
+    if (waited < 50e-6) {
+      sched_yield();
+    } else {
+      // back off: a peer that is still computing should get this core (ranks may outnumber
+      // cores); the sleep grows with the wait, so a late answer costs at most a quarter more
+      thread_local bool slack = prctl(PR_SET_TIMERSLACK, 1000UL) == 0;   // 1 us, not 50
+      (void)slack;
+      timespec ts{0, long(std::min(200e-6, waited / 4) * 1e9)};
+      nanosleep(&ts, nullptr);
+    }
+    if (t - checked > 1e-3) {
+      checked = t;
+      check(xs, waited);
     }
   }
 }

@@ -1,8 +1,9 @@
 // Comm: one rank's view of a job -- its links to every peer and the transport verbs every
 // collective algorithm is written against (send, recv, exchange, recv-reduce-send,
 // recv-copy-send, barrier). All verbs run one progress loop over the links involved; waiting
-// spins briefly, then yields the core, and regularly checks the job's abort flag, whether the
-// peers it waits for are still alive, and the time since the last byte moved.
+// spins briefly, then yields the core, then sleeps for a growing fraction of the wait (at most
+// 200 us), and every millisecond checks the job's abort flag, whether the peers it waits for
+// are still alive, and the time since the last byte moved.
 #pragma once
 
 #include <memory>

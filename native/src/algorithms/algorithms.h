@@ -32,6 +32,8 @@ void ring_allgather_inplace(Comm& c, const Group& g, char* buf, const Blocks& b,
 // all-reduce, in place
 void allreduce_ring(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_halving_doubling(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
+void allreduce_recursive_doubling(Comm& c, const Group& g, void* buf, size_t count, DType t,
+                                  ReduceOp op);
 void allreduce_tree(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_2d_ring(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_2d_torus(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);

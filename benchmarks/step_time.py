@@ -1,0 +1,100 @@
+"""End-to-end step time of a GPT block training step on 2 ranks: autopar's native runtime
+against JAX's own SPMD execution of the same layouts, in one run on this machine.
+
+Run: python benchmarks/step_time.py [--config small medium] [--mode data_parallel auto_parallel]
+     [--iters 20]
+
+For each GPT configuration and parallel mode, autopar plans the step for 2 devices; then the
+same step is timed as
+- autopar native: ``compiled(params, batch)`` on 2 worker processes (collectives overlapped with
+  compute, the default), and again with AUTOPAR_OVERLAP=0 (each all-reduce bucket awaited as it
+  is issued) to show what the overlap gains;
+- autopar jax: the same Program through shard_map on 2 CPU devices of this process;
+- JAX SPMD: ``jax.jit(step, in_shardings=<the plan's argument layouts as NamedSharding>)`` on
+  the same 2 CPU devices, XLA's own partitioner choosing everything else.
+Every call goes from host numpy arrays to host numpy results (inputs placed, outputs fetched),
+median of --iters calls after 2 warm-ups. Out: one JSON object per (config, mode) with
+milliseconds per step and the ratio JAX SPMD / autopar native (above 1: autopar is faster).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests")]
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import autopar as ap  # noqa: E402
+import models as m  # noqa: E402
+
+CONFIGS = {  # the compiler-core test block, and one where compute outweighs overheads
+    "small": dict(vocab=64, seq=8, d=32, heads=4, batch=4),
+    "medium": dict(vocab=512, seq=64, d=256, heads=8, batch=16),
+}
+
+
+def median_ms(call, iters):
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, jax.block_until_ready(tree))
+
+
+def measure(name, mode, iters):
+    c = CONFIGS[name]
+    p = jax.tree.map(np.asarray, m.gpt_params(vocab=c["vocab"], seq=c["seq"], d=c["d"], heads=c["heads"]))
+    b = jax.tree.map(np.asarray, m.gpt_batch(batch=c["batch"], seq=c["seq"], vocab=c["vocab"]))
+
+    def step(params, batch):                               # tests/models.py's gpt_sgd_step
+        loss, grads = jax.value_and_grad(m.gpt_loss)(params, batch, c["heads"])
+        return loss, m.sgd(params, grads)
+
+    out = {"config": name, "mode": mode, **c}
+    cfg = dict(parallel_mode=mode, device_num=2, progress=False)
+    for label, backend, overlap in (("native_ms", "native", "1"), ("native_no_overlap_ms", "native", "0"),
+                                    ("autopar_jax_ms", "jax", "1")):
+        os.environ["AUTOPAR_OVERLAP"] = overlap          # read by the workers as they start
+        compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
+        out[label] = median_ms(lambda: host(compiled(p, b)), iters)
+        if compiled._runner is not None and hasattr(compiled._runner, "close"):
+            compiled._runner.close()
+    os.environ.pop("AUTOPAR_OVERLAP")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(compiled.program.mesh.shape),
+                             compiled.program.mesh.axis_names)
+    flat, tree = jax.tree.flatten((p, b))
+    shardings = [jax.sharding.NamedSharding(mesh, lay.to_partition_spec())
+                 for lay in compiled.program.in_layouts]
+    spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings)
+    out["jax_spmd_ms"] = median_ms(lambda: host(spmd(*flat)), iters)
+    out["spmd_over_native"] = round(out["jax_spmd_ms"] / out["native_ms"], 2)
+    out["overlap_gain"] = round(out["native_no_overlap_ms"] / out["native_ms"], 2)
+    out["collectives"] = len(compiled.collectives())
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", nargs="+", default=["small", "medium"], choices=sorted(CONFIGS))
+    p.add_argument("--mode", nargs="+", default=["data_parallel", "auto_parallel"])
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    for name in args.config:
+        for mode in args.mode:
+            print(json.dumps(measure(name, mode, args.iters)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Failures on the native runtime: a Python exception in a worker is a WorkerError (rank,
+type, the worker's traceback); a rank that stops answering fails the call with CollectiveError
+within the bound, leaves no process behind, and the next job (or the next call of a compiled
+step, on the default backend) works. Small jobs (2-3 ranks) with a 2 s collective timeout."""
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+import autopar as ap
+import models as m
+from autopar.errors import AutoparError, CollectiveError, WorkerError
+from autopar.runtime.launcher import Job
+from test_api import assert_same
+
+TIMEOUT = 2.0
+BOUND = TIMEOUT + 20.0         # generous: the failure must arrive, not arrive fast
+
+
+# --- per-rank functions (run in the workers) -------------------------------------------------
+
+def raise_on(comm, bad):
+    if comm.rank in bad:
+        raise ValueError(f"bad value on rank {comm.rank}")
+    return comm.rank
+
+
+def raise_or_barrier(comm, bad):
+    if comm.rank == bad:
+        raise ValueError("no barrier for me")
+    comm.barrier(list(range(comm.size)))
+    return comm.rank
+
+
+def sleep_or_barrier(comm, sleeper):
+    if comm.rank == sleeper:
+        time.sleep(3600)               # stuck in Python, never reaches the barrier
+    comm.barrier(list(range(comm.size)))
+    return comm.rank
+
+
+def ranks(comm):
+    return comm.rank
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def gone(procs):
+    """Every worker has exited and been reaped: no /proc entry left for its pid."""
+    return all(p.poll() is not None and not os.path.exists(f"/proc/{p.pid}") for p in procs)
+
+
+def autopar_threads():
+    return {t for t in threading.enumerate() if t.is_alive() and t is not threading.main_thread()}
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+def test_a_python_exception_in_a_worker_is_a_worker_error():
+    j = Job(3, timeout=TIMEOUT)
+    with pytest.raises(WorkerError) as err:
+        j.call(raise_on, [((1,),)] * 3)
+    e = err.value
+    assert isinstance(e, AutoparError) and isinstance(e, RuntimeError)
+    assert not isinstance(e, CollectiveError)
+    assert e.rank == 1 and e.kind == "ValueError"
+    assert "Traceback" in e.traceback and "raise_on" in e.traceback
+    assert "bad value on rank 1" in e.traceback
+    msg = str(e)
+    assert "rank 1 raised ValueError" in msg and "test_native_failures.raise_on" in msg
+    assert "bad value on rank 1" in msg and "Traceback in the worker process" in msg
+    # no rank waited in a collective: the job is not failed and still runs
+    assert j.failure is None
+    assert j.call(ranks, [()] * 3) == [0, 1, 2]
+    with pytest.raises(WorkerError) as err:               # several: the lowest rank, others noted
+        j.call(raise_on, [((2, 0),)] * 3)
+    assert err.value.rank == 0 and "rank 2 failed too: bad value on rank 2" in str(err.value)
+
+    # the others wait in a barrier for the rank that raised: their barrier is aborted
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as err:
+        j.call(raise_or_barrier, [(1,)] * 3)
+    assert time.monotonic() - start < BOUND
+    assert err.value.rank == 1 and "no barrier for me" in str(err.value)
+    assert all(f"rank {r} failed too" in str(err.value) or f"{r} did not answer" in str(err.value)
+               for r in (0, 2))                          # in their aborted barrier, or killed
+    assert j.failure
+    with pytest.raises(CollectiveError, match="failed"):
+        j.call(ranks, [()] * 3)
+    j.close()
+    assert gone(j.procs)
+
+
+def test_a_rank_stuck_in_python_fails_the_call_and_leaves_nothing_behind():
+    shm_before = set(os.listdir("/dev/shm"))
+    threads_before = autopar_threads()
+    j = Job(3, timeout=TIMEOUT)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err:
+        j.call(sleep_or_barrier, [(1,)] * 3)
+    assert time.monotonic() - start < BOUND
+    msg = str(err.value)
+    stuck = re.search(r"rank\(s\) ([\d, ]+) did not answer", msg)
+    assert stuck and "1" in stuck.group(1).split(", ") and "collective_timeout" in msg, msg
+    assert j.failure and j.procs[1].wait(5) is not None     # the stuck rank was killed
+    j.close()
+    assert gone(j.procs)
+    j._monitor.join(5)
+    assert autopar_threads() <= threads_before
+    assert set(os.listdir("/dev/shm")) == shm_before
+    with Job(2, timeout=TIMEOUT) as again:                  # the next job in this process works
+        assert again.call(ranks, [()] * 2) == [0, 1]
+
+
+def test_a_compiled_step_on_the_default_backend_restarts_after_a_rank_stops_answering():
+    """The default backend is native; a rank stopped with SIGSTOP never answers: the call
+    raises CollectiveError within the bound, the failed job's workers are all stopped, and the
+    next call runs on a new job with the right values."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,
+                            collective_timeout=TIMEOUT)
+    assert cfg.backend is ap.Backend.NATIVE
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    job = c._runner.job
+    os.kill(job.procs[1].pid, signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err:
+        c(p, b)
+    assert time.monotonic() - start < BOUND
+    assert "rank 1" in str(err.value)
+    assert job.closed and gone(job.procs)                   # closed at once, nothing left
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))              # a new job
+    assert c._runner.job is not job and c._runner.job.failure is None
+    new = c._runner.job
+    c._runner.close()
+    assert gone(new.procs)
