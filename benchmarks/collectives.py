@@ -144,7 +144,8 @@ def markdown(rows, copy):
                 line.append(f"{c['latency_us']:.1f} / {c['busbw_gbs']:.2f}" if c else "-")
             for impl in impls:
                 c = cells.get((impl, op, n, nbytes))
-                line.append(f"{ours['busbw_gbs'] / c['busbw_gbs']:.2f}" if c and ours else "-")
+                # same bytes and bus factor: the busbw ratio is the inverse latency ratio
+                line.append(f"{c['latency_us'] / ours['latency_us']:.2f}" if c and ours else "-")
             line.append(str(copy.get(nbytes, "-")))
             print("| " + " | ".join(line) + " |")
 
@@ -157,8 +158,13 @@ def main():
     p.add_argument("--peers", nargs="*", default=["gloo", "mpi"], choices=["gloo", "mpi"])
     p.add_argument("--markdown", action="store_true", help="also print the tables of ratios")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tables-from", metavar="LOG", help="only print the tables of a saved run's JSON lines")
     args = p.parse_args()
     sizes = [bench.parse_size(s) for s in args.sizes]
+    if args.tables_from:
+        with open(args.tables_from) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
+        return markdown(rows, {})
     if args.mpi_worker:
         return mpi_worker(args.ops, sizes)
     rows = []
