@@ -189,7 +189,7 @@ class Job:
                 if reply[0] == "ok":
                     results[r] = reply[1]
                 else:
-                    errors[r] = (reply[1], reply[2], reply[3] if len(reply) > 3 else "")
+                    errors[r] = tuple(reply[1:])              # (kind, message, traceback)
             now = time.monotonic()
             if trouble is None and (errors or self.failure or self.segment.aborted):
                 trouble = now
@@ -205,10 +205,15 @@ class Job:
                 return sorted(pending.values())
         return []
 
+    @staticmethod
+    def _first(errors):
+        """The rank whose error says most about the cause (lowest rank on ties), or None."""
+        return min(errors, key=lambda q: (_ORDER.get(errors[q][0], 0), q), default=None)
+
     def _culprit(self, errors) -> tuple[int, str]:
         """(rank, reason) of the first failure, for the segment's abort."""
-        r = min(errors, key=lambda q: (_ORDER.get(errors[q][0], 0), q), default=-1)
-        if r < 0:
+        r = self._first(errors)
+        if r is None:
             return -1, self.failure or "the caller aborted the job"
         kind, message, _ = errors[r]
         first = message.splitlines()[0] if message else kind
@@ -228,7 +233,7 @@ class Job:
         worker (WorkerError), else a dead rank, else the ranks that did not answer, else the
         first failed collective (CollectiveError); the other ranks' failures follow."""
         where = f"{fn.__module__}.{fn.__qualname__}"
-        r = min(errors, key=lambda q: (_ORDER.get(errors[q][0], 0), q), default=None)
+        r = self._first(errors)
         kind = errors[r][0] if r is not None else None
         stuck = (f"rank(s) {', '.join(map(str, hung))} did not answer within {self._grace():g} s "
                  "after the job was aborted: stuck outside any collective (in Python code or a "

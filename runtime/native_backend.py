@@ -33,15 +33,14 @@ from autopar.graph import Const
 from autopar.program import Segment
 
 
-def _allreduce_algorithm(name: str) -> str:
-    """``name`` itself, once checked to be a native all-reduce algorithm."""
+def _check_algorithm(name: str) -> None:
+    """Raise unless ``name`` is a native all-reduce algorithm (checked once per program)."""
     from autopar import _native
     known = _native.ALLREDUCE_ALGORITHMS
     if name not in known:
         raise CollectiveError(f"the plan asks for all-reduce algorithm {name!r}, which the native "
                               f"runtime does not have (it has {sorted(known)}); re-plan with this "
                               "autopar version, whose cost table names only those.")
-    return name
 
 
 _PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs, bucket)
@@ -68,6 +67,8 @@ class NativeRunner:
                 exported = export.export(jax.jit(ins))(*avals)
                 instructions.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
             else:
+                if getattr(ins, "kind", "") == "all_reduce":
+                    _check_algorithm(ins.algorithm)
                 instructions.append(ins)
         self._payload = (program.mesh, tuple(instructions), program.inputs, program.outputs,
                          bucket_bytes)
@@ -247,7 +248,7 @@ def _step(comm, st, x, mesh):
     if kind == "partial_zero":
         return x if me == 0 else np.zeros_like(x)
     if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
-        comm.all_reduce(x, ranks, "sum", _allreduce_algorithm(st.algorithm))
+        comm.all_reduce(x, ranks, "sum", st.algorithm)
         return x
     if kind == "all_gather":
         out = np.empty((n,) + x.shape, x.dtype)

@@ -1,0 +1,91 @@
+"""The collective cost table (strategies/comm_cost.py) and how the redistribution planner
+prices steps with it: per-axis topology levels, the native all-reduce algorithms under their
+own names, the 2D ones for groups that span two levels, the choice by message size."""
+import numpy as np
+import pytest
+
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
+from autopar.redistribution.planner import Planner, Step
+from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
+from autopar.topology import Topology
+
+F32 = np.float32
+MESH24 = LogicalMesh.create((2, 4))
+
+
+def L(text):
+    return Layout.parse(text)
+
+
+def test_cost_uses_each_axis_topology_level():
+    mesh = LogicalMesh.create((2, 4), topology=Topology.cluster(2, 4))
+    pl = Planner(mesh)
+    for axis in ("x", "y"):
+        lv = mesh.level(axis)
+        c = pl.cost(L(f"[{axis}]"), L("[_]"), (64,), F32)
+        n = mesh.axis_size(axis)
+        assert c == collective_time("all_gather", 64 // n * 4, n, lv.alpha, lv.beta)[0]
+    assert mesh.level("x") != mesh.level("y")
+
+
+def test_all_reduce_algorithms_are_the_native_ones():
+    from autopar import _native
+    assert set(ALL_REDUCE) == set(_native.ALLREDUCE_ALGORITHMS)
+    seen = set()
+    for n in range(2, 17):
+        for hosts in [h for h in range(1, n + 1) if n % h == 0]:
+            inner = (n // hosts, 3e-6, 1e-11) if hosts > 1 else None
+            for nbytes in (4, 1 << 12, 1 << 20, 1 << 28):
+                seen |= set(all_reduce_times(nbytes, n, 1e-5, 1e-9, inner))
+                seen.add(collective_time("all_reduce", nbytes, n, 1e-5, 1e-9, inner)[1])
+    assert seen == set(_native.ALLREDUCE_ALGORITHMS)
+    # every other kind names the one algorithm the native runtime runs for it
+    assert {collective_time(k, 1 << 20, 8, 1e-5, 1e-9)[1] for k in
+            ("all_gather", "reduce_scatter", "all_to_all", "broadcast")} == {"ring", "pairwise",
+                                                                            "chain"}
+
+
+def test_two_level_all_reduce_is_priced_two_dimensional():
+    mesh = LogicalMesh.create((2, 4), topology=Topology.cluster(2, 4))
+    node, gpu = mesh.level("x"), mesh.level("y")
+    pl, nbytes = Planner(mesh), 64 << 20
+    sec, algo = pl.step_time("all_reduce", ("x", "y"), nbytes)
+    flat = all_reduce_times(nbytes, 8, node.alpha, node.beta)
+    assert algo == "2d_torus" and sec < flat["ring"] / 2
+    assert sec == all_reduce_times(nbytes, 8, node.alpha, node.beta, (4, gpu.alpha, gpu.beta),
+                                   1 / mesh.topology.mem_bandwidth)["2d_torus"]
+    # the planner may compose the same three phases itself, with recursive doubling between the
+    # 2 hosts where the native 2d_torus runs a ring; never costlier than the one 2D step
+    plan = pl.plan(L("[_] sum{x,y}"), L("[_]"), (nbytes // 4,), F32)
+    assert plan.cost <= sec
+    assert plan.steps in ((Step("all_reduce", ("x", "y")),),
+                          (Step("reduce_scatter", ("y",), 0), Step("all_reduce", ("x",)),
+                           Step("all_gather", ("y",), 0)))
+    # one level only, or a tiny message: a flat algorithm
+    for axes, n in ((("x", "y"), 4), ("y", nbytes), ("x", nbytes)):
+        assert pl.step_time("all_reduce", axes, n)[1] in ("ring", "halving_doubling",
+                                                          "recursive_doubling")
+    # one topology level: never a 2D algorithm
+    assert Planner(MESH24).step_time("all_reduce", ("x", "y"), nbytes)[1] == "halving_doubling"
+
+
+def test_all_reduce_choice_by_message_size():
+    a, b = 5e-6, 1 / 4e9
+    for nbytes in (4, 1 << 12):                      # latency-bound: log2(n) whole-buffer steps
+        t = all_reduce_times(nbytes, 8, a, b)
+        assert collective_time("all_reduce", nbytes, 8, a, b) == (t["recursive_doubling"],
+                                                                  "recursive_doubling")
+        assert t["recursive_doubling"] == pytest.approx(3 * (a + nbytes * b))
+        assert t["halving_doubling"] == pytest.approx(6 * a + 1.75 * nbytes * b)
+        # tree.cc runs its two trees one after the other: 4 messages per level
+        assert t["tree"] == pytest.approx(24 * a + 8 * nbytes * b) and t["tree"] > t["ring"]
+    assert collective_time("all_reduce", 4, 6, a, b)[1] == "recursive_doubling"   # 2 + 2 folds
+    big = 64 << 20                                   # bandwidth-bound: 2(n-1)/n B bytes
+    assert collective_time("all_reduce", big, 8, a, b)[1] == "halving_doubling"
+    assert collective_time("all_reduce", big, 6, a, b)[1] == "ring"    # no fold of 2 ranks
+    # reducing costs: at 2 ranks recursive doubling (one whole-buffer exchange, reduced whole)
+    # wins for small messages only
+    g = 1 / 10e9
+    assert collective_time("all_reduce", 1 << 10, 2, a, b, gamma=g)[1] == "recursive_doubling"
+    assert collective_time("all_reduce", 1 << 20, 2, a, b, gamma=g)[1] == "ring"
