@@ -166,13 +166,16 @@ def _fixed(config, mesh, graph) -> dict:
             for n in graph.nodes if n.prim == "autopar_shard"}
 
 
+PROGRESS_AFTER = 1.0      # seconds a search runs quietly before it reports progress
+
+
 def _progress_printer(name, solver):
-    """Progress messages on stderr, once the search has run for more than a second."""
+    """Progress messages on stderr, once the search has run for more than PROGRESS_AFTER."""
     start = time.monotonic()
 
     def report(message: str) -> None:
         elapsed = time.monotonic() - start
-        if elapsed > 1.0:
+        if elapsed > PROGRESS_AFTER:
             print(f"autopar [{name}, {solver}, {elapsed:.1f}s] {message}", file=sys.stderr, flush=True)
     return report
 
