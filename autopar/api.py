@@ -107,7 +107,7 @@ class Compiled:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
         if self._runner is None:
-            if self.config.backend is Backend.NATIVE:
+            if self.config.backend is Backend.NATIVE and self.program.mesh.size > 1:
                 from .runtime.native_backend import NativeRunner
                 self._runner = NativeRunner(self.program, self.config.collective_timeout,
                                             self.config.allreduce_fusion_bytes)

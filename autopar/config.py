@@ -71,7 +71,8 @@ class ParallelConfig:
                                               # the step equals the single-device one (False: see README)
     backend: Backend = Backend.NATIVE         # where compiled steps run: "native" (one worker
                                               # process per device, C++ collectives) or "jax"
-                                              # (shard_map over jax.devices(): GPU, TPU, fake CPUs)
+                                              # (shard_map over jax.devices(): GPU, TPU, fake CPUs);
+                                              # one device runs in this process either way
     search_time: Optional[float] = None       # seconds auto_parallel's solver may take (None: its default)
     progress: bool = True                     # report searches that run past a second on stderr
     collective_timeout: float = 10.0          # native backend: seconds a collective may wait for a

@@ -2,11 +2,13 @@
 (mpi4py), side by side in one run, with the memory-copy bandwidth as the physical limit.
 
 Run: python benchmarks/collectives.py [--ranks 2 4 8] [--ops all_reduce all_gather ...]
-     [--sizes 4KB 64KB 1MB 16MB 256MB] [--peers gloo mpi] [--markdown]
+     [--sizes 4KB 64KB 1MB 16MB 256MB] [--peers gloo mpi] [--repeat 3] [--markdown]
 
 Every implementation is timed by the same rules (``autopar.runtime.bench.timing``: back-to-back
 calls after a barrier, several rounds, per round the slowest rank, the median round) and sized
-by NCCL-tests' conventions (``bench.buffers``), float32, sum. Out: one JSON object per
+by NCCL-tests' conventions (``bench.buffers``), float32, sum. This machine's figures drift by
+up to 1.5x within minutes, so the implementations take turns (autopar, gloo, MPI, autopar, ...)
+--repeat times and each cell is the median over the turns. Out: one JSON object per
 measurement (impl, op, ranks, bytes, latency_us, busbw_gbs); with --markdown also one table per
 (op, ranks) with the ratios autopar busbw / peer busbw (above 1: autopar is faster). A peer that
 is not installed (torch, mpi4py with an ``mpiexec``) or does not implement an operation (gloo
@@ -129,6 +131,11 @@ def memcpy(sizes):
     return out
 
 
+def median(rows):
+    """The row of median latency among one cell's turns (the upper one of an even count)."""
+    return sorted(rows, key=lambda r: r["latency_us"])[len(rows) // 2]
+
+
 def markdown(rows, copy):
     cells = {(r["impl"], r["op"], r["ranks"], r["bytes"]): r for r in rows}
     impls = [i for i in ("gloo", "mpi") if any(r["impl"] == i for r in rows)]
@@ -156,6 +163,7 @@ def main():
     p.add_argument("--ops", nargs="+", default=list(bench.OPS), choices=bench.OPS)
     p.add_argument("--sizes", nargs="+", default=["4KB", "64KB", "1MB", "16MB", "256MB"])
     p.add_argument("--peers", nargs="*", default=["gloo", "mpi"], choices=["gloo", "mpi"])
+    p.add_argument("--repeat", type=int, default=3, help="turns per implementation (median taken)")
     p.add_argument("--markdown", action="store_true", help="also print the tables of ratios")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tables-from", metavar="LOG", help="only print the tables of a saved run's JSON lines")
@@ -169,12 +177,15 @@ def main():
         return mpi_worker(args.ops, sizes)
     rows = []
     copy = memcpy(sizes)
+    impls = {"autopar": lambda n: [dict(r, impl="autopar") for r in bench.run(args.ops, n, sizes)],
+             "gloo": lambda n: gloo(n, args.ops, sizes), "mpi": lambda n: mpi(n, args.ops, sizes)}
     for n in args.ranks:
-        got = [dict(r, impl="autopar") for r in bench.run(args.ops, n, sizes)]
-        if "gloo" in args.peers:
-            got += gloo(n, args.ops, sizes)
-        if "mpi" in args.peers:
-            got += mpi(n, args.ops, sizes)
+        turns = {}
+        for _ in range(args.repeat):
+            for impl in ["autopar"] + args.peers:
+                for r in impls[impl](n):
+                    turns.setdefault((impl, r["op"], r["bytes"]), []).append(r)
+        got = [median(rs) for rs in turns.values()]
         for r in got:
             print(json.dumps({k: r[k] for k in ("impl", "op", "ranks", "bytes", "latency_us", "busbw_gbs")}),
                   flush=True)

@@ -6,7 +6,7 @@ Program returns every result replicated; rank 0's copy is returned).
 
 The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
-``mesh.size`` ranks and loads the program into every worker; the workers stay alive until the
+``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the program into every worker; the workers stay alive until the
 runner is closed or collected, so a second call pays only for the step. Per call, rank r gets
 its block of every argument (``Layout.block`` at ``mesh.coords(r)``) and
 runs the instructions: segments through their exported executables, collectives through
@@ -20,6 +20,7 @@ and each runs under its own name.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -79,7 +80,8 @@ class NativeRunner:
     def _start(self):
         """A new job with the program loaded (first use, and after a failed or closed one)."""
         from .launcher import Job
-        self.job = Job(self.program.mesh.size, timeout=self.timeout)
+        mesh = self.program.mesh
+        self.job = Job(mesh.size, hosts=host_ids(mesh.topology), timeout=self.timeout)
         self._finalizer = weakref.finalize(self, self.job.close)
         self._call(load, [(self._payload,)] * self.program.mesh.size)
 
@@ -109,6 +111,13 @@ class NativeRunner:
     def close(self):
         """Stop the workers; calling the runner again starts new ones."""
         self._finalizer()
+
+
+def host_ids(topology) -> list[int]:
+    """Device d's host: d // (size of the innermost topology level), device order being the
+    topology's (innermost fastest). The native 2D all-reduces split their groups by it."""
+    inner = topology.levels[-1].size
+    return [d // inner for d in range(topology.num_devices)]
 
 
 # --- in the workers ---------------------------------------------------------------------------
@@ -155,16 +164,18 @@ def run(comm, blocks):
         results = [get(o) for o in outputs if not isinstance(o, Const)]
     finally:
         comms.close()
-    _STATS["all_reduce_calls"] += comms.calls
+    _STATS["all_reduce_calls"] += len(comms.buckets)
+    _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
     return results if comm.rank == 0 else None
 
 
 def stats(comm):
-    """This worker's counters (for tests and benchmarks)."""
+    """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
+    step's all-reduce calls as (tensors, bytes, algorithm), and its host id."""
     return dict(_STATS)
 
 
-_STATS = {"all_reduce_calls": 0}
+_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None}
 # AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
 # issued, for measuring what the overlap with the following compute gains.
 _OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
@@ -173,20 +184,21 @@ _OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
 class _Comms:
     """The collectives of one step, issued by one background thread in program order (every
     rank must issue them in the same order). All-reduces are deferred and fused: consecutive
-    ones over the same axes, dtype and algorithm share one flat buffer until it holds
-    ``bucket_bytes`` or a later instruction reads one of them (Horovod's tensor fusion, DDP's
-    buckets); the compute that follows runs while a bucket is reduced."""
+    ones over the same axes and dtype share one flat buffer until it holds ``bucket_bytes`` or a
+    later instruction reads one of them (Horovod's tensor fusion, DDP's buckets), reduced with
+    the cost table's algorithm for the bucket's size; the compute that follows runs while a
+    bucket is reduced."""
 
     def __init__(self, comm, mesh, bucket_bytes):
         self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
         self.thread = _COMM_THREAD[0]
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
-        self.calls = 0
+        self.buckets = []             # (tensors, bytes, algorithm) per all-reduce call issued
         self.last = None              # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
-        key = (st.axes, x.dtype, st.algorithm)
+        key = (st.axes, x.dtype)
         if self.bucket and key != self.key:
             self.flush()
         self.bucket.append((st, x))
@@ -199,10 +211,13 @@ class _Comms:
             return
         items, self.bucket, self.bytes = self.bucket, [], 0
         flat = np.concatenate([np.ravel(x) for _, x in items])     # a fresh buffer, reduced in place
-        fut = self.last = self.thread.submit(_step, self.comm, items[0][0], flat, self.mesh)
+        st = items[0][0]
+        if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
+            st = dataclasses.replace(st, algorithm=_bucket_algorithm(self.mesh, st.axes, flat.nbytes))
+        fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
         if not _OVERLAP:
             fut.result()
-        self.calls += 1
+        self.buckets.append((len(items), flat.nbytes, st.algorithm))
         offset = 0
         for st, x in items:
             self.futures[st.out] = (fut, offset, x.shape)
@@ -227,6 +242,13 @@ class _Comms:
         """Issue what is pending and wait until every collective of the step is done."""
         self.flush()
         self.thread.submit(lambda: None).result()
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_algorithm(mesh, axes, nbytes):
+    """The cost table's all-reduce algorithm for a fused bucket of ``nbytes`` over ``axes``."""
+    from autopar.redistribution.planner import Planner
+    return Planner(mesh).step_time("all_reduce", axes, nbytes)[1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -243,11 +243,11 @@ def directness(comm):
 
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_large_messages_single_copy_and_through_the_slots(monkeypatch, direct):
-    # Above 256 KB a send is read by the receiver straight from the sender's memory
+    # From 1 MB a send is read by the receiver straight from the sender's memory
     # (process_vm_readv) unless AUTOPAR_DIRECT=0; both paths give numpy's values.
     monkeypatch.setenv("AUTOPAR_DIRECT", direct)
-    count = 100_003
-    cases = [(a, "float32", n, 3 * count, "sum") for a in sorted(_native.ALLREDUCE_ALGORITHMS)
+    count = 262_147                     # float32: 1 MB + 12 bytes per rank
+    cases = [(a, "float32", n, n * count, "sum") for a in sorted(_native.ALLREDUCE_ALGORITHMS)
              for n in (3, 8)]
     others = [(k, name, n, count) for k in ("reduce_scatter", "all_gather", "all_to_all", "broadcast",
                                             "send_recv") for name in ("float32", "float64") for n in (2, 3, 8)]

@@ -66,3 +66,26 @@ def test_gradient_all_reduces_are_fused_into_buckets():
         c._runner.close()
     n = sum(x.kind == "all_reduce" for x in c.collectives())
     assert calls[0] == n and calls["25MB"] < n
+
+
+def test_two_level_topology_gives_hosts_and_buckets_get_their_own_algorithm():
+    """On 2 hosts x 2 devices each worker knows its host (so the 2D all-reduces run as two
+    levels), and a fused gradient bucket is reduced with the cost table's pick for its total
+    size, not the one each of its tensors got alone."""
+    from autopar.redistribution.planner import Planner
+    p, b = m.gpt_params(d=64), m.gpt_batch(batch=4)
+    # slow links between hosts: recursive doubling up to 1 KB, halving-doubling from 2 KB
+    hosts = ap.Topology((ap.Level("host", 2, alpha=5e-6, beta=1 / 1e8),
+                         ap.Level("core", 2, alpha=2e-6, beta=1 / 8e9)))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, progress=False,
+                            topology=hosts)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    got = c._runner.job.call(worker_stats, [()] * 4)
+    c._runner.close()
+    assert [s["host"] for s in got] == [0, 0, 1, 1]
+    fused = [(nbytes, algo) for k, nbytes, algo in got[0]["buckets"] if k > 1]
+    assert fused and all(s["buckets"] == got[0]["buckets"] for s in got)
+    planner = Planner(c.program.mesh)
+    assert all(algo == planner.step_time("all_reduce", ("x",), nbytes)[1] for nbytes, algo in fused)
+    assert {algo for _, algo in fused} != {"recursive_doubling"}     # the buckets are large

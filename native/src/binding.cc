@@ -210,6 +210,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("timeout") = 10.0, py::arg("shm_within_hosts") = false)
       .def_property_readonly("rank", [](PyComm& c) { return c.comm().rank(); })
       .def_property_readonly("size", [](PyComm& c) { return c.comm().size(); })
+      .def_property_readonly("host", [](PyComm& c) { return c.comm().host_of(c.comm().rank()); },
+                             "this rank's host id (the 2D algorithms' hierarchy)")
       .def("link_kind", [](PyComm& c, int peer) { return c.comm().link_kind(peer); })
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")

@@ -33,7 +33,7 @@ constexpr uint64_t kMagic = 0x6175746f70617231ull;  // "autopar1"
 constexpr size_t kLine = 64;
 constexpr int kMaxRanks = 256;
 constexpr uint64_t kDirect = 1ull << 63;            // a slot size flag: the slot is a descriptor
-constexpr size_t kDirectMin = 256 << 10;            // sends this large go single-copy
+constexpr size_t kDirectMin = 1 << 20;              // sends this large go single-copy
 constexpr size_t kPiece = 128 << 10;                // bytes read per call for a reduction
 constexpr size_t kCopyPiece = 1 << 20;              // bytes read per call into the destination
 
