@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .config import Backend, ParallelConfig, ParallelMode, SearchMode
-from .errors import ConfigError, LayoutError
+from .errors import ConfigError, InfeasibleError, LayoutError
 from .graph import type_str
 from .layout import Layout
 from .strategies import recursive, solvers
@@ -26,6 +26,7 @@ from .strategies.build import build_problem, memory_profile
 from .strategies.cost_model import compute_time, output_bytes
 from .strategies.candidates import identity_candidate
 from .strategies.candidates import candidates_of
+from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
@@ -316,8 +317,19 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                 steps, seconds = plan_steps(planner, s, d, shape, dtype)
                 return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
             assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
+    out_layouts, via = None, None
+    if config.enable_parallel_optimizer and mesh.size > 1:
+        pairs = _state_pairs(graph)
+        su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
+                          [p for _, p in names], mesh, config.optimizer_level.value,
+                          config.parallel_optimizer_threshold * 1024)
+        assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
+        out_layouts = [None] * len(graph.outputs)
+        for i, j in pairs:                       # state stays in its layout from step to step
+            out_layouts[j] = su.in_layouts[i]
     t_search = time.monotonic()
-    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner)
+    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
+                                    out_layouts, via)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ch = assignment.choice
@@ -328,6 +340,15 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     prof = memory_profile(graph, ch, assignment.inputs, mesh)
     peak_step = int(np.argmax(prof))
     peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
+    cap = config.max_device_memory
+    if cap is not None and prof[peak_step] > cap:      # the searches keep to it themselves
+        hint = "" if config.enable_parallel_optimizer else (
+            ", or set enable_parallel_optimizer=True to shard the optimizer state and update")
+        raise InfeasibleError(
+            f"{mode.value} needs {int(prof[peak_step])} bytes per device at {peak_op} "
+            f"({graph.nodes[peak_step - 1].source if peak_step > 0 else 'the arguments'}), more "
+            f"than max_device_memory={cap}. Raise max_device_memory, use more devices or a "
+            f"smaller batch{hint}.")
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
                      tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
                      int(prof[peak_step]), peak_op, config.max_device_memory,

@@ -32,6 +32,12 @@ class SearchMode(str, Enum):
     ILP = "ilp"
 
 
+class OptimizerLevel(str, Enum):
+    LEVEL1 = "level1"    # optimizer state and update sharded; gradients all-reduced, then sliced
+    LEVEL2 = "level2"    # ... and gradients reduce-scattered (only a shard is ever reduced)
+    LEVEL3 = "level3"    # ... and parameters kept sharded, all-gathered where they are read
+
+
 class Backend(str, Enum):
     JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
     NATIVE = "native"    # autopar's multi-process runtime (the default)
@@ -79,12 +85,23 @@ class ParallelConfig:
                                               # peer before every rank raises CollectiveError
     allreduce_fusion_bytes: int = 25 << 20    # native backend: all-reduce bucket size
                                               # ("25MB" accepted; 0: one call per all-reduce)
+    enable_parallel_optimizer: bool = False   # shard the parameter update over the devices that
+                                              # hold a parameter replicated (ZeRO; see optimizer_level)
+    optimizer_level: OptimizerLevel = OptimizerLevel.LEVEL1   # what is sharded, as MindSpore's
+                                              # parallel_optimizer_config["optimizer_level"]
+    parallel_optimizer_threshold: int = 64    # KB: smaller parameters keep a replicated update
+                                              # (MindSpore's default, also in KB)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
         set_("parallel_mode", _enum(ParallelMode, self.parallel_mode, "parallel_mode"))
         set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
         set_("backend", _enum(Backend, self.backend, "backend"))
+        set_("optimizer_level", _enum(OptimizerLevel, self.optimizer_level, "optimizer_level"))
+        if not (isinstance(self.parallel_optimizer_threshold, (int, float))
+                and self.parallel_optimizer_threshold >= 0):
+            raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
+                              "must be a number of KB >= 0 (0 shards every parameter's update).")
         set_("max_device_memory", parse_bytes(self.max_device_memory))
         set_("allreduce_fusion_bytes", parse_bytes(self.allreduce_fusion_bytes or 0,
                                                    "allreduce_fusion_bytes"))

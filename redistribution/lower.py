@@ -6,7 +6,10 @@ the Program holds one ``Compute`` per node (local shape params from the node's r
 into ``Segment``s, and between producer and consumer the ``Slice``/``Collective`` steps of the cheapest
 redistribution from the produced layout to the layout the consumer reads. A value redistributed
 to the same layout for several consumers is redistributed once. Graph outputs are made
-replicated. ``comm`` maps node id -> estimated seconds of the redistributions feeding it.
+replicated unless ``out_layouts`` names a (non-partial) layout for them; ``via`` maps a value
+to a layout it is redistributed to before any other read (optimizer level1: a gradient is
+reduced in full, then sliced). ``comm`` maps node id -> estimated seconds of the
+redistributions feeding it.
 """
 from __future__ import annotations
 
@@ -55,8 +58,10 @@ def _nbytes(shape, dtype) -> int:
 
 
 class _Lowerer:
-    def __init__(self, graph, choice, in_layouts, mesh, planner):
+    def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
         self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
+        self.out_layouts = out_layouts or (None,) * len(graph.outputs)
+        self.via = via or {}
         self.instructions = []
         self.where = {}            # value id -> {Layout: register}
         self.layout = {}           # value id -> produced layout
@@ -84,6 +89,11 @@ class _Lowerer:
             held = self.where[x.id]
             if want in held:
                 return held[want], 0.0
+            stage = self.via.get(x.id)
+            if stage is not None and stage != want and stage not in held:
+                _, c = self.read(x, stage, reason)
+                r, c2 = self.read(x, want, reason)
+                return r, c + c2
             # read from the cheapest layout the value already exists in
             have = min(held, key=lambda l: (plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
                                             l != self.layout[x.id]))
@@ -130,17 +140,17 @@ class _Lowerer:
                 outs.append(r)
             self.instructions.append(Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes)))
         outputs, out_layouts, out_cost = [], [], 0.0
-        for i, o in enumerate(self.graph.outputs):
-            rep = Layout.replicated(len(o.shape))
-            r, c = self.read(o, rep, f"output {i}") if isinstance(o, Value) else (o, 0.0)
+        for i, (o, want) in enumerate(zip(self.graph.outputs, self.out_layouts)):
+            want = want or Layout.replicated(len(o.shape))
+            r, c = self.read(o, want, f"output {i}") if isinstance(o, Value) else (o, 0.0)
             outputs.append(r)
-            out_layouts.append(rep)
+            out_layouts.append(want)
             out_cost += c
         return outputs, out_layouts, comm, out_cost
 
 
-def lower(graph, choice, in_layouts, mesh, planner):
-    lw = _Lowerer(graph, choice, in_layouts, mesh, planner)
+def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+    lw = _Lowerer(graph, choice, in_layouts, mesh, planner, out_layouts, via)
     outputs, out_layouts, comm, out_cost = lw.run()
     body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
                    [o for o in outputs if isinstance(o, int)])

@@ -4,15 +4,15 @@ In: a ``Program`` and the flattened global argument arrays. Out: the flattened g
 The whole Program becomes one jitted ``shard_map``: arguments enter split by the Program's
 input layouts (``in_specs``), every ``Segment`` binds its primitives on local blocks with local
 params, every ``Collective``/``Slice`` runs as the ``jax.lax`` call of ``jax_collectives``, and
-results leave replicated. On CPU, fake devices (``--xla_force_host_platform_device_count``)
-make this the in-process numerical check of every plan.
+results leave in the Program's output layouts (``out_specs``). On CPU, fake devices
+(``--xla_force_host_platform_device_count``) make this the in-process numerical check of every plan.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
@@ -61,9 +61,10 @@ def build(program):
     """A jitted callable: flat global arguments -> flat global results."""
     jm = jax_mesh(program.mesh)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
-    n_out = sum(not isinstance(o, Const) for o in program.outputs)
+    out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
+                      if not isinstance(o, Const))
     f = jax.jit(jax.shard_map(program_function(program), mesh=jm, in_specs=in_specs,
-                              out_specs=(PartitionSpec(),) * n_out, check_vma=False))
+                              out_specs=out_specs, check_vma=False))
 
     def run(flat_args):
         got = iter(f(*flat_args))

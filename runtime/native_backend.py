@@ -1,8 +1,9 @@
 """The native backend: run a Program on one worker process per device with autopar's C++
 collectives (``autopar._native``), compute on JAX's CPU backend inside each worker.
 
-In: a ``Program`` and the flattened global arguments. Out: the flattened global results (the
-Program returns every result replicated; rank 0's copy is returned).
+In: a ``Program`` and the flattened global arguments. Out: the flattened global results: rank
+0's copy of a replicated result, the ranks' blocks put together for a sharded one (optimizer
+state under the parallel optimizer).
 
 The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
@@ -44,7 +45,8 @@ def _check_algorithm(name: str) -> None:
                               "autopar version, whose cost table names only those.")
 
 
-_PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs, bucket)
+_PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs,
+                              # out_layouts, bucket)
 _COMM_THREAD: list = []       # in a worker: the executor every collective runs on
 
 
@@ -72,7 +74,7 @@ class NativeRunner:
                     _check_algorithm(ins.algorithm)
                 instructions.append(ins)
         self._payload = (program.mesh, tuple(instructions), program.inputs, program.outputs,
-                         bucket_bytes)
+                         program.out_layouts, bucket_bytes)
         self.timeout = timeout
         self.job = self._finalizer = None
         self._start()
@@ -105,8 +107,23 @@ class NativeRunner:
             coords = mesh.coords(r)
             per_rank.append(([_c(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
                               for x, l in zip(flat_args, p.in_layouts)],))
-        got = iter(self._call(run, per_rank)[0])
-        return [o.value if isinstance(o, Const) else next(got) for o in p.outputs]
+        ranks = self._call(run, per_rank)
+        out, k = [], 0
+        for o, l in zip(p.outputs, p.out_layouts):
+            if isinstance(o, Const):
+                out.append(o.value)
+                continue
+            if l.is_replicated():
+                out.append(ranks[0][k])
+            else:                     # a sharded result: each rank's block in its place
+                first = ranks[0][k]
+                shape = tuple(s * c for s, c in zip(first.shape, l.splits(mesh)))
+                whole = np.empty(shape, first.dtype)
+                for r, got in enumerate(ranks):
+                    whole[l.block(shape, mesh.coords(r), mesh)] = got[k]
+                out.append(whole)
+            k += 1
+        return out
 
     def close(self):
         """Stop the workers; calling the runner again starts new ones."""
@@ -127,10 +144,10 @@ def load(comm, payload):
     Exported called eagerly pays about a millisecond of dispatch per call, jitted a tenth."""
     import jax
     from jax import export
-    mesh, instructions, inputs, outputs, bucket_bytes = payload
+    mesh, instructions, inputs, outputs, out_layouts, bucket_bytes = payload
     steps = [("segment", jax.jit(export.deserialize(ins[1]).call), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAM[:] = [(mesh, steps, inputs, outputs, bucket_bytes)]
+    _PROGRAM[:] = [(mesh, steps, inputs, outputs, out_layouts, bucket_bytes)]
     # The comm thread hands results back to a main thread that may hold the GIL; Python's
     # default 5 ms switch interval would then delay every collective by up to that much.
     sys.setswitchinterval(1e-4)
@@ -140,7 +157,7 @@ def load(comm, payload):
 
 
 def run(comm, blocks):
-    mesh, steps, inputs, outputs, bucket_bytes = _PROGRAM[0]
+    mesh, steps, inputs, outputs, out_layouts, bucket_bytes = _PROGRAM[0]
     regs = dict(zip(inputs, blocks))
     comms = _Comms(comm, mesh, bucket_bytes)
 
@@ -166,16 +183,21 @@ def run(comm, blocks):
         comms.close()
     _STATS["all_reduce_calls"] += len(comms.buckets)
     _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
-    return results if comm.rank == 0 else None
+    _STATS["input_bytes"] = [b.nbytes for b in blocks]
+    if comm.rank == 0:
+        return results
+    layouts = [l for o, l in zip(outputs, out_layouts) if not isinstance(o, Const)]
+    return [x if not l.is_replicated() else None for x, l in zip(results, layouts)]
 
 
 def stats(comm):
     """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
-    step's all-reduce calls as (tensors, bytes, algorithm), and its host id."""
+    step's all-reduce calls as (tensors, bytes, algorithm) and argument block sizes, and its
+    host id."""
     return dict(_STATS)
 
 
-_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None}
+_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": []}
 # AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
 # issued, for measuring what the overlap with the following compute gains.
 _OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"

@@ -79,6 +79,17 @@ def mlp_adam_step(params, opt_state, batch):
     return loss, new, opt_state
 
 
+def momentum_init(params):
+    return jax.tree.map(jnp.zeros_like, params)
+
+
+def mlp_momentum_step(params, velocity, batch, lr=0.1, mu=0.9):
+    """SGD with momentum (heavy ball): v <- mu v + g, p <- p - lr v."""
+    loss, grads = jax.value_and_grad(mlp_loss)(params, batch)
+    velocity = jax.tree.map(lambda v, g: mu * v + g, velocity, grads)
+    return loss, jax.tree.map(lambda p, v: p - lr * v, params, velocity), velocity
+
+
 def adam_init(params):
     z = jax.tree.map(jnp.zeros_like, params)
     return (z, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
@@ -158,6 +169,12 @@ def gpt_adam_step(params, opt_state, batch):
     loss, grads = jax.value_and_grad(gpt_loss)(params, batch)
     new, opt_state = adam(params, grads, opt_state)
     return loss, new, opt_state
+
+
+def gpt_momentum_step(params, velocity, batch, lr=0.1, mu=0.9):
+    loss, grads = jax.value_and_grad(gpt_loss)(params, batch)
+    velocity = jax.tree.map(lambda v, g: mu * v + g, velocity, grads)
+    return loss, jax.tree.map(lambda p, v: p - lr * v, params, velocity), velocity
 
 
 def gpt_sgd_step(params, batch):

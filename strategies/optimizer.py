@@ -1,0 +1,185 @@
+"""Optimizer parallel (ZeRO, MindSpore's ``enable_parallel_optimizer``): shard the parameter
+update over the mesh axes that hold a parameter replicated.
+
+In: a Graph, the chosen candidate of every node and layout of every input (from any mode or
+search), the state pairs (graph input leaf, graph output leaf) the step threads through (new
+parameters, new optimizer state), which input leaves are parameters, the mesh, the level and
+the size threshold. Out: a ``ShardedUpdate``: the new choice and input layouts, and the values
+to reduce in full before they are sliced (level1). The caller returns each state output in its
+input's layout, so the state keeps its layout from step to step. Applying it to its own result
+(a reloaded strategy) changes nothing.
+
+The update region: walking back from each state output through elementwise nodes whose
+outputs have the state's shape (``p - lr * g``, momentum, Adam's moments and their bias-
+corrected ratio), stopping at anything else (the gradient's matmul, scalar schedules) and
+dropping nodes read outside the region. Each connected group of region nodes belongs to one
+parameter shape; its layout ``T`` adds the parameter's free axes (mesh axes of size > 1 it is
+not split over) to the first dimension they divide. Then, per group:
+
+| level  | update, optimizer state | gradient into the update   | parameter in / out      |
+|--------|-------------------------|----------------------------|-------------------------|
+| level1 | ``T``                   | reduced to the parameter's layout, then sliced | as chosen / all-gather |
+| level2 | ``T``                   | reduce-scatter             | as chosen / all-gather  |
+| level3 | ``T``                   | reduce-scatter             | ``T`` / ``T``; gathered where read |
+
+Groups whose parameter is below ``threshold`` bytes, or with no dimension the free axes
+divide, keep their replicated update (MindSpore does the same).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autopar.graph import Value
+from autopar.layout import Layout
+
+from .candidates import enumerate_candidates
+from .rules import rule_for
+from .rules.elementwise import RULES as ELEMENTWISE
+
+
+@dataclass(frozen=True)
+class ShardedUpdate:
+    choice: dict                  # node id -> Candidate
+    in_layouts: tuple             # per graph input
+    via: dict                     # value id -> Layout it is reduced to before other reads
+    groups: tuple                 # (parameter input index, Layout T, node ids) per sharded group
+
+
+def update_region(graph, state_pairs) -> list[set]:
+    """Connected groups of update nodes (node ids), see the module docstring."""
+    region = {}                                   # node id -> the state shape it updates
+    for _, j in state_pairs:
+        out = graph.outputs[j]
+        if not isinstance(out, Value) or not out.shape:
+            continue
+        stack = [out]
+        while stack:
+            v = stack.pop()
+            n = graph.producer.get(v.id)
+            if n is None or n.id in region or n.prim not in ELEMENTWISE \
+                    or any(o.shape != out.shape for o in n.outputs):
+                continue
+            region[n.id] = out.shape
+            stack += [x for x in n.inputs if isinstance(x, Value)]
+    outputs = {o.id for o in graph.outputs if isinstance(o, Value)}
+    changed = True
+    while changed:                                # drop nodes read outside the region
+        changed = False
+        for n in graph.nodes:
+            if n.id in region and any(
+                    u.id not in region for v in n.outputs if v.id not in outputs
+                    for u, _ in graph.users.get(v.id, ())):
+                del region[n.id]
+                changed = True
+    groups, seen = [], set()
+    by_id = {n.id: n for n in graph.nodes}
+    for nid in region:                            # connected components through region edges
+        if nid in seen:
+            continue
+        group, stack = set(), [nid]
+        while stack:
+            k = stack.pop()
+            if k in group:
+                continue
+            group.add(k)
+            n = by_id[k]
+            near = [graph.producer.get(x.id) for x in n.inputs if isinstance(x, Value)]
+            near += [u for v in n.outputs for u, _ in graph.users.get(v.id, ())]
+            stack += [m.id for m in near if m is not None and m.id in region]
+        seen |= group
+        groups.append(group)
+    return groups
+
+
+def _shard_layout(base: Layout, shape, mesh) -> Layout | None:
+    free = tuple(a for a, s in zip(mesh.axis_names, mesh.shape)
+                 if s > 1 and a not in base.axes and a not in base.partial)
+    k = math.prod(mesh.axis_size(a) for a in free)
+    if k == 1:
+        return None
+    for d, (size, split) in enumerate(zip(shape, base.splits(mesh))):
+        if (size // split) % k == 0:
+            dims = list(base.dims)
+            dims[d] = tuple(sorted(dims[d] + free, key=mesh.axis_names.index))
+            return Layout(tuple(dims))
+    return None
+
+
+def _candidate(node, layout: Layout, mesh):
+    """The node's candidate whose outputs all have ``layout``, with no partial sums."""
+    for c in enumerate_candidates(node, rule_for(node).spec(node), mesh):
+        if not c.partial and all(l == layout for l in c.out_layouts):
+            return c
+    return None
+
+
+_PASS = ("transpose", "reshape", "convert_element_type", "copy", "copy_p", "squeeze",
+         "expand_dims", "neg")
+
+
+def _push_partial(graph, choice, value, region, mesh):
+    """Let a pending partial sum flow through the layout-only linear nodes (transpose,
+    reshape, ...) between the gradient's producer and the update, so the update reads it
+    partial and reduce-scatters it, instead of an all-reduce before the first of them."""
+    chain = []
+    n = graph.producer.get(value.id)
+    while n is not None and n.prim in _PASS and all(
+            u.id in region for u, _ in graph.users.get(n.outputs[0].id, ())):
+        chain.append(n)
+        region = {n.id}
+        x = n.inputs[0]
+        src = graph.producer.get(x.id) if isinstance(x, Value) else None
+        if src is None:
+            return
+        have = choice[src.id].out_layouts[[v.id for v in src.outputs].index(x.id)]
+        if have.partial:
+            break
+        n = src
+    else:
+        return
+    for n in reversed(chain):                     # from the partial producer downwards
+        want_in = have
+        picked = [c for c in enumerate_candidates(n, rule_for(n).spec(n), mesh)
+                  if c.in_layouts[0] == want_in and c.out_layouts[0].partial == want_in.partial]
+        if not picked:
+            return
+        choice[n.id] = picked[0]
+        have = picked[0].out_layouts[0]
+
+
+def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: str,
+                 threshold: int) -> ShardedUpdate:
+    choice, in_layouts = dict(choice), list(in_layouts)
+    via, done = {}, []
+    pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
+    by_id = {n.id: n for n in graph.nodes}
+    for group in update_region(graph, state_pairs):
+        nodes = [by_id[k] for k in sorted(group)]
+        read = {x.id: x for n in nodes for x in n.inputs if isinstance(x, Value)}
+        states = [pair_of[v] for v in read if v in pair_of]
+        params = [(i, j) for i, j in states if is_param[i]]
+        if not params:
+            continue
+        p_in, p_out = params[0]
+        shape = graph.inputs[p_in].shape
+        if graph.inputs[p_in].nbytes < threshold:
+            continue
+        t = _shard_layout(in_layouts[p_in], shape, mesh)
+        picked = {n.id: _candidate(n, t, mesh) for n in nodes} if t else {}
+        if not t or not all(picked.values()):
+            continue
+        choice.update(picked)
+        made = {v.id for n in nodes for v in n.outputs}
+        for vid, x in read.items():
+            if vid not in made and vid not in pair_of:
+                _push_partial(graph, choice, x, group, mesh)
+        for i, _ in states:
+            if level == "level3" or not is_param[i]:   # optimizer state always kept sharded
+                in_layouts[i] = t
+        if level == "level1":                      # the gradients: reduced in full, then sliced
+            for vid, x in read.items():
+                if vid not in made and vid not in pair_of and x.shape == shape:
+                    via[vid] = in_layouts[p_in]
+        done.append((p_in, t, tuple(sorted(group))))
+    return ShardedUpdate(choice, tuple(in_layouts), via, tuple(done))

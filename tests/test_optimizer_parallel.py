@@ -1,0 +1,148 @@
+"""Optimizer parallel (enable_parallel_optimizer, optimizer_level 1-3): the update is sharded
+over the data-parallel devices, the collectives are the ZeRO ones, optimizer state per device
+falls by the data-parallel degree, and the step equals the single-device one."""
+import jax
+import numpy as np
+import pytest
+
+import autopar as ap
+import models as m
+from autopar.strategies.optimizer import update_region
+from autopar.trace import trace
+from test_api import assert_same
+
+
+def config(level, n=4, **kw):
+    kw.setdefault("parallel_mode", "data_parallel")
+    kw.setdefault("backend", "jax")
+    return ap.ParallelConfig(device_num=n, enable_parallel_optimizer=True, optimizer_level=level,
+                             parallel_optimizer_threshold=0, progress=False, **kw)
+
+
+SIZES = (64, 256, 64)    # 64 KB weights: the cost table reduce-scatters their gradients (a
+                         # few-KB gradient is cheaper all-reduced and sliced, at every level)
+
+
+def adam_case():
+    p, b = m.mlp_params(SIZES), m.mlp_batch(batch=128, sizes=SIZES)
+    return m.mlp_adam_step, (p, m.adam_init(p), b)
+
+
+def momentum_case():
+    p, b = m.mlp_params(SIZES), m.mlp_batch(batch=128, sizes=SIZES)
+    return m.mlp_momentum_step, (p, m.momentum_init(p), b)
+
+
+def test_update_region_is_the_elementwise_update_of_each_parameter():
+    fn, args = adam_case()
+    graph = trace(fn, *args)
+    from autopar.api import _state_pairs
+    groups = update_region(graph, _state_pairs(graph))
+    nodes = {n.id: n for n in graph.nodes}
+    # one group per parameter (w1, b1, w2, b2), each of the parameter's shape, elementwise only
+    shapes = sorted(tuple(nodes[next(iter(g))].outputs[0].shape) for g in groups)
+    assert shapes == sorted(tuple(x.shape) for x in jax.tree.leaves(args[0]))
+    assert all(nodes[k].prim not in ("dot_general", "reduce_sum", "transpose") for g in groups for k in g)
+
+
+@pytest.mark.parametrize("level", ["level1", "level2", "level3"])
+@pytest.mark.parametrize("case", [adam_case, momentum_case])
+def test_levels_give_the_single_device_step(level, case):
+    fn, args = case()
+    c = ap.compile(fn, *args, config=config(level), batch_argnums=(2,))
+    assert_same(c(*args), fn(*args))
+    kinds = [x.kind for x in c.collectives()]
+    state = [i for i in c.strategy.inputs if i.name.startswith("arg1")]
+    params = [i for i in c.strategy.inputs if i.is_param]
+    # every optimizer-state leaf of a parameter's shape is kept split over the 4 devices
+    assert all(i.layout.axes for i in state if i.shape)
+    assert "all_gather" in kinds                     # the updated parameters (level 1, 2) or
+    if level == "level1":                            # the parameters before use (level 3)
+        assert "reduce_scatter" not in kinds
+    else:
+        assert "reduce_scatter" in kinds
+    assert all(bool(i.layout.axes) == (level == "level3") for i in params)
+
+
+def state_bytes(compiled, shapes, prefix):
+    mesh = compiled.program.mesh
+    return sum(int(np.prod(i.layout.local_shape(i.shape, mesh))) * 4
+               for i in compiled.strategy.inputs if i.name.startswith(prefix))
+
+
+def test_optimizer_state_per_device_falls_by_the_data_parallel_degree():
+    fn, args = adam_case()
+    plain = ap.compile(fn, *args, config=ap.ParallelConfig(parallel_mode="data_parallel",
+                                                           device_num=4, backend="jax"),
+                       batch_argnums=(2,))
+    sharded = ap.compile(fn, *args, config=config("level1"), batch_argnums=(2,))
+    full, split = state_bytes(plain, None, "arg1"), state_bytes(sharded, None, "arg1")
+    assert full == 4 + 2 * sum(x.nbytes for x in jax.tree.leaves(args[0]))   # m, v and t
+    assert split == 4 + (full - 4) // 4
+    assert sharded.strategy.peak_memory < plain.strategy.peak_memory
+
+
+def test_threshold_keeps_small_parameters_replicated():
+    fn, args = adam_case()
+    c = ap.compile(fn, *args, config=config("level2").replace(parallel_optimizer_threshold=4),
+                   batch_argnums=(2,))                    # 4 KB: w1, w2 (64 KB) shard, b1, b2 do not
+    sharded = {i.name for i in c.strategy.inputs if i.name.startswith("arg1") and i.layout.axes}
+    assert sharded == {"arg1.0.w1", "arg1.0.w2", "arg1.1.w1", "arg1.1.w2"}
+    assert_same(c(*args), fn(*args))
+
+
+def test_memory_cap_that_data_parallel_cannot_meet_is_met_with_the_parallel_optimizer():
+    fn, args = adam_case()
+    dp = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax")
+    need = ap.plan(fn, *args, config=dp, batch_argnums=(2,)).peak_memory
+    cap = need - 1
+    with pytest.raises(ap.InfeasibleError, match="enable_parallel_optimizer"):
+        ap.plan(fn, *args, config=dp.replace(max_device_memory=cap), batch_argnums=(2,))
+    c = ap.compile(fn, *args, config=config("level3", max_device_memory=cap), batch_argnums=(2,))
+    assert c.strategy.peak_memory <= cap
+    assert_same(c(*args), fn(*args))
+
+
+@pytest.mark.parametrize("level", ["level1", "level3"])
+def test_auto_parallel_gpt_with_the_parallel_optimizer(level):
+    # momentum, not Adam: Adam turns the rounding noise of near-zero gradients into lr-sized
+    # differences under any change of summation order (see models.adam)
+    p, b = m.gpt_params(), m.gpt_batch(batch=4)
+    s = m.momentum_init(p)
+    cfg = config(level, parallel_mode="auto_parallel", mesh_shape=(2, 2),
+                 search_mode="dynamic_programming")
+    c = ap.compile(m.gpt_momentum_step, p, s, b, config=cfg, batch_argnums=(2,))
+    assert_same(c(p, s, b), m.gpt_momentum_step(p, s, b))
+    assert any(i.layout.axes for i in c.strategy.inputs if i.name.startswith("arg1"))
+
+
+def worker_inputs(comm):
+    from autopar.runtime.native_backend import stats
+    return stats(comm)["input_bytes"]
+
+
+@pytest.mark.parametrize("level", ["level2", "level3"])
+def test_native_backend_runs_the_sharded_update(level):
+    fn, args = momentum_case()
+    c = ap.compile(fn, *args, config=config(level, backend="native"), batch_argnums=(2,))
+    assert_same(c(*args), fn(*args))
+    assert_same(c(*args), fn(*args))                 # sharded state comes back whole, twice
+    per_rank = c._runner.job.call(worker_inputs, [()] * 4)
+    c._runner.close()
+    leaves = [i.name for i in c.strategy.inputs]
+    state = [k for k, name in enumerate(leaves) if name.startswith("arg1")]
+    full = sum(x.nbytes for x in jax.tree.leaves(args[1]))        # the velocity
+    assert all(sum(r[k] for k in state) == full // 4 for r in per_rank)
+
+
+@pytest.mark.parametrize("level", ["level1", "level3"])
+def test_saved_strategy_reloads_to_the_same_program(tmp_path, level):
+    fn, args = momentum_case()
+    cfg = config(level)
+    c = ap.compile(fn, *args, config=cfg, batch_argnums=(2,))
+    c.strategy.save(tmp_path / "s.json")
+    again = ap.compile(fn, *args, config=cfg, batch_argnums=(2,),
+                       strategy=ap.Strategy.load(tmp_path / "s.json"))
+    assert [str(x) for x in again.collectives()] == [str(x) for x in c.collectives()]
+    assert again.program.out_layouts == c.program.out_layouts
+    assert_same(again(*args), fn(*args))
