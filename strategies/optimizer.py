@@ -43,7 +43,6 @@ class ShardedUpdate:
     choice: dict                  # node id -> Candidate
     in_layouts: tuple             # per graph input
     via: dict                     # value id -> Layout it is reduced to before other reads
-    groups: tuple                 # (parameter input index, Layout T, node ids) per sharded group
 
 
 def update_region(graph, state_pairs) -> list[set]:
@@ -150,8 +149,10 @@ def _push_partial(graph, choice, value, region, mesh):
 
 def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: str,
                  threshold: int) -> ShardedUpdate:
+    """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
+    bytes, ``level`` one of "level1", "level2", "level3"."""
     choice, in_layouts = dict(choice), list(in_layouts)
-    via, done = {}, []
+    via = {}
     pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
     by_id = {n.id: n for n in graph.nodes}
     for group in update_region(graph, state_pairs):
@@ -161,7 +162,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
         params = [(i, j) for i, j in states if is_param[i]]
         if not params:
             continue
-        p_in, p_out = params[0]
+        p_in = params[0][0]
         shape = graph.inputs[p_in].shape
         if graph.inputs[p_in].nbytes < threshold:
             continue
@@ -181,5 +182,4 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
             for vid, x in read.items():
                 if vid not in made and vid not in pair_of and x.shape == shape:
                     via[vid] = in_layouts[p_in]
-        done.append((p_in, t, tuple(sorted(group))))
-    return ShardedUpdate(choice, tuple(in_layouts), via, tuple(done))
+    return ShardedUpdate(choice, tuple(in_layouts), via)
