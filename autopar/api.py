@@ -337,7 +337,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                            tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
                            ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
                            output_bytes(n, ch[n.id], mesh)) for n in graph.nodes)
-    prof = memory_profile(graph, ch, assignment.inputs, mesh)
+    prof = memory_profile(graph, ch, assignment.inputs, mesh, program.out_layouts)
     peak_step = int(np.argmax(prof))
     peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
     cap = config.max_device_memory

@@ -147,7 +147,8 @@ def load(comm, payload):
     mesh, instructions, inputs, outputs, out_layouts, bucket_bytes = payload
     steps = [("segment", jax.jit(export.deserialize(ins[1]).call), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAM[:] = [(mesh, steps, inputs, outputs, out_layouts, bucket_bytes)]
+    _PROGRAM[:] = [(mesh, steps, inputs, outputs, out_layouts, bucket_bytes,
+                    _last_reads(steps, outputs))]
     # The comm thread hands results back to a main thread that may hold the GIL; Python's
     # default 5 ms switch interval would then delay every collective by up to that much.
     sys.setswitchinterval(1e-4)
@@ -156,8 +157,42 @@ def load(comm, payload):
     return True
 
 
+def _last_reads(steps, outputs):
+    """Per step, the registers no later step or result reads: freed once it has run, so a
+    worker holds what the planner's live intervals say, not every value of the step."""
+    last = {}
+    for k, st in enumerate(steps):
+        for r in (st[2] if isinstance(st, tuple) else (st.src,)):
+            if not isinstance(r, Const):
+                last[r] = k
+    keep = {o for o in outputs if not isinstance(o, Const)}
+    frees = [[] for _ in steps]
+    for r, k in last.items():
+        if r not in keep:
+            frees[k].append(r)
+    return frees
+
+
+def _memory():
+    """(resident KB, peak resident KB) of this process."""
+    with open("/proc/self/status") as f:
+        status = f.read()
+    return tuple(int(status.split(key)[1].split()[0]) for key in ("VmRSS:", "VmHWM:"))
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:     # resets VmHWM (Linux >= 4.0)
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def run(comm, blocks):
-    mesh, steps, inputs, outputs, out_layouts, bucket_bytes = _PROGRAM[0]
+    mesh, steps, inputs, outputs, out_layouts, bucket_bytes, frees = _PROGRAM[0]
+    measure = _reset_peak()
+    base = _memory()[0] if measure else 0
     regs = dict(zip(inputs, blocks))
     comms = _Comms(comm, mesh, bucket_bytes)
 
@@ -169,7 +204,7 @@ def run(comm, blocks):
         return regs[r]
 
     try:
-        for st in steps:
+        for st, done in zip(steps, frees):
             if isinstance(st, tuple):
                 _, exe, ins, outs = st
                 res = exe(*[get(i) for i in ins])
@@ -178,9 +213,13 @@ def run(comm, blocks):
                 comms.all_reduce(st, get(st.src))
             else:
                 regs[st.out] = comms.run(st, get(st.src))
+            for r in done:
+                regs.pop(r, None)
         results = [get(o) for o in outputs if not isinstance(o, Const)]
     finally:
         comms.close()
+    if measure:    # the step's peak: what it allocated above the arguments, plus the arguments
+        _STATS["step_peak_bytes"] = (_memory()[1] - base) * 1024 + sum(b.nbytes for b in blocks)
     _STATS["all_reduce_calls"] += len(comms.buckets)
     _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
     _STATS["input_bytes"] = [b.nbytes for b in blocks]
@@ -192,12 +231,14 @@ def run(comm, blocks):
 
 def stats(comm):
     """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
-    step's all-reduce calls as (tensors, bytes, algorithm) and argument block sizes, and its
-    host id."""
+    step's all-reduce calls as (tensors, bytes, algorithm), argument block sizes and peak
+    memory (bytes resident above the process's level before the step, plus its arguments;
+    None where /proc/self/clear_refs cannot reset the peak), and its host id."""
     return dict(_STATS)
 
 
-_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": []}
+_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": [],
+          "step_peak_bytes": None}
 # AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
 # issued, for measuring what the overlap with the following compute gains.
 _OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
@@ -297,6 +338,8 @@ def _step(comm, st, x, mesh):
     if kind == "all_gather":
         out = np.empty((n,) + x.shape, x.dtype)
         comm.all_gather(x, out, ranks)
+        if st.dim == 0:               # the blocks already lie in order: no second copy
+            return out.reshape((n * x.shape[0],) + x.shape[1:])
         return np.concatenate(list(out), axis=st.dim)
     if kind == "reduce_scatter":
         front = _c(np.moveaxis(x, st.dim, 0))

@@ -89,3 +89,22 @@ def test_two_level_topology_gives_hosts_and_buckets_get_their_own_algorithm():
     planner = Planner(c.program.mesh)
     assert all(algo == planner.step_time("all_reduce", ("x",), nbytes)[1] for nbytes, algo in fused)
     assert {algo for _, algo in fused} != {"recursive_doubling"}     # the buckets are large
+
+
+@pytest.mark.parametrize("extra", [{}, {"enable_parallel_optimizer": True, "optimizer_level": "level3"}])
+def test_planned_memory_is_within_15_percent_of_each_ranks_measured_peak(monkeypatch, extra):
+    """The planner's per-device peak against each worker's measured step peak (resident bytes
+    above the level before the step, plus the arguments); large arrays are their own mappings
+    (MALLOC_MMAP_THRESHOLD_) so freed memory leaves the resident count, as the planner assumes."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    sizes = (1024, 2048, 1024)                         # 16 MB of weights, Adam: 48 MB of state
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=256, sizes=sizes)
+    s = m.adam_init(p)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False, **extra)
+    c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
+    c(p, s, b)
+    c(p, s, b)
+    got = [w["step_peak_bytes"] for w in c._runner.job.call(worker_stats, [()] * 2)]
+    c._runner.close()
+    est = c.strategy.peak_memory
+    assert all(0.85 <= est / g <= 1.15 for g in got), (est, got)

@@ -1,0 +1,77 @@
+"""The planner's per-device memory estimate against the measured peak of each native rank.
+
+Run: python benchmarks/memory.py [--ranks 4] [--sizes 1024 2048 1024] [--batch 256] [--markdown]
+
+An MLP training step with Adam (parameters, two moments and the step count as arguments; the
+batch split over the devices) is compiled in several configurations; each runs twice on the
+native backend, and the second call's peak is read from every worker: the bytes resident above
+the process's level before the step (VmHWM after resetting it through /proc/self/clear_refs)
+plus its argument blocks. glibc's malloc keeps freed heap memory for reuse, which would hide a
+step's allocations from the resident count, so the workers run with a fixed mmap threshold
+(MALLOC_MMAP_THRESHOLD_=65536: every large array is its own mapping, returned when freed).
+Out: one JSON object per configuration (config, estimate_bytes, measured_bytes per rank,
+ratio = estimate / largest measured) and with --markdown a table.
+"""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+
+import autopar as ap  # noqa: E402
+import models as m  # noqa: E402
+from autopar.runtime.native_backend import stats  # noqa: E402
+
+
+CONFIGS = {
+    "data_parallel": {},
+    "data_parallel + optimizer level1": {"enable_parallel_optimizer": True, "optimizer_level": "level1"},
+    "data_parallel + optimizer level2": {"enable_parallel_optimizer": True, "optimizer_level": "level2"},
+    "data_parallel + optimizer level3": {"enable_parallel_optimizer": True, "optimizer_level": "level3"},
+    "auto_parallel (dynamic_programming)": {"parallel_mode": "auto_parallel",
+                                            "search_mode": "dynamic_programming"},
+}
+
+
+def measure(name, extra, ranks, sizes, batch):
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=batch, sizes=sizes)
+    s = m.adam_init(p)
+    kw = dict({"parallel_mode": "data_parallel", "progress": False}, **extra)
+    cfg = ap.ParallelConfig(device_num=ranks, **kw)
+    c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
+    c(p, s, b)
+    c(p, s, b)
+    got = [w["step_peak_bytes"] for w in c._runner.job.call(stats, [()] * ranks)]
+    c._runner.close()
+    est = c.strategy.peak_memory
+    return {"config": name, "ranks": ranks, "estimate_bytes": est, "measured_bytes": got,
+            "ratio": round(est / max(got), 3)}
+
+
+def main():
+    ap_ = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap_.add_argument("--ranks", type=int, default=4)
+    ap_.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 1024])
+    ap_.add_argument("--batch", type=int, default=256)
+    ap_.add_argument("--markdown", action="store_true")
+    args = ap_.parse_args()
+    rows = []
+    for name, extra in CONFIGS.items():
+        r = measure(name, extra, args.ranks, tuple(args.sizes), args.batch)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    if args.markdown:
+        mb = lambda x: f"{x / 2 ** 20:.1f}"
+        print("\n| configuration | estimate MiB | measured MiB (max over ranks) | estimate / measured |")
+        print("|---|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['config']} | {mb(r['estimate_bytes'])} | {mb(max(r['measured_bytes']))} | "
+                  f"{r['ratio']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
