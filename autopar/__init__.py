@@ -1,10 +1,10 @@
 """autopar: an auto-parallel compiler for JAX training steps."""
 from .errors import (AutoparError, CollectiveError, ConfigError, InfeasibleError, LayoutError,
-                     RedistributionError, RuleError, WorkerError)
+                     PipelineError, RedistributionError, RuleError, WorkerError)
 from .layout import Layout
 from .mesh import LogicalMesh
 from .topology import Level, Topology
-from .annotate import shard
+from .annotate import pipeline_stage, shard
 from .config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from .api import Compiled, compile, parallel, plan
 from .strategies.strategy import Strategy

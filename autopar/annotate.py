@@ -1,16 +1,22 @@
-"""``ap.shard``: a per-value sharding annotation that survives tracing.
+"""Annotations that survive tracing: ``ap.shard`` (a value's layout) and ``ap.pipeline_stage``
+(the pipeline stage of a block of operators).
 
-In: a JAX value and a strategy (a tuple of split counts, MindSpore style, or an ``ap.Layout``).
-Out: the same value, tagged by the identity primitive ``autopar_shard``. Run normally (without
-autopar) the tag is a no-op; traced by ``ap.compile`` it fixes the layout of that value.
-Tangents are not tagged, so a tag constrains the forward value only.
+``ap.shard``: in: a JAX value and a strategy (a tuple of split counts, MindSpore style, or an
+``ap.Layout``). Out: the same value, tagged by the identity primitive ``autopar_shard``. Run
+normally (without autopar) the tag is a no-op; traced by ``ap.compile`` it fixes the layout of
+that value. Tangents are not tagged, so a tag constrains the forward value only.
+
+``ap.pipeline_stage(i)``: a context manager (a ``jax.named_scope`` named ``autopar_stage<i>``):
+the operators traced inside it run in stage ``i``; their derivatives inherit the stage through
+JAX's name stack (``transpose(jvp(autopar_stage<i>))``). Outside autopar it only names a scope.
 """
 from __future__ import annotations
 
+import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .errors import LayoutError
+from .errors import ConfigError, LayoutError
 from .layout import Layout
 
 shard_p = Primitive("autopar_shard")
@@ -35,3 +41,14 @@ def shard(x, strategy):
             raise LayoutError(f"ap.shard strategy {strategy!r} must be a tuple of split counts "
                               "like (1, 4) or an ap.Layout.") from None
     return shard_p.bind(x, spec=spec)
+
+
+STAGE_SCOPE = "autopar_stage"
+
+
+def pipeline_stage(i: int):
+    """``with ap.pipeline_stage(0): h = block(params, x)``: the operators inside run in stage 0."""
+    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+        raise ConfigError(f"ap.pipeline_stage({i!r}): the stage must be an integer >= 0 "
+                          "(stages count from 0 up to pipeline_stages - 1).")
+    return jax.named_scope(f"{STAGE_SCOPE}{i}")

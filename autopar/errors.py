@@ -26,6 +26,10 @@ class InfeasibleError(AutoparError):
     """No strategy satisfies the constraints (e.g. the per-device memory cap)."""
 
 
+class PipelineError(AutoparError, ValueError):
+    """Pipeline stages that cannot run: bad ``ap.pipeline_stage`` numbers or order."""
+
+
 class RedistributionError(AutoparError):
     """No sequence of collectives turns one layout into another."""
 

@@ -59,6 +59,8 @@ class Node:
     outputs: tuple[Value, ...]
     params: dict
     source: str = ""
+    scope: str = ""          # JAX's name stack: jax.named_scope / ap.pipeline_stage names, with
+                             # jvp(...) / transpose(jvp(...)) around them for derivatives
 
     @property
     def prim(self) -> str:

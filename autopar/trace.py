@@ -44,7 +44,7 @@ def trace(fn, *args) -> Graph:
     closed = jax.make_jaxpr(flat_fn)(*specs)
     b = _Builder()
     inputs = [b.new_value(v.aval) for v in closed.jaxpr.invars]
-    outs = b.inline(closed.jaxpr, closed.consts, inputs, "")
+    outs = b.inline(closed.jaxpr, closed.consts, inputs, "", "")
     return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
 
 
@@ -70,7 +70,7 @@ class _Builder:
         self.next_id += 1
         return v
 
-    def inline(self, jaxpr, consts, args, outer_src):
+    def inline(self, jaxpr, consts, args, outer_src, outer_scope):
         env = {}
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = Const(np.asarray(c), tuple(np.shape(c)), np.dtype(_dtype(c)))
@@ -86,6 +86,7 @@ class _Builder:
         for eqn in jaxpr.eqns:
             ins = [read(a) for a in eqn.invars]
             src = source_info_util.summarize(eqn.source_info) or outer_src
+            scope = "/".join(s for s in (outer_scope, str(eqn.source_info.name_stack)) if s)
             key = _INLINE.get(eqn.primitive.name)
             if key is not None and key in eqn.params:
                 body = eqn.params[key]
@@ -93,11 +94,11 @@ class _Builder:
                     sub, sub_consts = body.jaxpr, body.consts
                 else:
                     sub, sub_consts = body, ()
-                outs = self.inline(sub, sub_consts, ins, src)
+                outs = self.inline(sub, sub_consts, ins, src, scope)
             else:
                 outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
                 self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
-                                       dict(eqn.params), src))
+                                       dict(eqn.params), src, scope))
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
         return [read(a) for a in jaxpr.outvars]
