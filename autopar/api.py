@@ -317,16 +317,17 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                 steps, seconds = plan_steps(planner, s, d, shape, dtype)
                 return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
             assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
-    out_layouts, via = None, None
+    pairs, via = _state_pairs(graph), None
     if config.enable_parallel_optimizer and mesh.size > 1:
-        pairs = _state_pairs(graph)
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
                           [p for _, p in names], mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
         assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
-        out_layouts = [None] * len(graph.outputs)
-        for i, j in pairs:                       # state stays in its layout from step to step
-            out_layouts[j] = su.in_layouts[i]
+    # state (new parameters, optimizer state) stays in its argument's layout from step to step,
+    # as the searches assume; the backends put the blocks together for the caller
+    out_layouts = [None] * len(graph.outputs)
+    for i, j in pairs:
+        out_layouts[j] = assignment.inputs[i]
     t_search = time.monotonic()
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
                                     out_layouts, via)

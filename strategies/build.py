@@ -35,8 +35,8 @@ from .problem import SearchProblem
 # operator reads a state argument through a collective (gathering a parameter before use).
 # Both are optimizer parallelism (ZeRO / FSDP, issue 5), not plain auto_parallel: state is
 # stored as its operators read it, as MindSpore does without its parallel optimizer. A soft
-# constraint: a plan breaks it only when nothing else fits the memory cap. Returned state is
-# charged its gather like every result: the step returns it replicated.
+# constraint: a plan breaks it only when nothing else fits the memory cap. Returned state keeps
+# its argument's layout (no gather); every other result is charged its gather to replicated.
 STATE_PENALTY = 1e6
 
 
@@ -192,6 +192,8 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     n_in = len(graph.inputs)
     in_iv, node_iv = live_intervals(graph)
     result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    state_out = {graph.outputs[j].id for _, j in state_pairs if isinstance(graph.outputs[j], Value)}
+    gathered = result_ids - state_out            # results returned replicated
     chains = followers(graph, cands, result_ids, node_iv) if merge else [[k] for k in range(len(graph.nodes))]
     where = {v.id: (i, 0, 0) for i, v in enumerate(graph.inputs)}   # value -> (problem node, member, output)
     for g, chain in enumerate(chains):
@@ -222,7 +224,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     for i, v in enumerate(graph.inputs):
         opts = arg_options[i]
         key = ("arg", type_str(v.shape, v.dtype), id(opts))
-        res = v.id in result_ids
+        res = v.id in gathered
         costs.append(shared(key + ("cost", res), lambda: to_replicated(opts, v) if res
                             else np.zeros(len(opts))))
         usages.append(shared(key + ("usage",), lambda: np.array(
@@ -234,10 +236,10 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     groups = []
     for chain in chains:
         nodes = [graph.nodes[k] for k in chain]
-        res = tuple(v.id in result_ids for n in nodes for v in n.outputs)
+        res = tuple(v.id in gathered for n in nodes for v in n.outputs)
         key = tuple((n.signature, id(cands[n.id])) for n in nodes) + (res,)
         idx, cost, usage, outs = shared(key + ("chain",), lambda: _chain(
-            nodes, cands, mesh, result_ids, to_replicated))
+            nodes, cands, mesh, gathered, to_replicated))
         costs.append(cost)
         usages.append(usage)
         intervals.append((node_iv[chain[0]][0], node_iv[chain[-1]][1]))
