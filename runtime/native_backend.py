@@ -2,8 +2,8 @@
 collectives (``autopar._native``), compute on JAX's CPU backend inside each worker.
 
 In: a ``Program`` and the flattened global arguments. Out: the flattened global results: rank
-0's copy of a replicated result, the ranks' blocks put together for a sharded one (optimizer
-state under the parallel optimizer).
+0's copy of a replicated result, the ranks' blocks put together for a split one (parameters
+and optimizer state keep their layout from step to step).
 
 The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with

@@ -53,7 +53,7 @@ class Strategy:
     axis_names: tuple
     inputs: tuple        # InputStrategy per flattened argument leaf
     ops: tuple           # OpStrategy per graph node, in graph order
-    output_comm_time: float = 0.0   # estimated seconds to make the results replicated
+    output_comm_time: float = 0.0   # estimated seconds to lay the results out as returned
     peak_memory: int = 0            # estimated peak bytes live on one device
     peak_op: str = ""               # the operator running at the peak
     memory_limit: Optional[int] = None   # max_device_memory, if set
