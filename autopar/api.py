@@ -210,12 +210,13 @@ def _state_pairs(graph) -> tuple:
     return tuple(pairs)
 
 
-def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name):
+def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name,
+            pairs):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
-                          [n for n, _ in names], state_pairs=_state_pairs(graph))
+                          [n for n, _ in names], state_pairs=pairs)
     solution = solvers.get(config.search_mode.value)(
         built.problem, time_limit=config.search_time,
         progress=_progress_printer(name, config.search_mode.value) if config.progress else None)
@@ -223,7 +224,8 @@ def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planne
     return Assignment(choice, inputs, solution.cost)
 
 
-def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, fixed, name):
+def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, fixed, name,
+               pairs):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
     solved by dynamic programming (strategies/recursive.py)."""
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
@@ -232,7 +234,7 @@ def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, pla
         graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()}, fixed_args, seconds,
         config.max_device_memory, solvers.get("dynamic_programming"), time_limit=config.search_time,
         progress=_progress_printer(name, "recursive_programming") if config.progress else None,
-        name=name, arg_names=[n for n, _ in names], state_pairs=_state_pairs(graph))
+        name=name, arg_names=[n for n, _ in names], state_pairs=pairs)
 
 
 def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
@@ -297,10 +299,11 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     planner = Planner(mesh)
     fixed = _fixed(config, mesh, graph)
     name = getattr(fn, "__name__", "step")
+    pairs = _state_pairs(graph)
     if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
         assignment = _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                planner, fixed, name)
+                                planner, fixed, name, pairs)
     else:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
@@ -309,7 +312,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             assignment = _from_strategy(strategy, graph, mesh, cands)
         elif mode is ParallelMode.AUTO_PARALLEL:
             assignment = _search(config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                 planner, cands, name)
+                                 planner, cands, name, pairs)
         else:
             arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
 
@@ -317,7 +320,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                 steps, seconds = plan_steps(planner, s, d, shape, dtype)
                 return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
             assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
-    pairs, via = _state_pairs(graph), None
+    via = None
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
                           [p for _, p in names], mesh, config.optimizer_level.value,
@@ -342,7 +345,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     peak_step = int(np.argmax(prof))
     peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
     cap = config.max_device_memory
-    if cap is not None and prof[peak_step] > cap:      # the searches keep to it themselves
+    # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
+    # the search (the parallel optimizer, results gathered for return)
+    if cap is not None and prof[peak_step] > cap:
         hint = "" if config.enable_parallel_optimizer else (
             ", or set enable_parallel_optimizer=True to shard the optimizer state and update")
         raise InfeasibleError(

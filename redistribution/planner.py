@@ -46,7 +46,7 @@ import numpy as np
 from autopar.errors import RedistributionError
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
-from autopar.strategies.comm_cost import collective_time
+from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
 
 KINDS = ("slice", "all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
@@ -163,17 +163,31 @@ class Planner:
         as two levels: the 2D all-reduces, with the intra-host axes' size and constants inside."""
         if kind == "slice":
             return 0.0, "local"
+        n, alpha, beta, inner, launch = self._group(axes)
+        seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma)
+        return seconds + launch, algo
+
+    def all_reduce_prices(self, axes) -> tuple:
+        """``((algorithm, seconds at 0 bytes, seconds per byte), ...)`` of every all-reduce over
+        ``axes``, in ``ALL_REDUCE`` order (the tie order): each price is affine in the bytes, so
+        a runtime picks the algorithm for any size (a fused bucket) without the planner."""
+        n, alpha, beta, inner, _ = self._group(axes)
+        if n <= 1:
+            return ()
+        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma)
+        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma)
+        return tuple((a, t0[a], t1[a] - t0[a]) for a in ALL_REDUCE if a in t0)
+
+    def _group(self, axes):
+        """(ranks, alpha, beta, inner, launch) of the group over ``axes`` (see ``step_time``)."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        alpha = max(self._lvl[a][0] for a in axes)
-        beta = max(self._lvl[a][1] for a in axes)
         intra = [a for a in axes if a in self._intra]
         inner = None
         if intra and len(intra) < len(axes):
             inner = (math.prod(self._size[a] for a in intra), max(self._lvl[a][0] for a in intra),
                      max(self._lvl[a][1] for a in intra))
-        seconds, algo = collective_time(kind, nbytes, math.prod(self._size[a] for a in axes),
-                                        alpha, beta, inner, self._gamma)
-        return seconds + max(self._lvl[a][2] for a in axes), algo
+        return (math.prod(self._size[a] for a in axes), max(self._lvl[a][0] for a in axes),
+                max(self._lvl[a][1] for a in axes), inner, max(self._lvl[a][2] for a in axes))
 
     def _fail(self, src, dst, shape, why: str):
         raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "

@@ -7,14 +7,16 @@ and optimizer state keep their layout from step to step).
 
 The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
-``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the program into every worker; the workers stay alive until the
-runner is closed or collected, so a second call pays only for the step. Per call, rank r gets
-its block of every argument (``Layout.block`` at ``mesh.coords(r)``) and
-runs the instructions: segments through their exported executables, collectives through
-``Comm`` over ``mesh.group(r, axes)`` (first axis major, as in jax_collectives), slices
-locally. Collectives run on a background thread;
-all-reduces are fused into buckets of up to ``bucket_bytes`` (25 MiB by default, DDP's) that
-overlap with the compute after them (``_Comms``).
+``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
+program into every worker; the workers stay alive until the runner is closed or collected, so
+a second call pays only for the step. Per call, rank r gets its block of every argument
+(``Layout.block`` at ``mesh.coords(r)``) and runs the instructions: segments through their
+exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
+major, as in jax_collectives), slices locally; each register is freed after its last reader.
+Collectives run on a background thread; all-reduces are fused into buckets of up to
+``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
+(``_Comms``), each bucket with the algorithm the planner's all-reduce prices (shipped with the
+program: the worker makes no planning decision) make cheapest for its size.
 
 All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
 and each runs under its own name.
@@ -46,7 +48,8 @@ def _check_algorithm(name: str) -> None:
 
 
 _PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs,
-                              # out_layouts, bucket)
+                              # which results are split, bucket bytes, all-reduce prices per
+                              # axes, registers freed after each step)
 _COMM_THREAD: list = []       # in a worker: the executor every collective runs on
 
 
@@ -62,8 +65,10 @@ class NativeRunner:
         import jax
         from jax import export
 
+        from autopar.redistribution.planner import Planner
         self.program = program
-        instructions = []
+        planner = Planner(program.mesh)
+        instructions, prices = [], {}
         for ins in program.instructions:
             if isinstance(ins, Segment):
                 avals = [jax.ShapeDtypeStruct(s, d) for s, d in ins.in_avals]
@@ -72,9 +77,13 @@ class NativeRunner:
             else:
                 if getattr(ins, "kind", "") == "all_reduce":
                     _check_algorithm(ins.algorithm)
+                    if ins.axes not in prices:
+                        prices[ins.axes] = planner.all_reduce_prices(ins.axes)
                 instructions.append(ins)
+        split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
+                      if not isinstance(o, Const))
         self._payload = (program.mesh, tuple(instructions), program.inputs, program.outputs,
-                         program.out_layouts, bucket_bytes)
+                         split, bucket_bytes, prices)
         self.timeout = timeout
         self.job = self._finalizer = None
         self._start()
@@ -144,10 +153,10 @@ def load(comm, payload):
     Exported called eagerly pays about a millisecond of dispatch per call, jitted a tenth."""
     import jax
     from jax import export
-    mesh, instructions, inputs, outputs, out_layouts, bucket_bytes = payload
+    mesh, instructions, inputs, outputs, split, bucket_bytes, prices = payload
     steps = [("segment", jax.jit(export.deserialize(ins[1]).call), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAM[:] = [(mesh, steps, inputs, outputs, out_layouts, bucket_bytes,
+    _PROGRAM[:] = [(mesh, steps, inputs, outputs, split, bucket_bytes, prices,
                     _last_reads(steps, outputs))]
     # The comm thread hands results back to a main thread that may hold the GIL; Python's
     # default 5 ms switch interval would then delay every collective by up to that much.
@@ -190,11 +199,11 @@ def _reset_peak() -> bool:
 
 
 def run(comm, blocks):
-    mesh, steps, inputs, outputs, out_layouts, bucket_bytes, frees = _PROGRAM[0]
+    mesh, steps, inputs, outputs, split, bucket_bytes, prices, frees = _PROGRAM[0]
     measure = _reset_peak()
     base = _memory()[0] if measure else 0
     regs = dict(zip(inputs, blocks))
-    comms = _Comms(comm, mesh, bucket_bytes)
+    comms = _Comms(comm, mesh, bucket_bytes, prices)
 
     def get(r):
         if isinstance(r, Const):
@@ -218,15 +227,14 @@ def run(comm, blocks):
         results = [get(o) for o in outputs if not isinstance(o, Const)]
     finally:
         comms.close()
+    _STATS["input_bytes"] = [b.nbytes for b in blocks]
     if measure:    # the step's peak: what it allocated above the arguments, plus the arguments
-        _STATS["step_peak_bytes"] = (_memory()[1] - base) * 1024 + sum(b.nbytes for b in blocks)
+        _STATS["step_peak_bytes"] = (_memory()[1] - base) * 1024 + sum(_STATS["input_bytes"])
     _STATS["all_reduce_calls"] += len(comms.buckets)
     _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
-    _STATS["input_bytes"] = [b.nbytes for b in blocks]
     if comm.rank == 0:
         return results
-    layouts = [l for o, l in zip(outputs, out_layouts) if not isinstance(o, Const)]
-    return [x if not l.is_replicated() else None for x, l in zip(results, layouts)]
+    return [x if s else None for x, s in zip(results, split)]    # rank 0 sent the replicated ones
 
 
 def stats(comm):
@@ -252,8 +260,8 @@ class _Comms:
     the cost table's algorithm for the bucket's size; the compute that follows runs while a
     bucket is reduced."""
 
-    def __init__(self, comm, mesh, bucket_bytes):
-        self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
+    def __init__(self, comm, mesh, bucket_bytes, prices):
+        self.comm, self.mesh, self.limit, self.prices = comm, mesh, bucket_bytes, prices
         self.thread = _COMM_THREAD[0]
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
@@ -276,7 +284,8 @@ class _Comms:
         flat = np.concatenate([np.ravel(x) for _, x in items])     # a fresh buffer, reduced in place
         st = items[0][0]
         if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
-            st = dataclasses.replace(st, algorithm=_bucket_algorithm(self.mesh, st.axes, flat.nbytes))
+            st = dataclasses.replace(st, algorithm=min(
+                self.prices[st.axes], key=lambda p: p[1] + p[2] * flat.nbytes)[0])
         fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
         if not _OVERLAP:
             fut.result()
@@ -305,13 +314,6 @@ class _Comms:
         """Issue what is pending and wait until every collective of the step is done."""
         self.flush()
         self.thread.submit(lambda: None).result()
-
-
-@functools.lru_cache(maxsize=None)
-def _bucket_algorithm(mesh, axes, nbytes):
-    """The cost table's all-reduce algorithm for a fused bucket of ``nbytes`` over ``axes``."""
-    from autopar.redistribution.planner import Planner
-    return Planner(mesh).step_time("all_reduce", axes, nbytes)[1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -89,3 +89,15 @@ def test_all_reduce_choice_by_message_size():
     g = 1 / 10e9
     assert collective_time("all_reduce", 1 << 10, 2, a, b, gamma=g)[1] == "recursive_doubling"
     assert collective_time("all_reduce", 1 << 20, 2, a, b, gamma=g)[1] == "ring"
+
+
+@pytest.mark.parametrize("axes", ["x", ("x", "y")])
+def test_all_reduce_prices_pick_what_step_time_picks_at_every_size(axes):
+    """The affine prices a runtime uses for fused buckets choose the planner's algorithm."""
+    mesh = LogicalMesh.create((2, 4), topology=Topology.cluster(2, 4))
+    planner = Planner(mesh)
+    prices = planner.all_reduce_prices(axes)
+    assert [a for a, _, _ in prices] == [a for a in ALL_REDUCE if a in {p[0] for p in prices}]
+    for nbytes in [0, 1, 100, 4096, 65536, 1 << 20, 1 << 24, 1 << 28]:
+        cheapest = min(prices, key=lambda p: p[1] + p[2] * nbytes)[0]
+        assert cheapest == planner.step_time("all_reduce", axes, nbytes)[1], nbytes
