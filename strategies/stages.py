@@ -50,9 +50,13 @@ def _backward(node) -> bool:
 
 def assign_stages(graph, count: int) -> Stages:
     index = {n.id: k for k, n in enumerate(graph.nodes)}
+    marked = [_MARK.findall(n.scope) for n in graph.nodes]
+    if not any(marked):
+        raise PipelineError(f"pipeline_stages={count} needs the step's blocks wrapped in "
+                            "`with ap.pipeline_stage(i):` (stages 0..pipeline_stages-1) inside "
+                            "the loss function.")
     stage: list = [None] * len(graph.nodes)
-    for k, n in enumerate(graph.nodes):                     # rules 1 and 2
-        marks = _MARK.findall(n.scope)
+    for k, (n, marks) in enumerate(zip(graph.nodes, marked)):     # rules 1 and 2
         if marks:
             stage[k] = int(marks[-1])
             if stage[k] >= count:
@@ -70,10 +74,6 @@ def assign_stages(graph, count: int) -> Stages:
             users = [stage[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())]
             users = [s for s in users if s is not None]
             stage[k] = min(users) if users else 0
-    if not any(_MARK.search(n.scope) for n in graph.nodes):
-        raise PipelineError(f"pipeline_stages={count} needs the step's blocks wrapped in "
-                            "`with ap.pipeline_stage(i):` (stages 0..pipeline_stages-1) inside "
-                            "the loss function.")
     missing = sorted(set(range(count)) - set(stage))
     if missing:
         raise PipelineError(f"pipeline stages {missing} have no operator; wrap a block of the "
@@ -83,7 +83,7 @@ def assign_stages(graph, count: int) -> Stages:
     feeds_marked = [False] * len(graph.nodes)
     for k in reversed(range(len(graph.nodes))):
         n = graph.nodes[k]
-        feeds_marked[k] = bool(_MARK.search(n.scope)) or any(
+        feeds_marked[k] = bool(marked[k]) or any(
             feeds_marked[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ()))
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
