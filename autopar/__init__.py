@@ -5,7 +5,8 @@ from .layout import Layout
 from .mesh import LogicalMesh
 from .topology import Level, Topology
 from .annotate import pipeline_stage, shard
-from .config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
+from .config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode, PipelineScheduler,
+                     SearchMode)
 from .api import Compiled, compile, parallel, plan
 from .strategies.strategy import Strategy
 from .program import Collective, Program

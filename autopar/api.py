@@ -21,6 +21,7 @@ from .config import Backend, ParallelConfig, ParallelMode, SearchMode
 from .errors import ConfigError, InfeasibleError, LayoutError
 from .graph import type_str
 from .layout import Layout
+from .pipeline import PipelineProgram
 from .strategies import recursive, solvers
 from .strategies.build import build_problem, memory_profile
 from .strategies.cost_model import compute_time, output_bytes
@@ -30,6 +31,9 @@ from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
+from .redistribution.pipeline import split as split_pipeline, stage_topology
+from .strategies.microbatch import add_micro_axis, micro_mesh
+from .strategies.stages import Stages, assign_stages
 from .redistribution.planner import Planner
 from .trace import trace
 
@@ -107,6 +111,14 @@ class Compiled:
         if tree != self._in_tree or got != self._leaf_types:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
+        if self._runner is None and isinstance(self.program, PipelineProgram):
+            if self.config.backend is Backend.NATIVE:
+                from .runtime.native_pipeline import PipelineRunner
+                self._runner = PipelineRunner(self.program, self.config.collective_timeout,
+                                              self.config.allreduce_fusion_bytes)
+            else:
+                from .runtime.jax_pipeline import PipelineRunner
+                self._runner = PipelineRunner(self.program)
         if self._runner is None:
             if self.config.backend is Backend.NATIVE and self.program.mesh.size > 1:
                 from .runtime.native_backend import NativeRunner
@@ -278,6 +290,48 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
 
 
+def stage_mesh(full, stages: int):
+    """One pipeline stage's mesh: ``full`` without its first (stage) axis, on the innermost
+    topology levels holding that many devices; ``full`` itself with one stage."""
+    if stages == 1:
+        return full
+    from .mesh import LogicalMesh
+    k = full.size // stages
+    return LogicalMesh.create(full.shape[1:], full.axis_names[1:], stage_topology(full.topology, k))
+
+
+def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via):
+    """The PipelineProgram of a planned step: stages from ``ap.pipeline_stage`` annotations,
+    micro-batches as a virtual mesh axis (strategies.microbatch), cut by redistribution.pipeline."""
+    S, M = config.pipeline_stages, config.micro_batches
+    if S == 1:
+        from .mesh import LogicalMesh
+        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
+        full = LogicalMesh((name,) + full.axis_names, (1,) + full.shape, full.topology)
+        stages = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
+    else:
+        stages = assign_stages(graph, S)
+    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    batch = set()
+    for j, (v, l) in enumerate(zip(graph.inputs, assignment.inputs)):
+        if leaf_arg[j] not in batch_argnums or not v.shape:
+            continue
+        split = math.prod(mesh.axis_size(a) for a in l.dims[0])
+        if v.shape[0] % (M * split):
+            raise ConfigError(f"micro_batches={M}: batch argument {names[j][0]} has dimension 0 "
+                              f"of size {v.shape[0]}, which does not split into {M} micro-batches "
+                              f"of {split}-way split rows; use a batch size that is a multiple of "
+                              f"{M * split} (or pass batch_argnums naming only the batch).")
+        batch.add(j)
+    mplanner = Planner(micro_mesh(mesh, M))
+    cost = lambda s, d, shape, dtype: (plan_steps(mplanner, s, d, shape, dtype)[1], len(
+        [st for st in plan_steps(mplanner, s, d, shape, dtype)[0]
+         if st.kind not in ("slice", "partial_zero")]))
+    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh, cost)
+    return split_pipeline(graph, stages, plan, full, mplanner, config.pipeline_scheduler.value,
+                          out_layouts, via)
+
+
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     config = config or ParallelConfig()
     mode = config.parallel_mode
@@ -289,7 +343,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
             "device_num times the gradient of the step you wrote; autopar keeps the single-device "
             "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
-    mesh = config.mesh()
+    full = config.mesh()
+    pipelined = config.pipeline_stages > 1 or config.micro_batches > 1
+    mesh = stage_mesh(full, config.pipeline_stages) if pipelined else full
     batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
         [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
     t0 = time.monotonic()
@@ -334,6 +390,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     t_search = time.monotonic()
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
                                     out_layouts, via)
+    if pipelined:
+        program = _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
+                            out_layouts, via)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ch = assignment.choice

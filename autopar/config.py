@@ -38,6 +38,11 @@ class OptimizerLevel(str, Enum):
     LEVEL3 = "level3"    # ... and parameters kept sharded, all-gathered where they are read
 
 
+class PipelineScheduler(str, Enum):
+    GPIPE = "gpipe"      # every micro-batch's forward, then every backward
+    ONE_F_ONE_B = "1f1b"  # after a warm-up, one forward then one backward: fewer live activations
+
+
 class Backend(str, Enum):
     JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
     NATIVE = "native"    # autopar's multi-process runtime (the default)
@@ -91,6 +96,11 @@ class ParallelConfig:
                                               # parallel_optimizer_config["optimizer_level"]
     parallel_optimizer_threshold: int = 64    # KB: smaller parameters keep a replicated update
                                               # (MindSpore's default, also in KB)
+    pipeline_stages: int = 1                  # stages the devices are split into (the first mesh
+                                              # axis; each stage runs its layers on the rest)
+    micro_batches: int = 1                    # pipeline: the batch is split into this many
+                                              # micro-batches; gradients accumulate over them
+    pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B   # "gpipe" or "1f1b"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -98,6 +108,12 @@ class ParallelConfig:
         set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
         set_("backend", _enum(Backend, self.backend, "backend"))
         set_("optimizer_level", _enum(OptimizerLevel, self.optimizer_level, "optimizer_level"))
+        set_("pipeline_scheduler", _enum(PipelineScheduler, self.pipeline_scheduler,
+                                         "pipeline_scheduler"))
+        for key in ("pipeline_stages", "micro_batches"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{key}={v!r} must be an integer >= 1.")
         if not (isinstance(self.parallel_optimizer_threshold, (int, float))
                 and self.parallel_optimizer_threshold >= 0):
             raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
@@ -120,9 +136,19 @@ class ParallelConfig:
             shape = (n,)
         elif n is None:
             n = math.prod(shape)
+        stages = self.pipeline_stages
+        if self.mesh_shape is None and stages > 1 and n % stages == 0:
+            shape = (stages, n // stages)          # default: the stage axis, then one axis
         if n < 1 or math.prod(shape) != n:
             raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
                               "devices; make them agree.")
+        if stages > 1 and shape[0] != stages:
+            raise ConfigError(f"pipeline_stages={stages} splits the devices along the first mesh "
+                              f"axis, but mesh_shape={shape} starts with {shape[0]}; use a "
+                              f"mesh_shape that starts with {stages}, e.g. {(stages, n // stages)}"
+                              if n % stages == 0 else
+                              f"pipeline_stages={stages} does not divide device_num={n}; use a "
+                              "stage count that divides the devices.")
         if self.parallel_mode is ParallelMode.STAND_ALONE and n != 1:
             raise ConfigError(f"parallel_mode='stand_alone' runs on one device but device_num={n}; "
                               "use data_parallel or semi_auto_parallel for several devices.")

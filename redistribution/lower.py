@@ -63,6 +63,9 @@ class _Lowerer:
         self.out_layouts = out_layouts or (None,) * len(graph.outputs)
         self.via = via or {}
         self.instructions = []
+        self.owners = []           # per instruction: index of the node it feeds or computes,
+                                   # None for a result's redistribution
+        self.current = None
         self.where = {}            # value id -> {Layout: register}
         self.layout = {}           # value id -> produced layout
         self.next_reg = 0
@@ -106,12 +109,14 @@ class _Lowerer:
             out = self.new_reg()
             if step.kind in ("slice", "partial_zero"):
                 self.instructions.append(Slice(step.axes, step.dim, shape, src, out, step.kind))
+                self.owners.append(self.current)
             else:
                 out_shape = nxt.local_shape(x.shape, self.mesh)
                 nbytes = max(_nbytes(shape, x.dtype), _nbytes(out_shape, x.dtype))
                 _, algo = self.planner.step_time(step.kind, step.axes, _nbytes(shape, x.dtype))
                 self.instructions.append(Collective(step.kind, tuple(step.axes), shape, np.dtype(x.dtype),
                                                     nbytes, algo, step.dim, step.dst_dim, src, out, reason))
+                self.owners.append(self.current)
             self.avals[out] = (nxt.local_shape(x.shape, self.mesh), np.dtype(x.dtype))
             src, cur = out, nxt
             if not isinstance(x, Const):
@@ -120,7 +125,8 @@ class _Lowerer:
 
     def run(self):
         comm = {}
-        for node in self.graph.nodes:
+        for k, node in enumerate(self.graph.nodes):
+            self.current = k
             cand = self.choice[node.id]
             ins, cost = [], 0.0
             for k, (x, want) in enumerate(zip(node.inputs, cand.in_layouts)):
@@ -139,6 +145,8 @@ class _Lowerer:
                 self.layout[v.id] = l
                 outs.append(r)
             self.instructions.append(Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes)))
+            self.owners.append(self.current)
+        self.current = None
         outputs, out_layouts, out_cost = [], [], 0.0
         for i, (o, want) in enumerate(zip(self.graph.outputs, self.out_layouts)):
             want = want or Layout.replicated(len(o.shape))
@@ -149,9 +157,18 @@ class _Lowerer:
         return outputs, out_layouts, comm, out_cost
 
 
-def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+def lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+    """The lowering before segmentation: ``(lw, outputs, out_layouts, comm, out_cost)`` where
+    ``lw.instructions`` are the steps in graph order, ``lw.owners`` the node index each step
+    computes or feeds (None: a result's), ``lw.avals`` register -> (local shape, dtype) and
+    ``lw.inputs`` the argument registers. The pipeline cuts this into stages."""
     lw = _Lowerer(graph, choice, in_layouts, mesh, planner, out_layouts, via)
-    outputs, out_layouts, comm, out_cost = lw.run()
+    return (lw,) + lw.run()
+
+
+def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+    lw, outputs, out_layouts, comm, out_cost = lower_steps(graph, choice, in_layouts, mesh, planner,
+                                                           out_layouts, via)
     body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
                    [o for o in outputs if isinstance(o, int)])
     prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),

@@ -1,0 +1,204 @@
+"""Run a PipelineProgram on JAX devices: one controller, each stage on its own devices.
+
+In: a ``PipelineProgram`` and the flattened global arguments. Out: the flattened global
+results. Stage s runs on ``jax.devices()[s*K:(s+1)*K]`` (K devices per stage, shaped like the
+stage mesh). Each phase of each stage is one jitted ``shard_map`` over those devices; a register
+lives as the stack of its per-device blocks (shape ``(K, *local)``, split over the stage's
+devices on dimension 0), so a Transfer is a ``jax.device_put`` of the stack onto the receiving
+stage's devices, block i to device i. The controller issues the tasks of every stage in an
+order that respects the schedule and the transfers; JAX's asynchronous dispatch lets stages
+run at the same time. Accumulation (a sum or a concatenation over micro-batches) runs on the
+stage's devices between phases.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from autopar.errors import ConfigError, PipelineError
+from autopar.graph import Const
+from autopar.pipeline import Accumulate, MicroSlice, Transfer, schedule
+from autopar.program import Collective, Segment, Slice
+
+from .jax_collectives import apply_step, group_index
+
+
+def _reads(ins):
+    return [r for r in (ins.inputs if isinstance(ins, Segment) else [ins.src])
+            if isinstance(r, int) and r >= 0]
+
+
+def _writes(ins):
+    return list(ins.outputs) if isinstance(ins, Segment) else ([ins.out] if ins.out >= 0 else [])
+
+
+class _Phase:
+    """One phase of one stage as a jitted function: (m, *stacked inputs) -> stacked outputs."""
+
+    def __init__(self, body, exported, stage_mesh, jmesh, micro):
+        made, ins = set(), []
+        for i in body:
+            if isinstance(i, Transfer) and i.kind == "recv":
+                made.add(i.reg)
+                ins.append(i.reg)
+                continue
+            for r in _reads(i):
+                if r not in made and r not in ins:
+                    ins.append(r)
+            if not isinstance(i, Accumulate):      # its sum exists after the micro-batches
+                made.update(_writes(i))
+        sent = [i.reg for i in body if isinstance(i, Transfer) and i.kind == "send"]
+        acc = [i.src for i in body if isinstance(i, Accumulate)]
+        self.inputs = tuple(ins)
+        self.outputs = tuple(dict.fromkeys(
+            [r for r in sent + acc if r in made] + [r for r in exported if r in made]))
+        self.accumulates = [i for i in body if isinstance(i, Accumulate)]
+        self.sends = [i for i in body if isinstance(i, Transfer) and i.kind == "send"]
+        steps = [i for i in body if not isinstance(i, (Transfer, Accumulate))]
+
+        def local(m, *blocks):
+            regs = {r: b[0] for r, b in zip(self.inputs, blocks)}
+            get = lambda r: np.asarray(r.value, r.dtype) if isinstance(r, Const) else regs[r]
+            for st in steps:
+                if isinstance(st, Segment):
+                    regs.update(zip(st.outputs, st(*[get(r) for r in st.inputs])))
+                elif isinstance(st, MicroSlice):
+                    x = get(st.src)
+                    if st.kind == "zero":
+                        regs[st.out] = jnp.where(m == 0, x, jnp.zeros_like(x))
+                    else:
+                        n = x.shape[st.dim] // micro
+                        regs[st.out] = jax.lax.dynamic_slice_in_dim(x, m * n, n, st.dim)
+                elif isinstance(st, Slice) and st.kind == "partial_zero":
+                    x = get(st.src)
+                    first = group_index(st.axes, stage_mesh) == 0
+                    regs[st.out] = jnp.where(first, x, jnp.zeros_like(x))
+                elif isinstance(st, (Collective, Slice)):
+                    regs[st.out] = apply_step(get(st.src), st, stage_mesh)
+            return tuple(regs[r][None] for r in self.outputs)
+
+        if stage_mesh.size > 1:
+            spec = P(tuple(stage_mesh.axis_names))
+            self.fn = jax.jit(jax.shard_map(local, mesh=jmesh, in_specs=(P(),) + (spec,) * len(ins),
+                                            out_specs=(spec,) * len(self.outputs), check_vma=False))
+        else:
+            self.fn = jax.jit(local)
+
+
+class PipelineRunner:
+    """Callable: flat global arguments -> flat global results."""
+
+    def __init__(self, program):
+        self.p = p = program
+        devices = jax.devices()
+        if len(devices) < p.mesh.size:
+            raise ConfigError(
+                f"{p.mesh} needs {p.mesh.size} devices but JAX sees {len(devices)} "
+                f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_"
+                f"count={p.mesh.size} before importing jax, or lower device_num.")
+        K = p.stage_mesh.size
+        self.shardings, self.phases = [], []
+        results = {o for o in p.outputs if isinstance(o, int)}
+        for st in p.stages:
+            devs = np.array(devices[st.devices[0]:st.devices[0] + K])
+            jmesh = Mesh(devs.reshape(p.stage_mesh.shape), p.stage_mesh.axis_names)
+            self.shardings.append(NamedSharding(jmesh, P(tuple(p.stage_mesh.axis_names))))
+            phases = {}
+            for name, body in st.phases():
+                elsewhere = set(st.keep) | results
+                for other, b in st.phases():
+                    if other != name:
+                        elsewhere |= {r for i in b for r in _reads(i)}
+                phases[name] = _Phase(body, elsewhere, p.stage_mesh, jmesh, p.micro_batches)
+            self.phases.append(phases)
+        self.tasks = [list(t) + [("post", None)] for t in
+                      schedule(p.scheduler, len(p.stages), p.micro_batches)]
+
+    def _stacked(self, x, i, m, s):
+        p = self.p
+        K = p.stage_mesh.size
+        lay = p.in_layouts[i]
+        blocks = [np.asarray(x)[lay.block(np.shape(x), p.micro_mesh.coords((m or 0) * K + k),
+                                          p.micro_mesh)] for k in range(K)]
+        return jax.device_put(np.stack(blocks), self.shardings[s])
+
+    def __call__(self, flat_args):
+        p = self.p
+        store = {}                     # (register, micro-batch or None) -> stacked value
+        for st in p.stages:
+            for i in st.inputs:
+                r = p.inputs[i]
+                for m in (range(p.micro_batches) if i in st.micro_inputs else [None]):
+                    store.setdefault((st.index, r, m), self._stacked(flat_args[i], i, m, st.index))
+        acc = [{} for _ in p.stages]
+        nxt = [0] * len(p.stages)
+        while any(n < len(t) for n, t in zip(nxt, self.tasks)):
+            progressed = False
+            for s, st in enumerate(p.stages):
+                if nxt[s] == len(self.tasks[s]):
+                    continue
+                name, m = self.tasks[s][nxt[s]]
+                ph = self.phases[s][name]
+                if name == "post":
+                    for a in [a for a in acc[s] if isinstance(acc[s][a], list)]:
+                        dim = next(x.dim for x in self._all_acc(s) if x.out == a)
+                        acc[s][a] = jnp.concatenate(acc[s][a], axis=dim + 1)
+                    for a, v in acc[s].items():
+                        store[(s, a, None)] = v
+                vals = []
+                for r in ph.inputs:
+                    v = self._find(store, s, r, m)
+                    if v is None:
+                        break
+                    vals.append(jax.device_put(v, self.shardings[s]))
+                if len(vals) < len(ph.inputs):
+                    continue
+                outs = ph.fn(jnp.int32(m or 0), *vals)
+                for r, v in zip(ph.outputs, outs):
+                    store[(s, r, m)] = v
+                    if r in st.keep:
+                        store[(s, r, None)] = v
+                for a in ph.accumulates:
+                    v = store[(s, a.src, m)]
+                    if a.kind == "sum":
+                        acc[s][a.out] = v if a.out not in acc[s] else acc[s][a.out] + v
+                    else:
+                        acc[s].setdefault(a.out, []).append(v)
+                for t in ph.sends:
+                    store[(t.peer, t.reg, m if t.micro else None)] = store[(s, t.reg, m)]
+                if name == "backward":         # micro-batch m is done on this stage
+                    for key in [k for k in store if k[0] == s and k[2] == m]:
+                        del store[key]
+                nxt[s] += 1
+                progressed = True
+            if not progressed:
+                raise PipelineError("the pipeline's stages wait on each other: no stage can run "
+                                    "its next task (an autopar bug; please report it).")
+        out = []
+        for o, lay, s in zip(p.outputs, p.out_layouts, p.out_stages):
+            if isinstance(o, Const):
+                out.append(o.value)
+                continue
+            blocks = np.asarray(store[(s, o, None)])
+            if lay.is_replicated():
+                out.append(blocks[0])
+                continue
+            mesh = p.stage_mesh
+            shape = tuple(n * c for n, c in zip(blocks.shape[1:], lay.splits(mesh)))
+            whole = np.empty(shape, blocks.dtype)
+            for k in range(mesh.size):
+                whole[lay.block(shape, mesh.coords(k), mesh)] = blocks[k]
+            out.append(whole)
+        return out
+
+    def _all_acc(self, s):
+        return [i for ph in self.phases[s].values() for i in ph.accumulates]
+
+    @staticmethod
+    def _find(store, s, r, m):
+        for key in ((s, r, m), (s, r, None)):
+            if key in store:
+                return store[key]
+        return None
