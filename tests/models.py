@@ -5,9 +5,14 @@ is an ordinary JAX training step returning ``(loss, new_params)`` (plus optimize
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import autopar as ap
 
 
 def _rng(seed):
@@ -145,21 +150,24 @@ def attention(x, blk, heads):
     return y @ blk["wo"] + blk["bo"]
 
 
-def gpt_apply(params, tokens, heads=4):
+def gpt_apply(params, tokens, heads=4, stages=0):
+    """``stages`` > 0: the blocks are spread evenly over that many ``ap.pipeline_stage``s."""
     T = tokens.shape[1]
     x = params["wte"][tokens] + params["wpe"][:T]
-    for name in sorted(k for k in params if k.startswith("h")):
+    names = sorted((k for k in params if k.startswith("h")), key=lambda k: int(k[1:]))
+    for i, name in enumerate(names):
         blk = params[name]
-        x = x + attention(layer_norm(x, blk["ln1_g"], blk["ln1_b"]), blk, heads)
-        h = layer_norm(x, blk["ln2_g"], blk["ln2_b"])
-        x = x + (jax.nn.gelu(h @ blk["w1"] + blk["b1"]) @ blk["w2"] + blk["b2"])
+        with ap.pipeline_stage(i * stages // len(names)) if stages else contextlib.nullcontext():
+            x = x + attention(layer_norm(x, blk["ln1_g"], blk["ln1_b"]), blk, heads)
+            h = layer_norm(x, blk["ln2_g"], blk["ln2_b"])
+            x = x + (jax.nn.gelu(h @ blk["w1"] + blk["b1"]) @ blk["w2"] + blk["b2"])
     x = layer_norm(x, params["lnf_g"], params["lnf_b"])
     return x @ params["wte"].T                               # tied LM head
 
 
-def gpt_loss(params, batch, heads=4):
+def gpt_loss(params, batch, heads=4, stages=0):
     tokens, labels = batch
-    logits = gpt_apply(params, tokens, heads)
+    logits = gpt_apply(params, tokens, heads, stages)
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
     return jnp.mean(nll)
@@ -175,6 +183,18 @@ def gpt_momentum_step(params, velocity, batch, lr=0.1, mu=0.9):
     loss, grads = jax.value_and_grad(gpt_loss)(params, batch)
     velocity = jax.tree.map(lambda v, g: mu * v + g, velocity, grads)
     return loss, jax.tree.map(lambda p, v: p - lr * v, params, velocity), velocity
+
+
+def gpt_pipeline_step(params, batch, stages=2):
+    """SGD on a GPT whose blocks are annotated with ``stages`` pipeline stages."""
+    loss, grads = jax.value_and_grad(functools.partial(gpt_loss, stages=stages))(params, batch)
+    return loss, sgd(params, grads)
+
+
+def gpt_pipeline_adam_step(params, opt_state, batch, stages=2):
+    loss, grads = jax.value_and_grad(functools.partial(gpt_loss, stages=stages))(params, batch)
+    new, opt_state = adam(params, grads, opt_state)
+    return loss, new, opt_state
 
 
 def gpt_sgd_step(params, batch):

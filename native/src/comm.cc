@@ -63,12 +63,12 @@ Link& Comm::link(int peer) {
 }
 
 void Comm::fail(const std::string& cause) {
-  if (shm_) shm_->abort(rank_, "rank " + std::to_string(rank_) + ", " + op_ + ": " + cause);
-  throw CollectiveError(rank_, op_, cause);
+  if (shm_) shm_->abort(rank_, "rank " + std::to_string(rank_) + ", " + op() + ": " + cause);
+  throw CollectiveError(rank_, op(), cause);
 }
 
 void Comm::check(const std::vector<Xfer>& xs, double idle_s) {
-  if (shm_ && shm_->aborted()) throw CollectiveError(rank_, op_, "job aborted: " + shm_->abort_reason());
+  if (shm_ && shm_->aborted()) throw CollectiveError(rank_, op(), "job aborted: " + shm_->abort_reason());
   for (const Xfer& x : xs) {
     if (x.done == x.n) continue;
     if (shm_ && !alive(shm_->pid(x.peer)))

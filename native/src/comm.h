@@ -46,9 +46,11 @@ class Comm {
   // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
   bool direct() const { return shm_ && shm_->direct(rank_); }
 
-  // The operation named in errors (set by the collective entry points).
-  void set_op(std::string op) { op_ = std::move(op); }
-  const std::string& op() const { return op_; }
+  // The operation named in errors (set by the collective entry points). Per thread: a
+  // pipeline stage sends and receives on threads of its own beside its collectives, each
+  // on other links (a link's two directions are independent).
+  void set_op(std::string op) { op_() = std::move(op); }
+  const std::string& op() const { return op_(); }
 
   void send(int peer, const void* buf, size_t n);
   void recv(int peer, void* buf, size_t n);
@@ -86,7 +88,10 @@ class Comm {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<int> hosts_;
   double timeout_s_;
-  std::string op_ = "collective";
+  static std::string& op_() {
+    thread_local std::string op = "collective";
+    return op;
+  }
 };
 
 }  // namespace autopar
