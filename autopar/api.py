@@ -31,7 +31,7 @@ from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
-from .redistribution.pipeline import split as split_pipeline, stage_topology
+from .redistribution.pipeline import MicroPlanner, split as split_pipeline, stage_topology
 from .strategies.microbatch import add_micro_axis, micro_mesh
 from .strategies.stages import Stages, assign_stages
 from .redistribution.planner import Planner
@@ -300,7 +300,8 @@ def stage_mesh(full, stages: int):
     return LogicalMesh.create(full.shape[1:], full.axis_names[1:], stage_topology(full.topology, k))
 
 
-def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via):
+def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via,
+              pairs):
     """The PipelineProgram of a planned step: stages from ``ap.pipeline_stage`` annotations,
     micro-batches as a virtual mesh axis (strategies.microbatch), cut by redistribution.pipeline."""
     S, M = config.pipeline_stages, config.micro_batches
@@ -312,9 +313,10 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
     else:
         stages = assign_stages(graph, S)
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    state = {i for i, _ in pairs}          # threaded through the step: never a batch
     batch = set()
     for j, (v, l) in enumerate(zip(graph.inputs, assignment.inputs)):
-        if leaf_arg[j] not in batch_argnums or not v.shape:
+        if leaf_arg[j] not in batch_argnums or not v.shape or j in state:
             continue
         split = math.prod(mesh.axis_size(a) for a in l.dims[0])
         if v.shape[0] % (M * split):
@@ -323,7 +325,7 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
                               f"of {split}-way split rows; use a batch size that is a multiple of "
                               f"{M * split} (or pass batch_argnums naming only the batch).")
         batch.add(j)
-    mplanner = Planner(micro_mesh(mesh, M))
+    mplanner = MicroPlanner(micro_mesh(mesh, M))
     cost = lambda s, d, shape, dtype: (plan_steps(mplanner, s, d, shape, dtype)[1], len(
         [st for st in plan_steps(mplanner, s, d, shape, dtype)[0]
          if st.kind not in ("slice", "partial_zero")]))
@@ -392,7 +394,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                                     out_layouts, via)
     if pipelined:
         program = _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
-                            out_layouts, via)
+                            out_layouts, via, pairs)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ch = assignment.choice

@@ -32,6 +32,29 @@ from autopar.program import Collective, Compute, Slice, defer_all_reduce_readers
 from autopar.strategies.microbatch import MB
 
 from .lower import lower_steps
+from .planner import Plan, Planner, Step
+
+
+class MicroPlanner(Planner):
+    """The Planner of the micro-batch mesh: a partial sum over micro-batches is first summed
+    over them (all-reduce over ``MB``: the gradient accumulation), never reduce-scattered over
+    them; the rest of the path is the usual cheapest one."""
+
+    FORBIDDEN = 1e6     # seconds charged for moving a micro-batch split to another dimension
+
+    def plan(self, src, dst, shape, dtype) -> Plan:
+        where = lambda lay: [i for i, d in enumerate(lay.dims) if MB in d]
+        if where(src) and (MB in dst.partial or where(dst) not in ([], where(src))):
+            got = super().plan(src, dst, shape, dtype)     # no pipeline step does this
+            return Plan(src, dst, got.shape, got.dtype, got.steps, got.cost + self.FORBIDDEN)
+        if MB not in src.partial or MB in dst.partial:
+            return super().plan(src, dst, shape, dtype)
+        mid = type(src)(src.dims, src.partial - {MB})
+        rest = super().plan(mid, dst, shape, dtype)
+        nbytes = int(math.prod(src.local_shape(shape, self.mesh))) * np.dtype(dtype).itemsize
+        first = self.step_time("all_reduce", (MB,), nbytes)[0]
+        return Plan(src, dst, tuple(shape), np.dtype(dtype), (Step("all_reduce", (MB,)),)
+                    + rest.steps, first + rest.cost)
 
 IN, FORWARD, BACKWARD, POST = 0, 1, 2, 3
 PHASES = {FORWARD: "forward", BACKWARD: "backward", POST: "post"}

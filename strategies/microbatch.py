@@ -7,9 +7,10 @@ the choice and input layouts on it.
 
 The batch arguments are split over ``MB`` on dimension 0 (micro-batch m is the m-th contiguous
 block of rows, ``MB`` being the major axis of that dimension); every other argument is the same
-for all micro-batches. Sharding propagation (``strategies.propagation``) then carries the split
-through the graph, each node keeping its chosen layout on the stage axes: a node may add ``MB``
-to one of its letters, never read a partial sum over ``MB``. So a value is either the same for
+for all micro-batches. One pass in program order then carries the split along the data: each
+node keeps its chosen layout on the stage axes and may add ``MB`` to a letter only where one of
+its inputs arrives split over ``MB`` (never read a partial sum over ``MB``), taking the option
+whose inputs are cheapest to read (ties: the most ``MB`` splits, then the earliest option). So a value is either the same for
 every micro-batch, split over them (computed per micro-batch), or a partial sum over them (a
 contraction over the batch: a gradient, a summed loss), which the lowering reduces over ``MB``
 before anything reads it: that all-reduce is the gradient accumulation
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autopar.graph import Const
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
 from autopar.topology import Level, Topology
 
 from .candidates import axis_choices, enumerate_candidates, identity_candidate
-from .propagation import propagate
 from .rules import rule_for
 
 MB = "mb"
@@ -101,6 +102,63 @@ def add_micro_axis(graph, choice, in_layouts, batch_inputs, micro_batches, stage
         if key not in memo:
             memo[key] = _options(n, choice[n.id], mesh)
         cands[n.id] = memo[key]
-    assignment = propagate(graph, mesh, {}, args, reshard_cost, cands, copied_axes={MB})
-    return MicroPlan(mesh, assignment.choice, tuple(args[i] for i in range(len(graph.inputs))))
+    layout = {v.id: args[i] for i, v in enumerate(graph.inputs)}
+    choice = {}
+    for n in graph.nodes:
+        opts = cands[n.id]
+        spec = None if n.prim == "autopar_shard" else rule_for(n).spec(n)
+        have = [Layout.replicated(len(x.shape)) if isinstance(x, Const) else layout[x.id]
+                for x in n.inputs]
+
+        def follows(c):
+            """Every letter ``c`` splits over MB arrives split over MB in some input."""
+            if spec is None:
+                mb = {d for d, axes in enumerate(c.out_layouts[0].dims) if MB in axes}
+            else:
+                mb = {letter for letter, axes in c.assign if MB in axes}
+            return all(any(MB in h.dims[e] and _letter(spec, j, e) == letter
+                           for j, h in enumerate(have) for e in range(h.rank)) for letter in mb)
+
+        def cost(c):
+            secs = count = 0
+            for x, h, want in zip(n.inputs, have, c.in_layouts):
+                s_, k_ = reshard_cost(h, want, x.shape, x.dtype)
+                secs, count = secs + s_, count + k_
+            splits = sum(MB in d for l in c.out_layouts for d in l.dims) + sum(
+                MB in l.partial for l in c.out_layouts)
+            return round(secs, 12), count, -splits
+        best = min((c for c in opts if c is opts[0] or follows(c)), key=cost)
+        choice[n.id] = best
+        for v, l in zip(n.outputs, best.out_layouts):
+            layout[v.id] = l
+    # backwards: a value the same for every micro-batch that all its readers read split over
+    # MB (a broadcast constant, a mask) is computed split, when its own inputs read for free
+    results = {o.id for o in graph.outputs if not isinstance(o, Const)}
+    for n in reversed(graph.nodes):
+        if any(MB in l.axes for l in choice[n.id].out_layouts) or \
+                any(v.id in results for v in n.outputs):
+            continue
+        wants = []
+        for v in n.outputs:
+            w = {choice[u.id].in_layouts[k] for u, k in graph.users.get(v.id, ())}
+            wants.append(w.pop() if len(w) == 1 else None)
+        if any(w is None or MB not in w.axes for w in wants):
+            continue
+        for c in cands[n.id]:
+            if list(c.out_layouts) == wants and all(
+                    reshard_cost(Layout.replicated(len(x.shape)) if isinstance(x, Const)
+                                 else layout[x.id], want, x.shape, x.dtype) == (0, 0)
+                    for x, want in zip(n.inputs, c.in_layouts)):
+                choice[n.id] = c
+                for v, l in zip(n.outputs, c.out_layouts):
+                    layout[v.id] = l
+                break
+    return MicroPlan(mesh, choice, tuple(args[i] for i in range(len(graph.inputs))))
+
+
+def _letter(spec, operand, dim):
+    """The spec letter of dimension ``dim`` of input ``operand`` (identity ops: the dim)."""
+    if spec is None:
+        return dim
+    return spec.inputs[operand][dim]
 
