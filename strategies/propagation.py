@@ -60,10 +60,7 @@ def _quantize(seconds: float) -> float:
     return float(round(seconds * 1e12)) if math.isfinite(seconds) else math.inf
 
 
-def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None,
-              copied_axes=None) -> Assignment:
-    """See the module docstring. ``copied_axes``: only these axes must be copied from a
-    neighbour (default: every axis); the micro-batch pass fixes the others through ``cands``."""
+def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assignment:
     cands = cands or candidates_of(graph, mesh)
     choice: dict[int, Candidate] = {}
     in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
@@ -140,12 +137,10 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None,
         dims_of = list(sp.inputs) + list(sp.outputs)
         for letter, axes in c.assign:
             for a in axes:
-                if copied_axes is not None and a not in copied_axes:
-                    continue
                 if not any(a in lay.dims[d] for op, lays in enumerate(near) for lay in lays
                            for d, l in enumerate(dims_of[op]) if l == letter):
                     return False
-        if c.partial and (copied_axes is None or c.partial & set(copied_axes)):
+        if c.partial:
             group = sp.linear[c.group]
             if not any(c.partial <= lay.partial for i in group for lay in near[i]):
                 return False
