@@ -10,6 +10,7 @@ This is the only module that imports every layer.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -33,7 +34,9 @@ from .strategies.strategy import InputStrategy, OpStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
 from .redistribution.pipeline import MicroPlanner, split as split_pipeline, stage_topology
 from .strategies.microbatch import add_micro_axis, micro_mesh
+from .strategies.stage_plan import plan_stages, stage_estimates
 from .strategies.stages import Stages, assign_stages
+from .annotate import STAGE_SCOPE
 from .redistribution.planner import Planner
 from .trace import trace
 
@@ -301,17 +304,10 @@ def stage_mesh(full, stages: int):
 
 
 def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via,
-              pairs):
+              pairs, comm):
     """The PipelineProgram of a planned step: stages from ``ap.pipeline_stage`` annotations,
     micro-batches as a virtual mesh axis (strategies.microbatch), cut by redistribution.pipeline."""
     S, M = config.pipeline_stages, config.micro_batches
-    if S == 1:
-        from .mesh import LogicalMesh
-        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
-        full = LogicalMesh((name,) + full.axis_names, (1,) + full.shape, full.topology)
-        stages = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
-    else:
-        stages = assign_stages(graph, S)
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
     state = {i for i, _ in pairs}          # threaded through the step: never a batch
     batch = set()
@@ -325,13 +321,27 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
                               f"of {split}-way split rows; use a batch size that is a multiple of "
                               f"{M * split} (or pass batch_argnums naming only the batch).")
         batch.add(j)
+    sched = config.pipeline_scheduler.value
+    if S == 1:
+        from .mesh import LogicalMesh
+        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
+        full = LogicalMesh((name,) + full.axis_names, (1,) + full.shape, full.topology)
+        stages = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
+    elif any(STAGE_SCOPE in n.scope for n in graph.nodes):
+        stages = assign_stages(graph, S)
+    else:
+        stages = plan_stages(graph, S, M, sched, assignment.choice, assignment.inputs, comm, batch,
+                             mesh, full, config.max_device_memory).stages
+    secs, mems = stage_estimates(graph, stages, M, sched, assignment.choice, assignment.inputs,
+                                 comm, batch, mesh)
     mplanner = MicroPlanner(micro_mesh(mesh, M))
     cost = lambda s, d, shape, dtype: (plan_steps(mplanner, s, d, shape, dtype)[1], len(
         [st for st in plan_steps(mplanner, s, d, shape, dtype)[0]
          if st.kind not in ("slice", "partial_zero")]))
     plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh, cost)
-    return split_pipeline(graph, stages, plan, full, mplanner, config.pipeline_scheduler.value,
-                          out_layouts, via)
+    program = split_pipeline(graph, stages, plan, full, mplanner, sched, out_layouts, via)
+    return dataclasses.replace(program, stages=tuple(
+        dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
 
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
@@ -394,7 +404,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                                     out_layouts, via)
     if pipelined:
         program = _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
-                            out_layouts, via, pairs)
+                            out_layouts, via, pairs, comm)
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ch = assignment.choice

@@ -1,0 +1,233 @@
+"""Automatic pipeline stages: where to cut the forward pass, by dynamic programming.
+
+In: a Graph, the stage count S, micro-batches M and scheduler, the chosen candidate of every
+node on the stage mesh (each stage runs its operators in the layouts the layout search chose),
+per-node communication seconds, the batch input positions, the stage mesh, the full mesh (its
+first axis prices the transfers) and the per-device memory cap. Out: ``StagePlan``: the
+``Stages`` (strategies.stages) and per stage its estimated seconds per micro-batch and peak
+bytes per device.
+
+1. Forward operators are those that neither are nor read a derivative. A *cut* after forward
+   operator i is a layer boundary when exactly one batch-dependent value crosses it (the
+   residual stream between blocks); layers are the runs between cuts.
+2. Every other operator is anchored to the earliest forward position among the values it
+   reads (a derivative to the layer whose activations it uses; an update to its gradient), so a
+   layer's time is its forward operators plus everything anchored in it. Times are for the whole
+   batch on the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
+3. A stage's memory: its parameters and optimizer state (arguments first read in it) and their
+   new values, plus the activations its backward reads for each micro-batch it holds at once
+   (``pipeline.in_flight``: all M for GPipe, ``S - s`` for 1F1B), plus its largest value.
+4. The DP (Alpa's): for a bound t on the slowest stage, ``best[s][i]`` is the least sum of stage
+   times covering the first i layers with s stages, each within t and the cap; a stage's time
+   includes receiving its input activation and sending back its cotangent over the stage axis.
+   The step estimate is ``sum + (M - 1) * t``; bounds are tried from the least feasible one up
+   while a larger bound can still lower the estimate.
+Each stage then holds a contiguous block of devices along the first mesh axis (every stage the
+same stage mesh).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.errors import InfeasibleError, PipelineError
+from autopar.graph import Value
+from autopar.pipeline import in_flight
+
+from .cost_model import compute_time, local_bytes, output_bytes
+from .stages import Stages, _backward
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stages: Stages
+    seconds: tuple            # per stage: estimated seconds of one micro-batch (fwd + bwd)
+    memory: tuple             # per stage: estimated peak bytes per device
+    step_time: float          # sum + (M - 1) * max, the objective
+    cuts: tuple               # forward positions after which a stage ends
+
+
+def _layers(graph, batch_inputs):
+    """Forward node indices, the valid cut positions among them, and each node's anchor."""
+    index = {n.id: k for k, n in enumerate(graph.nodes)}
+    back = [False] * len(graph.nodes)
+    for k, n in enumerate(graph.nodes):
+        back[k] = _backward(n) or any(
+            isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
+            for x in n.inputs)
+    fwd = [k for k in range(len(graph.nodes)) if not back[k]]
+    pos = {k: i for i, k in enumerate(fwd)}
+    batch_ids = {graph.inputs[i].id for i in batch_inputs}
+    varies = {}                                   # value id -> depends on the batch
+    for n in graph.nodes:
+        v = any(isinstance(x, Value) and (x.id in batch_ids or varies.get(x.id, False))
+                for x in n.inputs)
+        for o in n.outputs:
+            varies[o.id] = v
+    crossing = np.zeros(len(fwd) + 1, np.int64)   # batch values alive across each cut
+    for i, k in enumerate(fwd):
+        for o in graph.nodes[k].outputs:
+            last = max([pos[index[u.id]] for u, _ in graph.users.get(o.id, ())
+                        if index[u.id] in pos], default=i)
+            if varies.get(o.id) and last > i:
+                crossing[i + 1] += 1
+                crossing[last + 1] -= 1
+    crossing = np.cumsum(crossing)
+    cuts = [i for i in range(1, len(fwd)) if crossing[i] == 1]   # cut before forward node i
+    anchor = [None] * len(graph.nodes)           # forward position each node's cost goes to
+    for k, n in enumerate(graph.nodes):
+        if k in pos:
+            anchor[k] = pos[k]
+            continue
+        got = [anchor[index[graph.producer[x.id].id]] for x in n.inputs
+               if isinstance(x, Value) and x.id in graph.producer]
+        got = [a for a in got if a is not None]
+        anchor[k] = min(got) if got else None
+    for k in reversed(range(len(graph.nodes))):   # nothing staged read: where it is read
+        if anchor[k] is None:
+            users = [anchor[index[u.id]] for v in graph.nodes[k].outputs
+                     for u, _ in graph.users.get(v.id, ()) if anchor[index[u.id]] is not None]
+            anchor[k] = min(users) if users else 0
+    return fwd, cuts, anchor, back, crossing
+
+
+def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_inputs,
+                stage_mesh, full_mesh, cap=None) -> StagePlan:
+    fwd, cuts, anchor, back, _ = _layers(graph, batch_inputs)
+    bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
+    L = len(bounds) - 1
+    if L < count:
+        raise PipelineError(f"pipeline_stages={count} but the step has only {L} layer(s) "
+                            "(forward cut points where one activation crosses); use fewer stages "
+                            "or wrap blocks in ap.pipeline_stage(i) to choose the stages.")
+    layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
+    t = np.zeros(L)
+    act = np.zeros(L)                             # activation bytes kept for the backward
+    big = np.zeros(L)                             # largest single value
+    state = np.zeros(L)
+    index = {n.id: k for k, n in enumerate(graph.nodes)}
+    for k, n in enumerate(graph.nodes):
+        lay = layer_of(anchor[k])
+        t[lay] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
+        b = output_bytes(n, choice[n.id], stage_mesh)
+        big[lay] = max(big[lay], b / micro)
+        if not back[k] and any(back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())):
+            act[lay] += b / micro
+    first_read = {}
+    for k, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if isinstance(x, Value) and x.id not in first_read:
+                first_read[x.id] = anchor[k]
+    for i, (v, lay) in enumerate(zip(graph.inputs, in_layouts)):
+        if i in batch_inputs or v.id not in first_read:
+            continue
+        state[layer_of(first_read[v.id])] += 2 * local_bytes(lay, v, stage_mesh)  # old + new
+    # the activation crossing each cut, priced over the stage axis both ways
+    level = full_mesh.level(full_mesh.axis_names[0])
+    send = np.zeros(L + 1)
+    for c in range(1, L):
+        k = fwd[bounds[c] - 1]
+        nbytes = output_bytes(graph.nodes[k], choice[graph.nodes[k].id], stage_mesh) / micro
+        send[c] = 2 * (level.alpha + level.beta * nbytes)
+    T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
+
+    def seg(j, i):                                # stage = layers [j, i): (seconds, fixed bytes)
+        return (T[i] - T[j]) / micro + send[j] + send[i], W[i] - W[j], A[i] - A[j], \
+            max(big[j:i]) if i > j else 0
+
+    times = {}
+    for j in range(L):
+        for i in range(j + 1, L + 1):
+            times[(j, i)] = seg(j, i)
+
+    def mem(s, j, i):
+        _, w, a, b = times[(j, i)]
+        return w + in_flight(scheduler, count, micro, s) * a + b
+
+    def solve(bound):
+        best = np.full((count + 1, L + 1), np.inf)
+        arg = np.zeros((count + 1, L + 1), np.int64)
+        best[0][0] = 0.0
+        for s in range(1, count + 1):
+            for i in range(s, L - (count - s) + 1):
+                for j in range(s - 1, i):
+                    if best[s - 1][j] == np.inf:
+                        continue
+                    sec = times[(j, i)][0]
+                    if sec > bound or (cap is not None and mem(s - 1, j, i) > cap):
+                        continue
+                    if best[s - 1][j] + sec < best[s][i]:
+                        best[s][i], arg[s][i] = best[s - 1][j] + sec, j
+        if best[count][L] == np.inf:
+            return None
+        ends, i = [], L
+        for s in range(count, 0, -1):
+            ends.append(i)
+            i = arg[s][i]
+        return best[count][L], tuple(reversed(ends))
+
+    candidates = sorted({v[0] for v in times.values()})
+    lo, hi = 0, len(candidates) - 1
+    if solve(candidates[hi]) is None:
+        raise InfeasibleError(
+            f"no split of the step into {count} pipeline stages fits max_device_memory={cap} "
+            "bytes per device; raise the cap, use more stages or micro-batches, or "
+            "enable_parallel_optimizer.")
+    while lo < hi:                                 # the least feasible bound on the slowest stage
+        mid = (lo + hi) // 2
+        if solve(candidates[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    best = None
+    floor = T[L] / micro                           # no split sums to less
+    for bound in candidates[lo:]:
+        if best is not None and floor + (micro - 1) * bound >= best[0]:
+            break
+        got = solve(bound)
+        if got is not None:
+            total, ends = got
+            value = total + (micro - 1) * max(times[(j, i)][0] for j, i in
+                                              zip((0,) + ends[:-1], ends))
+            if best is None or value < best[0]:
+                best = (value, ends)
+    value, ends = best
+    starts = (0,) + ends[:-1]
+    layer_stage = [s for s, (j, i) in enumerate(zip(starts, ends)) for _ in range(j, i)]
+    stage_of = tuple(layer_stage[layer_of(anchor[k])] for k in range(len(graph.nodes)))
+    reads = [set() for _ in range(count)]
+    pos = {v.id: i for i, v in enumerate(graph.inputs)}
+    for k, n in enumerate(graph.nodes):
+        reads[stage_of[k]] |= {pos[x.id] for x in n.inputs if isinstance(x, Value) and x.id in pos}
+    stages = Stages(count, stage_of, tuple(tuple(sorted(r)) for r in reads))
+    secs = tuple(times[(j, i)][0] for j, i in zip(starts, ends))
+    mems = tuple(int(mem(s, j, i)) for s, (j, i) in enumerate(zip(starts, ends)))
+    return StagePlan(stages, secs, mems, float(value), tuple(bounds[e] for e in ends[:-1]))
+
+
+
+def stage_estimates(graph, stages, micro, scheduler, choice, in_layouts, comm, batch_inputs,
+                    stage_mesh) -> tuple[tuple, tuple]:
+    """(seconds per micro-batch, peak bytes per device) of each stage of given ``Stages``, by
+    the accounting of ``plan_stages`` (transfers not included)."""
+    _, _, _, back, _ = _layers(graph, batch_inputs)
+    index = {n.id: k for k, n in enumerate(graph.nodes)}
+    S = stages.count
+    t, act, big, state = np.zeros(S), np.zeros(S), np.zeros(S), np.zeros(S)
+    for k, n in enumerate(graph.nodes):
+        s = stages.of_node[k]
+        t[s] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
+        b = output_bytes(n, choice[n.id], stage_mesh)
+        big[s] = max(big[s], b / micro)
+        if not back[k] and any(back[index[u.id]] for v in n.outputs
+                               for u, _ in graph.users.get(v.id, ())):
+            act[s] += b / micro
+    for s, reads in enumerate(stages.inputs):
+        for i in reads:
+            if i not in batch_inputs:
+                state[s] += 2 * local_bytes(in_layouts[i], graph.inputs[i], stage_mesh)
+    mems = tuple(int(state[s] + in_flight(scheduler, S, micro, s) * act[s] + big[s])
+                 for s in range(S))
+    return tuple(float(x / micro) for x in t), mems
