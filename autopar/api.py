@@ -30,7 +30,7 @@ from .strategies.candidates import identity_candidate
 from .strategies.candidates import candidates_of
 from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
-from .strategies.strategy import InputStrategy, OpStrategy, Strategy
+from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
 from .redistribution.pipeline import MicroPlanner, split as split_pipeline, stage_topology
 from .strategies.microbatch import add_micro_axis, micro_mesh
@@ -340,7 +340,7 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
          if st.kind not in ("slice", "partial_zero")]))
     plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh, cost)
     program = split_pipeline(graph, stages, plan, full, mplanner, sched, out_layouts, via)
-    return dataclasses.replace(program, stages=tuple(
+    return dataclasses.replace(program, node_stages=stages.of_node, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
 
@@ -368,9 +368,11 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     fixed = _fixed(config, mesh, graph)
     name = getattr(fn, "__name__", "step")
     pairs = _state_pairs(graph)
+    # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
+    search_config = config.replace(max_device_memory=None) if pipelined else config
     if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names,
+        assignment = _recursive(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
                                 planner, fixed, name, pairs)
     else:
         cands = candidates_of(graph, mesh)
@@ -379,7 +381,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         if strategy is not None:
             assignment = _from_strategy(strategy, graph, mesh, cands)
         elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = _search(config, mesh, graph, args, batch_argnums, in_strategy, names,
+            assignment = _search(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
                                  planner, cands, name, pairs)
         else:
             arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
@@ -408,27 +410,38 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
                    for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
     ch = assignment.choice
+    piped = isinstance(program, PipelineProgram)
+    node_stage = program.node_stages if piped else (0,) * len(graph.nodes)
     ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
                            tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
                            ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
-                           output_bytes(n, ch[n.id], mesh)) for n in graph.nodes)
+                           output_bytes(n, ch[n.id], mesh), s)
+                for n, s in zip(graph.nodes, node_stage))
+    stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
+                       for st in program.stages) if piped else ()
     prof = memory_profile(graph, ch, assignment.inputs, mesh, program.out_layouts)
     peak_step = int(np.argmax(prof))
     peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
+    peak_where = graph.nodes[peak_step - 1].source if peak_step > 0 else "the arguments"
+    peak = int(prof[peak_step])
+    if piped:                    # each device holds one stage: the fullest stage is the peak
+        top = max(program.stages, key=lambda st: st.memory)
+        peak, peak_op, peak_where = top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
-    if cap is not None and prof[peak_step] > cap:
+    if cap is not None and peak > cap:
         hint = "" if config.enable_parallel_optimizer else (
             ", or set enable_parallel_optimizer=True to shard the optimizer state and update")
         raise InfeasibleError(
-            f"{mode.value} needs {int(prof[peak_step])} bytes per device at {peak_op} "
-            f"({graph.nodes[peak_step - 1].source if peak_step > 0 else 'the arguments'}), more "
-            f"than max_device_memory={cap}. Raise max_device_memory, use more devices or a "
-            f"smaller batch{hint}.")
+            f"{mode.value} needs {peak} bytes per device at {peak_op} ({peak_where}), more "
+            f"than max_device_memory={cap}. Raise max_device_memory, use more devices"
+            f"{', pipeline stages or micro-batches' if piped else ''} or a smaller batch{hint}.")
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
                      tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
-                     int(prof[peak_step]), peak_op, config.max_device_memory,
+                     peak, peak_op, config.max_device_memory,
+                     stage_info, config.micro_batches if piped else 1,
+                     config.pipeline_scheduler.value if piped else "",
                      (("trace", t_trace - t0), ("search", t_search - t_trace),
                       ("lower", time.monotonic() - t_search)))
     return graph, strat, program

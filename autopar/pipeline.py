@@ -116,6 +116,7 @@ class PipelineProgram:
     out_layouts: tuple            # per result, on stage_mesh (never partial)
     out_stages: tuple             # per result, the stage holding it
     avals: dict                   # register -> (local shape, dtype) of one micro-batch
+    node_stages: tuple = ()       # the stage of every graph node
     in_tree: Any = None
     out_tree: Any = None
 

@@ -300,7 +300,8 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
                                    stage_topology(mesh.topology, K))
     return PipelineProgram(mesh, stage_mesh, plan.mesh, tuple(stage_programs), micro, scheduler,
                            tuple(lw.inputs), tuple(plan.in_layouts), tuple(outputs),
-                           tuple(out_lays), tuple(out_stage), avals, graph.in_tree, graph.out_tree)
+                           tuple(out_lays), tuple(out_stage), avals, stages.of_node,
+                           in_tree=graph.in_tree, out_tree=graph.out_tree)
 
 
 def stage_topology(topology, k: int):

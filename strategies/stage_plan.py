@@ -11,7 +11,8 @@ bytes per device.
    operator i is a layer boundary when exactly one batch-dependent value crosses it (the
    residual stream between blocks); layers are the runs between cuts.
 2. Every other operator is anchored to the earliest forward position among the values it
-   reads (a derivative to the layer whose activations it uses; an update to its gradient), so a
+   reads, an argument counting at its last forward reader (a derivative goes to the layer whose
+   activations or weights it uses; an update to its parameter or gradient), so a
    layer's time is its forward operators plus everything anchored in it. Times are for the whole
    batch on the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
 3. A stage's memory: its parameters and optimizer state (arguments first read in it) and their
@@ -76,13 +77,16 @@ def _layers(graph, batch_inputs):
                 crossing[last + 1] -= 1
     crossing = np.cumsum(crossing)
     cuts = [i for i in range(1, len(fwd)) if crossing[i] == 1]   # cut before forward node i
+    # an argument's place: its last forward reader (a tied embedding: the LM head)
+    last_use = {x.id: i for i, k in enumerate(fwd) for x in graph.nodes[k].inputs
+                if isinstance(x, Value) and x.id not in graph.producer and x.id not in batch_ids}
     anchor = [None] * len(graph.nodes)           # forward position each node's cost goes to
     for k, n in enumerate(graph.nodes):
         if k in pos:
             anchor[k] = pos[k]
             continue
-        got = [anchor[index[graph.producer[x.id].id]] for x in n.inputs
-               if isinstance(x, Value) and x.id in graph.producer]
+        got = [anchor[index[graph.producer[x.id].id]] if x.id in graph.producer
+               else last_use.get(x.id) for x in n.inputs if isinstance(x, Value)]
         got = [a for a in got if a is not None]
         anchor[k] = min(got) if got else None
     for k in reversed(range(len(graph.nodes))):   # nothing staged read: where it is read

@@ -43,6 +43,15 @@ class OpStrategy:
     comm_time: float = 0.0   # estimated seconds of the redistributions feeding this operator
     compute_time: float = 0.0  # estimated seconds of the operator itself on one device
     out_bytes: int = 0       # bytes its outputs occupy on one device
+    stage: int = 0           # pipeline stage that runs it
+
+
+@dataclass(frozen=True)
+class StageStrategy:
+    index: int
+    devices: tuple       # global device ranks of the stage
+    seconds: float       # estimated seconds of one micro-batch (forward and backward)
+    memory: int          # estimated peak bytes per device
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +66,9 @@ class Strategy:
     peak_memory: int = 0            # estimated peak bytes live on one device
     peak_op: str = ""               # the operator running at the peak
     memory_limit: Optional[int] = None   # max_device_memory, if set
+    stages: tuple = ()              # StageStrategy per pipeline stage (empty: no pipeline)
+    micro_batches: int = 1
+    scheduler: str = ""
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
@@ -85,18 +97,24 @@ class Strategy:
                 f"estimated step {self.step_time * 1e6:.1f} us = compute "
                 f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us; "
                 f"peak memory {_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
-        rows = [("argument", "shape", "layout", "", "", "", "")]
-        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "", "", "")
+        if self.stages:
+            head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
+                        f"{self.scheduler} (operator layouts are per stage; times per micro-batch)")
+            head += [f"  stage {st.index}: devices {list(st.devices)}, {st.seconds * 1e6:.1f} us, "
+                     f"peak {_bytes(st.memory)} per device" for st in self.stages]
+        staged = bool(self.stages)
+        rows = [("argument", "shape", "layout", "", "", "", "", "")]
+        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "", "", "", "")
                  for i in self.inputs]
         rows.append(("operator", "output", "inputs -> output layout", "compute us", "comm us",
-                     "memory", "source"))
+                     "memory", "stage" if staged else "", "source"))
         for o in self.ops:
             outs = " ".join(type_str(s, "") for s in o.out_shapes)
             lay = ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts))
             rows.append((o.name, outs, lay, f"{o.compute_time * 1e6:.2f}",
                          f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _bytes(o.out_bytes),
-                         _short(o.source)))
-        widths = [max(len(r[i]) for r in rows) for i in range(7)]
+                         str(o.stage) if staged else "", _short(o.source)))
+        widths = [max(len(r[i]) for r in rows) for i in range(8)]
         lines = head
         for r in rows:
             if r[0] in ("argument", "operator") and r[1] in ("shape", "output"):
@@ -116,7 +134,10 @@ class Strategy:
                      "out_shapes": [list(s) for s in o.out_shapes],
                      "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
                      "comm_time": o.comm_time, "compute_time": o.compute_time,
-                     "out_bytes": o.out_bytes} for o in self.ops],
+                     "out_bytes": o.out_bytes, "stage": o.stage} for o in self.ops],
+            "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
+                        "memory": st.memory} for st in self.stages],
+            "micro_batches": self.micro_batches, "scheduler": self.scheduler,
             "output_comm_time": self.output_comm_time, "peak_memory": self.peak_memory,
             "peak_op": self.peak_op, "memory_limit": self.memory_limit,
         }
@@ -139,9 +160,11 @@ class Strategy:
                              tuple(tuple(s) for s in o["out_shapes"]),
                              tuple(Layout.parse(l) for l in o["in"]),
                              tuple(Layout.parse(l) for l in o["out"]), o["comm_time"],
-                             o["compute_time"], o["out_bytes"])
+                             o["compute_time"], o["out_bytes"], o.get("stage", 0))
                   for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
-            d["memory_limit"])
+            d["memory_limit"],
+            tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"])
+                  for st in d.get("stages", ())), d.get("micro_batches", 1), d.get("scheduler", ""))
 
     @staticmethod
     def load(path) -> "Strategy":
@@ -151,7 +174,7 @@ class Strategy:
     # ------------------------------------------------------------------ MindSpore JSON
     def to_mindspore(self) -> dict:
         mesh = LogicalMesh.create(self.mesh_shape, self.axis_names)
-        ops = {o.name: {"stage": 0, "parallel_strategy": [list(l.to_strategy(mesh)) for l in o.in_layouts]}
+        ops = {o.name: {"stage": o.stage, "parallel_strategy": [list(l.to_strategy(mesh)) for l in o.in_layouts]}
                for o in self.ops}
         params = {}
         for i in self.inputs:

@@ -148,3 +148,47 @@ def test_whole_batch_statistics_cannot_be_micro_batched():
 
     with pytest.raises(ap.PipelineError, match="whole batch"):
         ap.compile(step, p, b, config=config(stages=1, n=2, micro=2))
+
+
+def test_automatic_stages_cut_between_blocks_and_match_single_device():
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=config(micro=4))     # no annotations
+    names = [i.name for i in c.strategy.inputs]
+    reads = [{names[i].split(".")[0] for i in st.inputs} for st in c.program.stages]
+    assert {"h0", "h1"} <= reads[0] and not {"h2", "h3"} & reads[0]
+    assert {"h2", "h3", "lnf_g"} <= reads[1] and not {"h0", "h1"} & reads[1]
+    secs = [st.seconds for st in c.program.stages]
+    assert max(secs) < 1.3 * min(secs)                  # balanced: two blocks each
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_strategy_dump_shows_stages_and_round_trips():
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
+    s = ap.plan(m.gpt_pipeline_step, p, b, config=config(micro=4, scheduler="gpipe"))
+    table = s.table()
+    assert "pipeline: 2 stages, 4 micro-batches, gpipe" in table
+    assert "stage 0: devices [0, 1]" in table and "stage 1: devices [2, 3]" in table
+    assert {o.stage for o in s.ops} == {0, 1}
+    assert s.peak_memory == max(st.memory for st in s.stages) and s.peak_op.startswith("stage")
+    again = ap.Strategy.from_json(s.to_json())
+    assert again.stages == s.stages and [o.stage for o in again.ops] == [o.stage for o in s.ops]
+    assert {v["stage"] for v in s.to_mindspore()["parallel_strategy_item"].values()} == {0, 1}
+
+
+def test_memory_cap_forces_a_pipeline_that_data_parallel_cannot_fit():
+    """4 GPT blocks on 4 devices: data parallelism holds every parameter on every device; two
+    stages hold half each. 1F1B keeps fewer micro-batches' activations than GPipe."""
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    dp = ap.plan(m.gpt_sgd_step, p, b, config=config(stages=1, micro=1))
+    f1b = ap.plan(m.gpt_sgd_step, p, b, config=config(micro=4, scheduler="1f1b"))
+    gpipe = ap.plan(m.gpt_sgd_step, p, b, config=config(micro=4, scheduler="gpipe"))
+    assert f1b.peak_memory < dp.peak_memory and f1b.peak_memory < gpipe.peak_memory
+    cap = (f1b.peak_memory + min(dp.peak_memory, gpipe.peak_memory)) // 2
+    with pytest.raises(ap.InfeasibleError):
+        ap.plan(m.gpt_sgd_step, p, b, config=config(stages=1, micro=1, max_device_memory=cap))
+    with pytest.raises(ap.InfeasibleError):
+        ap.plan(m.gpt_sgd_step, p, b, config=config(micro=4, scheduler="gpipe",
+                                                    max_device_memory=cap))
+    c = ap.compile(m.gpt_sgd_step, p, b, config=config(micro=4, max_device_memory=cap))
+    assert c.strategy.peak_memory <= cap
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
