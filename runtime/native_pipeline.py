@@ -15,12 +15,16 @@ argument its stage reads (one per micro-batch for the batch) and runs its tasks:
   receiver; a thread per source receives that peer's messages in the peer's order into a
   mailbox, and a ``Transfer`` recv waits for its (register, micro-batch) there. The stage
   order of the schedule is then the only order that matters: GPipe and 1F1B cannot deadlock.
+
+A worker's ``native_backend.stats()`` then also holds ``pipeline``: the step's seconds and the
+seconds its stage waited for a peer's transfer (the pipeline bubble, as this rank saw it).
 """
 from __future__ import annotations
 
 import functools
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -194,6 +198,7 @@ class _Mailbox:
     def __init__(self, comm, inbox, K):
         self.comm, self.K = comm, K
         self.got, self.error = {}, None
+        self.waited = 0.0                      # seconds the stage waited for a peer
         self.cv = threading.Condition()
         self.inbox, self.threads = inbox, {}
         self.source = {(reg, m): src for src, msgs in inbox.items() for reg, m, _ in msgs}
@@ -222,11 +227,13 @@ class _Mailbox:
         src = self.source[(reg, m)]
         if src not in self.threads:
             self._start(src)
+        t0 = time.perf_counter()
         with self.cv:
             while (reg, m) not in self.got:
                 if self.error is not None:
                     raise self.error
                 self.cv.wait()
+            self.waited += time.perf_counter() - t0
             return self.got.pop((reg, m))
 
     def join(self):
@@ -246,6 +253,7 @@ def _sender(peer):
 
 def run_stage(comm, blocks):
     P = _STAGE[0]
+    start = time.perf_counter()
     K, M, keep = P["K"], P["micro"], P["keep"]
     measure = nb._reset_peak()
     base = nb._memory()[0] if measure else 0
@@ -319,6 +327,7 @@ def run_stage(comm, blocks):
     for f in sends:
         f.result()
     mailbox.join()
+    nb._STATS["pipeline"] = {"step_s": time.perf_counter() - start, "wait_s": mailbox.waited}
     if measure:
         nb._STATS["step_peak_bytes"] = (nb._memory()[1] - base) * 1024 + sum(
             b.nbytes for bs in blocks.values() for b in bs)

@@ -1,0 +1,114 @@
+"""Pipeline schedules and the stage planner.
+
+Run: python benchmarks/pipeline.py [--layers 4] [--micro 4 8] [--iters 10] [--plan-layers 96]
+     [--markdown]
+
+1. Step time and bubble fraction, GPipe against 1F1B: a GPT with ``--layers`` decoder blocks
+   (d=32, 4 heads, sequence 8, vocabulary 64), 4 native ranks as 2 stages x 2-way data
+   parallel, ``--micro`` micro-batches of 2 rows per rank. Each configuration runs a warm-up
+   step, then ``--iters`` steps; the step time is their median. The bubble is what each rank
+   measured: the seconds its stage waited for a peer's transfer over the step's seconds
+   (``stats()["pipeline"]``), averaged over the ranks; beside it the ideal (S - 1) / (M + S - 1)
+   of equal stages and free transfers. On this machine 4 ranks share 2 cores, so a waiting
+   stage lends its core to the working one and measured bubbles sit below the ideal.
+2. Stage planner time: a GPT with ``--plan-layers`` blocks (abstract arguments: nothing is
+   allocated) planned with data_parallel on 16 devices as 8 stages x 2, 16 micro-batches; the
+   time of the stage DP alone (``strategies.stage_plan.plan_stages``) and of the whole plan.
+Out: one JSON object per measurement, and with --markdown the tables.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+import autopar as ap  # noqa: E402
+import models as m  # noqa: E402
+from autopar.runtime.native_backend import stats  # noqa: E402
+from autopar.strategies import stage_plan  # noqa: E402
+
+
+def schedules(layers, micros, iters):
+    rows = []
+    for micro in micros:
+        p, b = m.gpt_params(layers=layers), m.gpt_batch(batch=4 * micro)
+        for sched in ("gpipe", "1f1b"):
+            cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, pipeline_stages=2,
+                                    micro_batches=micro, pipeline_scheduler=sched, progress=False)
+            c = ap.compile(m.gpt_pipeline_step, p, b, config=cfg)
+            c(p, b)
+            times, bubbles = [], []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                c(p, b)
+                times.append(time.perf_counter() - t0)
+                got = c._runner.job.call(stats, [()] * 4)
+                bubbles.append(statistics.mean(g["pipeline"]["wait_s"] / g["pipeline"]["step_s"]
+                                               for g in got))
+            c._runner.close()
+            row = {"bench": "schedule", "layers": layers, "stages": 2, "micro_batches": micro,
+                   "scheduler": sched, "step_ms": 1e3 * statistics.median(times),
+                   "bubble": statistics.median(bubbles), "ideal_bubble": 1 / (micro + 1),
+                   "est_peak_kb": c.strategy.peak_memory / 1024}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def planner(layers):
+    p, b = m.gpt_params(layers=layers, abstract=True), m.gpt_batch(batch=64, abstract=True)
+    timed = {}
+    real = stage_plan.plan_stages
+
+    def clocked(*a, **k):
+        t0 = time.perf_counter()
+        out = real(*a, **k)
+        timed["dp_s"] = time.perf_counter() - t0
+        timed["cuts"] = len(out.cuts)
+        return out
+    stage_plan.plan_stages = clocked
+    import autopar.api as api
+    api.plan_stages = clocked
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=16, pipeline_stages=8,
+                            micro_batches=16, progress=False)
+    t0 = time.perf_counter()
+    s = ap.plan(m.gpt_sgd_step, p, b, config=cfg)
+    total = time.perf_counter() - t0
+    api.plan_stages = stage_plan.plan_stages = real
+    secs = [st.seconds for st in s.stages]
+    row = {"bench": "planner", "layers": layers, "operators": len(s.ops), "stages": 8,
+           "micro_batches": 16, "stage_dp_s": timed["dp_s"], "plan_s": total,
+           "slowest_over_mean_stage": max(secs) / statistics.mean(secs)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main():
+    ap_ = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap_.add_argument("--layers", type=int, default=4)
+    ap_.add_argument("--micro", type=int, nargs="+", default=[4, 8])
+    ap_.add_argument("--iters", type=int, default=10)
+    ap_.add_argument("--plan-layers", type=int, default=96)
+    ap_.add_argument("--markdown", action="store_true")
+    a = ap_.parse_args()
+    rows = schedules(a.layers, a.micro, a.iters)
+    plan = planner(a.plan_layers)
+    if a.markdown:
+        print("\n| micro-batches | scheduler | step ms | measured bubble | ideal bubble | "
+              "est. peak KB/device |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['micro_batches']} | {r['scheduler']} | {r['step_ms']:.1f} | "
+                  f"{r['bubble']:.2f} | {r['ideal_bubble']:.2f} | {r['est_peak_kb']:.0f} |")
+        print(f"\n| layers | operators | stage DP s | whole plan s | slowest / mean stage |\n"
+              f"|---|---|---|---|---|\n| {plan['layers']} | {plan['operators']} | "
+              f"{plan['stage_dp_s']:.2f} | {plan['plan_s']:.1f} | "
+              f"{plan['slowest_over_mean_stage']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
