@@ -3,7 +3,9 @@
 Run: python benchmarks/memory.py [--ranks 4] [--sizes 1024 2048 1024] [--batch 256] [--markdown]
 
 An MLP training step with Adam (parameters, two moments and the step count as arguments; the
-batch split over the devices) is compiled in several configurations; each runs twice on the
+batch split over the devices) is compiled in several configurations (the pipeline ones cut
+into stages by the stage planner; each rank is also compared with its own stage's estimate,
+``rank_ratios``); each runs twice on the
 native backend, and the second call's peak is read from every worker: the bytes resident above
 the process's level before the step (VmHWM after resetting it through /proc/self/clear_refs)
 plus its argument blocks. glibc's malloc keeps freed heap memory for reuse, which would hide a
@@ -34,6 +36,9 @@ CONFIGS = {
     "data_parallel + optimizer level3": {"enable_parallel_optimizer": True, "optimizer_level": "level3"},
     "auto_parallel (dynamic_programming)": {"parallel_mode": "auto_parallel",
                                             "search_mode": "dynamic_programming"},
+    "pipeline 2 stages x 2, 4 micro-batches, 1f1b": {"pipeline_stages": 2, "micro_batches": 4},
+    "pipeline 2 stages x 2, 4 micro-batches, gpipe": {"pipeline_stages": 2, "micro_batches": 4,
+                                                      "pipeline_scheduler": "gpipe"},
 }
 
 
@@ -48,8 +53,13 @@ def measure(name, extra, ranks, sizes, batch):
     got = [w["step_peak_bytes"] for w in c._runner.job.call(stats, [()] * ranks)]
     c._runner.close()
     est = c.strategy.peak_memory
-    return {"config": name, "ranks": ranks, "estimate_bytes": est, "measured_bytes": got,
-            "ratio": round(est / max(got), 3)}
+    row = {"config": name, "ranks": ranks, "estimate_bytes": est, "measured_bytes": got,
+           "ratio": round(est / max(got), 3)}
+    if c.strategy.stages:     # a pipeline: each rank against its own stage's estimate
+        k = ranks // len(c.strategy.stages)
+        row["rank_ratios"] = [round(c.strategy.stages[r // k].memory / g, 3)
+                              for r, g in enumerate(got)]
+    return row
 
 
 def main():

@@ -257,7 +257,7 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
                         micro_read, (mesh.axis_names[0],))
 
     for s in range(S):
-        for r in post_sends[s]:
+        for r in dict.fromkeys(post_sends[s]):
             for t in sorted({t for rr, t, mr in received if rr == r and not mr}):
                 lists[s][POST].append(transfer("send", r, t, False))
     for k, (ins, owner) in enumerate(steps):
