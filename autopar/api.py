@@ -32,7 +32,7 @@ from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
-from .redistribution.pipeline import MicroPlanner, split as split_pipeline, stage_topology
+from .redistribution.pipeline import MicroPlanner, split as split_pipeline
 from .strategies.microbatch import add_micro_axis, micro_mesh
 from .strategies.stage_plan import plan_stages, stage_estimates
 from .strategies.stages import Stages, assign_stages
@@ -293,6 +293,14 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
 
 
+def _reshard_cost(planner):
+    """``(src, dst, shape, dtype) -> (seconds, collectives)`` of the planner's cheapest path."""
+    def cost(s, d, shape, dtype):
+        steps, seconds = plan_steps(planner, s, d, shape, dtype)
+        return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
+    return cost
+
+
 def stage_mesh(full, stages: int):
     """One pipeline stage's mesh: ``full`` without its first (stage) axis, on the innermost
     topology levels holding that many devices; ``full`` itself with one stage."""
@@ -300,7 +308,7 @@ def stage_mesh(full, stages: int):
         return full
     from .mesh import LogicalMesh
     k = full.size // stages
-    return LogicalMesh.create(full.shape[1:], full.axis_names[1:], stage_topology(full.topology, k))
+    return LogicalMesh.create(full.shape[1:], full.axis_names[1:], full.topology.inner(k))
 
 
 def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via,
@@ -335,11 +343,9 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
     secs, mems = stage_estimates(graph, stages, M, sched, assignment.choice, assignment.inputs,
                                  comm, batch, mesh)
     mplanner = MicroPlanner(micro_mesh(mesh, M))
-    cost = lambda s, d, shape, dtype: (plan_steps(mplanner, s, d, shape, dtype)[1], len(
-        [st for st in plan_steps(mplanner, s, d, shape, dtype)[0]
-         if st.kind not in ("slice", "partial_zero")]))
-    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh, cost)
-    program = split_pipeline(graph, stages, plan, full, mplanner, sched, out_layouts, via)
+    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh,
+                          _reshard_cost(mplanner))
+    program = split_pipeline(graph, stages, plan, full, mesh, mplanner, sched, out_layouts, via)
     return dataclasses.replace(program, node_stages=stages.of_node, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
@@ -386,10 +392,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         else:
             arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
 
-            def cost(s, d, shape, dtype):
-                steps, seconds = plan_steps(planner, s, d, shape, dtype)
-                return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
-            assignment = propagate(graph, mesh, fixed, arg_layouts, cost, cands)
+            assignment = propagate(graph, mesh, fixed, arg_layouts, _reshard_cost(planner), cands)
     via = None
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,

@@ -21,6 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import LayoutError
 from .mesh import LogicalMesh
 
@@ -142,6 +144,15 @@ class Layout:
                 count *= mesh.axis_size(a)
             out.append(slice(idx * (n // count), (idx + 1) * (n // count)))
         return tuple(out)
+
+    def assemble(self, blocks, mesh: LogicalMesh):
+        """The whole tensor from the blocks of every device of ``mesh``, in device order."""
+        first = np.asarray(blocks[0])
+        shape = tuple(s * c for s, c in zip(first.shape, self.splits(mesh)))
+        whole = np.empty(shape, first.dtype)
+        for d, got in enumerate(blocks):
+            whole[self.block(shape, mesh.coords(d), mesh)] = got
+        return whole
 
     def check(self, shape, mesh: LogicalMesh, what: str = "value") -> "Layout":
         """Raise LayoutError unless this layout fits a tensor of ``shape`` on ``mesh``."""

@@ -105,6 +105,19 @@ class Segment:
         return "\n".join([head] + [f"  {c}" for c in self.computes] + ["}"])
 
 
+def reads(ins) -> list:
+    """The registers an instruction reads (constants and "no register" left out)."""
+    rs = ins.inputs if isinstance(ins, (Compute, Segment)) else [ins.src]
+    return [r for r in rs if isinstance(r, int) and r >= 0]
+
+
+def writes(ins) -> list:
+    """The registers an instruction writes."""
+    if isinstance(ins, (Compute, Segment)):
+        return list(ins.outputs)
+    return [ins.out] if ins.out >= 0 else []
+
+
 def defer_all_reduce_readers(instructions) -> list:
     """The same instructions in a valid order where everything that depends (transitively) on
     an all-reduce result runs after everything that does not: the gradient all-reduces of a
@@ -112,15 +125,13 @@ def defer_all_reduce_readers(instructions) -> list:
     with the rest of the backward compute between their issue and their first use."""
     tainted, first, later = set(), [], []
     for ins in instructions:
-        reads = ins.inputs if isinstance(ins, Compute) else [ins.src]
-        outs = ins.outputs if isinstance(ins, Compute) else [ins.out]
-        if any(isinstance(r, int) and r in tainted for r in reads):
+        if any(r in tainted for r in reads(ins)):
             later.append(ins)
-            tainted.update(outs)
+            tainted.update(writes(ins))
         else:
             first.append(ins)
             if isinstance(ins, Collective) and ins.kind == "all_reduce":
-                tainted.update(outs)
+                tainted.update(writes(ins))
     return first + later
 
 
@@ -129,9 +140,8 @@ def segment(instructions, avals, final_reads) -> tuple:
     ``final_reads``: registers read after the last instruction (the results)."""
     last = {r: len(instructions) for r in final_reads}  # register -> index of its last reader
     for i, ins in enumerate(instructions):
-        for r in (ins.inputs if isinstance(ins, Compute) else [ins.src]):
-            if isinstance(r, int):
-                last[r] = max(last.get(r, -1), i)
+        for r in reads(ins):
+            last[r] = max(last.get(r, -1), i)
     out, run = [], []
     for i, ins in enumerate(list(instructions) + [None]):
         if isinstance(ins, Compute):
@@ -139,8 +149,7 @@ def segment(instructions, avals, final_reads) -> tuple:
             continue
         if run:
             made = {o for c in run for o in c.outputs}
-            reads = [r for c in run for r in c.inputs if isinstance(r, int) and r not in made]
-            ins_regs = tuple(dict.fromkeys(reads))
+            ins_regs = tuple(dict.fromkeys(r for c in run for r in reads(c) if r not in made))
             outs = tuple(o for c in run for o in c.outputs if last.get(o, -1) >= i)
             out.append(Segment(tuple(run), ins_regs, outs, tuple(avals[r] for r in ins_regs)))
             run = []

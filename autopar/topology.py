@@ -7,7 +7,7 @@ All communication constants live here; solvers read them from a Topology, never 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ConfigError
 
@@ -46,6 +46,24 @@ class Topology:
     @property
     def num_devices(self) -> int:
         return math.prod(lv.size for lv in self.levels)
+
+    def inner(self, k: int) -> "Topology":
+        """The innermost levels holding ``k`` devices (one pipeline stage's topology)."""
+        levels, n = [], 1
+        for lv in reversed(self.levels):
+            if n * lv.size <= k:
+                levels.insert(0, lv)
+                n *= lv.size
+            elif k % n == 0:
+                levels.insert(0, replace(lv, size=k // n))
+                n = k
+            if n == k or k % n:
+                break
+        if n != k:
+            raise ConfigError(f"{k} devices per pipeline stage do not fill whole inner levels of "
+                              f"{self}; choose pipeline_stages so that they do.")
+        return Topology(tuple(lv for lv in levels if lv.size > 1) or (levels[-1],), self.flops,
+                        self.mem_bandwidth)
 
     @staticmethod
     def local(n: int) -> "Topology":

@@ -1,7 +1,7 @@
 """Cut a step lowered on the micro-batch mesh into pipeline stages and phases.
 
 In: a Graph, its ``Stages`` (strategies.stages), a ``MicroPlan`` (strategies.microbatch), the
-full mesh (stage axis first), the scheduler, the result layouts and a Planner on the micro-batch
+full mesh (stage axis first) and one stage's mesh, the scheduler, the result layouts and a Planner on the micro-batch
 mesh. Out: a ``PipelineProgram`` (autopar.pipeline).
 
 1. Lower the graph on the micro-batch mesh (``lower_steps``): local shapes are one micro-batch's.
@@ -28,7 +28,8 @@ import numpy as np
 from autopar.errors import PipelineError
 from autopar.graph import Const
 from autopar.pipeline import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
-from autopar.program import Collective, Compute, Slice, defer_all_reduce_readers, segment
+from autopar.program import (Collective, Compute, Slice, defer_all_reduce_readers, reads,
+                             segment, writes)
 from autopar.strategies.microbatch import MB
 
 from .lower import lower_steps
@@ -58,17 +59,6 @@ class MicroPlanner(Planner):
 
 IN, FORWARD, BACKWARD, POST = 0, 1, 2, 3
 PHASES = {FORWARD: "forward", BACKWARD: "backward", POST: "post"}
-
-
-def _reads(ins):
-    rs = ins.inputs if isinstance(ins, Compute) else [ins.src]
-    return [r for r in rs if isinstance(r, int) and r >= 0]
-
-
-def _writes(ins):
-    if isinstance(ins, Compute):
-        return list(ins.outputs)
-    return [ins.out] if ins.out >= 0 else []
 
 
 def _what(ins, graph, owner):
@@ -128,7 +118,7 @@ def _micro_steps(lw, planner, micro):
     return out, avals
 
 
-def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=None):
+def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts=None, via=None):
     micro = plan.mesh.axis_size(MB)
     lw, outputs, out_lays, _, _ = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh,
                                               planner, out_layouts, via)
@@ -138,9 +128,9 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
         phase[r], variant[r] = IN, MB in l.axes
     info = []                                  # per step: (stage or None, phase)
     for ins, owner in steps:
-        reads = _reads(ins)
-        var = any(variant[r] for r in reads) or isinstance(ins, MicroSlice)
-        ph = max([phase[r] for r in reads], default=IN)
+        got = reads(ins)
+        var = any(variant[r] for r in got) or isinstance(ins, MicroSlice)
+        ph = max([phase[r] for r in got], default=IN)
         if isinstance(ins, Accumulate):
             if not variant[ins.src]:
                 raise PipelineError(f"{_what(ins, graph, owner)} sums a value that is the same "
@@ -163,14 +153,14 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
                     st = stages.of_node[owner] if owner is not None else 0
             ph = max(ph, FORWARD)
             if ph == POST:
-                bad = [r for r in reads if variant[r]]
+                bad = [r for r in got if variant[r]]
                 if bad:
                     raise PipelineError(
                         f"{_what(ins, graph, owner)} reads a value of each micro-batch after "
                         "the gradients are accumulated: the step uses the whole batch at once "
                         "(batch statistics, a normalisation by a computed batch size). Set "
                         "micro_batches=1 for this step.")
-        for w in _writes(ins):
+        for w in writes(ins):
             phase[w], variant[w] = ph if st is not None else IN, var and ph != POST
             if st is not None:
                 stage_of[w] = st
@@ -197,16 +187,16 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
         ins, _ = steps[k]
         st, ph = info[k]
         if st is None:                         # copies: earliest needed phase per stage
-            wanted = set().union(*[need.get(w, set()) for w in _writes(ins)])
+            wanted = set().union(*[need.get(w, set()) for w in writes(ins)])
             best = {}
             for s, p in wanted:
                 best[s] = min(best.get(s, POST), p)
             place[k] = sorted(best.items())
             copies_kept.update((w, s) for s, p in place[k] if p != POST and (s, POST) in wanted
-                               for w in _writes(ins))
+                               for w in writes(ins))
         else:
             place[k] = [(st, ph)]
-        for r in _reads(ins):
+        for r in reads(ins):
             for s, p in place[k]:
                 need.setdefault(r, set()).add((s, p))
 
@@ -263,11 +253,11 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
     for k, (ins, owner) in enumerate(steps):
         for s, p in place[k]:
             waiting = recv_first.get((s, p), {})
-            for r in _reads(ins):
+            for r in reads(ins):
                 if r in waiting:
                     lists[s][p].append(transfer("recv", r, waiting.pop(r), p != POST))
             lists[s][p].append(ins)
-            for w in _writes(ins):
+            for w in writes(ins):
                 for t, micro_read in sends_after.get(w, []):
                     lists[s][p].append(transfer("send", w, t, micro_read))
     for s in range(S):                         # results received in post but read by none
@@ -284,43 +274,19 @@ def split(graph, stages, plan, mesh, planner, scheduler, out_layouts=None, via=N
             later = set(read_later)
             for q in PHASES:
                 if q != p:
-                    later |= {r for ins in lists[s][q] for r in _reads(ins)}
+                    later |= {r for ins in lists[s][q] for r in reads(ins)}
             body = lists[s][p]
             if p == POST:
                 body = defer_all_reduce_readers(body)
             bodies[p] = segment(body, avals, sorted(later))
-        used = sorted({pos[r] for p in PHASES for ins in lists[s][p] for r in _reads(ins) if r in pos})
+        used = sorted({pos[r] for p in PHASES for ins in lists[s][p] for r in reads(ins) if r in pos})
         accs = tuple(sorted({ins.out for p in PHASES for ins in lists[s][p]
                              if isinstance(ins, Accumulate)}))
         stage_programs.append(StageProgram(
             s, bodies[FORWARD], bodies[BACKWARD], bodies[POST], tuple(used),
             tuple(i for i in used if MB in plan.in_layouts[i].axes), tuple(sorted(keep[s])),
             accs, tuple(range(s * K, (s + 1) * K))))
-    stage_mesh = type(mesh).create(mesh.shape[1:], mesh.axis_names[1:],
-                                   stage_topology(mesh.topology, K))
     return PipelineProgram(mesh, stage_mesh, plan.mesh, tuple(stage_programs), micro, scheduler,
                            tuple(lw.inputs), tuple(plan.in_layouts), tuple(outputs),
                            tuple(out_lays), tuple(out_stage), avals, stages.of_node,
                            in_tree=graph.in_tree, out_tree=graph.out_tree)
-
-
-def stage_topology(topology, k: int):
-    """The innermost levels of ``topology`` that hold ``k`` devices: one stage's topology."""
-    from autopar.topology import Topology
-    levels, n = [], 1
-    for lv in reversed(topology.levels):
-        if n * lv.size <= k:
-            levels.insert(0, lv)
-            n *= lv.size
-        else:
-            if k % n:
-                break
-            levels.insert(0, replace(lv, size=k // n))
-            n = k
-        if n == k:
-            break
-    if n != k:
-        raise PipelineError(f"{k} devices per stage do not fit the levels of {topology}; choose "
-                            "pipeline_stages so that a stage fills whole inner levels.")
-    return Topology(tuple(lv for lv in levels if lv.size > 1) or (levels[-1],),
-                    topology.flops, topology.mem_bandwidth)

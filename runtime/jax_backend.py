@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
-from autopar.program import Collective, Segment, Slice
+from autopar.program import Segment, Slice
 
 from .jax_collectives import apply_step, group_index
 
@@ -32,8 +32,20 @@ def jax_mesh(mesh) -> Mesh:
     return Mesh(np.array(devices[:mesh.size]).reshape(mesh.shape), mesh.axis_names)
 
 
-def _const(c: Const):
+def const(c: Const):
     return np.asarray(c.value, dtype=c.dtype)
+
+
+def execute(ins, get, mesh) -> list:
+    """Inside shard_map: run a Segment, Collective or Slice on local blocks (``get``: register
+    or Const -> value); the (register, value) pairs it produces."""
+    if isinstance(ins, Segment):
+        return list(zip(ins.outputs, ins(*[get(i) for i in ins.inputs])))
+    x = get(ins.src)
+    if isinstance(ins, Slice) and ins.kind == "partial_zero":
+        first = group_index(ins.axes, mesh) == 0
+        return [(ins.out, jnp.where(first, x, jnp.zeros_like(x)))]
+    return [(ins.out, apply_step(x, ins, mesh))]
 
 
 def program_function(program):
@@ -42,16 +54,9 @@ def program_function(program):
 
     def local(*blocks):
         regs = dict(zip(program.inputs, blocks))
-        get = lambda r: _const(r) if isinstance(r, Const) else regs[r]
+        get = lambda r: const(r) if isinstance(r, Const) else regs[r]
         for ins in program.instructions:
-            if isinstance(ins, Segment):
-                regs.update(zip(ins.outputs, ins(*[regs[i] for i in ins.inputs])))
-            elif isinstance(ins, Slice) and ins.kind == "partial_zero":
-                x = get(ins.src)
-                first = group_index(ins.axes, mesh) == 0
-                regs[ins.out] = jnp.where(first, x, jnp.zeros_like(x))
-            elif isinstance(ins, (Collective, Slice)):
-                regs[ins.out] = apply_step(get(ins.src), ins, mesh)
+            regs.update(execute(ins, get, mesh))
         return tuple(regs[o] for o in program.outputs if not isinstance(o, Const))
 
     return local

@@ -20,18 +20,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from autopar.errors import ConfigError, PipelineError
 from autopar.graph import Const
 from autopar.pipeline import Accumulate, MicroSlice, Transfer, schedule
-from autopar.program import Collective, Segment, Slice
+from autopar.program import reads, writes
 
-from .jax_collectives import apply_step, group_index
-
-
-def _reads(ins):
-    return [r for r in (ins.inputs if isinstance(ins, Segment) else [ins.src])
-            if isinstance(r, int) and r >= 0]
-
-
-def _writes(ins):
-    return list(ins.outputs) if isinstance(ins, Segment) else ([ins.out] if ins.out >= 0 else [])
+from .jax_backend import const, execute
 
 
 class _Phase:
@@ -44,11 +35,11 @@ class _Phase:
                 made.add(i.reg)
                 ins.append(i.reg)
                 continue
-            for r in _reads(i):
+            for r in reads(i):
                 if r not in made and r not in ins:
                     ins.append(r)
             if not isinstance(i, Accumulate):      # its sum exists after the micro-batches
-                made.update(_writes(i))
+                made.update(writes(i))
         sent = [i.reg for i in body if isinstance(i, Transfer) and i.kind == "send"]
         acc = [i.src for i in body if isinstance(i, Accumulate)]
         self.inputs = tuple(ins)
@@ -60,23 +51,17 @@ class _Phase:
 
         def local(m, *blocks):
             regs = {r: b[0] for r, b in zip(self.inputs, blocks)}
-            get = lambda r: np.asarray(r.value, r.dtype) if isinstance(r, Const) else regs[r]
+            get = lambda r: const(r) if isinstance(r, Const) else regs[r]
             for st in steps:
-                if isinstance(st, Segment):
-                    regs.update(zip(st.outputs, st(*[get(r) for r in st.inputs])))
-                elif isinstance(st, MicroSlice):
+                if isinstance(st, MicroSlice):
                     x = get(st.src)
                     if st.kind == "zero":
                         regs[st.out] = jnp.where(m == 0, x, jnp.zeros_like(x))
                     else:
                         n = x.shape[st.dim] // micro
                         regs[st.out] = jax.lax.dynamic_slice_in_dim(x, m * n, n, st.dim)
-                elif isinstance(st, Slice) and st.kind == "partial_zero":
-                    x = get(st.src)
-                    first = group_index(st.axes, stage_mesh) == 0
-                    regs[st.out] = jnp.where(first, x, jnp.zeros_like(x))
-                elif isinstance(st, (Collective, Slice)):
-                    regs[st.out] = apply_step(get(st.src), st, stage_mesh)
+                else:
+                    regs.update(execute(st, get, stage_mesh))
             return tuple(regs[r][None] for r in self.outputs)
 
         if stage_mesh.size > 1:
@@ -110,7 +95,7 @@ class PipelineRunner:
                 elsewhere = set(st.keep) | results
                 for other, b in st.phases():
                     if other != name:
-                        elsewhere |= {r for i in b for r in _reads(i)}
+                        elsewhere |= {r for i in b for r in reads(i)}
                 phases[name] = _Phase(body, elsewhere, p.stage_mesh, jmesh, p.micro_batches)
             self.phases.append(phases)
         self.tasks = [list(t) + [("post", None)] for t in
@@ -141,12 +126,6 @@ class PipelineRunner:
                     continue
                 name, m = self.tasks[s][nxt[s]]
                 ph = self.phases[s][name]
-                if name == "post":
-                    for a in [a for a in acc[s] if isinstance(acc[s][a], list)]:
-                        dim = next(x.dim for x in self._all_acc(s) if x.out == a)
-                        acc[s][a] = jnp.concatenate(acc[s][a], axis=dim + 1)
-                    for a, v in acc[s].items():
-                        store[(s, a, None)] = v
                 vals = []
                 for r in ph.inputs:
                     v = self._find(store, s, r, m)
@@ -165,7 +144,7 @@ class PipelineRunner:
                     if a.kind == "sum":
                         acc[s][a.out] = v if a.out not in acc[s] else acc[s][a.out] + v
                     else:
-                        acc[s].setdefault(a.out, []).append(v)
+                        acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
                 for t in ph.sends:
                     store[(t.peer, t.reg, m if t.micro else None)] = store[(s, t.reg, m)]
                 if name == "backward":         # micro-batch m is done on this stage
@@ -173,6 +152,10 @@ class PipelineRunner:
                         del store[key]
                 nxt[s] += 1
                 progressed = True
+                if self.tasks[s][nxt[s]:] == [("post", None)]:    # the sums post reads
+                    for a, v in acc[s].items():
+                        store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
+                            if isinstance(v, tuple) else v
             if not progressed:
                 raise PipelineError("the pipeline's stages wait on each other: no stage can run "
                                     "its next task (an autopar bug; please report it).")
@@ -182,19 +165,8 @@ class PipelineRunner:
                 out.append(o.value)
                 continue
             blocks = np.asarray(store[(s, o, None)])
-            if lay.is_replicated():
-                out.append(blocks[0])
-                continue
-            mesh = p.stage_mesh
-            shape = tuple(n * c for n, c in zip(blocks.shape[1:], lay.splits(mesh)))
-            whole = np.empty(shape, blocks.dtype)
-            for k in range(mesh.size):
-                whole[lay.block(shape, mesh.coords(k), mesh)] = blocks[k]
-            out.append(whole)
+            out.append(blocks[0] if lay.is_replicated() else lay.assemble(blocks, p.stage_mesh))
         return out
-
-    def _all_acc(self, s):
-        return [i for ph in self.phases[s].values() for i in ph.accumulates]
 
     @staticmethod
     def _find(store, s, r, m):

@@ -5,7 +5,7 @@ In: a ``Program`` and the flattened global arguments. Out: the flattened global 
 0's copy of a replicated result, the ranks' blocks put together for a split one (parameters
 and optimizer state keep their layout from step to step).
 
-The caller exports every ``Segment`` once with ``jax.export`` (local shapes; serialised, so
+The caller exports every ``Segment`` once with ``jax.export`` (``shippable``) (local shapes; serialised, so
 the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
 ``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
 program into every worker; the workers stay alive until the runner is closed or collected, so
@@ -58,43 +58,39 @@ def _c(x):
     return np.asarray(x, order="C")
 
 
-class NativeRunner:
-    """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
+def shippable(instructions, planner, prices) -> tuple:
+    """Instructions as a worker loads them: each Segment exported once with ``jax.export``
+    (local shapes; serialised, so the workers never see the user's function) as
+    ("segment", bytes, inputs, outputs); each all-reduce's algorithm checked and the
+    planner's prices for its axes added to ``prices``."""
+    import jax
+    from jax import export
+    out = []
+    for ins in instructions:
+        if isinstance(ins, Segment):
+            avals = [jax.ShapeDtypeStruct(s, d) for s, d in ins.in_avals]
+            exported = export.export(jax.jit(ins))(*avals)
+            out.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
+            continue
+        if getattr(ins, "kind", "") == "all_reduce":
+            _check_algorithm(ins.algorithm)
+            if ins.axes not in prices:
+                prices[ins.axes] = planner.all_reduce_prices(ins.axes)
+        out.append(ins)
+    return tuple(out)
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
-        import jax
-        from jax import export
 
-        from autopar.redistribution.planner import Planner
-        self.program = program
-        planner = Planner(program.mesh)
-        instructions, prices = [], {}
-        for ins in program.instructions:
-            if isinstance(ins, Segment):
-                avals = [jax.ShapeDtypeStruct(s, d) for s, d in ins.in_avals]
-                exported = export.export(jax.jit(ins))(*avals)
-                instructions.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
-            else:
-                if getattr(ins, "kind", "") == "all_reduce":
-                    _check_algorithm(ins.algorithm)
-                    if ins.axes not in prices:
-                        prices[ins.axes] = planner.all_reduce_prices(ins.axes)
-                instructions.append(ins)
-        split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
-                      if not isinstance(o, Const))
-        self._payload = (program.mesh, tuple(instructions), program.inputs, program.outputs,
-                         split, bucket_bytes, prices)
-        self.timeout = timeout
-        self.job = self._finalizer = None
-        self._start()
+class WorkerRunner:
+    """A job of worker processes with a program loaded in every rank, restarted on the next
+    call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout`` and
+    ``_loads()`` -> (worker function, per-rank arguments)."""
 
     def _start(self):
         """A new job with the program loaded (first use, and after a failed or closed one)."""
         from .launcher import Job
-        mesh = self.program.mesh
-        self.job = Job(mesh.size, hosts=host_ids(mesh.topology), timeout=self.timeout)
+        self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout)
         self._finalizer = weakref.finalize(self, self.job.close)
-        self._call(load, [(self._payload,)] * self.program.mesh.size)
+        self._call(*self._loads())
 
     def _call(self, fn, per_rank):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
@@ -106,11 +102,36 @@ class NativeRunner:
                 self._finalizer()
             raise
 
-    def __call__(self, flat_args):
-        mesh, p = self.program.mesh, self.program
+    def _ready(self):
         if self.job.closed or self.job.failure:
             self._finalizer()
             self._start()
+
+    def close(self):
+        """Stop the workers; calling the runner again starts new ones."""
+        self._finalizer()
+
+
+class NativeRunner(WorkerRunner):
+    """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
+
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
+        from autopar.redistribution.planner import Planner
+        self.program, self.mesh, self.timeout = program, program.mesh, timeout
+        prices = {}
+        instructions = shippable(program.instructions, Planner(program.mesh), prices)
+        split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
+                      if not isinstance(o, Const))
+        self._payload = (program.mesh, instructions, program.inputs, program.outputs,
+                         split, bucket_bytes, prices)
+        self._start()
+
+    def _loads(self):
+        return load, [(self._payload,)] * self.mesh.size
+
+    def __call__(self, flat_args):
+        mesh, p = self.program.mesh, self.program
+        self._ready()
         per_rank = []
         for r in range(mesh.size):
             coords = mesh.coords(r)
@@ -122,21 +143,11 @@ class NativeRunner:
             if isinstance(o, Const):
                 out.append(o.value)
                 continue
-            if l.is_replicated():
-                out.append(ranks[0][k])
-            else:                     # a sharded result: each rank's block in its place
-                first = ranks[0][k]
-                shape = tuple(s * c for s, c in zip(first.shape, l.splits(mesh)))
-                whole = np.empty(shape, first.dtype)
-                for r, got in enumerate(ranks):
-                    whole[l.block(shape, mesh.coords(r), mesh)] = got[k]
-                out.append(whole)
+            # a sharded result: each rank's block in its place
+            out.append(ranks[0][k] if l.is_replicated() else
+                       l.assemble([got[k] for got in ranks], mesh))
             k += 1
         return out
-
-    def close(self):
-        """Stop the workers; calling the runner again starts new ones."""
-        self._finalizer()
 
 
 def host_ids(topology) -> list[int]:
@@ -198,6 +209,18 @@ def _reset_peak() -> bool:
         return False
 
 
+def execute(st, get, comms) -> list:
+    """Run one loaded step (a compiled segment, a collective or a slice); the (register,
+    value) pairs it produced now (an all-reduce's result comes later, from ``comms.wait``)."""
+    if isinstance(st, tuple):
+        _, exe, ins, outs = st
+        return list(zip(outs, [np.asarray(y) for y in exe(*[get(i) for i in ins])]))
+    if getattr(st, "kind", "") == "all_reduce":
+        comms.all_reduce(st, get(st.src))
+        return []
+    return [(st.out, comms.run(st, get(st.src)))]
+
+
 def run(comm, blocks):
     mesh, steps, inputs, outputs, split, bucket_bytes, prices, frees = _PROGRAM[0]
     measure = _reset_peak()
@@ -214,14 +237,7 @@ def run(comm, blocks):
 
     try:
         for st, done in zip(steps, frees):
-            if isinstance(st, tuple):
-                _, exe, ins, outs = st
-                res = exe(*[get(i) for i in ins])
-                regs.update(zip(outs, [np.asarray(y) for y in res]))
-            elif getattr(st, "kind", "") == "all_reduce":
-                comms.all_reduce(st, get(st.src))
-            else:
-                regs[st.out] = comms.run(st, get(st.src))
+            regs.update(execute(st, get, comms))
             for r in done:
                 regs.pop(r, None)
         results = [get(o) for o in outputs if not isinstance(o, Const)]

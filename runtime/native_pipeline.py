@@ -25,16 +25,13 @@ import functools
 import sys
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.errors import AutoparError
 from autopar.graph import Const
 from autopar.pipeline import Accumulate, MicroSlice, Transfer, schedule
-from autopar.program import Segment
 
 from . import native_backend as nb
 
@@ -67,35 +64,21 @@ def _messages(program, tasks):
     return out
 
 
-class PipelineRunner:
+class PipelineRunner(nb.WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
     def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
-        import jax
-        from jax import export
-
         from autopar.redistribution.planner import Planner
         self.program = p = program
+        self.mesh, self.timeout = p.mesh, timeout
         K = p.stage_mesh.size
         planner = Planner(p.stage_mesh)
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
         messages = _messages(p, tasks)
         self._payloads = []
         for st in p.stages:
-            prices, phases = {}, {}
-            for name, body in st.phases():
-                steps = []
-                for ins in body:
-                    if isinstance(ins, Segment):
-                        avals = [jax.ShapeDtypeStruct(s, d) for s, d in ins.in_avals]
-                        exported = export.export(jax.jit(ins))(*avals)
-                        steps.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
-                        continue
-                    if getattr(ins, "kind", "") == "all_reduce":
-                        nb._check_algorithm(ins.algorithm)
-                        prices.setdefault(ins.axes, planner.all_reduce_prices(ins.axes))
-                    steps.append(ins)
-                phases[name] = tuple(steps)
+            prices = {}
+            phases = {name: nb.shippable(body, planner, prices) for name, body in st.phases()}
             outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
                          enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
                          if s == st.index and not isinstance(o, Const))
@@ -107,31 +90,15 @@ class PipelineRunner:
                 inputs=tuple(p.inputs[i] for i in st.inputs),
                 micro_inputs=tuple(p.inputs[i] for i in st.micro_inputs),
                 micro=p.micro_batches, inbox=inbox, bucket_bytes=bucket_bytes, prices=prices))
-        self.timeout = timeout
-        self.job = self._finalizer = None
         self._start()
 
-    def _start(self):
-        from .launcher import Job
-        mesh = self.program.mesh
-        self.job = Job(mesh.size, hosts=nb.host_ids(mesh.topology), timeout=self.timeout)
-        self._finalizer = weakref.finalize(self, self.job.close)
+    def _loads(self):
         K = self.program.stage_mesh.size
-        self._call(load_stage, [(self._payloads[r // K],) for r in range(mesh.size)])
-
-    def _call(self, fn, per_rank):
-        try:
-            return self.job.call(fn, per_rank)
-        except AutoparError:
-            if self.job.failure:
-                self._finalizer()
-            raise
+        return load_stage, [(self._payloads[r // K],) for r in range(self.mesh.size)]
 
     def __call__(self, flat_args):
         p = self.program
-        if self.job.closed or self.job.failure:
-            self._finalizer()
-            self._start()
+        self._ready()
         K, M, mm = p.stage_mesh.size, p.micro_batches, p.micro_mesh
         per_rank = []
         for r in range(p.mesh.size):
@@ -150,19 +117,8 @@ class PipelineRunner:
                 out.append(o.value)
                 continue
             got = [ranks[s * K + i][k] for i in range(K)]
-            if lay.is_replicated():
-                out.append(got[0])
-                continue
-            mesh = p.stage_mesh
-            shape = tuple(n * c for n, c in zip(got[0].shape, lay.splits(mesh)))
-            whole = np.empty(shape, got[0].dtype)
-            for i, g in enumerate(got):
-                whole[lay.block(shape, mesh.coords(i), mesh)] = g
-            out.append(whole)
+            out.append(got[0] if lay.is_replicated() else lay.assemble(got, p.stage_mesh))
         return out
-
-    def close(self):
-        self._finalizer()
 
 
 # --- in the workers ---------------------------------------------------------------------------
@@ -282,14 +238,7 @@ def run_stage(comm, blocks):
 
         try:
             for st in P["phases"][name]:
-                if isinstance(st, tuple):
-                    _, exe, ins, outs = st
-                    res = exe(*[get(i) for i in ins])
-                    for o, y in zip(outs, res):
-                        regs[o] = np.asarray(y)
-                        if o in keep:
-                            step[o] = regs[o]
-                elif isinstance(st, Transfer):
+                if isinstance(st, Transfer):
                     if st.kind == "send":
                         x = nb._c(get(st.reg))
                         sends.append(_sender(peer_of(st.peer)).submit(comm.send, x, peer_of(st.peer)))
@@ -310,10 +259,11 @@ def run_stage(comm, blocks):
                     else:
                         n = x.shape[st.dim] // M
                         regs[st.out] = nb._c(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
-                elif getattr(st, "kind", "") == "all_reduce":
-                    comms.all_reduce(st, get(st.src))
                 else:
-                    regs[st.out] = comms.run(st, get(st.src))
+                    for o, y in nb.execute(st, get, comms):
+                        regs[o] = y
+                        if o in keep:
+                            step[o] = y
             comms.flush()
             for r in list(comms.futures):
                 regs[r] = comms.wait(r)

@@ -62,7 +62,7 @@ def _options(node, cand, mesh):
         extra = [identity_candidate(Layout(layout.dims[:d] + ((MB,) + layout.dims[d],)
                                            + layout.dims[d + 1:], layout.partial))
                  for d, s in enumerate(node.outputs[0].shape)
-                 if s % (mesh.axis_size(MB) * _count(layout.dims[d], mesh)) == 0]
+                 if s % (mesh.axis_size(MB) * layout.splits(mesh)[d]) == 0]
         return [cand] + extra
     spec = rule_for(node).spec(node)
     real = axis_choices(cand, mesh.axis_names[1:])
@@ -75,13 +75,6 @@ def _options(node, cand, mesh):
                 tuple(map(strip, c.out_layouts)) == cand.out_layouts:
             out.append(c)
     return out
-
-
-def _count(axes, mesh) -> int:
-    n = 1
-    for a in axes:
-        n *= mesh.axis_size(a)
-    return n
 
 
 def add_micro_axis(graph, choice, in_layouts, batch_inputs, micro_batches, stage_mesh,

@@ -94,12 +94,12 @@ def _layers(graph, batch_inputs):
             users = [anchor[index[u.id]] for v in graph.nodes[k].outputs
                      for u, _ in graph.users.get(v.id, ()) if anchor[index[u.id]] is not None]
             anchor[k] = min(users) if users else 0
-    return fwd, cuts, anchor, back, crossing
+    return fwd, cuts, anchor, back
 
 
 def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_inputs,
                 stage_mesh, full_mesh, cap=None) -> StagePlan:
-    fwd, cuts, anchor, back, _ = _layers(graph, batch_inputs)
+    fwd, cuts, anchor, back = _layers(graph, batch_inputs)
     bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
     L = len(bounds) - 1
     if L < count:
@@ -107,27 +107,15 @@ def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_
                             "(forward cut points where one activation crosses); use fewer stages "
                             "or wrap blocks in ap.pipeline_stage(i) to choose the stages.")
     layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
-    t = np.zeros(L)
-    act = np.zeros(L)                             # activation bytes kept for the backward
-    big = np.zeros(L)                             # largest single value
-    state = np.zeros(L)
-    index = {n.id: k for k, n in enumerate(graph.nodes)}
-    for k, n in enumerate(graph.nodes):
-        lay = layer_of(anchor[k])
-        t[lay] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
-        b = output_bytes(n, choice[n.id], stage_mesh)
-        big[lay] = max(big[lay], b / micro)
-        if not back[k] and any(back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())):
-            act[lay] += b / micro
     first_read = {}
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
             if isinstance(x, Value) and x.id not in first_read:
                 first_read[x.id] = anchor[k]
-    for i, (v, lay) in enumerate(zip(graph.inputs, in_layouts)):
-        if i in batch_inputs or v.id not in first_read:
-            continue
-        state[layer_of(first_read[v.id])] += 2 * local_bytes(lay, v, stage_mesh)  # old + new
+    t, act, big, state = _tally(graph, [layer_of(a) for a in anchor],
+                                [[layer_of(first_read[v.id])] if v.id in first_read else []
+                                 for v in graph.inputs], L, choice, in_layouts, comm,
+                                batch_inputs, stage_mesh, micro, back)
     # the activation crossing each cut, priced over the stage axis both ways
     level = full_mesh.level(full_mesh.axis_names[0])
     send = np.zeros(L + 1)
@@ -211,27 +199,36 @@ def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_
     return StagePlan(stages, secs, mems, float(value), tuple(bounds[e] for e in ends[:-1]))
 
 
+def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,
+           stage_mesh, micro, back):
+    """Per group (a layer or a stage): seconds of its operators for the whole batch, bytes of
+    one micro-batch's activations its backward reads, its largest value for one micro-batch,
+    and its parameters and optimizer state (old and new values)."""
+    index = {n.id: k for k, n in enumerate(graph.nodes)}
+    t, act, big, state = np.zeros(count), np.zeros(count), np.zeros(count), np.zeros(count)
+    for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
+        t[g] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
+        b = output_bytes(n, choice[n.id], stage_mesh) / micro
+        big[g] = max(big[g], b)
+        if not back[k] and any(back[index[u.id]] for v in n.outputs
+                               for u, _ in graph.users.get(v.id, ())):
+            act[g] += b
+    for i, (v, lay, gs) in enumerate(zip(graph.inputs, in_layouts, groups_of_input)):
+        if i not in batch_inputs:
+            for g in gs:
+                state[g] += 2 * local_bytes(lay, v, stage_mesh)
+    return t, act, big, state
+
 
 def stage_estimates(graph, stages, micro, scheduler, choice, in_layouts, comm, batch_inputs,
                     stage_mesh) -> tuple[tuple, tuple]:
     """(seconds per micro-batch, peak bytes per device) of each stage of given ``Stages``, by
     the accounting of ``plan_stages`` (transfers not included)."""
-    _, _, _, back, _ = _layers(graph, batch_inputs)
-    index = {n.id: k for k, n in enumerate(graph.nodes)}
+    back = _layers(graph, batch_inputs)[3]
     S = stages.count
-    t, act, big, state = np.zeros(S), np.zeros(S), np.zeros(S), np.zeros(S)
-    for k, n in enumerate(graph.nodes):
-        s = stages.of_node[k]
-        t[s] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
-        b = output_bytes(n, choice[n.id], stage_mesh)
-        big[s] = max(big[s], b / micro)
-        if not back[k] and any(back[index[u.id]] for v in n.outputs
-                               for u, _ in graph.users.get(v.id, ())):
-            act[s] += b / micro
-    for s, reads in enumerate(stages.inputs):
-        for i in reads:
-            if i not in batch_inputs:
-                state[s] += 2 * local_bytes(in_layouts[i], graph.inputs[i], stage_mesh)
+    readers = [[s for s in range(S) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
+    t, act, big, state = _tally(graph, stages.of_node, readers, S, choice, in_layouts, comm,
+                                batch_inputs, stage_mesh, micro, back)
     mems = tuple(int(state[s] + in_flight(scheduler, S, micro, s) * act[s] + big[s])
                  for s in range(S))
     return tuple(float(x / micro) for x in t), mems
