@@ -7,14 +7,18 @@ first axis prices the transfers) and the per-device memory cap. Out: ``StagePlan
 ``Stages`` (strategies.stages) and per stage its estimated seconds per micro-batch and peak
 bytes per device.
 
-1. Forward operators are those that neither are nor read a derivative. A *cut* after forward
-   operator i is a layer boundary when exactly one batch-dependent value crosses it (the
-   residual stream between blocks); layers are the runs between cuts.
-2. Every other operator is anchored to the earliest forward position among the values it
-   reads, an argument counting at its last forward reader (a derivative goes to the layer whose
-   activations or weights it uses; an update to its parameter or gradient), so a
-   layer's time is its forward operators plus everything anchored in it. Times are for the whole
-   batch on the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
+1. Forward operators are those that depend on the batch and neither are nor read a
+   derivative. A *cut* after forward operator i is a layer boundary when exactly one forward
+   value crosses it (the residual stream between blocks); layers are the runs between cuts.
+2. A value is *used* at its last forward reader (through operators on arguments only, such as
+   a broadcast bias; an argument read by the LM head too, a tied embedding, counts there; the
+   activation crossing a cut is used after it). A derivative operator (JAX's
+   ``transpose(...)`` scope) is anchored where the latest forward value it reads is used: the
+   transpose of a layer's operator reads that layer's residuals. An operator reading only
+   derivatives (a cotangent sum), or one outside the derivative (an update), is anchored at the
+   earliest of its inputs. Operators on arguments only go where they are read. A layer's time
+   is its forward operators plus everything anchored in it. Times are for the whole batch on
+   the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
 3. A stage's memory: its parameters and optimizer state (arguments first read in it) and their
    new values, plus the activations its backward reads for each micro-batch it holds at once
    (``pipeline.in_flight``: all M for GPipe, ``S - s`` for 1F1B), plus its largest value.
@@ -51,15 +55,14 @@ class StagePlan:
 
 
 def _layers(graph, batch_inputs):
-    """Forward node indices, the valid cut positions among them, and each node's anchor."""
+    """Forward node indices, the valid cut positions among them, each node's anchor and which
+    nodes are derivatives (or read one)."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     back = [False] * len(graph.nodes)
     for k, n in enumerate(graph.nodes):
         back[k] = _backward(n) or any(
             isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
             for x in n.inputs)
-    fwd = [k for k in range(len(graph.nodes)) if not back[k]]
-    pos = {k: i for i, k in enumerate(fwd)}
     batch_ids = {graph.inputs[i].id for i in batch_inputs}
     varies = {}                                   # value id -> depends on the batch
     for n in graph.nodes:
@@ -67,29 +70,52 @@ def _layers(graph, batch_inputs):
                 for x in n.inputs)
         for o in n.outputs:
             varies[o.id] = v
+    fwd = [k for k, n in enumerate(graph.nodes)
+           if not back[k] and any(varies[o.id] for o in n.outputs)]
+    pos = {k: i for i, k in enumerate(fwd)}
     crossing = np.zeros(len(fwd) + 1, np.int64)   # batch values alive across each cut
     for i, k in enumerate(fwd):
         for o in graph.nodes[k].outputs:
             last = max([pos[index[u.id]] for u, _ in graph.users.get(o.id, ())
                         if index[u.id] in pos], default=i)
-            if varies.get(o.id) and last > i:
+            if last > i:
                 crossing[i + 1] += 1
                 crossing[last + 1] -= 1
     crossing = np.cumsum(crossing)
     cuts = [i for i in range(1, len(fwd)) if crossing[i] == 1]   # cut before forward node i
-    # an argument's place: its last forward reader (a tied embedding: the LM head)
+    # where a value is used: its last forward reader (a tied embedding: the LM head; the
+    # activation crossing a cut: the layer after it), else its producer
     last_use = {x.id: i for i, k in enumerate(fwd) for x in graph.nodes[k].inputs
-                if isinstance(x, Value) and x.id not in graph.producer and x.id not in batch_ids}
+                if isinstance(x, Value)}
+    for k in fwd:
+        for o in graph.nodes[k].outputs:
+            last_use.setdefault(o.id, pos[k])
+    for k in reversed(range(len(graph.nodes))):   # through invariant operators (a broadcast
+        n = graph.nodes[k]                         # bias): where their results are used
+        if k in pos or back[k]:
+            continue
+        at = [last_use[o.id] for o in n.outputs if o.id in last_use]
+        for x in n.inputs if at else ():
+            if isinstance(x, Value):
+                last_use[x.id] = max(last_use.get(x.id, -1), max(at))
     anchor = [None] * len(graph.nodes)           # forward position each node's cost goes to
     for k, n in enumerate(graph.nodes):
         if k in pos:
             anchor[k] = pos[k]
-            continue
-        got = [anchor[index[graph.producer[x.id].id]] if x.id in graph.producer
-               else last_use.get(x.id) for x in n.inputs if isinstance(x, Value)]
-        got = [a for a in got if a is not None]
-        anchor[k] = min(got) if got else None
-    for k in reversed(range(len(graph.nodes))):   # nothing staged read: where it is read
+        elif back[k]:
+            # a derivative goes where the forward values it reads are used (the transpose of a
+            # layer's operator reads that layer's residuals); one reading only derivatives (a
+            # cotangent sum), or an update, goes to the earliest place among its inputs
+            res = [last_use[x.id] for x in n.inputs if isinstance(x, Value) and x.id in last_use]
+            got = [anchor[index[graph.producer[x.id].id]] for x in n.inputs
+                   if isinstance(x, Value) and x.id in graph.producer
+                   and back[index[graph.producer[x.id].id]]]
+            got = [a for a in got if a is not None]
+            if res and _backward(n):
+                anchor[k] = max(res)
+            elif res or got:
+                anchor[k] = min(res + got)
+    for k in reversed(range(len(graph.nodes))):   # invariant or unplaced: where it is read
         if anchor[k] is None:
             users = [anchor[index[u.id]] for v in graph.nodes[k].outputs
                      for u, _ in graph.users.get(v.id, ()) if anchor[index[u.id]] is not None]
