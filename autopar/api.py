@@ -23,8 +23,9 @@ from .errors import ConfigError, InfeasibleError, LayoutError
 from .graph import type_str
 from .layout import Layout
 from .pipeline import PipelineProgram
+from .program import Compute
 from .strategies import recursive, solvers
-from .strategies.build import build_problem, memory_profile
+from .strategies.build import build_problem
 from .strategies.cost_model import compute_time, output_bytes
 from .strategies.candidates import identity_candidate
 from .strategies.candidates import candidates_of
@@ -422,12 +423,14 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                 for n, s in zip(graph.nodes, node_stage))
     stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
                        for st in program.stages) if piped else ()
-    prof = memory_profile(graph, ch, assignment.inputs, mesh, program.out_layouts)
-    peak_step = int(np.argmax(prof))
-    peak_op = graph.nodes[peak_step - 1].name if peak_step > 0 else "the arguments"
-    peak_where = graph.nodes[peak_step - 1].source if peak_step > 0 else "the arguments"
-    peak = int(prof[peak_step])
-    if piped:                    # each device holds one stage: the fullest stage is the peak
+    if not piped:
+        peak, at = program.memory()
+        node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
+            getattr(at, "reason", "").split(" ")[0])
+        peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
+                   else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
+        peak_where = node.source if node is not None else "the arguments"
+    else:                    # each device holds one stage: the fullest stage is the peak
         top = max(program.stages, key=lambda st: st.memory)
         peak, peak_op, peak_where = top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
     cap = config.max_device_memory

@@ -168,12 +168,49 @@ class Program:
     instructions: tuple
     in_tree: Any = None
     out_tree: Any = None
+    avals: Any = None             # register -> (local shape, dtype)
 
     def collectives(self) -> list[Collective]:
         return [i for i in self.instructions if isinstance(i, Collective)]
 
     def segments(self) -> list[Segment]:
         return [i for i in self.instructions if isinstance(i, Segment)]
+
+    def memory(self) -> tuple[int, Any]:
+        """``(peak bytes, instruction)`` on one rank as the runtimes run it: the arguments for
+        the whole step, every other register from its instruction to its last reader, the
+        results to the end. A segment is counted compute by compute, as XLA's buffer assignment
+        runs it: an elementwise or layout operator writes over an operand of its size that was
+        made in the same segment and dies there. The instruction is the one running at the peak
+        (a Compute, Collective or Slice), None when it is the arguments alone."""
+        flat, seg = [], []
+        for k, ins in enumerate(self.instructions):
+            for c in (ins.computes if isinstance(ins, Segment) else (ins,)):
+                flat.append(c)
+                seg.append(k if isinstance(ins, Segment) else None)
+        size = {r: int(np.prod(shape)) * np.dtype(dt).itemsize for r, (shape, dt) in self.avals.items()}
+        last, made = {}, {}
+        for i, ins in enumerate(flat):
+            for r in reads(ins):
+                last[r] = i
+            made.update((r, seg[i]) for r in writes(ins))
+        for r in list(self.inputs) + [o for o in self.outputs if isinstance(o, int)]:
+            last[r] = len(flat)
+        from .strategies.rules.elementwise import RULES
+        in_place = set(RULES) | {"transpose", "reshape", "squeeze", "expand_dims", "copy"}
+        cur = sum(size[r] for r in set(self.inputs))
+        peak, at = cur, None
+        for i, ins in enumerate(flat):
+            dying = {r for r in set(reads(ins)) | set(writes(ins)) if last.get(r, i) <= i}
+            new = sum(size[r] for r in writes(ins))
+            reused = 0
+            if isinstance(ins, Compute) and ins.node.prim in in_place and seg[i] is not None:
+                reused = new if any(size[r] == new and made.get(r) == seg[i]
+                                    for r in dying & set(reads(ins))) else 0
+            if cur + new - reused > peak:
+                peak, at = cur + new - reused, ins
+            cur += new - sum(size[r] for r in dying)
+        return peak, at
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)

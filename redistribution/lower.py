@@ -172,5 +172,5 @@ def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
     body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
                    [o for o in outputs if isinstance(o, int)])
     prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),
-                   body, graph.in_tree, graph.out_tree)
+                   body, graph.in_tree, graph.out_tree, dict(lw.avals))
     return prog, comm, out_cost
