@@ -65,29 +65,6 @@ def live_intervals(graph):
     return inputs, nodes
 
 
-def memory_profile(graph, choice, input_layouts, mesh, out_layouts=None) -> np.ndarray:
-    """Bytes live on one device at every step for a chosen strategy. ``out_layouts`` (per graph
-    output, as lowered): a result returned in another layout than it is made in (e.g. the
-    all-gathered new parameters) also holds that copy at the last step."""
-    ins, nodes = live_intervals(graph)
-    prof = np.zeros(len(graph.nodes) + 2, np.int64)
-    for (s, e), v, l in zip(ins, graph.inputs, input_layouts):
-        prof[s] += local_bytes(l, v, mesh)
-        prof[e] -= local_bytes(l, v, mesh)
-    made = dict(zip((v.id for v in graph.inputs), input_layouts))
-    for (s, e), n in zip(nodes, graph.nodes):
-        b = output_bytes(n, choice[n.id], mesh)
-        prof[s] += b
-        prof[e] -= b
-        made.update(zip((v.id for v in n.outputs), choice[n.id].out_layouts))
-    last = len(graph.nodes)
-    for o, l in zip(graph.outputs, out_layouts or ()):
-        if isinstance(o, Value) and l != made[o.id]:
-            prof[last] += local_bytes(l, o, mesh)
-            prof[last + 1] -= local_bytes(l, o, mesh)
-    return np.cumsum(prof)[:-1]
-
-
 def arg_layouts(value, mesh, picks=None) -> list[Layout]:
     """Every non-partial layout of an argument (axes on one dimension in mesh order); ``picks``
     (per combination, per mesh axis of size > 1: None or a dimension) restricts them."""
