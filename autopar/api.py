@@ -331,6 +331,9 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
                               f"{M * split} (or pass batch_argnums naming only the batch).")
         batch.add(j)
     sched = config.pipeline_scheduler.value
+    mplanner = MicroPlanner(micro_mesh(mesh, M))
+    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh,
+                          _reshard_cost(mplanner))
     if S == 1:
         from .mesh import LogicalMesh
         name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
@@ -340,12 +343,9 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
         stages = assign_stages(graph, S)
     else:
         stages = plan_stages(graph, S, M, sched, assignment.choice, assignment.inputs, comm, batch,
-                             mesh, full, config.max_device_memory).stages
+                             mesh, full, plan, config.max_device_memory).stages
     secs, mems = stage_estimates(graph, stages, M, sched, assignment.choice, assignment.inputs,
-                                 comm, batch, mesh)
-    mplanner = MicroPlanner(micro_mesh(mesh, M))
-    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh,
-                          _reshard_cost(mplanner))
+                                 comm, batch, mesh, plan)
     program = split_pipeline(graph, stages, plan, full, mesh, mplanner, sched, out_layouts, via)
     return dataclasses.replace(program, node_stages=stages.of_node, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))

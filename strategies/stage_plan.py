@@ -3,7 +3,8 @@
 In: a Graph, the stage count S, micro-batches M and scheduler, the chosen candidate of every
 node on the stage mesh (each stage runs its operators in the layouts the layout search chose),
 per-node communication seconds, the batch input positions, the stage mesh, the full mesh (its
-first axis prices the transfers) and the per-device memory cap. Out: ``StagePlan``: the
+first axis prices the transfers), the ``MicroPlan`` (strategies.microbatch: which values are
+per micro-batch, and their sizes) and the per-device memory cap. Out: ``StagePlan``: the
 ``Stages`` (strategies.stages) and per stage its estimated seconds per micro-batch and peak
 bytes per device.
 
@@ -19,9 +20,11 @@ bytes per device.
    earliest of its inputs. Operators on arguments only go where they are read. A layer's time
    is its forward operators plus everything anchored in it. Times are for the whole batch on
    the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
-3. A stage's memory: its parameters and optimizer state (arguments first read in it) and their
-   new values, plus the activations its backward reads for each micro-batch it holds at once
-   (``pipeline.in_flight``: all M for GPipe, ``S - s`` for 1F1B), plus its largest value.
+3. A stage's memory: its parameters and optimizer state (arguments first read in it), their
+   new values and its sums over micro-batches (the accumulated gradients), plus the
+   activations its backward reads (split over micro-batches) for each micro-batch it holds at
+   once (``pipeline.in_flight``: all M for GPipe, ``S - s`` for 1F1B), plus its largest value
+   (one micro-batch's where it is split).
 4. The DP (Alpa's): for a bound t on the slowest stage, ``best[s][i]`` is the least sum of stage
    times covering the first i layers with s stages, each within t and the cap; a stage's time
    includes receiving its input activation and sending back its cotangent over the stage axis.
@@ -42,6 +45,7 @@ from autopar.graph import Value
 from autopar.pipeline import in_flight
 
 from .cost_model import compute_time, local_bytes, output_bytes
+from .microbatch import MB
 from .stages import Stages, _backward
 
 
@@ -124,7 +128,7 @@ def _layers(graph, batch_inputs):
 
 
 def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_inputs,
-                stage_mesh, full_mesh, cap=None) -> StagePlan:
+                stage_mesh, full_mesh, plan, cap=None) -> StagePlan:
     fwd, cuts, anchor, back = _layers(graph, batch_inputs)
     bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
     L = len(bounds) - 1
@@ -141,13 +145,13 @@ def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_
     t, act, big, state = _tally(graph, [layer_of(a) for a in anchor],
                                 [[layer_of(first_read[v.id])] if v.id in first_read else []
                                  for v in graph.inputs], L, choice, in_layouts, comm,
-                                batch_inputs, stage_mesh, micro, back)
+                                batch_inputs, stage_mesh, plan, back)
     # the activation crossing each cut, priced over the stage axis both ways
     level = full_mesh.level(full_mesh.axis_names[0])
     send = np.zeros(L + 1)
     for c in range(1, L):
         k = fwd[bounds[c] - 1]
-        nbytes = output_bytes(graph.nodes[k], choice[graph.nodes[k].id], stage_mesh) / micro
+        nbytes = output_bytes(graph.nodes[k], plan.choice[graph.nodes[k].id], plan.mesh)
         send[c] = 2 * (level.alpha + level.beta * nbytes)
     T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
 
@@ -226,19 +230,25 @@ def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_
 
 
 def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,
-           stage_mesh, micro, back):
+           stage_mesh, plan, back):
     """Per group (a layer or a stage): seconds of its operators for the whole batch, bytes of
-    one micro-batch's activations its backward reads, its largest value for one micro-batch,
-    and its parameters and optimizer state (old and new values)."""
+    one micro-batch's activations its backward reads, its largest value (sizes of one
+    micro-batch, from the ``MicroPlan``), and what it holds through the step: parameters and
+    optimizer state (old and new values) and its sums over micro-batches."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     t, act, big, state = np.zeros(count), np.zeros(count), np.zeros(count), np.zeros(count)
     for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
         t[g] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
-        b = output_bytes(n, choice[n.id], stage_mesh) / micro
+        cand = plan.choice[n.id]
+        b = output_bytes(n, cand, plan.mesh)
         big[g] = max(big[g], b)
-        if not back[k] and any(back[index[u.id]] for v in n.outputs
-                               for u, _ in graph.users.get(v.id, ())):
+        # an activation the backward reads, one per micro-batch in flight (what is the same
+        # for every micro-batch, a transposed weight, is recomputed where it is read)
+        if not back[k] and any(MB in d for lay in cand.out_layouts for d in lay.dims) and any(
+                back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())):
             act[g] += b
+        if any(MB in lay.partial for lay in cand.out_layouts):
+            state[g] += b         # a sum over micro-batches (a gradient), held until the last
     for i, (v, lay, gs) in enumerate(zip(graph.inputs, in_layouts, groups_of_input)):
         if i not in batch_inputs:
             for g in gs:
@@ -247,14 +257,14 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
 
 
 def stage_estimates(graph, stages, micro, scheduler, choice, in_layouts, comm, batch_inputs,
-                    stage_mesh) -> tuple[tuple, tuple]:
+                    stage_mesh, plan) -> tuple[tuple, tuple]:
     """(seconds per micro-batch, peak bytes per device) of each stage of given ``Stages``, by
     the accounting of ``plan_stages`` (transfers not included)."""
     back = _layers(graph, batch_inputs)[3]
     S = stages.count
     readers = [[s for s in range(S) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
     t, act, big, state = _tally(graph, stages.of_node, readers, S, choice, in_layouts, comm,
-                                batch_inputs, stage_mesh, micro, back)
+                                batch_inputs, stage_mesh, plan, back)
     mems = tuple(int(state[s] + in_flight(scheduler, S, micro, s) * act[s] + big[s])
                  for s in range(S))
     return tuple(float(x / micro) for x in t), mems
