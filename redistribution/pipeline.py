@@ -41,9 +41,24 @@ class MicroPlanner(Planner):
     over them (all-reduce over ``MB``: the gradient accumulation), never reduce-scattered over
     them; the rest of the path is the usual cheapest one."""
 
-    FORBIDDEN = 1e6     # seconds charged for moving a micro-batch split to another dimension
+    FORBIDDEN = 1e6     # seconds charged for moving a micro-batch split to another dimension,
+                        # or for a step over MB that neither end needs (a slice over MB and a
+                        # gather back around an all-reduce: micro-batches are not devices)
+    _no_mb = False
+
+    def step_time(self, kind, axes, nbytes):
+        sec, algo = super().step_time(kind, axes, nbytes)
+        named = (axes,) if isinstance(axes, str) else tuple(axes)
+        return (sec + self.FORBIDDEN if self._no_mb and MB in named else sec), algo
 
     def plan(self, src, dst, shape, dtype) -> Plan:
+        if (MB in src.axes) == (MB in dst.axes) and MB not in src.partial | dst.partial:
+            self._no_mb = True
+            try:
+                got = super().plan(src, dst, shape, dtype)
+            finally:
+                self._no_mb = False
+            return got
         where = lambda lay: [i for i, d in enumerate(lay.dims) if MB in d]
         if where(src) and (MB in dst.partial or where(dst) not in ([], where(src))):
             got = super().plan(src, dst, shape, dtype)     # no pipeline step does this
@@ -51,7 +66,7 @@ class MicroPlanner(Planner):
         if MB not in src.partial or MB in dst.partial:
             return super().plan(src, dst, shape, dtype)
         mid = type(src)(src.dims, src.partial - {MB})
-        rest = super().plan(mid, dst, shape, dtype)
+        rest = self.plan(mid, dst, shape, dtype)
         nbytes = int(math.prod(src.local_shape(shape, self.mesh))) * np.dtype(dtype).itemsize
         first = self.step_time("all_reduce", (MB,), nbytes)[0]
         return Plan(src, dst, tuple(shape), np.dtype(dtype), (Step("all_reduce", (MB,)),)
@@ -207,6 +222,7 @@ def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts
     for r, s in copies_kept:
         keep[s].add(r)
     post_sends = [[] for _ in range(S)]
+    summed = {ins.out for ins, _ in steps if isinstance(ins, Accumulate)}   # complete in post
     for r, readers in need.items():
         if phase.get(r, IN) == IN and r not in stage_of:
             continue                           # arguments and copies: present where read
@@ -231,10 +247,11 @@ def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts
             if key in received:
                 continue
             received.add(key)
-            if micro_read or phase[r] == POST:
+            if micro_read or (phase[r] == POST and r not in summed):
                 sends_after.setdefault(r, []).append((s, micro_read))
-            else:                              # same for every micro-batch: sent after them
-                keep[s0].add(r)
+            else:                              # same for every micro-batch, or a sum over
+                if r not in summed:            # them: sent after them
+                    keep[s0].add(r)
                 post_sends[s0].append(r)
     recv_first = {}                            # (stage, phase) -> {register: peer}
     for r, s, micro_read in received:

@@ -157,8 +157,16 @@ class PipelineRunner:
                         store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
                             if isinstance(v, tuple) else v
             if not progressed:
+                waits = []
+                for s, st in enumerate(p.stages):
+                    if nxt[s] < len(self.tasks[s]):
+                        name, m = self.tasks[s][nxt[s]]
+                        miss = [r for r in self.phases[s][name].inputs
+                                if self._find(store, s, r, m) is None]
+                        waits.append(f"stage {s} {name} {m} for %r{miss[0]}")
                 raise PipelineError("the pipeline's stages wait on each other: no stage can run "
-                                    "its next task (an autopar bug; please report it).")
+                                    f"its next task ({'; '.join(waits)}; an autopar bug, please "
+                                    "report it).")
         out = []
         for o, lay, s in zip(p.outputs, p.out_layouts, p.out_stages):
             if isinstance(o, Const):

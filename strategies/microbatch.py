@@ -9,7 +9,9 @@ The batch arguments are split over ``MB`` on dimension 0 (micro-batch m is the m
 block of rows, ``MB`` being the major axis of that dimension); every other argument is the same
 for all micro-batches. One pass in program order then carries the split along the data: each
 node keeps its chosen layout on the stage axes and may add ``MB`` to a letter only where one of
-its inputs arrives split over ``MB`` (never read a partial sum over ``MB``), taking the option
+its inputs arrives split over ``MB`` (reading a value the same for every micro-batch as a partial
+sum over ``MB`` where the operator is linear in it: micro-batch 0 reads it, the others zeros;
+never reading a sum over micro-batches before it is complete), taking the option
 whose inputs are cheapest to read (ties: the most ``MB`` splits, then the earliest option). So a value is either the same for
 every micro-batch, split over them (computed per micro-batch), or a partial sum over them (a
 contraction over the batch: a gradient, a summed loss), which the lowering reduces over ``MB``
@@ -55,8 +57,7 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
 
 
 def _options(node, cand, mesh):
-    """``cand`` first, then the candidates of ``node`` on ``mesh`` that equal it off ``MB`` and
-    read no partial sum over ``MB``."""
+    """``cand`` first, then the candidates of ``node`` on ``mesh`` that equal it off ``MB``."""
     if node.prim == "autopar_shard":          # identity layouts: MB in front of any dimension
         (layout,) = cand.out_layouts
         extra = [identity_candidate(Layout(layout.dims[:d] + ((MB,) + layout.dims[d],)
@@ -69,7 +70,7 @@ def _options(node, cand, mesh):
     picks = [(first,) + real for first in [None, *spec.letters]]
     out = [cand]
     for c in enumerate_candidates(node, spec, mesh, picks):
-        if any(MB in l.partial for l in c.in_layouts) or c in out:
+        if c in out:
             continue
         if tuple(map(strip, c.in_layouts)) == cand.in_layouts and \
                 tuple(map(strip, c.out_layouts)) == cand.out_layouts:
@@ -120,32 +121,32 @@ def add_micro_axis(graph, choice, in_layouts, batch_inputs, micro_batches, stage
             splits = sum(MB in d for l in c.out_layouts for d in l.dims) + sum(
                 MB in l.partial for l in c.out_layouts)
             return round(secs, 12), count, -splits
-        best = min((c for c in opts if c is opts[0] or follows(c)), key=cost)
+        def summand(c):
+            """An input read as a partial sum over MB is one the same for every micro-batch
+            (the zeros a scatter-add starts from: micro-batch 0 reads it, the others zeros),
+            beside an input split over MB."""
+            zeros = [h for h, w in zip(have, c.in_layouts) if MB in w.partial]
+            return not zeros or (all(MB not in h.axes | h.partial for h in zeros) and
+                                 any(MB in h.axes for h in have))
+        best = min((c for c in opts if c is opts[0] or (follows(c) and summand(c))), key=cost)
         choice[n.id] = best
         for v, l in zip(n.outputs, best.out_layouts):
             layout[v.id] = l
-    # backwards: a value the same for every micro-batch that all its readers read split over
-    # MB (a broadcast constant, a mask) is computed split, when its own inputs read for free
+    # backwards: values the same for every micro-batch that all their readers read split over
+    # MB (a broadcast constant, a mask, the loss's cotangent) are computed split, where that
+    # makes every read cheaper: first only where a node's own inputs read for free, then also
+    # through chains of such values (the zeros and updates of a cross-entropy's scatter-add)
     results = {o.id for o in graph.outputs if not isinstance(o, Const)}
-    for n in reversed(graph.nodes):
-        if any(MB in l.axes for l in choice[n.id].out_layouts) or \
-                any(v.id in results for v in n.outputs):
-            continue
-        wants = []
-        for v in n.outputs:
-            w = {choice[u.id].in_layouts[k] for u, k in graph.users.get(v.id, ())}
-            wants.append(w.pop() if len(w) == 1 else None)
-        if any(w is None or MB not in w.axes for w in wants):
-            continue
-        for c in cands[n.id]:
-            if list(c.out_layouts) == wants and all(
-                    reshard_cost(Layout.replicated(len(x.shape)) if isinstance(x, Const)
-                                 else layout[x.id], want, x.shape, x.dtype) == (0, 0)
-                    for x, want in zip(n.inputs, c.in_layouts)):
-                choice[n.id] = c
-                for v, l in zip(n.outputs, c.out_layouts):
-                    layout[v.id] = l
-                break
+    best = None
+    for relaxed in (False, True):
+        ch, lay = dict(choice), dict(layout)
+        _split_invariants(graph, cands, ch, lay, reshard_cost, results, relaxed)
+        total = sum(reshard_cost(Layout.replicated(len(x.shape)) if isinstance(x, Const)
+                                 else lay[x.id], want, x.shape, x.dtype)[0]
+                    for n in graph.nodes for x, want in zip(n.inputs, ch[n.id].in_layouts))
+        if best is None or total < best[0]:
+            best = (total, ch)
+    choice = best[1]
     return MicroPlan(mesh, choice, tuple(args[i] for i in range(len(graph.inputs))))
 
 
@@ -155,3 +156,41 @@ def _letter(spec, operand, dim):
         return dim
     return spec.inputs[operand][dim]
 
+
+def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relaxed):
+    """Rewrite, in place, nodes whose outputs are not split over MB and all of whose readers
+    read them in one MB-split layout, to a candidate making that layout, when each of its
+    inputs reads for free (``relaxed``: or comes from another such node, rewritten on a later
+    pass); repeated until nothing changes."""
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(graph.nodes):
+            if any(MB in l.axes for l in choice[n.id].out_layouts) or \
+                    any(v.id in results for v in n.outputs):
+                continue
+            wants = []
+            for v in n.outputs:
+                w = {choice[u.id].in_layouts[k] for u, k in graph.users.get(v.id, ())}
+                wants.append(w.pop() if len(w) == 1 else None)
+            if any(w is None or MB not in w.axes for w in wants):
+                continue
+
+            def ok(x, want):
+                if isinstance(x, Const):
+                    return reshard_cost(Layout.replicated(len(x.shape)), want, x.shape,
+                                        x.dtype) == (0, 0)
+                if reshard_cost(layout[x.id], want, x.shape, x.dtype) == (0, 0):
+                    return True
+                p = graph.producer.get(x.id)
+                return relaxed and p is not None and not any(
+                    MB in l.axes for l in choice[p.id].out_layouts) and \
+                    not any(v.id in results for v in p.outputs)
+            for c in cands[n.id]:
+                if list(c.out_layouts) == wants and all(
+                        ok(x, want) for x, want in zip(n.inputs, c.in_layouts)):
+                    choice[n.id] = c
+                    for v, l in zip(n.outputs, c.out_layouts):
+                        layout[v.id] = l
+                    changed = True
+                    break

@@ -162,6 +162,21 @@ def test_automatic_stages_cut_between_blocks_and_match_single_device():
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
 
 
+def test_wider_gpt_pipelines_its_loss_cotangent_and_embedding_gradient():
+    """At these sizes the data-parallel layouts split the loss's cotangent and the scatter-adds
+    of the cross-entropy and embedding backward over the batch: the micro-batch split has to
+    reach them through values the same for every micro-batch (the zeros they start from), and
+    a summed weight gradient must not be sliced over micro-batches to be all-reduced."""
+    p, b = m.gpt_params(layers=4, d=64, seq=16, vocab=128), m.gpt_batch(batch=16, seq=16, vocab=128)
+    want = m.gpt_sgd_step(p, b)
+    for sched in ("gpipe", "1f1b"):
+        c = ap.compile(m.gpt_sgd_step, p, b, config=config(micro=4, scheduler=sched))
+        micro = [i for st in c.program.stages for _, body in st.phases() for i in body
+                 if isinstance(i, Collective) and "mb" in i.axes]
+        assert micro == []
+        assert_same(c(p, b), want)
+
+
 def test_strategy_dump_shows_stages_and_round_trips():
     p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
     s = ap.plan(m.gpt_pipeline_step, p, b, config=config(micro=4, scheduler="gpipe"))
