@@ -4,7 +4,8 @@ Run: python benchmarks/memory.py [--ranks 4] [--sizes 1024 2048 1024] [--batch 2
      [--markdown]
 
 An MLP training step with Adam (parameters, two moments and the step count as arguments; the
-batch split over the devices) is compiled in several configurations (the pipeline ones cut
+batch split over the devices) is compiled in several configurations, and a GPT step (4 blocks,
+d 256, sequence 64, SGD) as data parallelism and as pipelines (the pipeline ones cut
 into stages by the stage planner; each rank is also compared with its own stage's estimate,
 ``rank_ratios``) and runs on the native backend. After a first call, the peak of each of the
 next ``--calls`` steps is read from every worker: the bytes resident above the process's level
@@ -47,16 +48,36 @@ CONFIGS = {
 }
 
 
-def measure(name, extra, ranks, sizes, batch, calls=5):
-    p, b = m.mlp_params(sizes), m.mlp_batch(batch=batch, sizes=sizes)
-    s = m.adam_init(p)
+# a GPT whose activations outweigh its parameters: GPipe holds 4 micro-batches of them, 1F1B
+# at most 2 (stage 0) and 1 (stage 1)
+GPT_CONFIGS = {
+    "GPT data_parallel": {},
+    "GPT pipeline 2 stages x 2, 4 micro-batches, 1f1b": {"pipeline_stages": 2, "micro_batches": 4},
+    "GPT pipeline 2 stages x 2, 4 micro-batches, gpipe": {"pipeline_stages": 2, "micro_batches": 4,
+                                                          "pipeline_scheduler": "gpipe"},
+}
+
+
+def mlp(sizes, batch):
+    p = m.mlp_params(sizes)
+    return m.mlp_adam_step, (p, m.adam_init(p), m.mlp_batch(batch=batch, sizes=sizes)), (2,)
+
+
+def gpt():
+    """4 blocks, d 256, sequence 64, vocabulary 512, batch 32, SGD."""
+    p = m.gpt_params(layers=4, d=256, seq=64, vocab=512)
+    return m.gpt_sgd_step, (p, m.gpt_batch(batch=32, seq=64, vocab=512)), (1,)
+
+
+def measure(name, model, extra, ranks, calls=5):
+    step, a, batch_argnums = model
     kw = dict({"parallel_mode": "data_parallel", "progress": False}, **extra)
     cfg = ap.ParallelConfig(device_num=ranks, **kw)
-    c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
-    c(p, s, b)
+    c = ap.compile(step, *a, config=cfg, batch_argnums=batch_argnums)
+    c(*a)
     peaks = []                       # per call, per rank
     for _ in range(calls):
-        c(p, s, b)
+        c(*a)
         peaks.append([w["step_peak_bytes"] for w in c._runner.job.call(stats, [()] * ranks)])
     c._runner.close()
     got = [int(x) for x in np.median(peaks, axis=0)]
@@ -81,8 +102,10 @@ def main():
     ap_.add_argument("--markdown", action="store_true")
     args = ap_.parse_args()
     rows = []
-    for name, extra in CONFIGS.items():
-        r = measure(name, extra, args.ranks, tuple(args.sizes), args.batch, args.calls)
+    runs = [(n, mlp(tuple(args.sizes), args.batch), e) for n, e in CONFIGS.items()]
+    runs += [(n, gpt(), e) for n, e in GPT_CONFIGS.items()]
+    for name, model, extra in runs:
+        r = measure(name, model, extra, args.ranks, args.calls)
         print(json.dumps(r), flush=True)
         rows.append(r)
     if args.markdown:
@@ -93,6 +116,7 @@ def main():
         for r in rows:
             print(f"| {r['config']} | {mb(r['estimate_bytes'])} | {mb(max(r['measured_bytes']))} | "
                   f"{r['ratio']:.2f} | {mb(max(r['worst_bytes']))} | {r['worst_ratio']:.2f} |")
+
 
 if __name__ == "__main__":
     main()
