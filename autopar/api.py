@@ -394,12 +394,13 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
 
             assignment = propagate(graph, mesh, fixed, arg_layouts, _reshard_cost(planner), cands)
-    via = None
+    via, updates = None, {}
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
                           [p for _, p in names], mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
         assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
+        updates = su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,
     # as the searches assume; the backends put the blocks together for the caller
     out_layouts = [None] * len(graph.outputs)
@@ -411,8 +412,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     if pipelined:
         program = _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
                             out_layouts, via, pairs, comm)
-    inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p)
-                   for (n, p), v, l in zip(names, graph.inputs, assignment.inputs))
+    inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p, updates.get(k))
+                   for k, ((n, p), v, l) in enumerate(zip(names, graph.inputs, assignment.inputs)))
     ch = assignment.choice
     piped = isinstance(program, PipelineProgram)
     node_stage = program.node_stages if piped else (0,) * len(graph.nodes)

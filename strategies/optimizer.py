@@ -43,6 +43,7 @@ class ShardedUpdate:
     choice: dict                  # node id -> Candidate
     in_layouts: tuple             # per graph input
     via: dict                     # value id -> Layout it is reduced to before other reads
+    updates: dict = None          # parameter input position -> Layout of its sharded update
 
 
 def update_region(graph, state_pairs) -> list[set]:
@@ -152,7 +153,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
     """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
     bytes, ``level`` one of "level1", "level2", "level3"."""
     choice, in_layouts = dict(choice), list(in_layouts)
-    via = {}
+    via, updates = {}, {}
     pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
     by_id = {n.id: n for n in graph.nodes}
     for group in update_region(graph, state_pairs):
@@ -171,6 +172,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
         if not t or not all(picked.values()):
             continue
         choice.update(picked)
+        updates[p_in] = t
         made = {v.id for n in nodes for v in n.outputs}
         for vid, x in read.items():
             if vid not in made and vid not in pair_of:
@@ -182,4 +184,4 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
             for vid, x in read.items():
                 if vid not in made and vid not in pair_of and x.shape == shape:
                     via[vid] = in_layouts[p_in]
-    return ShardedUpdate(choice, tuple(in_layouts), via)
+    return ShardedUpdate(choice, tuple(in_layouts), via, updates)

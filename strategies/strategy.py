@@ -10,6 +10,7 @@ split-count list per operator input, ``parallel_layout_item`` with ``dev_matrix`
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,6 +30,7 @@ class InputStrategy:
     dtype: str
     layout: Layout
     is_param: bool       # a leaf of the first argument (the parameters)
+    update: Optional[Layout] = None   # the parallel optimizer's layout of its update, if sharded
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ class Strategy:
                      f"peak {_bytes(st.memory)} per device" for st in self.stages]
         staged = bool(self.stages)
         rows = [("argument", "shape", "layout", "", "", "", "", "")]
-        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout), "", "", "", "", "")
+        rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout) + (
+                     f" (update {i.update})" if i.update is not None else ""), "", "", "", "", "")
                  for i in self.inputs]
         rows.append(("operator", "output", "inputs -> output layout", "compute us", "comm us",
                      "memory", "stage" if staged else "", "source"))
@@ -128,7 +131,9 @@ class Strategy:
             "format": FORMAT, "version": VERSION, "mode": self.mode, "search": self.search,
             "mesh": {"shape": list(self.mesh_shape), "axis_names": list(self.axis_names)},
             "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype,
-                        "layout": str(i.layout), "is_param": i.is_param} for i in self.inputs],
+                        "layout": str(i.layout), "is_param": i.is_param,
+                        **({"update": str(i.update)} if i.update is not None else {})}
+                       for i in self.inputs],
             "ops": [{"name": o.name, "prim": o.prim, "source": o.source,
                      "in_shapes": [list(s) for s in o.in_shapes],
                      "out_shapes": [list(s) for s in o.out_shapes],
@@ -154,7 +159,8 @@ class Strategy:
         return Strategy(
             d["mode"], d["search"], tuple(d["mesh"]["shape"]), tuple(d["mesh"]["axis_names"]),
             tuple(InputStrategy(i["name"], tuple(i["shape"]), i["dtype"], Layout.parse(i["layout"]),
-                                i["is_param"]) for i in d["inputs"]),
+                                i["is_param"], Layout.parse(i["update"]) if "update" in i else None)
+                  for i in d["inputs"]),
             tuple(OpStrategy(o["name"], o["prim"], o["source"],
                              tuple(tuple(s) for s in o["in_shapes"]),
                              tuple(tuple(s) for s in o["out_shapes"]),
@@ -183,7 +189,7 @@ class Strategy:
                 params[i.name] = {"dev_matrix": list(dm),
                                   "tensor_map": [list(t) if isinstance(t, tuple) else t for t in tmap],
                                   "tensor_shape": list(i.shape), "field": 0,
-                                  "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+                                  **_opt_shard(i, mesh)}
         return {"current_stage": 0, "parallel_strategy_item": ops, "parallel_layout_item": params}
 
     def save(self, path, format: str = "autopar") -> None:
@@ -209,3 +215,15 @@ def _short(source: str) -> str:
     loc, _, fn = source.partition(" ")
     parts = loc.rsplit("/", 1)[-1].split(":")
     return ":".join(parts[:2]) + (f" {fn}" if fn else "")
+
+
+def _opt_shard(i: InputStrategy, mesh) -> dict:
+    """MindSpore's optimizer-shard fields of a parameter: how many devices split its update
+    beyond its own layout, and the rank stride between them (0, 0: not sharded)."""
+    axes = [a for a in mesh.axis_names if i.update is not None and a in i.update.axes
+            and a not in i.layout.axes]
+    if not axes:
+        return {"opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    stride = lambda a: math.prod(mesh.shape[mesh.axis_names.index(a) + 1:])
+    return {"opt_weight_shard_step": min(stride(a) for a in axes),
+            "opt_weight_shard_size": math.prod(mesh.axis_size(a) for a in axes)}

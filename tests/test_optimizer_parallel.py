@@ -175,3 +175,17 @@ def test_optax_optimizers_are_sharded_at_every_level(level, name):
     assert state and all(i.layout.axes for i in state)     # every moment / trace leaf split
     kinds = {x.kind for x in c.collectives()}
     assert ("reduce_scatter" in kinds) == (level != "level1") and "all_gather" in kinds
+
+
+def test_dump_shows_each_sharded_update_and_mindspore_opt_weight_shard():
+    fn, args = adam_case()
+    s = ap.plan(fn, *args, config=config("level2").replace(parallel_optimizer_threshold=4),
+                batch_argnums=(2,))
+    updates = {i.name: i.update for i in s.inputs if i.is_param}
+    assert updates["w1"] == updates["w2"] == ap.Layout.parse("[x,_]")
+    assert updates["b1"] is None and updates["b2"] is None      # under the 4 KB threshold
+    assert "w1" in s.table() and "(update [x,_])" in s.table()
+    assert ap.Strategy.from_json(s.to_json()).inputs == s.inputs
+    items = s.to_mindspore()["parallel_layout_item"]
+    assert (items["w1"]["opt_weight_shard_size"], items["w1"]["opt_weight_shard_step"]) == (4, 1)
+    assert (items["b1"]["opt_weight_shard_size"], items["b1"]["opt_weight_shard_step"]) == (0, 0)
