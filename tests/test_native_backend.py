@@ -95,7 +95,9 @@ def test_two_level_topology_gives_hosts_and_buckets_get_their_own_algorithm():
 def test_planned_memory_is_within_15_percent_of_each_ranks_measured_peak(monkeypatch, extra):
     """The planner's per-device peak against each worker's measured step peak (resident bytes
     above the level before the step, plus the arguments); large arrays are their own mappings
-    (MALLOC_MMAP_THRESHOLD_) so freed memory leaves the resident count, as the planner assumes."""
+    (MALLOC_MMAP_THRESHOLD_) so freed memory leaves the resident count, as the planner assumes.
+    One step's peak moves by up to a weight's size with the timing of the communication thread
+    against the compute (benchmarks/memory.py), so each rank's median over 5 steps is compared."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     sizes = (1024, 2048, 1024)                         # 16 MB of weights, Adam: 48 MB of state
     p, b = m.mlp_params(sizes), m.mlp_batch(batch=256, sizes=sizes)
@@ -103,8 +105,11 @@ def test_planned_memory_is_within_15_percent_of_each_ranks_measured_peak(monkeyp
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False, **extra)
     c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
     c(p, s, b)
-    c(p, s, b)
-    got = [w["step_peak_bytes"] for w in c._runner.job.call(worker_stats, [()] * 2)]
+    peaks = []
+    for _ in range(5):
+        c(p, s, b)
+        peaks.append([w["step_peak_bytes"] for w in c._runner.job.call(worker_stats, [()] * 2)])
     c._runner.close()
     est = c.strategy.peak_memory
-    assert all(0.85 <= est / g <= 1.15 for g in got), (est, got)
+    got = np.median(peaks, axis=0)
+    assert all(0.85 <= est / g <= 1.15 for g in got), (est, peaks)
