@@ -102,8 +102,8 @@ def main():
     ap_.add_argument("--markdown", action="store_true")
     args = ap_.parse_args()
     rows = []
-    runs = [(n, mlp(tuple(args.sizes), args.batch), e) for n, e in CONFIGS.items()]
-    runs += [(n, gpt(), e) for n, e in GPT_CONFIGS.items()]
+    small, big = mlp(tuple(args.sizes), args.batch), gpt()
+    runs = [(n, small, e) for n, e in CONFIGS.items()] + [(n, big, e) for n, e in GPT_CONFIGS.items()]
     for name, model, extra in runs:
         r = measure(name, model, extra, args.ranks, args.calls)
         print(json.dumps(r), flush=True)

@@ -125,8 +125,8 @@ class _Lowerer:
 
     def run(self):
         comm = {}
-        for k, node in enumerate(self.graph.nodes):
-            self.current = k
+        for index, node in enumerate(self.graph.nodes):
+            self.current = index
             cand = self.choice[node.id]
             ins, cost = [], 0.0
             for k, (x, want) in enumerate(zip(node.inputs, cand.in_layouts)):

@@ -5,9 +5,9 @@ In: a ``Program`` and the flattened global arguments. Out: the flattened global 
 0's copy of a replicated result, the ranks' blocks put together for a split one (parameters
 and optimizer state keep their layout from step to step).
 
-The caller exports every ``Segment`` once with ``jax.export`` (``shippable``) (local shapes; serialised, so
-the workers never see the user's Python function), starts a ``runtime.launcher.Job`` with
-``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
+The caller exports every ``Segment`` once with ``jax.export`` (``shippable``: local shapes,
+serialised, so the workers never see the user's Python function), starts a
+``runtime.launcher.Job`` with ``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
 program into every worker; the workers stay alive until the runner is closed or collected, so
 a second call pays only for the step. Per call, rank r gets its block of every argument
 (``Layout.block`` at ``mesh.coords(r)``) and runs the instructions: segments through their

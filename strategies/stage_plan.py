@@ -5,8 +5,8 @@ node on the stage mesh (each stage runs its operators in the layouts the layout 
 per-node communication seconds, the batch input positions, the stage mesh, the full mesh (its
 first axis prices the transfers), the ``MicroPlan`` (strategies.microbatch: which values are
 per micro-batch, and their sizes) and the per-device memory cap. Out: ``StagePlan``: the
-``Stages`` (strategies.stages) and per stage its estimated seconds per micro-batch and peak
-bytes per device.
+``Stages`` (strategies.stages), the estimated step time and the cut points;
+``stage_estimates`` gives any Stages' seconds per micro-batch and peak bytes per device.
 
 1. Forward operators are those that depend on the batch and neither are nor read a
    derivative. A *cut* after forward operator i is a layer boundary when exactly one forward
@@ -52,8 +52,6 @@ from .stages import Stages, _backward
 @dataclass(frozen=True)
 class StagePlan:
     stages: Stages
-    seconds: tuple            # per stage: estimated seconds of one micro-batch (fwd + bwd)
-    memory: tuple             # per stage: estimated peak bytes per device
     step_time: float          # sum + (M - 1) * max, the objective
     cuts: tuple               # forward positions after which a stage ends
 
@@ -218,15 +216,8 @@ def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_
     value, ends = best
     starts = (0,) + ends[:-1]
     layer_stage = [s for s, (j, i) in enumerate(zip(starts, ends)) for _ in range(j, i)]
-    stage_of = tuple(layer_stage[layer_of(anchor[k])] for k in range(len(graph.nodes)))
-    reads = [set() for _ in range(count)]
-    pos = {v.id: i for i, v in enumerate(graph.inputs)}
-    for k, n in enumerate(graph.nodes):
-        reads[stage_of[k]] |= {pos[x.id] for x in n.inputs if isinstance(x, Value) and x.id in pos}
-    stages = Stages(count, stage_of, tuple(tuple(sorted(r)) for r in reads))
-    secs = tuple(times[(j, i)][0] for j, i in zip(starts, ends))
-    mems = tuple(int(mem(s, j, i)) for s, (j, i) in enumerate(zip(starts, ends)))
-    return StagePlan(stages, secs, mems, float(value), tuple(bounds[e] for e in ends[:-1]))
+    stages = Stages.of(graph, count, [layer_stage[layer_of(a)] for a in anchor])
+    return StagePlan(stages, float(value), tuple(bounds[e] for e in ends[:-1]))
 
 
 def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,

@@ -36,6 +36,15 @@ class Stages:
     of_node: tuple            # stage per graph node, in graph order
     inputs: tuple             # per stage: the graph input positions it reads
 
+    @staticmethod
+    def of(graph, count: int, of_node) -> "Stages":
+        """The Stages of a stage per node, each stage reading the graph inputs its nodes read."""
+        reads = [set() for _ in range(count)]
+        pos = {v.id: i for i, v in enumerate(graph.inputs)}
+        for s, n in zip(of_node, graph.nodes):
+            reads[s] |= {pos[x.id] for x in n.inputs if isinstance(x, Value) and x.id in pos}
+        return Stages(count, tuple(of_node), tuple(tuple(sorted(r)) for r in reads))
+
     def nodes(self, s: int) -> tuple[int, ...]:
         return tuple(k for k, t in enumerate(self.of_node) if t == s)
 
@@ -97,8 +106,4 @@ def assign_stages(graph, count: int) -> Stages:
                     f"{n.name} at {n.source or 'an unknown line'} (stage {b}) is a {what} reading "
                     f"{p.name} of stage {a}: stages must follow the forward order. Put the block "
                     f"that computes it in stage {min(a, b)} or later blocks in later stages.")
-    reads = [set() for _ in range(count)]
-    pos = {v.id: i for i, v in enumerate(graph.inputs)}
-    for k, n in enumerate(graph.nodes):
-        reads[stage[k]] |= {pos[x.id] for x in n.inputs if isinstance(x, Value) and x.id in pos}
-    return Stages(count, tuple(stage), tuple(tuple(sorted(r)) for r in reads))
+    return Stages.of(graph, count, stage)
