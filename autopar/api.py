@@ -22,8 +22,8 @@ from .config import Backend, ParallelConfig, ParallelMode, SearchMode
 from .errors import ConfigError, InfeasibleError, LayoutError
 from .graph import type_str
 from .layout import Layout
-from .pipeline import PipelineProgram
-from .program import Compute
+from .pipeline import PipelineProgram, Transfer
+from .program import Collective, Compute
 from .strategies import recursive, solvers
 from .strategies.build import build_problem
 from .strategies.cost_model import compute_time, output_bytes
@@ -31,7 +31,8 @@ from .strategies.candidates import identity_candidate
 from .strategies.candidates import candidates_of
 from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
-from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
+from .strategies.strategy import (CommStrategy, InputStrategy, OpStrategy, StageStrategy,
+                                  Strategy)
 from .redistribution.lower import lower, plan_steps
 from .redistribution.pipeline import MicroPlanner, split as split_pipeline
 from .strategies.microbatch import add_micro_axis, micro_mesh
@@ -351,6 +352,40 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
 
+def _label(ins) -> str:
+    """How the memory timeline names an instruction."""
+    if isinstance(ins, Compute):
+        return ins.node.name
+    return f"{ins.kind}({','.join(ins.axes)})"
+
+
+def _comm_records(program, planner) -> tuple:
+    """A CommStrategy per communication step of a Program or PipelineProgram, priced by the
+    planner (transfers between stages on the first level of the full mesh's axis)."""
+    if isinstance(program, PipelineProgram):
+        body = [(st.index, ins, name) for st in program.stages for name, b in st.phases()
+                for ins in b]
+        level = program.mesh.level(program.mesh.axis_names[0])
+        micro = program.micro_batches
+    else:
+        body = [(0, ins, "") for ins in program.instructions]
+    out = []
+    for stage, ins, phase in body:
+        if isinstance(ins, Transfer):
+            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
+                                    str(np.dtype(ins.dtype)), ins.bytes,
+                                    level.alpha + level.beta * ins.bytes,
+                                    f"stage {stage} {'to' if ins.kind == 'send' else 'from'} "
+                                    f"stage {ins.peer}", stage, micro if ins.micro else 1))
+        elif isinstance(ins, Collective):
+            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
+                                    str(np.dtype(ins.dtype)), ins.bytes,
+                                    planner.step_time(ins.kind, ins.axes, ins.bytes)[0],
+                                    ins.reason, stage,
+                                    micro if phase in ("forward", "backward") else 1))
+    return tuple(out)
+
+
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     config = config or ParallelConfig()
     mode = config.parallel_mode
@@ -424,6 +459,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                 for n, s in zip(graph.nodes, node_stage))
     stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
                        for st in program.stages) if piped else ()
+    comms = _comm_records(program, planner)
+    timeline = () if piped else tuple((_label(ins), b) for ins, b in program.memory_timeline())
     if not piped:
         peak, at = program.memory()
         node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
@@ -448,7 +485,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                      tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
                      peak, peak_op, config.max_device_memory,
                      stage_info, config.micro_batches if piped else 1,
-                     config.pipeline_scheduler.value if piped else "",
+                     config.pipeline_scheduler.value if piped else "", comms, timeline,
                      (("trace", t_trace - t0), ("search", t_search - t_trace),
                       ("lower", time.monotonic() - t_search)))
     return graph, strat, program

@@ -177,18 +177,31 @@ class Program:
         return [i for i in self.instructions if isinstance(i, Segment)]
 
     def memory(self) -> tuple[int, Any]:
-        """``(peak bytes, instruction)`` on one rank as the runtimes run it: the arguments for
-        the whole step, every other register from its instruction to its last reader, the
-        results to the end. A segment is counted compute by compute, as XLA's buffer assignment
-        runs it: an elementwise or layout operator writes over an operand of its size that was
-        made in the same segment and dies there. The instruction is the one running at the peak
-        (a Compute, Collective or Slice), None when it is the arguments alone."""
+        """``(peak bytes, instruction)`` on one rank: the largest entry of ``memory_timeline``;
+        the instruction is None when the peak is the arguments alone."""
+        peak, at = sum(s for r, s in self._sizes().items() if r in set(self.inputs)), None
+        for ins, live in self.memory_timeline():
+            if live > peak:
+                peak, at = live, ins
+        return peak, at
+
+    def _sizes(self) -> dict:
+        return {r: int(np.prod(shape)) * np.dtype(dt).itemsize
+                for r, (shape, dt) in self.avals.items()}
+
+    def memory_timeline(self) -> list:
+        """``[(instruction, bytes live while it runs)]`` on one rank as the runtimes run it, one
+        entry per Compute, Collective or Slice: the arguments for the whole step, every other
+        register from its instruction to its last reader, the results to the end. A segment is
+        counted compute by compute, as XLA's buffer assignment runs it: an elementwise or layout
+        operator writes over an operand of its size that was made in the same segment and dies
+        there."""
         flat, seg = [], []
         for k, ins in enumerate(self.instructions):
             for c in (ins.computes if isinstance(ins, Segment) else (ins,)):
                 flat.append(c)
                 seg.append(k if isinstance(ins, Segment) else None)
-        size = {r: int(np.prod(shape)) * np.dtype(dt).itemsize for r, (shape, dt) in self.avals.items()}
+        size = self._sizes()
         last, made = {}, {}
         for i, ins in enumerate(flat):
             for r in reads(ins):
@@ -199,7 +212,7 @@ class Program:
         from .strategies.rules.elementwise import RULES
         in_place = set(RULES) | {"transpose", "reshape", "squeeze", "expand_dims", "copy"}
         cur = sum(size[r] for r in set(self.inputs))
-        peak, at = cur, None
+        timeline = []
         for i, ins in enumerate(flat):
             dying = {r for r in set(reads(ins)) | set(writes(ins)) if last.get(r, i) <= i}
             new = sum(size[r] for r in writes(ins))
@@ -207,10 +220,9 @@ class Program:
             if isinstance(ins, Compute) and ins.node.prim in in_place and seg[i] is not None:
                 reused = new if any(size[r] == new and made.get(r) == seg[i]
                                     for r in dying & set(reads(ins))) else 0
-            if cur + new - reused > peak:
-                peak, at = cur + new - reused, ins
+            timeline.append((ins, cur + new - reused))
             cur += new - sum(size[r] for r in dying)
-        return peak, at
+        return timeline
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)

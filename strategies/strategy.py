@@ -56,6 +56,19 @@ class StageStrategy:
     memory: int          # estimated peak bytes per device
 
 
+@dataclass(frozen=True)
+class CommStrategy:
+    kind: str            # a collective kind ("all_reduce", ...), or "send"/"recv" between stages
+    axes: tuple          # mesh axis names it runs over
+    shape: tuple         # local operand shape
+    dtype: str
+    bytes: int           # per-device payload
+    seconds: float       # estimated seconds (alpha-beta cost of the topology)
+    reason: str = ""     # what needed it, e.g. "dot_general.12 input 0"
+    stage: int = 0       # pipeline stage that runs it
+    count: int = 1       # times per step (a transfer per micro-batch runs micro_batches times)
+
+
 @dataclass(frozen=True, eq=False)
 class Strategy:
     mode: str
@@ -71,6 +84,9 @@ class Strategy:
     stages: tuple = ()              # StageStrategy per pipeline stage (empty: no pipeline)
     micro_batches: int = 1
     scheduler: str = ""
+    collectives: tuple = ()         # CommStrategy per communication step of the program
+    memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
+                                    # execution order (empty for a pipeline: see stages)
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
@@ -143,6 +159,11 @@ class Strategy:
             "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
                         "memory": st.memory} for st in self.stages],
             "micro_batches": self.micro_batches, "scheduler": self.scheduler,
+            "collectives": [{"kind": c.kind, "axes": list(c.axes), "shape": list(c.shape),
+                             "dtype": c.dtype, "bytes": c.bytes, "seconds": c.seconds,
+                             "reason": c.reason, "stage": c.stage, "count": c.count}
+                            for c in self.collectives],
+            "memory_timeline": [[name, b] for name, b in self.memory_timeline],
             "output_comm_time": self.output_comm_time, "peak_memory": self.peak_memory,
             "peak_op": self.peak_op, "memory_limit": self.memory_limit,
         }
@@ -170,7 +191,11 @@ class Strategy:
                   for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
             d["memory_limit"],
             tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"])
-                  for st in d.get("stages", ())), d.get("micro_batches", 1), d.get("scheduler", ""))
+                  for st in d.get("stages", ())), d.get("micro_batches", 1), d.get("scheduler", ""),
+            tuple(CommStrategy(c["kind"], tuple(c["axes"]), tuple(c["shape"]), c["dtype"],
+                               c["bytes"], c["seconds"], c.get("reason", ""), c.get("stage", 0),
+                               c.get("count", 1)) for c in d.get("collectives", ())),
+            tuple((name, b) for name, b in d.get("memory_timeline", ())))
 
     @staticmethod
     def load(path) -> "Strategy":

@@ -278,3 +278,17 @@ def test_typed_prng_key_is_a_rule_error():
         return jnp.sum(jnp.where(mask, x @ params, 0.0))
     with pytest.raises(ap.RuleError, match="PRNG"):
         ap.compile(f, jnp.ones((4, 4)), jnp.ones((2, 4)))
+
+
+def test_strategy_records_collectives_and_memory_timeline():
+    """The dump carries every communication step (priced) and the per-device memory timeline,
+    and both survive the JSON round trip; the timeline's top is the reported peak."""
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4)
+    c = ap.compile(m.gpt_sgd_step, m.gpt_params(), m.gpt_batch(batch=8), config=cfg)
+    s = c.strategy
+    assert [(x.kind, x.axes, x.bytes) for x in s.collectives] == [
+        (x.kind, x.axes, x.bytes) for x in c.collectives()]
+    assert all(x.seconds > 0 for x in s.collectives)
+    assert max(b for _, b in s.memory_timeline) == s.peak_memory
+    back = ap.Strategy.from_json(s.to_json())
+    assert back.collectives == s.collectives and back.memory_timeline == s.memory_timeline
