@@ -452,10 +452,13 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     ch = assignment.choice
     piped = isinstance(program, PipelineProgram)
     node_stage = program.node_stages if piped else (0,) * len(graph.nodes)
+    made_by = {v.id: name for v, (name, _) in zip(graph.inputs, names)}
+    made_by.update((o.id, n.name) for n in graph.nodes for o in n.outputs)
     ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
                            tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
                            ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
-                           output_bytes(n, ch[n.id], mesh), s)
+                           output_bytes(n, ch[n.id], mesh), s,
+                           tuple(made_by.get(getattr(x, "id", None), "") for x in n.inputs))
                 for n, s in zip(graph.nodes, node_stage))
     stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
                        for st in program.stages) if piped else ()

@@ -46,6 +46,8 @@ class OpStrategy:
     compute_time: float = 0.0  # estimated seconds of the operator itself on one device
     out_bytes: int = 0       # bytes its outputs occupy on one device
     stage: int = 0           # pipeline stage that runs it
+    operands: tuple = ()     # per operand: the operator making it ("dot_general.3"), the
+                             # argument ("params.w1") or "" for a literal
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,8 @@ class Strategy:
                      "out_shapes": [list(s) for s in o.out_shapes],
                      "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
                      "comm_time": o.comm_time, "compute_time": o.compute_time,
-                     "out_bytes": o.out_bytes, "stage": o.stage} for o in self.ops],
+                     "out_bytes": o.out_bytes, "stage": o.stage, "operands": list(o.operands)}
+                    for o in self.ops],
             "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
                         "memory": st.memory} for st in self.stages],
             "micro_batches": self.micro_batches, "scheduler": self.scheduler,
@@ -187,7 +190,8 @@ class Strategy:
                              tuple(tuple(s) for s in o["out_shapes"]),
                              tuple(Layout.parse(l) for l in o["in"]),
                              tuple(Layout.parse(l) for l in o["out"]), o["comm_time"],
-                             o["compute_time"], o["out_bytes"], o.get("stage", 0))
+                             o["compute_time"], o["out_bytes"], o.get("stage", 0),
+                             tuple(o.get("operands", ())))
                   for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
             d["memory_limit"],
             tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"])

@@ -290,5 +290,9 @@ def test_strategy_records_collectives_and_memory_timeline():
         (x.kind, x.axes, x.bytes) for x in c.collectives()]
     assert all(x.seconds > 0 for x in s.collectives)
     assert max(b for _, b in s.memory_timeline) == s.peak_memory
+    names = {o.name for o in s.ops} | {i.name for i in s.inputs}
+    assert all(x in names or x == "" for o in s.ops for x in o.operands)
+    assert any(x in {i.name for i in s.inputs} for o in s.ops for x in o.operands)
     back = ap.Strategy.from_json(s.to_json())
     assert back.collectives == s.collectives and back.memory_timeline == s.memory_timeline
+    assert [o.operands for o in back.ops] == [o.operands for o in s.ops]
