@@ -7,6 +7,8 @@ from .topology import Level, Topology
 from .annotate import pipeline_stage, shard
 from .config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode, PipelineScheduler,
                      SearchMode)
+from .context import (context_config, get_auto_parallel_context, reset_auto_parallel_context,
+                      set_auto_parallel_context)
 from .api import Compiled, compile, parallel, plan
 from .strategies.strategy import Strategy
 from .program import Collective, Program

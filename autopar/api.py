@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from .config import Backend, ParallelConfig, ParallelMode, SearchMode
+from .context import context_config
 from .errors import ConfigError, InfeasibleError, LayoutError
 from .graph import type_str
 from .layout import Layout
@@ -152,6 +153,22 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
                 layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
     if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
         return layouts
+    ds = config.dataset_strategy
+    if mode is ParallelMode.DATA_PARALLEL and ds not in (None, "data_parallel"):
+        raise ConfigError(f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
+                          "always splits the batch; use semi_auto_parallel or auto_parallel.")
+    if ds is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
+        batch = [j for j, v in enumerate(graph.inputs) if leaf_arg[j] in batch_argnums]
+        if isinstance(ds, tuple) and len(ds) != len(batch):
+            raise ConfigError(f"dataset_strategy has {len(ds)} entries but the step has "
+                              f"{len(batch)} batch leaves ({', '.join(names[j][0] for j in batch)}); "
+                              "give one split tuple per batch leaf.")
+        for k, j in enumerate(batch):
+            shape = graph.inputs[j].shape
+            spec = ds[k] if isinstance(ds, tuple) else (
+                (mesh.size,) + (1,) * (len(shape) - 1) if ds == "data_parallel" and shape
+                else (1,) * len(shape))
+            layouts[j] = _spec_layout(spec, shape, mesh, f"dataset_strategy of {names[j][0]}")
     if in_strategy is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL,
                                             ParallelMode.AUTO_PARALLEL):
         if len(in_strategy) != len(args):
@@ -282,9 +299,14 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     split-count tuple, an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
     ``strategy``: a saved ``Strategy`` to reuse instead of searching.
     """
+    config = config or context_config()
+    if strategy is None and config.strategy_ckpt_load_file:
+        strategy = Strategy.load(config.strategy_ckpt_load_file)
     graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy)
+    if config.strategy_ckpt_save_file:
+        strat.save(config.strategy_ckpt_save_file)
     leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
-    return Compiled(fn, graph, config or ParallelConfig(), strat, program, graph.in_tree, leaf_types)
+    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
 
 
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
@@ -387,7 +409,7 @@ def _comm_records(program, planner) -> tuple:
 
 
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
-    config = config or ParallelConfig()
+    config = config or context_config()
     mode = config.parallel_mode
     if mode is ParallelMode.HYBRID_PARALLEL:
         raise ConfigError("parallel_mode='hybrid_parallel' is not available in this version; use "
@@ -496,7 +518,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
 
 class ParallelFunction:
     """What ``@ap.parallel`` returns: ``.compile(*args)`` or call it directly (compiled once per
-    argument shapes)."""
+    argument shapes and config: a bare decorator follows the context as it is at each call)."""
 
     def __init__(self, fn, config, **kw):
         self.fn, self.config, self.kw = fn, config, kw
@@ -504,9 +526,10 @@ class ParallelFunction:
 
     def compile(self, *args) -> Compiled:
         flat, tree = jax.tree.flatten(args)
-        key = (tree, tuple(_leaf_type(x) for x in flat))
+        config = self.config or context_config()
+        key = (tree, tuple(_leaf_type(x) for x in flat), config)
         if key not in self._cache:
-            self._cache[key] = compile(self.fn, *args, config=self.config, **self.kw)
+            self._cache[key] = compile(self.fn, *args, config=config, **self.kw)
         return self._cache[key]
 
     def __call__(self, *args):
@@ -514,7 +537,8 @@ class ParallelFunction:
 
 
 def parallel(fn=None, *, config: ParallelConfig | None = None, **kw):
-    """``@ap.parallel(config=cfg)`` (or bare ``@ap.parallel``) on a step function."""
+    """``@ap.parallel(config=cfg)`` on a step function, or bare ``@ap.parallel`` (the config
+    of ``ap.set_auto_parallel_context`` when the step is first compiled for its shapes)."""
     if fn is None:
         return lambda f: ParallelFunction(f, config, **kw)
     return ParallelFunction(fn, config, **kw)

@@ -101,6 +101,13 @@ class ParallelConfig:
     micro_batches: int = 1                    # pipeline: the batch is split into this many
                                               # micro-batches; gradients accumulate over them
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B   # "gpipe" or "1f1b"
+    dataset_strategy: object = None           # layouts of the batch arguments: "data_parallel"
+                                              # (dim 0 split over every device), "full_batch"
+                                              # (replicated), or MindSpore's tuple of split tuples,
+                                              # one per batch leaf; None: split in data_parallel
+                                              # mode, chosen by the search or propagation otherwise
+    strategy_ckpt_load_file: Optional[str] = None   # compile reuses the strategy saved there
+    strategy_ckpt_save_file: Optional[str] = None   # compile saves its strategy there (autopar JSON)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -118,6 +125,17 @@ class ParallelConfig:
                 and self.parallel_optimizer_threshold >= 0):
             raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
                               "must be a number of KB >= 0 (0 shards every parameter's update).")
+        ds = self.dataset_strategy
+        if isinstance(ds, (list, tuple)):
+            ds = tuple(tuple(s) if isinstance(s, (list, tuple)) else s for s in ds)
+            if not all(isinstance(s, tuple) and all(isinstance(c, int) and not isinstance(c, bool)
+                                                   and c >= 1 for c in s) for s in ds):
+                raise ConfigError(f"dataset_strategy={self.dataset_strategy!r}: give one tuple of "
+                                  "split counts per batch argument leaf, e.g. ((4, 1), (4, 1)).")
+            set_("dataset_strategy", ds)
+        elif ds not in (None, "data_parallel", "full_batch"):
+            raise ConfigError(f"dataset_strategy={ds!r} is not valid; choose 'data_parallel', "
+                              "'full_batch' or a tuple of split-count tuples, one per batch leaf.")
         set_("max_device_memory", parse_bytes(self.max_device_memory))
         set_("allreduce_fusion_bytes", parse_bytes(self.allreduce_fusion_bytes or 0,
                                                    "allreduce_fusion_bytes"))
@@ -129,8 +147,10 @@ class ParallelConfig:
             raise ConfigError(f"collective_timeout={self.collective_timeout!r} must be a positive "
                               "number of seconds.")
         set_("collective_timeout", timeout)
-        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
         n = self.device_num
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"device_num={n!r} must be an integer >= 1.")
+        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
         if shape is None:
             n = 1 if n is None else int(n)
             shape = (n,)
