@@ -14,6 +14,7 @@ import dataclasses
 import math
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -41,7 +42,10 @@ from .strategies.stage_plan import plan_stages, stage_estimates
 from .strategies.stages import Stages, assign_stages
 from .annotate import STAGE_SCOPE
 from .redistribution.planner import Planner
-from .trace import trace
+from .trace import trace, trace_per_device
+from .graph import Value
+from .strategies.candidates import Candidate
+from .redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
 
 
 def _key_str(k) -> str:
@@ -140,7 +144,9 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
     mode = config.parallel_mode
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
     layouts = {}
-    if mode is ParallelMode.DATA_PARALLEL:
+    ds = config.dataset_strategy
+    if mode is ParallelMode.DATA_PARALLEL or (mode is ParallelMode.HYBRID_PARALLEL and
+                                              ds in (None, "data_parallel")):
         axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
         for j, v in enumerate(graph.inputs):
             if leaf_arg[j] in batch_argnums and v.shape:
@@ -153,11 +159,12 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
                 layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
     if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
         return layouts
-    ds = config.dataset_strategy
     if mode is ParallelMode.DATA_PARALLEL and ds not in (None, "data_parallel"):
         raise ConfigError(f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
                           "always splits the batch; use semi_auto_parallel or auto_parallel.")
-    if ds is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
+    free = (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL,
+            ParallelMode.HYBRID_PARALLEL)
+    if ds is not None and mode in free:
         batch = [j for j, v in enumerate(graph.inputs) if leaf_arg[j] in batch_argnums]
         if isinstance(ds, tuple) and len(ds) != len(batch):
             raise ConfigError(f"dataset_strategy has {len(ds)} entries but the step has "
@@ -169,8 +176,7 @@ def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -
                 (mesh.size,) + (1,) * (len(shape) - 1) if ds == "data_parallel" and shape
                 else (1,) * len(shape))
             layouts[j] = _spec_layout(spec, shape, mesh, f"dataset_strategy of {names[j][0]}")
-    if in_strategy is not None and mode in (ParallelMode.SEMI_AUTO_PARALLEL,
-                                            ParallelMode.AUTO_PARALLEL):
+    if in_strategy is not None and mode in free:
         if len(in_strategy) != len(args):
             raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
                               "arguments; give one per argument (None for 'no constraint').")
@@ -305,7 +311,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy)
     if config.strategy_ckpt_save_file:
         strat.save(config.strategy_ckpt_save_file)
-    leaf_types = [type_str(v.shape, v.dtype) for v in graph.inputs]
+    leaf_types = [_leaf_type(x) for x in jax.tree.leaves(args)]
     return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
 
 
@@ -408,12 +414,76 @@ def _comm_records(program, planner) -> tuple:
     return tuple(out)
 
 
+def _hybrid(fn, args, config, batch_argnums, in_strategy):
+    """hybrid_parallel: the step's own collectives (ap.comm), run as written. Arguments are
+    split as data_parallel splits them unless in_strategy / dataset_strategy say otherwise;
+    results must be the same on every device."""
+    if config.pipeline_stages > 1 or config.micro_batches > 1 or config.enable_parallel_optimizer:
+        raise ConfigError("parallel_mode='hybrid_parallel' runs the step's own collectives as "
+                          "written; pipeline stages, micro-batches and the parallel optimizer "
+                          "are planned by the other modes. Unset them or use auto_parallel.")
+    mesh = config.mesh()
+    names = _leaf_names(args)
+    t0 = time.monotonic()
+    shell = types.SimpleNamespace(inputs=[
+        Value(j, tuple(np.shape(x)), np.dtype(jax.dtypes.canonicalize_dtype(
+            jax.numpy.result_type(x)))) for j, x in enumerate(jax.tree.leaves(args))])
+    given = _arg_layouts(config, mesh, shell, args, batch_argnums, in_strategy, names)
+    in_layouts = [given.get(j, Layout.replicated(len(v.shape))) for j, v in enumerate(shell.inputs)]
+    in_specs = [l.to_partition_spec() for l in in_layouts]
+    # results are replicated, except new state (parameters, optimizer state), which keeps its
+    # argument's layout as in the other modes
+    shapes = trace_per_device(fn, args, mesh, in_specs)
+    out_layouts = [Layout.replicated(len(v.shape)) for v in shapes.outputs]
+    for i, j in _state_pairs(shapes):
+        out_layouts[j] = in_layouts[i]
+    graph = trace_per_device(fn, args, mesh, in_specs, [l.to_partition_spec() for l in out_layouts])
+    t_trace = time.monotonic()
+    planner = Planner(mesh)
+    program = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
+    comms = _comm_records(program, planner)
+    made_by = {v.id: name for v, (name, _) in zip(graph.inputs, names)}
+    made_by.update((o.id, n.name) for n in graph.nodes for o in n.outputs)
+    comm_of = {}
+    for c in comms:
+        comm_of[c.reason.split(" ")[0]] = comm_of.get(c.reason.split(" ")[0], 0.0) + c.seconds
+    ops = []
+    for n in graph.nodes:
+        rep = Candidate((), frozenset(), -1, tuple(Layout.replicated(len(x.shape)) for x in n.inputs),
+                        tuple(Layout.replicated(len(v.shape)) for v in n.outputs))
+        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
+                              tuple(v.shape for v in n.outputs), rep.in_layouts, rep.out_layouts,
+                              comm_of.get(n.name, 0.0),
+                              0.0 if n.prim in COLLECTIVE_PRIMS else compute_time(n, rep, mesh),
+                              output_bytes(n, rep, mesh), 0,
+                              tuple(made_by.get(getattr(x, "id", None), "") for x in n.inputs)))
+    peak, at = program.memory()
+    peak_op = "the arguments" if at is None else _label(at)
+    cap = config.max_device_memory
+    if cap is not None and peak > cap:
+        raise InfeasibleError(f"hybrid_parallel needs {peak} bytes per device at {peak_op}, more "
+                              f"than max_device_memory={cap}. Raise max_device_memory, split more "
+                              "of the arguments (in_strategy) or use a smaller batch.")
+    inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
+                   for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
+    strat = Strategy("hybrid_parallel", "manual", tuple(mesh.shape), tuple(mesh.axis_names),
+                     inputs, tuple(ops), 0.0, peak, peak_op, cap, (), 1, "", comms,
+                     tuple((_label(ins), b) for ins, b in program.memory_timeline()),
+                     (("trace", t_trace - t0), ("search", 0.0),
+                      ("lower", time.monotonic() - t_trace)))
+    return graph, strat, program
+
+
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     config = config or context_config()
     mode = config.parallel_mode
+    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
+        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
     if mode is ParallelMode.HYBRID_PARALLEL:
-        raise ConfigError("parallel_mode='hybrid_parallel' is not available in this version; use "
-                          "'stand_alone', 'data_parallel', 'semi_auto_parallel' or 'auto_parallel'.")
+        if strategy is not None:
+            raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
+                              "strategy to load; unset strategy / strategy_ckpt_config.")
+        return _hybrid(fn, args, config, batch_argnums, in_strategy)
     if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
         raise ConfigError(
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
@@ -422,8 +492,6 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     full = config.mesh()
     pipelined = config.pipeline_stages > 1 or config.micro_batches > 1
     mesh = stage_mesh(full, config.pipeline_stages) if pipelined else full
-    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
-        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
     t0 = time.monotonic()
     graph = trace(fn, *args)
     t_trace = time.monotonic()

@@ -36,9 +36,11 @@ class Collective:
     src: int = -1                 # register read
     out: int = -1                 # register written
     reason: str = ""              # what needed it, e.g. "dot_general.12 input 0"
+    op: str = "sum"               # all_reduce: "sum", "max" or "min"
 
     def __str__(self) -> str:
         d = "" if self.dim is None else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
+        d += "" if self.op == "sum" else f" op={self.op}"
         return (f"{self.kind}({','.join(self.axes)}){d} {type_str(self.shape, np.dtype(self.dtype))} "
                 f"{self.bytes} B [{self.algorithm}]" + (f"  ; {self.reason}" if self.reason else ""))
 

@@ -15,7 +15,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
-from .errors import RuleError
+from .errors import LayoutError, RuleError
 from .graph import Const, Graph, Node, Value
 
 # Report the user's line, not autopar's, as the source of an operation (ap.shard and friends):
@@ -45,6 +45,45 @@ def trace(fn, *args) -> Graph:
     b = _Builder()
     inputs = [b.new_value(v.aval) for v in closed.jaxpr.invars]
     outs = b.inline(closed.jaxpr, closed.consts, inputs, "", "")
+    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
+
+
+def trace_per_device(fn, args, mesh, in_specs, out_specs=None) -> Graph:
+    """The per-device Graph of ``fn`` run under ``jax.shard_map`` on ``mesh`` (a LogicalMesh):
+    arguments split by ``in_specs`` (a PartitionSpec per flattened leaf), results by
+    ``out_specs`` (one per flattened result); values have local shapes and collectives
+    (``psum``, ``all_gather``, ..., ``pvary``) are nodes. JAX's replication check applies: a
+    result declared replicated must be the same on every device. ``out_specs=None`` traces
+    once without that check, for the results' structure and local shapes only."""
+    from jax.sharding import PartitionSpec
+    from jax.sharding import AbstractMesh
+    flat, in_tree = jax.tree.flatten(args)
+    out_tree_box = []
+
+    def flat_fn(*leaves):
+        out = fn(*jax.tree.unflatten(in_tree, leaves))
+        leaves_out, tree = jax.tree.flatten(out)
+        out_tree_box.append(tree)
+        return leaves_out
+
+    specs = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in flat]
+    am = AbstractMesh(tuple(mesh.shape), tuple(mesh.axis_names))
+    try:
+        closed = jax.make_jaxpr(jax.shard_map(
+            flat_fn, mesh=am, in_specs=tuple(in_specs),
+            out_specs=PartitionSpec() if out_specs is None else list(out_specs),
+            check_vma=out_specs is not None))(*specs)
+    except ValueError as e:
+        if "out_specs" not in str(e):
+            raise
+        raise LayoutError(f"hybrid_parallel: {e}\nReturn values the same on every device "
+                          "(reduce them with ap.comm.all_reduce or gather them with "
+                          "ap.comm.all_gather), or new state in its argument's layout.") from None
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "shard_map"]
+    body = eqn.params["jaxpr"]
+    b = _Builder()
+    inputs = [b.new_value(v.aval) for v in body.invars]
+    outs = b.inline(body, (), inputs, "", "")
     return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
 
 

@@ -8,7 +8,7 @@ such as ``autopar.program.Slice``, is a slice), and the mesh (a ``jax.sharding.M
 
 | kind             | jax.lax call                                                           |
 |------------------|------------------------------------------------------------------------|
-| all_reduce       | ``psum(x, axes)``                                                      |
+| all_reduce       | ``psum(x, axes)`` (``pmax``/``pmin`` for a Collective's op max/min)    |
 | all_gather       | ``all_gather(x, axes, axis=dim, tiled=True)``                          |
 | reduce_scatter   | ``psum_scatter(x, axes, scatter_dimension=dim, tiled=True)``           |
 | all_to_all       | ``all_to_all(x, axes, split_axis=dst_dim, concat_axis=dim, tiled=True)``|
@@ -55,7 +55,8 @@ def apply_step(x, step, mesh):
     name = axes[0] if len(axes) == 1 else axes
     dim = step.dim
     if kind == "all_reduce":
-        return lax.psum(x, name)
+        return {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[getattr(step, "op", "sum")](
+            x, name)
     if kind == "all_gather":
         return lax.all_gather(x, name, axis=dim, tiled=True)
     if kind == "reduce_scatter":

@@ -285,7 +285,7 @@ class _Comms:
         self.last = None              # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
-        key = (st.axes, x.dtype)
+        key = (st.axes, x.dtype, getattr(st, "op", "sum"))
         if self.bucket and key != self.key:
             self.flush()
         self.bucket.append((st, x))
@@ -351,7 +351,7 @@ def _step(comm, st, x, mesh):
     if kind == "partial_zero":
         return x if me == 0 else np.zeros_like(x)
     if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
-        comm.all_reduce(x, ranks, "sum", st.algorithm)
+        comm.all_reduce(x, ranks, getattr(st, "op", "sum"), st.algorithm)
         return x
     if kind == "all_gather":
         out = np.empty((n,) + x.shape, x.dtype)
