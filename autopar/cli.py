@@ -1,18 +1,94 @@
 """The ``autopar`` command line.
 
-In: ``sys.argv``. Out: exit status and text. Subcommands:
-- ``autopar solve PROBLEM TIMEOUT [--solver NAME]``: read an IOPDDL problem (``.json`` or
-  ``.json.gz``), search within TIMEOUT seconds (reading the file counts), print progress and the
-  cost to stderr and, last on stdout, the chosen strategy indices ``[s0, s1, ...]`` (the
-  contest's output format).
+In: ``sys.argv``. Out: exit status (0 done, 2 an autopar error, reported on stderr) and text.
+Subcommands (``autopar COMMAND --help`` describes each):
+- ``plan MODULE:FUNCTION``: call FUNCTION (in a module path or a ``.py`` file) for
+  ``(step, args)`` or ``(step, args, options)`` (options: ``ap.compile`` keywords such as
+  ``batch_argnums``/``in_strategy``), plan the step under the given flags without running it
+  (arguments may be ``jax.ShapeDtypeStruct``s), print the summary and save the strategy;
+- ``show STRATEGY``: the strategy table; ``report STRATEGY -o report.html``: the HTML report;
+- ``solve PROBLEM TIMEOUT``: an IOPDDL problem, the chosen strategy indices last on stdout;
+- ``calibrate``: this machine's compute and link constants into a topology file;
+- ``bench``: the native collectives' latency and bus bandwidth (``autopar.runtime.bench``).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import os
 import sys
 import time
 
-from .errors import AutoparError
+from .errors import AutoparError, ConfigError
+
+
+def _load_function(target: str):
+    module, _, name = target.rpartition(":")
+    if not module or not name:
+        raise ConfigError(f"{target!r}: write MODULE:FUNCTION, e.g. examples/gpt_auto.py:build "
+                          "or mypackage.models:build.")
+    if module.endswith(".py") or os.path.sep in module:
+        if not os.path.exists(module):
+            raise ConfigError(f"{module}: no such file.")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(module)))
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(module))[0], module)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    else:
+        sys.path.insert(0, os.getcwd())
+        mod = importlib.import_module(module)
+    if not hasattr(mod, name):
+        raise ConfigError(f"{module} has no function {name!r}.")
+    return getattr(mod, name)
+
+
+def _mesh(text):
+    try:
+        return tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write the mesh as e.g. 8 or 2x4") from None
+
+
+def _plan(args) -> int:
+    import autopar as ap
+    got = _load_function(args.target)()
+    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
+        raise ConfigError(f"{args.target} must return (step, args) or (step, args, options).")
+    step, example, options = got[0], tuple(got[1]), (got[2] if len(got) == 3 else {})
+    devices = args.devices or (int(__import__("math").prod(args.mesh)) if args.mesh else 1)
+    config = ap.ParallelConfig(
+        parallel_mode=args.mode, device_num=devices, mesh_shape=args.mesh,
+        topology=ap.Topology.preset(args.topology, devices) if args.topology else None,
+        search_mode=args.search, max_device_memory=args.max_memory,
+        search_time=args.search_time, pipeline_stages=args.stages,
+        micro_batches=args.micro_batches, pipeline_scheduler=args.scheduler,
+        enable_parallel_optimizer=args.optimizer_level is not None,
+        optimizer_level=args.optimizer_level or "level1")
+    start = time.monotonic()
+    strategy = ap.plan(step, *example, config=config, **options)
+    print("\n".join(strategy.table().splitlines()[:2 + len(strategy.stages) +
+                                                   (1 if strategy.stages else 0)]))
+    print(f"planned in {time.monotonic() - start:.1f} s: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in strategy.phase_seconds))
+    strategy.save(args.output, format=args.format)
+    print(f"saved {args.output} ({args.format})")
+    return 0
+
+
+def _show(args) -> int:
+    from .strategies.strategy import Strategy
+    print(Strategy.load(args.strategy).table())
+    return 0
+
+
+def _report(args) -> int:
+    from . import report
+    from .strategies.strategy import Strategy
+    report.save(Strategy.load(args.strategy), args.output)
+    print(f"wrote {args.output}")
+    return 0
 
 
 def _solve(args) -> int:
@@ -32,10 +108,70 @@ def _solve(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def _calibrate(args) -> int:
+    from .runtime.calibrate import calibrate
+    topo, got = calibrate(args.ranks)
+    print(f"compute: {got['flops'] / 1e9:.1f} GFLOP/s (float32 matmul), memory "
+          f"{got['mem_bandwidth'] / 1e9:.2f} GB/s (copy)")
+    for r in got["all_gather"]:
+        print(f"all_gather {r['ranks']} ranks {r['bytes']:>9} B: {r['latency_us']:9.1f} us")
+    print(f"links: alpha {got['alpha'] * 1e6:.2f} us, beta {got['beta'] * 1e9:.3f} ns/B "
+          f"({1e-9 / got['beta']:.2f} GB/s)")
+    topo.save(args.output)
+    print(f"saved {args.output}: {topo} (use it with autopar plan --topology {args.output}, or "
+          f"ap.Topology.preset({args.output!r}, devices))")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .config import OptimizerLevel, ParallelMode, PipelineScheduler, SearchMode
+    values = lambda e: [m.value for m in e]
     parser = argparse.ArgumentParser(prog="autopar", description="autopar: auto-parallel "
                                      "compiler for JAX training steps.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="plan a training step and save its strategy",
+                       description="Plan the step that MODULE:FUNCTION returns, without running "
+                                   "it, print the estimate and save the strategy.")
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="a .py file or module and a function returning (step, args) or "
+                        "(step, args, options); options are ap.compile keywords")
+    p.add_argument("--devices", type=int, help="device count (default: the mesh's, else 1)")
+    p.add_argument("--mesh", type=_mesh, help="logical mesh, e.g. 8 or 2x4")
+    p.add_argument("--mode", default="auto_parallel", choices=values(ParallelMode),
+                   help="parallel_mode (default auto_parallel)")
+    p.add_argument("--topology", help="local (default), cluster:HOSTSxPER_HOST or a topology "
+                                      "file written by autopar calibrate")
+    p.add_argument("--max-memory", help="per-device memory cap, e.g. 16GB")
+    p.add_argument("--search", default="sharding_propagation", choices=values(SearchMode),
+                   help="auto_parallel's solver (default sharding_propagation)")
+    p.add_argument("--search-time", type=float, help="seconds the solver may take")
+    p.add_argument("--stages", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches (default 1)")
+    p.add_argument("--scheduler", default="1f1b", choices=values(PipelineScheduler),
+                   help="pipeline scheduler (default 1f1b)")
+    p.add_argument("--optimizer-level", choices=values(OptimizerLevel),
+                   help="enable the parallel optimizer at this level")
+    p.add_argument("-o", "--output", default="strategy.json", help="strategy file to write "
+                                                                    "(default strategy.json)")
+    p.add_argument("--format", default="autopar", choices=["autopar", "mindspore"],
+                   help="autopar JSON (default; loadable) or MindSpore's strategy JSON")
+    p.set_defaults(run=_plan)
+
+    p = sub.add_parser("show", help="print a saved strategy as a table",
+                       description="Print a strategy file (autopar JSON) as the layout table.")
+    p.add_argument("strategy", help="strategy file (autopar JSON)")
+    p.set_defaults(run=_show)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a strategy",
+                       description="Write an HTML page (no network needed) with the operator "
+                                   "graph by layout and stage, a sortable operator table, the "
+                                   "memory timeline against the cap and the communication by "
+                                   "collective and mesh axis.")
+    p.add_argument("strategy", help="strategy file (autopar JSON)")
+    p.add_argument("-o", "--output", default="report.html", help="HTML file (default report.html)")
+    p.set_defaults(run=_report)
+
     p = sub.add_parser("solve", help="solve an IOPDDL strategy-search problem",
                        description="Solve an IOPDDL problem file within a time limit and print "
                                    "the chosen strategy indices last.")
@@ -45,7 +181,30 @@ def main(argv=None) -> int:
                    help="best (default), ilp, dynamic_programming, sharding_propagation, "
                         "local_search or brute_force")
     p.set_defaults(run=_solve)
-    args = parser.parse_args(argv)
+
+    p = sub.add_parser("calibrate", help="measure this machine into a topology file",
+                       description="Measure float32 matmul FLOP/s, memory-copy bandwidth and the "
+                                   "native runtime's link latency (alpha) and inverse bandwidth "
+                                   "(beta) with a ring all-gather at 4 KB to 8 MB, and save them "
+                                   "as a topology file for autopar plan --topology.")
+    p.add_argument("--ranks", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("-o", "--output", default="topology.json",
+                   help="topology file (default topology.json)")
+    p.set_defaults(run=_calibrate)
+
+    p = sub.add_parser("bench", help="benchmark the native collectives", add_help=False,
+                       description="Run autopar.runtime.bench; every argument is passed on "
+                                   "(autopar bench --help lists them).")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="autopar bench --help lists them")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:                  # every option, --help included, is bench's
+        from .runtime import bench
+        return bench.main(argv[1:], prog="autopar bench")
+    args = _parser().parse_args(argv)
     try:
         return args.run(args)
     except AutoparError as e:

@@ -1,7 +1,7 @@
 """Physical topology: the device hierarchy with per-level alpha/beta link costs.
 
-In: level sizes and link constants (or a preset name). Out: a frozen ``Topology`` whose
-``levels`` are outermost first; ``comm_time`` prices a byte count over a level.
+In: level sizes and link constants (or a preset name, or a topology file). Out: a frozen
+``Topology`` whose ``levels`` are outermost first; ``save``/``load`` write and read it as JSON.
 All communication constants live here; solvers read them from a Topology, never hard-code them.
 """
 from __future__ import annotations
@@ -81,6 +81,57 @@ class Topology:
         return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9)),
                          Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9)),
                         flops=300e12, mem_bandwidth=2e12)
+
+    @staticmethod
+    def preset(name: str, devices: int) -> "Topology":
+        """A named topology for ``devices`` devices: ``local`` (this host), ``cluster:HxG`` (H
+        hosts of G GPUs; ``cluster`` alone: 8 per host), or a topology file (``save``,
+        ``autopar calibrate``), whose one level is stretched to ``devices`` if it has one."""
+        import os
+        if name == "local":
+            return Topology.local(devices)
+        if name.startswith("cluster"):
+            _, _, shape = name.partition(":")
+            try:
+                hosts, per = (int(x) for x in shape.lower().split("x")) if shape else (
+                    max(devices // 8, 1), min(devices, 8))
+            except ValueError:
+                hosts = per = 0
+            if hosts * per != devices:
+                raise ConfigError(f"topology {name!r} does not describe {devices} devices; write "
+                                  f"cluster:HOSTSxPER_HOST with HOSTS x PER_HOST = {devices}.")
+            return Topology.cluster(hosts, per)
+        if os.path.exists(name):
+            topo = Topology.load(name)
+            if topo.num_devices != devices and len(topo.levels) == 1:
+                topo = replace(topo, levels=(replace(topo.levels[0], size=devices),))
+            if topo.num_devices != devices:
+                raise ConfigError(f"topology file {name} describes {topo.num_devices} devices, "
+                                  f"not {devices}.")
+            return topo
+        raise ConfigError(f"unknown topology {name!r}; choose local, cluster:HOSTSxPER_HOST or "
+                          "the path of a topology file (autopar calibrate writes one).")
+
+    def to_dict(self) -> dict:
+        return {"format": "autopar-topology", "flops": self.flops,
+                "mem_bandwidth": self.mem_bandwidth,
+                "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
+                            "launch": lv.launch} for lv in self.levels]}
+
+    def save(self, path) -> None:
+        import json
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    @staticmethod
+    def load(path) -> "Topology":
+        import json
+        with open(path) as f:
+            d = json.load(f)
+        if d.get("format") != "autopar-topology":
+            raise ConfigError(f"{path} is not an autopar topology file (autopar calibrate "
+                              "writes one).")
+        return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"], d["mem_bandwidth"])
 
     def __str__(self) -> str:
         return "Topology(" + " x ".join(str(lv) for lv in self.levels) + ")"

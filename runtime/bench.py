@@ -136,9 +136,9 @@ def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=Non
     return rows
 
 
-def main(argv=None):
+def main(argv=None, prog="python -m autopar.runtime.bench"):
     from autopar import _native
-    p = argparse.ArgumentParser(prog="python -m autopar.runtime.bench",
+    p = argparse.ArgumentParser(prog=prog,
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--op", nargs="+", default=["all_reduce"], choices=OPS + ("all",),
                    help="collectives to measure ('all': every one)")

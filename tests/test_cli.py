@@ -1,4 +1,5 @@
-"""The autopar command line: ``autopar solve`` on IOPDDL files."""
+"""The autopar command line: plan, show, report, solve, calibrate, bench."""
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +10,105 @@ SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "iopddl")
 EXAMPLE = os.path.join(SHARED, "example.json")
 
 
-def run(*args):
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def run(*args, cwd=None):
+    """``autopar ARGS`` as the console script runs it (the checkout first on the path, so it
+    works from any directory whether or not the package is installed)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=180, cwd=cwd, env=env)
+MODEL = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
+import models as m
+
+def build():
+    return (m.gpt_sgd_step, (m.gpt_params(layers=2, abstract=True),
+                             m.gpt_batch(batch=8, abstract=True)))
+
+def build_with_options():                     # w1, w2: 128 KB, over the 64 KB threshold
+    p = m.mlp_params(sizes=(128, 256, 128))
+    return m.mlp_adam_step, (p, m.adam_init(p), m.mlp_batch(sizes=(128, 256, 128))), \
+        {{"batch_argnums": (2,)}}
+"""
+
+
+def test_plan_then_show(tmp_path):
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    out = tmp_path / "s.json"
+    r = run("plan", "mymodel.py:build", "--mesh", "2x2", "--max-memory", "64MB", "-o", str(out),
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "mode=auto_parallel" in r.stdout and "cap 64.0 MB" in r.stdout
+    assert f"saved {out}" in r.stdout
+    from autopar import Strategy
+    s = Strategy.load(out)
+    assert s.mesh_shape == (2, 2) and s.memory_limit == 64 << 20 and len(s.ops) > 100
+    r = run("show", str(out))
+    assert r.returncode == 0 and "operator" in r.stdout and "dot_general" in r.stdout
+    # a module on the path, options passed to ap.plan, MindSpore's format, the parallel optimizer
+    out2 = tmp_path / "ms.json"
+    r = run("plan", "mymodel:build_with_options", "--devices", "4", "--mode", "data_parallel",
+            "--optimizer-level", "level2", "--format", "mindspore", "-o", str(out2), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    items = json.loads(out2.read_text())["parallel_layout_item"]
+    assert items["w1"]["opt_weight_shard_size"] == 4
+
+
+def test_plan_with_a_topology_file_and_presets(tmp_path):
+    import autopar as ap
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    slow = ap.Topology((ap.Level("host", 1, alpha=1e-3, beta=1e-6),), flops=1e9,
+                       mem_bandwidth=1e9)
+    slow.save(tmp_path / "topo.json")
+    assert ap.Topology.preset(str(tmp_path / "topo.json"), 4).levels[0].size == 4
+    assert ap.Topology.preset("cluster:2x4", 8).num_devices == 8
+    r = run("plan", "mymodel.py:build", "--devices", "4", "--topology", "topo.json", "-o",
+            "a.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r2 = run("plan", "mymodel.py:build", "--devices", "4", "-o", "b.json", cwd=tmp_path)
+    a, b = (ap.Strategy.load(tmp_path / f) for f in ("a.json", "b.json"))
+    assert a.step_time > 10 * b.step_time       # priced on the slow machine's constants
+
+
+def test_plan_errors(tmp_path):
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    r = run("plan", "mymodel.py:nope", cwd=tmp_path)
+    assert r.returncode == 2 and "no function 'nope'" in r.stderr
+    r = run("plan", "mymodel.py:build", "--devices", "4", "--topology", "nothere", cwd=tmp_path)
+    assert r.returncode == 2 and "cluster:HOSTSxPER_HOST" in r.stderr
+    r = run("plan", "nocolon")
+    assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
+
+
+def test_every_command_has_complete_help():
+    for cmd in ("plan", "show", "report", "solve", "calibrate", "bench"):
+        r = run(cmd, "--help")
+        assert r.returncode == 0 and "usage: autopar " + cmd in r.stdout, (cmd, r.stderr)
+    assert "--max-memory" in run("plan", "--help").stdout
+    assert "--algorithm" in run("bench", "--help").stdout
+
+
+def test_calibrate_writes_a_topology_the_planner_reads(tmp_path):
+    import autopar as ap
+    r = run("calibrate", "--ranks", "2", "-o", str(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    topo = ap.Topology.load(tmp_path / "t.json")
+    (lv,) = topo.levels
+    assert lv.size == 2 and 0 <= lv.alpha < 1e-2 and 0 < lv.beta < 1e-7
+    assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8
+    assert "GFLOP/s" in r.stdout and "alpha" in r.stdout
+
+
+def test_bench_prints_json_rows():
+    r = run("bench", "--op", "all_reduce", "--ranks", "2", "--size", "4KB", "--json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row["op"] == "all_reduce" and row["bytes"] == 4096 and row["latency_us"] > 0
 
 
 def test_solve_example_finds_the_optimum():
