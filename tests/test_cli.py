@@ -71,6 +71,7 @@ def test_plan_with_a_topology_file_and_presets(tmp_path):
             "a.json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r2 = run("plan", "mymodel.py:build", "--devices", "4", "-o", "b.json", cwd=tmp_path)
+    assert r.returncode == 0 and r2.returncode == 0, r2.stderr
     a, b = (ap.Strategy.load(tmp_path / f) for f in ("a.json", "b.json"))
     assert a.step_time > 10 * b.step_time       # priced on the slow machine's constants
 
