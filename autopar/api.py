@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 import types
 
@@ -43,6 +42,7 @@ from .strategies.stages import Stages, assign_stages
 from .annotate import STAGE_SCOPE
 from .redistribution.planner import Planner
 from .trace import trace, trace_per_device
+from .progress import Progress, logger
 from .graph import Value
 from .strategies.candidates import Candidate
 from .redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
@@ -111,32 +111,56 @@ class Compiled:
         self.strategy, self.program = strategy, program
         self._in_tree, self._leaf_types = in_tree, leaf_types
         self._runner = None
+        self._timings = {}
 
     def collectives(self):
         return self.program.collectives()
 
+    @property
+    def timings(self) -> dict:
+        """Seconds of each compile phase (trace, search, lower) and, after the first call,
+        ``start``: building the runner (starting the workers, compiling the segments) and
+        ``first_call``: the first step, start included."""
+        return {**dict(self.strategy.phase_seconds), **self._timings}
+
     def __call__(self, *args):
+        if self._runner is None:
+            t0 = time.monotonic()
+            out = self._call(*args)
+            self._timings["first_call"] = time.monotonic() - t0
+            logger.info("%s: first call %.2f s (runner started in %.2f s)", self.strategy.mode,
+                        self._timings["first_call"], self._timings.get("start", 0.0))
+            return out
+        return self._call(*args)
+
+    def _make_runner(self):
+        native = self.config.backend is Backend.NATIVE
+        if isinstance(self.program, PipelineProgram):
+            if native:
+                from .runtime.native_pipeline import PipelineRunner
+                return PipelineRunner(self.program, self.config.collective_timeout,
+                                      self.config.allreduce_fusion_bytes)
+            from .runtime.jax_pipeline import PipelineRunner
+            return PipelineRunner(self.program)
+        if native and self.program.mesh.size > 1:
+            from .runtime.native_backend import NativeRunner
+            return NativeRunner(self.program, self.config.collective_timeout,
+                                self.config.allreduce_fusion_bytes)
+        from .runtime.jax_backend import build
+        return build(self.program)
+
+    def _call(self, *args):
         flat, tree = jax.tree.flatten(args)
         got = [_leaf_type(x) for x in flat]
         if tree != self._in_tree or got != self._leaf_types:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
-        if self._runner is None and isinstance(self.program, PipelineProgram):
-            if self.config.backend is Backend.NATIVE:
-                from .runtime.native_pipeline import PipelineRunner
-                self._runner = PipelineRunner(self.program, self.config.collective_timeout,
-                                              self.config.allreduce_fusion_bytes)
-            else:
-                from .runtime.jax_pipeline import PipelineRunner
-                self._runner = PipelineRunner(self.program)
         if self._runner is None:
-            if self.config.backend is Backend.NATIVE and self.program.mesh.size > 1:
-                from .runtime.native_backend import NativeRunner
-                self._runner = NativeRunner(self.program, self.config.collective_timeout,
-                                            self.config.allreduce_fusion_bytes)
-            else:
-                from .runtime.jax_backend import build
-                self._runner = build(self.program)
+            t0 = time.monotonic()
+            logger.info("starting the %s runner on %d device(s)", self.config.backend.value,
+                        self.program.mesh.size)
+            self._runner = self._make_runner()
+            self._timings["start"] = time.monotonic() - t0
         return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
 
 
@@ -207,18 +231,14 @@ def _fixed(config, mesh, graph) -> dict:
             for n in graph.nodes if n.prim == "autopar_shard"}
 
 
-PROGRESS_AFTER = 1.0      # seconds a search runs quietly before it reports progress
+PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
 
 
-def _progress_printer(name, solver):
-    """Progress messages on stderr, once the search has run for more than PROGRESS_AFTER."""
-    start = time.monotonic()
-
-    def report(message: str) -> None:
-        elapsed = time.monotonic() - start
-        if elapsed > PROGRESS_AFTER:
-            print(f"autopar [{name}, {solver}, {elapsed:.1f}s] {message}", file=sys.stderr, flush=True)
-    return report
+def _progress(name, solver, config):
+    """The progress display of a search (autopar.progress): the ``autopar`` logger always, a
+    bar on a terminal's stderr once it has run PROGRESS_AFTER seconds and config.progress."""
+    return Progress(f"autopar [{name}, {solver}]", config.search_time, config.progress,
+                    PROGRESS_AFTER)
 
 
 def _search_name(config) -> str:
@@ -257,9 +277,12 @@ def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planne
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
                           [n for n, _ in names], state_pairs=pairs)
-    solution = solvers.get(config.search_mode.value)(
-        built.problem, time_limit=config.search_time,
-        progress=_progress_printer(name, config.search_mode.value) if config.progress else None)
+    progress = _progress(name, config.search_mode.value, config)
+    try:
+        solution = solvers.get(config.search_mode.value)(
+            built.problem, time_limit=config.search_time, progress=progress)
+    finally:
+        progress.close()
     choice, inputs = built.assignment(solution.choice)
     return Assignment(choice, inputs, solution.cost)
 
@@ -270,11 +293,15 @@ def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, pla
     solved by dynamic programming (strategies/recursive.py)."""
     fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    return recursive.search(
-        graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()}, fixed_args, seconds,
-        config.max_device_memory, solvers.get("dynamic_programming"), time_limit=config.search_time,
-        progress=_progress_printer(name, "recursive_programming") if config.progress else None,
-        name=name, arg_names=[n for n, _ in names], state_pairs=pairs)
+    progress = _progress(name, "recursive_programming", config)
+    try:
+        return recursive.search(
+            graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()}, fixed_args,
+            seconds, config.max_device_memory, solvers.get("dynamic_programming"),
+            time_limit=config.search_time, progress=progress, name=name,
+            arg_names=[n for n, _ in names], state_pairs=pairs)
+    finally:
+        progress.close()
 
 
 def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
@@ -309,6 +336,10 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
     graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy)
+    logger.info("compiled %s (%s, %s): %d operators, %d collectives; %s",
+                getattr(fn, "__name__", "step"), strat.mode, strat.search, len(graph.nodes),
+                len(program.collectives()),
+                ", ".join(f"{k} {v:.2f} s" for k, v in strat.phase_seconds))
     if config.strategy_ckpt_save_file:
         strat.save(config.strategy_ckpt_save_file)
     leaf_types = [_leaf_type(x) for x in jax.tree.leaves(args)]

@@ -55,17 +55,44 @@ def test_auto_parallel_gpt_matches_single_device():
     assert c.strategy.step_time <= dp.step_time * 1.05
 
 
-def test_long_searches_report_progress(capsys, monkeypatch):
+def test_long_searches_report_progress(caplog, monkeypatch):
+    """A search reports to the autopar logger; on a terminal it also draws a bar in place (not
+    when stderr is captured, as here, or with progress=False)."""
+    import io
+    import logging
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
     # every search counts as long here: whether this one passes a second depends on the machine
     monkeypatch.setattr("autopar.api.PROGRESS_AFTER", 0.0)
     p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, search_mode="ilp",
                             search_time=4.0)
-    ap.plan(m.gpt_sgd_step, p, b, config=cfg)
-    err = capsys.readouterr().err
-    assert "autopar [gpt_sgd_step, ilp," in err
+    tty = Terminal()
+    monkeypatch.setattr("sys.stderr", tty)
+    with caplog.at_level(logging.INFO, logger="autopar"):
+        ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert any("autopar [gpt_sgd_step, ilp]" in r.getMessage() for r in caplog.records)
+    assert any("compiled gpt_sgd_step (auto_parallel, ilp)" in r.getMessage()
+               for r in caplog.records)
+    drawn = tty.getvalue()
+    assert "\rautopar [gpt_sgd_step, ilp] [#" in drawn and "/4s" in drawn and drawn.endswith("\n")
+    tty.truncate(0)
     ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(progress=False))
-    assert capsys.readouterr().err == ""
+    assert tty.getvalue().strip("\x00") == ""
+
+
+def test_compiled_reports_phase_timings():
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(
+        backend="jax", parallel_mode="data_parallel", device_num=4))
+    assert set(c.timings) == {"trace", "search", "lower"}
+    c(p, b)
+    t = c.timings
+    assert set(t) == {"trace", "search", "lower", "start", "first_call"}
+    assert all(v >= 0 for v in t.values()) and t["first_call"] >= t["start"]
 
 
 def test_recursive_programming_cuts_each_axis_and_matches_single_device():

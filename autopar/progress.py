@@ -1,0 +1,55 @@
+"""Logging and progress: the ``autopar`` logger and a progress display for long phases.
+
+In: messages from long phases (a strategy search, starting the workers). Out: records of the
+standard ``logging`` logger ``autopar`` (configure it as any other: ``logging.basicConfig(
+level=logging.INFO)`` shows the compile phases) and, while stderr is a terminal, a one-line bar
+redrawn in place once a phase has run for ``after`` seconds. Nothing is drawn when stderr is
+not a terminal (a log file, CI, a notebook's captured stream): the messages go to the logger
+only.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+logger = logging.getLogger("autopar")
+
+WIDTH = 24
+
+
+class Progress:
+    """``progress(message)`` reports; ``close()`` ends the line. ``total``: the seconds the
+    phase may take (the bar fills with the time used), or None (the bar shows the time only)."""
+
+    def __init__(self, label: str, total=None, enabled: bool = True, after: float = 1.0,
+                 stream=None):
+        self.label, self.total, self.enabled, self.after = label, total, enabled, after
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.monotonic()
+        self.drawn = False
+
+    @property
+    def bar(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        return self.enabled and bool(isatty and isatty())
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.monotonic() - self.start
+        logger.info("%s %.1fs: %s", self.label, elapsed, message)
+        if not self.bar or elapsed < self.after:
+            return
+        if self.total:
+            k = min(WIDTH, int(WIDTH * elapsed / self.total))
+            gauge = f"[{'#' * k}{'.' * (WIDTH - k)}] {elapsed:5.1f}/{self.total:.0f}s"
+        else:
+            gauge = f"{elapsed:5.1f}s"
+        self.stream.write(f"\r{self.label} {gauge} {message[:70]:<70}")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
