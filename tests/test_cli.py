@@ -136,3 +136,14 @@ def test_solve_errors_are_reported():
     assert r.returncode != 0
     r = run("solve", EXAMPLE, "5", "--solver", "nonsense")
     assert r.returncode == 2 and "choose one of" in r.stderr
+
+
+def test_report_writes_the_html_page(tmp_path):
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    assert run("plan", "mymodel.py:build", "--mesh", "2x2", "-o", "s.json",
+               cwd=tmp_path).returncode == 0
+    r = run("report", "s.json", "-o", "r.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "application/json" in page
+    assert "dot_general" in page and "http://" not in page.replace("http://www.w3.org", "")
