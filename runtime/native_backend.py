@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 import sys
+import tempfile
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,11 +88,19 @@ class WorkerRunner:
     ``_loads()`` -> (worker function, per-rank arguments)."""
 
     def _start(self):
-        """A new job with the program loaded (first use, and after a failed or closed one)."""
+        """A new job with the program loaded (first use, and after a failed or closed one).
+        The workers share an XLA compilation cache, private to the job and removed with it."""
         from .launcher import Job
         self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout)
-        self._finalizer = weakref.finalize(self, self.job.close)
-        self._call(*self._loads())
+        cache = tempfile.mkdtemp(prefix="autopar-xla-")
+        job = self.job
+
+        def stop():
+            job.close()
+            shutil.rmtree(cache, ignore_errors=True)
+        self._finalizer = weakref.finalize(self, stop)
+        fn, per_rank = self._loads()
+        self._call(fn, [args + (cache,) for args in per_rank])
 
     def _call(self, fn, per_rank):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
@@ -159,13 +169,36 @@ def host_ids(topology) -> list[int]:
 
 # --- in the workers ---------------------------------------------------------------------------
 
-def load(comm, payload):
-    """Deserialise the program's segments (a job runs one program), each jitted once: an
-    Exported called eagerly pays about a millisecond of dispatch per call, jitted a tenth."""
+def compile_shared(comm, segments, ranks, cache):
+    """The compiled executables of serialised segments that every rank of ``ranks`` runs:
+    in rounds, the i-th of them compiles segment ``round * len(ranks) + i`` into the job's XLA
+    cache directory ``cache``, and after the rounds every rank loads the rest from it (one
+    compile per segment for the job rather than one per rank; a round is one compile long,
+    within the collective timeout of the ranks waiting on it)."""
     import jax
     from jax import export
+    exported = [export.deserialize(b) for b in segments]
+    compile_ = lambda e: jax.jit(e.call).lower(*e.in_avals).compile()
+    if cache is None or len(ranks) == 1:
+        return [compile_(e) for e in exported]
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    out, me, n = [None] * len(exported), ranks.index(comm.rank), len(ranks)
+    for start in range(0, len(exported), n):
+        if start + me < len(exported):
+            out[start + me] = compile_(exported[start + me])
+        comm.barrier(list(ranks))
+    return [c if c is not None else compile_(e) for c, e in zip(out, exported)]
+
+
+def load(comm, payload, cache=None):
+    """Compile the program's segments (a job runs one program), shared across the ranks."""
     mesh, instructions, inputs, outputs, split, bucket_bytes, prices = payload
-    steps = [("segment", jax.jit(export.deserialize(ins[1]).call), ins[2], ins[3])
+    compiled = iter(compile_shared(comm, [ins[1] for ins in instructions
+                                          if isinstance(ins, tuple)],
+                                   list(range(comm.size)), cache))
+    steps = [("segment", next(compiled), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
     _PROGRAM[:] = [(mesh, steps, inputs, outputs, split, bucket_bytes, prices,
                     _last_reads(steps, outputs))]

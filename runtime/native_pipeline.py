@@ -126,23 +126,20 @@ class PipelineRunner(nb.WorkerRunner):
 _STAGE: list = []
 
 
-def load_stage(comm, payload):
-    from jax import export
-    phases = {}
-    for name, steps in payload["phases"].items():
-        phases[name] = [("segment", _compiled(export.deserialize(s[1])), s[2], s[3])
-                        if isinstance(s, tuple) else s for s in steps]
+def load_stage(comm, payload, cache=None):
+    """Compile the stage's segments now (so a stage's first step does not compile while its
+    peers wait on it), shared across the stage's ranks."""
+    first, K = payload["groups"].offset, payload["K"]
+    segments = [s[1] for steps in payload["phases"].values() for s in steps
+                if isinstance(s, tuple)]
+    compiled = iter(nb.compile_shared(comm, segments, list(range(first, first + K)), cache))
+    phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
+                     for s in steps] for name, steps in payload["phases"].items()}
     _STAGE[:] = [dict(payload, phases=phases)]
     sys.setswitchinterval(1e-4)
     if not nb._COMM_THREAD:
         nb._COMM_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="autopar-comm"))
     return True
-
-
-def _compiled(exported):
-    """Compiled now, so a stage's first step does not compile while its peers wait on it."""
-    import jax
-    return jax.jit(exported.call).lower(*exported.in_avals).compile()
 
 
 class _Mailbox:
