@@ -18,6 +18,8 @@ SAYS = {
     "load_strategy.py": ["strategy search: loaded", "the loaded layouts are the searched ones: True"],
     "hybrid_parallel.py": ["the same as the single-device step", "all_reduce(y)"],
 }
+SAYS.setdefault("flax_nnx.py", ["match the single-device step", "collectives"])
+SAYS.setdefault("equinox_model.py", ["match the single-device step", "collectives"])
 
 
 def test_every_example_is_checked():

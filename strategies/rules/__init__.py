@@ -9,11 +9,11 @@ from __future__ import annotations
 from autopar.errors import RuleError
 from autopar.graph import type_str
 
-from . import annotate, dot, elementwise, indexing, reduce, shape
+from . import annotate, dot, elementwise, indexing, reduce, shape, window
 from .spec import OpSpec, Rule, parse
 
 RULES: dict[str, Rule] = {}
-for _family in (elementwise, dot, shape, reduce, indexing, annotate):
+for _family in (elementwise, dot, shape, reduce, indexing, annotate, window):
     RULES.update(_family.RULES)
 
 
