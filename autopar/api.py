@@ -6,25 +6,21 @@ Out: a ``Compiled`` object: calling it runs the sharded Program on ``config.back
 native multi-process runtime by default; ``backend="jax"`` for shard_map over JAX devices) and
 returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
 Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
-This is the only module that imports every layer.
+This module and autopar.hybrid (the hybrid_parallel half of planning) import every layer.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-import types
 
 import jax
-import numpy as np
 
 from .config import Backend, ParallelConfig, ParallelMode, SearchMode
 from .context import context_config
 from .errors import ConfigError, InfeasibleError, LayoutError
-from .graph import type_str
-from .layout import Layout
-from .pipeline import PipelineProgram, Transfer
-from .program import Collective, Compute
+from .pipeline import PipelineProgram
+from .program import Compute
 from .strategies import recursive, solvers
 from .strategies.build import build_problem
 from .strategies.cost_model import compute_time, output_bytes
@@ -32,8 +28,7 @@ from .strategies.candidates import identity_candidate
 from .strategies.candidates import candidates_of
 from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
-from .strategies.strategy import (CommStrategy, InputStrategy, OpStrategy, StageStrategy,
-                                  Strategy)
+from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
 from .redistribution.pipeline import MicroPlanner, split as split_pipeline
 from .strategies.microbatch import add_micro_axis, micro_mesh
@@ -41,66 +36,11 @@ from .strategies.stage_plan import plan_stages, stage_estimates
 from .strategies.stages import Stages, assign_stages
 from .annotate import STAGE_SCOPE
 from .redistribution.planner import Planner
-from .trace import trace, trace_per_device
+from .trace import trace
+from .arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
+from .dump import comm_records, label, operands
+from .hybrid import plan_hybrid
 from .progress import Progress, logger
-from .graph import Value
-from .strategies.candidates import Candidate
-from .redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
-
-
-def _key_str(k) -> str:
-    for attr in ("key", "idx", "name"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def _leaf_names(args) -> list[tuple[str, bool]]:
-    """(name, is_param) per flattened leaf: parameter leaves by their path ("h0.w1"), other
-    arguments as "arg<i>.<path>"."""
-    out = []
-    for i, a in enumerate(args):
-        for path, _ in jax.tree_util.tree_flatten_with_path(a)[0]:
-            p = ".".join(_key_str(k) for k in path)
-            out.append(((p or "params") if i == 0 else f"arg{i}" + (f".{p}" if p else ""), i == 0))
-    return out
-
-
-def _leaf_type(x) -> str:
-    """Shape and dtype of an argument leaf as JAX will see it (float64 -> float32 unless x64)."""
-    return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
-
-
-def _spec_layout(spec, shape, mesh, what) -> Layout:
-    if isinstance(spec, str):
-        spec = Layout.parse(spec)
-    if not isinstance(spec, Layout):
-        counts = tuple(spec)
-        if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
-            raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
-                              "(1 = not split).")
-        if len(counts) != len(shape):
-            raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
-                              f"has shape {tuple(shape)}; give one split count per dimension.")
-        if math.prod(counts) > mesh.size:
-            raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
-                              f"{mesh} has only {mesh.size} devices; lower the split counts.")
-        for i, (s, c) in enumerate(zip(shape, counts)):
-            if s % c:
-                raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
-                                  f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
-        try:
-            spec = Layout.from_strategy(counts, mesh)
-        except LayoutError as e:
-            raise LayoutError(f"{what}: {e} With mesh_shape={mesh.shape} the counts must be products "
-                              "of distinct mesh axis sizes; for this split choose a mesh_shape "
-                              "that has such axes (e.g. (4, 2) for a 4-way split on 8 devices).") from None
-    spec = Layout(tuple(tuple(a for a in d if a not in mesh.axis_names or mesh.axis_size(a) > 1)
-                        for d in spec.dims), spec.partial)          # size-1 axes split nothing
-    if spec.partial:
-        raise LayoutError(f"{what}: layout {spec} is a partial sum; a user layout says how a whole "
-                          "value is split, so remove the sum{...} part.")
-    return spec.check(shape, mesh, what)
 
 
 class Compiled:
@@ -151,7 +91,7 @@ class Compiled:
 
     def _call(self, *args):
         flat, tree = jax.tree.flatten(args)
-        got = [_leaf_type(x) for x in flat]
+        got = [leaf_type(x) for x in flat]
         if tree != self._in_tree or got != self._leaf_types:
             raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
                               f"called with {got} ({tree}); compile again for new shapes.")
@@ -162,73 +102,6 @@ class Compiled:
             self._runner = self._make_runner()
             self._timings["start"] = time.monotonic() - t0
         return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
-
-
-def _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -> dict:
-    mode = config.parallel_mode
-    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
-    layouts = {}
-    ds = config.dataset_strategy
-    if mode is ParallelMode.DATA_PARALLEL or (mode is ParallelMode.HYBRID_PARALLEL and
-                                              ds in (None, "data_parallel")):
-        axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
-        for j, v in enumerate(graph.inputs):
-            if leaf_arg[j] in batch_argnums and v.shape:
-                if v.shape[0] % mesh.size:
-                    raise LayoutError(f"data_parallel: batch argument {names[j][0]} has dimension 0 "
-                                      f"of size {v.shape[0]}, not divisible by device_num="
-                                      f"{mesh.size}; use a batch size that is a multiple of it (if "
-                                      f"argument {leaf_arg[j]} is not a batch, pass batch_argnums "
-                                      "naming only the batch arguments).")
-                layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
-    if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
-        return layouts
-    if mode is ParallelMode.DATA_PARALLEL and ds not in (None, "data_parallel"):
-        raise ConfigError(f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
-                          "always splits the batch; use semi_auto_parallel or auto_parallel.")
-    free = (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL,
-            ParallelMode.HYBRID_PARALLEL)
-    if ds is not None and mode in free:
-        batch = [j for j, v in enumerate(graph.inputs) if leaf_arg[j] in batch_argnums]
-        if isinstance(ds, tuple) and len(ds) != len(batch):
-            raise ConfigError(f"dataset_strategy has {len(ds)} entries but the step has "
-                              f"{len(batch)} batch leaves ({', '.join(names[j][0] for j in batch)}); "
-                              "give one split tuple per batch leaf.")
-        for k, j in enumerate(batch):
-            shape = graph.inputs[j].shape
-            spec = ds[k] if isinstance(ds, tuple) else (
-                (mesh.size,) + (1,) * (len(shape) - 1) if ds == "data_parallel" and shape
-                else (1,) * len(shape))
-            layouts[j] = _spec_layout(spec, shape, mesh, f"dataset_strategy of {names[j][0]}")
-    if in_strategy is not None and mode in free:
-        if len(in_strategy) != len(args):
-            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
-                              "arguments; give one per argument (None for 'no constraint').")
-        is_leaf = lambda x: x is None or isinstance(x, (Layout, str)) or (
-            isinstance(x, tuple) and all(isinstance(c, int) for c in x))
-        j = 0
-        for a, spec in zip(args, in_strategy):
-            try:   # spec is a prefix of the argument: one entry covers a whole subtree
-                per_leaf = jax.tree.map(lambda s, sub: [s] * len(jax.tree.leaves(sub)), spec, a,
-                                        is_leaf=is_leaf)
-            except ValueError as e:
-                raise LayoutError(f"in_strategy entry {spec!r} does not match the structure of "
-                                  f"its argument: {e}") from None
-            specs = [s for group in jax.tree.leaves(per_leaf, is_leaf=lambda x: isinstance(x, list))
-                     for s in group]
-            for s in specs:
-                if s is not None:
-                    layouts[j] = _spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")
-                j += 1
-    return layouts
-
-
-def _fixed(config, mesh, graph) -> dict:
-    if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
-        return {}
-    return {n.id: _spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
-                               f"ap.shard at {n.source or n.name}")
-            for n in graph.nodes if n.prim == "autopar_shard"}
 
 
 PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
@@ -248,32 +121,10 @@ def _search_name(config) -> str:
     return "sharding_propagation" if mode is ParallelMode.SEMI_AUTO_PARALLEL else "none"
 
 
-def _state_pairs(graph) -> tuple:
-    """(graph input, graph output) leaf positions of the state a step threads through: each
-    top-level result that repeats an argument's pytree structure, shapes and dtypes (new
-    parameters, new optimizer state) is paired leaf by leaf with the first such argument."""
-    n_in, n_out = len(graph.inputs), len(graph.outputs)
-    args = jax.tree.unflatten(graph.in_tree, range(n_in))
-    outs = jax.tree.unflatten(graph.out_tree, range(n_out))
-    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    typ = lambda x: (tuple(x.shape), np.dtype(x.dtype))
-    pairs, used = [], set()
-    for out in outs:
-        o_leaves, o_tree = jax.tree.flatten(out)
-        for a, arg in enumerate(args):
-            a_leaves, a_tree = jax.tree.flatten(arg)
-            if a not in used and a_tree == o_tree and all(
-                    typ(graph.inputs[i]) == typ(graph.outputs[j]) for i, j in zip(a_leaves, o_leaves)):
-                used.add(a)
-                pairs += zip(a_leaves, o_leaves)
-                break
-    return tuple(pairs)
-
-
 def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name,
             pairs):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
-    fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+    fixed_args = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
                           [n for n, _ in names], state_pairs=pairs)
@@ -291,7 +142,7 @@ def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, pla
                pairs):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
     solved by dynamic programming (strategies/recursive.py)."""
-    fixed_args = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+    fixed_args = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     progress = _progress(name, "recursive_programming", config)
     try:
@@ -342,7 +193,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
                 ", ".join(f"{k} {v:.2f} s" for k, v in strat.phase_seconds))
     if config.strategy_ckpt_save_file:
         strat.save(config.strategy_ckpt_save_file)
-    leaf_types = [_leaf_type(x) for x in jax.tree.leaves(args)]
+    leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
     return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
 
 
@@ -411,100 +262,6 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
 
-def _label(ins) -> str:
-    """How the memory timeline names an instruction."""
-    if isinstance(ins, Compute):
-        return ins.node.name
-    return f"{ins.kind}({','.join(ins.axes)})"
-
-
-def _comm_records(program, planner) -> tuple:
-    """A CommStrategy per communication step of a Program or PipelineProgram, priced by the
-    planner (transfers between stages on the first level of the full mesh's axis)."""
-    if isinstance(program, PipelineProgram):
-        body = [(st.index, ins, name) for st in program.stages for name, b in st.phases()
-                for ins in b]
-        level = program.mesh.level(program.mesh.axis_names[0])
-        micro = program.micro_batches
-    else:
-        body = [(0, ins, "") for ins in program.instructions]
-    out = []
-    for stage, ins, phase in body:
-        if isinstance(ins, Transfer):
-            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
-                                    str(np.dtype(ins.dtype)), ins.bytes,
-                                    level.alpha + level.beta * ins.bytes,
-                                    f"stage {stage} {'to' if ins.kind == 'send' else 'from'} "
-                                    f"stage {ins.peer}", stage, micro if ins.micro else 1))
-        elif isinstance(ins, Collective):
-            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
-                                    str(np.dtype(ins.dtype)), ins.bytes,
-                                    planner.step_time(ins.kind, ins.axes, ins.bytes)[0],
-                                    ins.reason, stage,
-                                    micro if phase in ("forward", "backward") else 1))
-    return tuple(out)
-
-
-def _hybrid(fn, args, config, batch_argnums, in_strategy):
-    """hybrid_parallel: the step's own collectives (ap.comm), run as written. Arguments are
-    split as data_parallel splits them unless in_strategy / dataset_strategy say otherwise;
-    results must be the same on every device."""
-    if config.pipeline_stages > 1 or config.micro_batches > 1 or config.enable_parallel_optimizer:
-        raise ConfigError("parallel_mode='hybrid_parallel' runs the step's own collectives as "
-                          "written; pipeline stages, micro-batches and the parallel optimizer "
-                          "are planned by the other modes. Unset them or use auto_parallel.")
-    mesh = config.mesh()
-    names = _leaf_names(args)
-    t0 = time.monotonic()
-    shell = types.SimpleNamespace(inputs=[
-        Value(j, tuple(np.shape(x)), np.dtype(jax.dtypes.canonicalize_dtype(
-            jax.numpy.result_type(x)))) for j, x in enumerate(jax.tree.leaves(args))])
-    given = _arg_layouts(config, mesh, shell, args, batch_argnums, in_strategy, names)
-    in_layouts = [given.get(j, Layout.replicated(len(v.shape))) for j, v in enumerate(shell.inputs)]
-    in_specs = [l.to_partition_spec() for l in in_layouts]
-    # results are replicated, except new state (parameters, optimizer state), which keeps its
-    # argument's layout as in the other modes
-    shapes = trace_per_device(fn, args, mesh, in_specs)
-    out_layouts = [Layout.replicated(len(v.shape)) for v in shapes.outputs]
-    for i, j in _state_pairs(shapes):
-        out_layouts[j] = in_layouts[i]
-    graph = trace_per_device(fn, args, mesh, in_specs, [l.to_partition_spec() for l in out_layouts])
-    t_trace = time.monotonic()
-    planner = Planner(mesh)
-    program = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
-    comms = _comm_records(program, planner)
-    made_by = {v.id: name for v, (name, _) in zip(graph.inputs, names)}
-    made_by.update((o.id, n.name) for n in graph.nodes for o in n.outputs)
-    comm_of = {}
-    for c in comms:
-        comm_of[c.reason.split(" ")[0]] = comm_of.get(c.reason.split(" ")[0], 0.0) + c.seconds
-    ops = []
-    for n in graph.nodes:
-        rep = Candidate((), frozenset(), -1, tuple(Layout.replicated(len(x.shape)) for x in n.inputs),
-                        tuple(Layout.replicated(len(v.shape)) for v in n.outputs))
-        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                              tuple(v.shape for v in n.outputs), rep.in_layouts, rep.out_layouts,
-                              comm_of.get(n.name, 0.0),
-                              0.0 if n.prim in COLLECTIVE_PRIMS else compute_time(n, rep, mesh),
-                              output_bytes(n, rep, mesh), 0,
-                              tuple(made_by.get(getattr(x, "id", None), "") for x in n.inputs)))
-    peak, at = program.memory()
-    peak_op = "the arguments" if at is None else _label(at)
-    cap = config.max_device_memory
-    if cap is not None and peak > cap:
-        raise InfeasibleError(f"hybrid_parallel needs {peak} bytes per device at {peak_op}, more "
-                              f"than max_device_memory={cap}. Raise max_device_memory, split more "
-                              "of the arguments (in_strategy) or use a smaller batch.")
-    inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
-                   for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
-    strat = Strategy("hybrid_parallel", "manual", tuple(mesh.shape), tuple(mesh.axis_names),
-                     inputs, tuple(ops), 0.0, peak, peak_op, cap, (), 1, "", comms,
-                     tuple((_label(ins), b) for ins, b in program.memory_timeline()),
-                     (("trace", t_trace - t0), ("search", 0.0),
-                      ("lower", time.monotonic() - t_trace)))
-    return graph, strat, program
-
-
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     config = config or context_config()
     mode = config.parallel_mode
@@ -514,7 +271,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         if strategy is not None:
             raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
                               "strategy to load; unset strategy / strategy_ckpt_config.")
-        return _hybrid(fn, args, config, batch_argnums, in_strategy)
+        return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
         raise ConfigError(
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
@@ -526,11 +283,11 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     t0 = time.monotonic()
     graph = trace(fn, *args)
     t_trace = time.monotonic()
-    names = _leaf_names(args)
+    names = leaf_names(args)
     planner = Planner(mesh)
-    fixed = _fixed(config, mesh, graph)
+    fixed = fixed_layouts(config, mesh, graph)
     name = getattr(fn, "__name__", "step")
-    pairs = _state_pairs(graph)
+    pairs = state_pairs(graph)
     # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
     search_config = config.replace(max_device_memory=None) if pipelined else config
     if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
@@ -547,9 +304,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             assignment = _search(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
                                  planner, cands, name, pairs)
         else:
-            arg_layouts = _arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
-
-            assignment = propagate(graph, mesh, fixed, arg_layouts, _reshard_cost(planner), cands)
+            given = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+            assignment = propagate(graph, mesh, fixed, given, _reshard_cost(planner), cands)
     via, updates = None, {}
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
@@ -573,18 +329,15 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     ch = assignment.choice
     piped = isinstance(program, PipelineProgram)
     node_stage = program.node_stages if piped else (0,) * len(graph.nodes)
-    made_by = {v.id: name for v, (name, _) in zip(graph.inputs, names)}
-    made_by.update((o.id, n.name) for n in graph.nodes for o in n.outputs)
     ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
                            tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
                            ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
-                           output_bytes(n, ch[n.id], mesh), s,
-                           tuple(made_by.get(getattr(x, "id", None), "") for x in n.inputs))
-                for n, s in zip(graph.nodes, node_stage))
+                           output_bytes(n, ch[n.id], mesh), s, made_by)
+                for n, s, made_by in zip(graph.nodes, node_stage, operands(graph, names)))
     stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
                        for st in program.stages) if piped else ()
-    comms = _comm_records(program, planner)
-    timeline = () if piped else tuple((_label(ins), b) for ins, b in program.memory_timeline())
+    comms = comm_records(program, planner)
+    timeline = () if piped else tuple((label(ins), b) for ins, b in program.memory_timeline())
     if not piped:
         peak, at = program.memory()
         node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
@@ -626,7 +379,7 @@ class ParallelFunction:
     def compile(self, *args) -> Compiled:
         flat, tree = jax.tree.flatten(args)
         config = self.config or context_config()
-        key = (tree, tuple(_leaf_type(x) for x in flat), config)
+        key = (tree, tuple(leaf_type(x) for x in flat), config)
         if key not in self._cache:
             self._cache[key] = compile(self.fn, *args, config=config, **self.kw)
         return self._cache[key]

@@ -30,22 +30,32 @@ _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_c
            "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
 
 
-def trace(fn, *args) -> Graph:
+def _flat(fn, args):
+    """``(flat_fn, specs, in_tree, out_tree)``: ``fn`` on flattened leaves, the leaves' shapes,
+    and a callable giving the results' tree once ``flat_fn`` has been traced."""
     flat, in_tree = jax.tree.flatten(args)
-    out_tree_box = []
+    box = []
 
     def flat_fn(*leaves):
-        out = fn(*jax.tree.unflatten(in_tree, leaves))
-        leaves_out, tree = jax.tree.flatten(out)
-        out_tree_box.append(tree)
+        leaves_out, tree = jax.tree.flatten(fn(*jax.tree.unflatten(in_tree, leaves)))
+        box.append(tree)
         return leaves_out
 
     specs = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in flat]
-    closed = jax.make_jaxpr(flat_fn)(*specs)
+    return flat_fn, specs, in_tree, lambda: box[-1]
+
+
+def _graph(jaxpr, consts, in_tree, out_tree) -> Graph:
     b = _Builder()
-    inputs = [b.new_value(v.aval) for v in closed.jaxpr.invars]
-    outs = b.inline(closed.jaxpr, closed.consts, inputs, "", "")
-    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
+    inputs = [b.new_value(v.aval) for v in jaxpr.invars]
+    outs = b.inline(jaxpr, consts, inputs, "", "")
+    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree)
+
+
+def trace(fn, *args) -> Graph:
+    flat_fn, specs, in_tree, out_tree = _flat(fn, args)
+    closed = jax.make_jaxpr(flat_fn)(*specs)
+    return _graph(closed.jaxpr, closed.consts, in_tree, out_tree())
 
 
 def trace_per_device(fn, args, mesh, in_specs, out_specs=None) -> Graph:
@@ -55,18 +65,8 @@ def trace_per_device(fn, args, mesh, in_specs, out_specs=None) -> Graph:
     (``psum``, ``all_gather``, ..., ``pvary``) are nodes. JAX's replication check applies: a
     result declared replicated must be the same on every device. ``out_specs=None`` traces
     once without that check, for the results' structure and local shapes only."""
-    from jax.sharding import PartitionSpec
-    from jax.sharding import AbstractMesh
-    flat, in_tree = jax.tree.flatten(args)
-    out_tree_box = []
-
-    def flat_fn(*leaves):
-        out = fn(*jax.tree.unflatten(in_tree, leaves))
-        leaves_out, tree = jax.tree.flatten(out)
-        out_tree_box.append(tree)
-        return leaves_out
-
-    specs = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in flat]
+    from jax.sharding import AbstractMesh, PartitionSpec
+    flat_fn, specs, in_tree, out_tree = _flat(fn, args)
     am = AbstractMesh(tuple(mesh.shape), tuple(mesh.axis_names))
     try:
         closed = jax.make_jaxpr(jax.shard_map(
@@ -80,11 +80,7 @@ def trace_per_device(fn, args, mesh, in_specs, out_specs=None) -> Graph:
                           "(reduce them with ap.comm.all_reduce or gather them with "
                           "ap.comm.all_gather), or new state in its argument's layout.") from None
     (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "shard_map"]
-    body = eqn.params["jaxpr"]
-    b = _Builder()
-    inputs = [b.new_value(v.aval) for v in body.invars]
-    outs = b.inline(body, (), inputs, "", "")
-    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree_box[-1])
+    return _graph(eqn.params["jaxpr"], (), in_tree, out_tree())
 
 
 def _dtype(x):

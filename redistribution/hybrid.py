@@ -2,7 +2,8 @@
 
 In: the per-device Graph of the step (``autopar.trace.trace_per_device``: local shapes, JAX's
 collective primitives as nodes), the LogicalMesh, the layout of every argument leaf and of
-every result (never partial: the step's own collectives made them whole) and a ``Planner`` (to pick each collective's algorithm). Out: a ``Program`` both runtimes run. No
+every result (never partial: the step's own collectives made them whole) and a ``Planner`` (to pick and price each collective's algorithm). Out: ``(Program, comm)``: the
+Program both runtimes run and, per collective node id, its estimated seconds. No
 layout is chosen: every operator computes on its local shapes, and each collective primitive
 becomes one ``Collective`` over the mesh axes it names:
 
@@ -43,7 +44,7 @@ def _axes(node) -> tuple:
     return names
 
 
-def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> Program:
+def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> tuple:
     avals = {v.id: (tuple(v.shape), np.dtype(v.dtype)) for v in graph.inputs}
     for n in graph.nodes:
         avals.update((o.id, (tuple(o.shape), np.dtype(o.dtype))) for o in n.outputs)
@@ -68,11 +69,14 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> Program:
         out.append(Compute(rn, rn.params, (src,), (dst,), (tuple(shape),)))
         return dst
 
+    comm = {}
+
     def collective(kind, node, src, dst, **kw):
         shape, dtype = avals[src]
         nbytes = max(int(math.prod(shape)), int(math.prod(avals[dst][0]))) * dtype.itemsize
-        out.append(Collective(kind, axes, shape, dtype, nbytes,
-                              planner.step_time(kind, axes, nbytes)[1], src=src, out=dst,
+        seconds, algorithm = planner.step_time(kind, axes, nbytes)
+        comm[node.id] = comm.get(node.id, 0.0) + seconds
+        out.append(Collective(kind, axes, shape, dtype, nbytes, algorithm, src=src, out=dst,
                               reason=f"{node.name} at {node.source or 'an unknown line'}", **kw))
 
     for node in graph.nodes:
@@ -123,7 +127,7 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> Program:
     inputs = tuple(v.id for v in graph.inputs)
     final = [r for r in outputs if isinstance(r, int)]
     return Program(mesh, inputs, tuple(in_layouts), tuple(outputs), tuple(out_layouts),
-                   segment(out, avals, final), graph.in_tree, graph.out_tree, avals)
+                   segment(out, avals, final), graph.in_tree, graph.out_tree, avals), comm
 
 
 def _const_reg(c, new, out, node):

@@ -37,7 +37,7 @@ def momentum_case():
 def test_update_region_is_the_elementwise_update_of_each_parameter():
     fn, args = adam_case()
     graph = trace(fn, *args)
-    from autopar.api import _state_pairs
+    from autopar.arguments import state_pairs as _state_pairs
     groups = update_region(graph, _state_pairs(graph))
     nodes = {n.id: n for n in graph.nodes}
     # one group per parameter (w1, b1, w2, b2), each of the parameter's shape, elementwise only

@@ -1,0 +1,164 @@
+"""The arguments of a step: their names, their layouts and the state the step threads through.
+
+In: the example arguments (pytrees; the first holds the parameters), the traced Graph (or any
+object with ``inputs``: Values with global shapes), the ParallelConfig, the LogicalMesh,
+``batch_argnums`` and ``in_strategy``. Out: per flattened leaf its name (``leaf_names``) and
+type (``leaf_type``); the layouts the mode, ``dataset_strategy`` and ``in_strategy`` fix
+(``arg_layouts``); the layouts ``ap.shard`` fixes (``fixed_layouts``); which results are new
+values of which arguments (``state_pairs``). Invalid specs raise ``LayoutError``/``ConfigError``.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from .config import ParallelMode
+from .errors import ConfigError, LayoutError
+from .graph import type_str
+from .layout import Layout
+
+
+def _key_str(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def leaf_names(args) -> list[tuple[str, bool]]:
+    """(name, is_param) per flattened leaf: parameter leaves by their path ("h0.w1"), other
+    arguments as "arg<i>.<path>"."""
+    out = []
+    for i, a in enumerate(args):
+        for path, _ in jax.tree_util.tree_flatten_with_path(a)[0]:
+            p = ".".join(_key_str(k) for k in path)
+            out.append(((p or "params") if i == 0 else f"arg{i}" + (f".{p}" if p else ""), i == 0))
+    return out
+
+
+def leaf_type(x) -> str:
+    """Shape and dtype of an argument leaf as JAX will see it (float64 -> float32 unless x64)."""
+    return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
+
+
+def spec_layout(spec, shape, mesh, what) -> Layout:
+    if isinstance(spec, str):
+        spec = Layout.parse(spec)
+    if not isinstance(spec, Layout):
+        counts = tuple(spec)
+        if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
+            raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
+                              "(1 = not split).")
+        if len(counts) != len(shape):
+            raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
+                              f"has shape {tuple(shape)}; give one split count per dimension.")
+        if math.prod(counts) > mesh.size:
+            raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
+                              f"{mesh} has only {mesh.size} devices; lower the split counts.")
+        for i, (s, c) in enumerate(zip(shape, counts)):
+            if s % c:
+                raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
+                                  f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
+        try:
+            spec = Layout.from_strategy(counts, mesh)
+        except LayoutError as e:
+            raise LayoutError(f"{what}: {e} With mesh_shape={mesh.shape} the counts must be products "
+                              "of distinct mesh axis sizes; for this split choose a mesh_shape "
+                              "that has such axes (e.g. (4, 2) for a 4-way split on 8 devices).") from None
+    spec = Layout(tuple(tuple(a for a in d if a not in mesh.axis_names or mesh.axis_size(a) > 1)
+                        for d in spec.dims), spec.partial)          # size-1 axes split nothing
+    if spec.partial:
+        raise LayoutError(f"{what}: layout {spec} is a partial sum; a user layout says how a whole "
+                          "value is split, so remove the sum{...} part.")
+    return spec.check(shape, mesh, what)
+
+
+def arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) -> dict:
+    mode = config.parallel_mode
+    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    layouts = {}
+    ds = config.dataset_strategy
+    if mode is ParallelMode.DATA_PARALLEL or (mode is ParallelMode.HYBRID_PARALLEL and
+                                              ds in (None, "data_parallel")):
+        axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
+        for j, v in enumerate(graph.inputs):
+            if leaf_arg[j] in batch_argnums and v.shape:
+                if v.shape[0] % mesh.size:
+                    raise LayoutError(f"data_parallel: batch argument {names[j][0]} has dimension 0 "
+                                      f"of size {v.shape[0]}, not divisible by device_num="
+                                      f"{mesh.size}; use a batch size that is a multiple of it (if "
+                                      f"argument {leaf_arg[j]} is not a batch, pass batch_argnums "
+                                      "naming only the batch arguments).")
+                layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
+    if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
+        return layouts
+    if mode is ParallelMode.DATA_PARALLEL and ds not in (None, "data_parallel"):
+        raise ConfigError(f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
+                          "always splits the batch; use semi_auto_parallel or auto_parallel.")
+    free = (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL,
+            ParallelMode.HYBRID_PARALLEL)
+    if ds is not None and mode in free:
+        batch = [j for j, v in enumerate(graph.inputs) if leaf_arg[j] in batch_argnums]
+        if isinstance(ds, tuple) and len(ds) != len(batch):
+            raise ConfigError(f"dataset_strategy has {len(ds)} entries but the step has "
+                              f"{len(batch)} batch leaves ({', '.join(names[j][0] for j in batch)}); "
+                              "give one split tuple per batch leaf.")
+        for k, j in enumerate(batch):
+            shape = graph.inputs[j].shape
+            spec = ds[k] if isinstance(ds, tuple) else (
+                (mesh.size,) + (1,) * (len(shape) - 1) if ds == "data_parallel" and shape
+                else (1,) * len(shape))
+            layouts[j] = spec_layout(spec, shape, mesh, f"dataset_strategy of {names[j][0]}")
+    if in_strategy is not None and mode in free:
+        if len(in_strategy) != len(args):
+            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
+                              "arguments; give one per argument (None for 'no constraint').")
+        is_leaf = lambda x: x is None or isinstance(x, (Layout, str)) or (
+            isinstance(x, tuple) and all(isinstance(c, int) for c in x))
+        j = 0
+        for a, spec in zip(args, in_strategy):
+            try:   # spec is a prefix of the argument: one entry covers a whole subtree
+                per_leaf = jax.tree.map(lambda s, sub: [s] * len(jax.tree.leaves(sub)), spec, a,
+                                        is_leaf=is_leaf)
+            except ValueError as e:
+                raise LayoutError(f"in_strategy entry {spec!r} does not match the structure of "
+                                  f"its argument: {e}") from None
+            specs = [s for group in jax.tree.leaves(per_leaf, is_leaf=lambda x: isinstance(x, list))
+                     for s in group]
+            for s in specs:
+                if s is not None:
+                    layouts[j] = spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")
+                j += 1
+    return layouts
+
+
+def fixed_layouts(config, mesh, graph) -> dict:
+    if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
+        return {}
+    return {n.id: spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
+                               f"ap.shard at {n.source or n.name}")
+            for n in graph.nodes if n.prim == "autopar_shard"}
+
+
+def state_pairs(graph) -> tuple:
+    """(graph input, graph output) leaf positions of the state a step threads through: each
+    top-level result that repeats an argument's pytree structure, shapes and dtypes (new
+    parameters, new optimizer state) is paired leaf by leaf with the first such argument."""
+    n_in, n_out = len(graph.inputs), len(graph.outputs)
+    args = jax.tree.unflatten(graph.in_tree, range(n_in))
+    outs = jax.tree.unflatten(graph.out_tree, range(n_out))
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    typ = lambda x: (tuple(x.shape), np.dtype(x.dtype))
+    pairs, used = [], set()
+    for out in outs:
+        o_leaves, o_tree = jax.tree.flatten(out)
+        for a, arg in enumerate(args):
+            a_leaves, a_tree = jax.tree.flatten(arg)
+            if a not in used and a_tree == o_tree and all(
+                    typ(graph.inputs[i]) == typ(graph.outputs[j]) for i, j in zip(a_leaves, o_leaves)):
+                used.add(a)
+                pairs += zip(a_leaves, o_leaves)
+                break
+    return tuple(pairs)

@@ -1,0 +1,79 @@
+"""hybrid_parallel planning: the step's own collectives (``ap.comm``), run as written.
+
+In: the step function, example arguments, the ParallelConfig, ``batch_argnums`` and
+``in_strategy``. Out: ``(graph, Strategy, Program)`` as ``api._plan`` gives for the other
+modes. Arguments are split as data_parallel splits them unless ``in_strategy`` /
+``dataset_strategy`` say otherwise; results are replicated, except new state (parameters,
+optimizer state), which keeps its argument's layout. The step is traced per device under
+``jax.shard_map`` (autopar.trace.trace_per_device) and lowered by redistribution.hybrid; the
+Strategy lists every operator on its local shapes (nothing is chosen).
+"""
+from __future__ import annotations
+
+import time
+import types
+
+import jax
+import numpy as np
+
+from .arguments import arg_layouts, leaf_names, state_pairs
+from .dump import comm_records, label, operands
+from .errors import ConfigError, InfeasibleError
+from .graph import Value
+from .layout import Layout
+from .redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
+from .redistribution.planner import Planner
+from .strategies.candidates import Candidate
+from .strategies.cost_model import compute_time, output_bytes
+from .strategies.strategy import InputStrategy, OpStrategy, Strategy
+from .trace import trace_per_device
+
+
+def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
+    if config.pipeline_stages > 1 or config.micro_batches > 1 or config.enable_parallel_optimizer:
+        raise ConfigError("parallel_mode='hybrid_parallel' runs the step's own collectives as "
+                          "written; pipeline stages, micro-batches and the parallel optimizer "
+                          "are planned by the other modes. Unset them or use auto_parallel.")
+    mesh = config.mesh()
+    names = leaf_names(args)
+    t0 = time.monotonic()
+    leaves = jax.tree.leaves(args)
+    shell = types.SimpleNamespace(inputs=[       # global shapes, for arg_layouts
+        Value(j, tuple(np.shape(x)), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
+        for j, x in enumerate(leaves)])
+    given = arg_layouts(config, mesh, shell, args, batch_argnums, in_strategy, names)
+    in_layouts = [given.get(j, Layout.replicated(len(v.shape))) for j, v in enumerate(shell.inputs)]
+    in_specs = [l.to_partition_spec() for l in in_layouts]
+    shapes = trace_per_device(fn, args, mesh, in_specs)  # the results' structure and shapes
+    out_layouts = [Layout.replicated(len(v.shape)) for v in shapes.outputs]
+    for i, j in state_pairs(shapes):
+        out_layouts[j] = in_layouts[i]
+    graph = trace_per_device(fn, args, mesh, in_specs, [l.to_partition_spec() for l in out_layouts])
+    t_trace = time.monotonic()
+    planner = Planner(mesh)
+    program, comm = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
+    ops = []
+    for n, made_by in zip(graph.nodes, operands(graph, names)):
+        rep = Candidate((), frozenset(), -1, tuple(Layout.replicated(len(x.shape)) for x in n.inputs),
+                        tuple(Layout.replicated(len(v.shape)) for v in n.outputs))
+        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
+                              tuple(v.shape for v in n.outputs), rep.in_layouts, rep.out_layouts,
+                              comm.get(n.id, 0.0),
+                              0.0 if n.prim in COLLECTIVE_PRIMS else compute_time(n, rep, mesh),
+                              output_bytes(n, rep, mesh), 0, made_by))
+    peak, at = program.memory()
+    peak_op = "the arguments" if at is None else label(at)
+    cap = config.max_device_memory
+    if cap is not None and peak > cap:
+        raise InfeasibleError(f"hybrid_parallel needs {peak} bytes per device at {peak_op}, more "
+                              f"than max_device_memory={cap}. Raise max_device_memory, split more "
+                              "of the arguments (in_strategy) or use a smaller batch.")
+    inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
+                   for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
+    strat = Strategy("hybrid_parallel", "manual", tuple(mesh.shape), tuple(mesh.axis_names),
+                     inputs, tuple(ops), 0.0, peak, peak_op, cap, (), 1, "",
+                     comm_records(program, planner),
+                     tuple((label(ins), b) for ins, b in program.memory_timeline()),
+                     (("trace", t_trace - t0), ("search", 0.0),
+                      ("lower", time.monotonic() - t_trace)))
+    return graph, strat, program
