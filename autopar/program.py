@@ -194,36 +194,50 @@ class Program:
     def memory_timeline(self) -> list:
         """``[(instruction, bytes live while it runs)]`` on one rank as the runtimes run it, one
         entry per Compute, Collective or Slice: the arguments for the whole step, every other
-        register from its instruction to its last reader, the results to the end. A segment is
-        counted compute by compute, as XLA's buffer assignment runs it: an elementwise or layout
-        operator writes over an operand of its size that was made in the same segment and dies
-        there."""
-        flat, seg = [], []
-        for k, ins in enumerate(self.instructions):
-            for c in (ins.computes if isinstance(ins, Segment) else (ins,)):
-                flat.append(c)
-                seg.append(k if isinstance(ins, Segment) else None)
-        size = self._sizes()
-        last, made = {}, {}
-        for i, ins in enumerate(flat):
-            for r in reads(ins):
-                last[r] = i
-            made.update((r, seg[i]) for r in writes(ins))
-        for r in list(self.inputs) + [o for o in self.outputs if isinstance(o, int)]:
-            last[r] = len(flat)
+        register from its instruction to its last reader, the results to the end. A segment runs
+        as one XLA executable: its inputs stay live until it ends and its outputs exist from its
+        start (XLA does not write over an argument it does not own). Inside it, as XLA fuses: a
+        value made by an elementwise or layout operator and read only by such operators or
+        reductions has no buffer; the other values made and dropped inside are counted compute
+        by compute, an elementwise operator writing over a dying operand of its size."""
         from .strategies.rules.elementwise import RULES
-        in_place = set(RULES) | {"transpose", "reshape", "squeeze", "expand_dims", "copy"}
+        layout = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
+        fusible = set(RULES) | layout
+        absorbs = fusible | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                             "argmin", "reduce_and", "reduce_or"}
+        size = self._sizes()
+        last = {}
+        for k, ins in enumerate(self.instructions):
+            for r in reads(ins):
+                last[r] = k
+        for r in list(self.inputs) + [o for o in self.outputs if isinstance(o, int)]:
+            last[r] = len(self.instructions)
         cur = sum(size[r] for r in set(self.inputs))
         timeline = []
-        for i, ins in enumerate(flat):
-            dying = {r for r in set(reads(ins)) | set(writes(ins)) if last.get(r, i) <= i}
-            new = sum(size[r] for r in writes(ins))
-            reused = 0
-            if isinstance(ins, Compute) and ins.node.prim in in_place and seg[i] is not None:
-                reused = new if any(size[r] == new and made.get(r) == seg[i]
-                                    for r in dying & set(reads(ins))) else 0
-            timeline.append((ins, cur + new - reused))
-            cur += new - sum(size[r] for r in dying)
+        for k, ins in enumerate(self.instructions):
+            made = sum(size[r] for r in writes(ins))
+            if isinstance(ins, Segment):
+                outs = set(ins.outputs)
+                inner_last, readers = {}, {}
+                for i, c in enumerate(ins.computes):
+                    for r in reads(c):
+                        inner_last[r] = i
+                        readers.setdefault(r, set()).add(c.node.prim)
+                buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
+                    c.node.prim in fusible and readers.get(r, set()) <= absorbs)}
+                temps = 0                     # buffers made and dropped inside the segment
+                for i, c in enumerate(ins.computes):
+                    new = sum(size[r] for r in writes(c) if r in buffer)
+                    dying = {r for r in reads(c) + writes(c)
+                             if r in buffer and inner_last.get(r, i) <= i}
+                    reused = new if c.node.prim in fusible and any(
+                        size[r] == new for r in dying & set(reads(c))) else 0
+                    timeline.append((c, cur + made + temps + new - reused))
+                    temps += new - sum(size[r] for r in dying)
+            else:
+                timeline.append((ins, cur + made))
+            cur += made - sum(size[r] for r in set(reads(ins)) | set(writes(ins))
+                              if last.get(r, k) <= k)
         return timeline
 
     def __str__(self) -> str:

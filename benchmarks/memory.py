@@ -8,15 +8,16 @@ batch split over the devices) is compiled in several configurations, and a GPT s
 d 256, sequence 64, SGD) as data parallelism and as pipelines (the pipeline ones cut
 into stages by the stage planner; each rank is also compared with its own stage's estimate,
 ``rank_ratios``) and runs on the native backend. After a first call, the peak of each of the
-next ``--calls`` steps is read from every worker: the bytes resident above the process's level
-before the step (VmHWM after resetting it through /proc/self/clear_refs)
-plus its argument blocks. glibc's malloc keeps freed heap memory for reuse, which would hide a
-step's allocations from the resident count, so the workers run with a fixed mmap threshold
-(MALLOC_MMAP_THRESHOLD_=65536: every large array is its own mapping, returned when freed).
+next ``--calls`` steps is read from every worker (``measure_memory`` turns measuring on): the
+bytes resident above the process's level before the step (VmHWM after resetting it through
+/proc/self/clear_refs; the worker first lets what the previous step left be freed, see
+``native_backend._PeakMeter``) plus its argument blocks. The workers run with a fixed mmap
+threshold (MALLOC_MMAP_THRESHOLD_=65536: every large array is its own mapping, returned when
+freed); by default they keep freed memory for reuse (``worker.tune_malloc``), which would hide a
+step's allocations from the resident count.
 Out: one JSON object per configuration (config, estimate_bytes, measured_bytes: each rank's
 median over the steps, worst_bytes: each rank's largest, ratio and worst_ratio: the estimate
-over the largest rank's) and with --markdown a table. The largest step varies by up to a
-weight's size with the timing of the communication thread against the compute.
+over the largest rank's) and with --markdown a table.
 """
 import argparse
 import json
@@ -32,7 +33,7 @@ os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
 import autopar as ap  # noqa: E402
 import models as m  # noqa: E402
-from autopar.runtime.native_backend import stats  # noqa: E402
+from autopar.runtime.native_backend import measure_memory, stats  # noqa: E402
 
 
 CONFIGS = {
@@ -75,6 +76,7 @@ def measure(name, model, extra, ranks, calls=5):
     cfg = ap.ParallelConfig(device_num=ranks, **kw)
     c = ap.compile(step, *a, config=cfg, batch_argnums=batch_argnums)
     c(*a)
+    c._runner.job.call(measure_memory, [()] * ranks)
     peaks = []                       # per call, per rank
     for _ in range(calls):
         c(*a)

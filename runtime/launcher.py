@@ -36,6 +36,8 @@ from multiprocessing.connection import Listener, wait
 
 from autopar.errors import CollectiveError, ConfigError, WorkerError
 
+from . import wire
+
 _GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed, and again once
                   # the job was aborted (each at most half the collective timeout); a rank in a
                   # collective answers within milliseconds of an abort, one silent for longer is
@@ -152,7 +154,7 @@ class Job:
         pending = {}
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
             try:
-                c.send(("call", name, tuple(args)))
+                wire.send(c, ("call", name, tuple(args)))
                 pending[c] = r
             except OSError:
                 errors[r] = ("exited", self._gone(r), "")
@@ -182,7 +184,7 @@ class Job:
             for c in wait(list(pending), 0.05):
                 r = pending.pop(c)
                 try:
-                    reply = c.recv()
+                    reply = wire.recv(c)
                 except (EOFError, OSError):
                     errors[r] = ("exited", self._gone(r), "")
                     continue
@@ -281,7 +283,7 @@ class Job:
         for c in conns:
             try:
                 if c is not None:
-                    c.send(("exit",))
+                    wire.send(c, ("exit",))
                     c.close()
             except OSError:
                 pass

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import os
 import shutil
 import sys
 import tempfile
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,6 +39,8 @@ import numpy as np
 from autopar.errors import AutoparError, CollectiveError
 from autopar.graph import Const
 from autopar.program import Segment
+
+from . import wire
 
 
 def _check_algorithm(name: str) -> None:
@@ -233,6 +237,49 @@ def _memory():
     return tuple(int(status.split(key)[1].split()[0]) for key in ("VmRSS:", "VmHWM:"))
 
 
+def measure_memory(comm) -> bool:
+    """From the next step on, measure each step's peak memory (``stats()['step_peak_bytes']``;
+    a measured step first waits for the memory still being freed, ``_PeakMeter``). False
+    where /proc/self/clear_refs cannot reset the peak. For tests and benchmarks, whose workers
+    start with ``MALLOC_MMAP_THRESHOLD_=65536`` in their environment: malloc then gives every
+    allocation of 64 KB or more its own mapping and returns it when freed, so the resident size
+    follows what is live (without it the workers keep freed memory for reuse,
+    ``worker.tune_malloc``)."""
+    _STATS["measure"] = _reset_peak()
+    return _STATS["measure"]
+
+
+class _PeakMeter:
+    """One step's peak memory: resident bytes above the level at the step's start, plus the
+    arguments (resident before it starts).
+
+    What the previous step left is released late: a numpy array XLA read in place is
+    released only when jaxlib next collects its deferred references (at its next execution,
+    or a garbage collection), and XLA's CPU client frees its own buffers on one of its
+    threads. When measuring, the start therefore collects (``gc.collect(0)`` runs jaxlib's
+    callback) and waits until the resident size stops falling (at most ``SETTLE`` seconds), so
+    the level holds only what the step starts with."""
+
+    SETTLE = 0.05
+
+    def __init__(self):
+        self.on = _STATS["measure"]
+        if self.on:
+            gc.collect(0)
+            last, t0, steady = _memory()[0], time.monotonic(), 0
+            while steady < 3 and time.monotonic() - t0 < self.SETTLE:
+                time.sleep(5e-4)
+                now = _memory()[0]
+                steady = steady + 1 if now >= last else 0
+                last = min(last, now)
+            _reset_peak()
+            self.base = _memory()[0]
+
+    def stop(self, input_bytes: int) -> None:
+        if self.on:
+            _STATS["step_peak_bytes"] = (_memory()[1] - self.base) * 1024 + input_bytes
+
+
 def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:     # resets VmHWM (Linux >= 4.0)
@@ -256,8 +303,7 @@ def execute(st, get, comms) -> list:
 
 def run(comm, blocks):
     mesh, steps, inputs, outputs, split, bucket_bytes, prices, frees = _PROGRAM[0]
-    measure = _reset_peak()
-    base = _memory()[0] if measure else 0
+    meter = _PeakMeter()
     regs = dict(zip(inputs, blocks))
     comms = _Comms(comm, mesh, bucket_bytes, prices)
 
@@ -277,8 +323,7 @@ def run(comm, blocks):
     finally:
         comms.close()
     _STATS["input_bytes"] = [b.nbytes for b in blocks]
-    if measure:    # the step's peak: what it allocated above the arguments, plus the arguments
-        _STATS["step_peak_bytes"] = (_memory()[1] - base) * 1024 + sum(_STATS["input_bytes"])
+    meter.stop(sum(_STATS["input_bytes"]))
     _STATS["all_reduce_calls"] += len(comms.buckets)
     _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
     if comm.rank == 0:
@@ -288,14 +333,14 @@ def run(comm, blocks):
 
 def stats(comm):
     """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
-    step's all-reduce calls as (tensors, bytes, algorithm), argument block sizes and peak
-    memory (bytes resident above the process's level before the step, plus its arguments;
-    None where /proc/self/clear_refs cannot reset the peak), and its host id."""
+    step's all-reduce calls as (tensors, bytes, algorithm), argument block sizes, the latest
+    measured step's peak memory (``_PeakMeter``; None until ``measure_memory`` turned
+    measuring on and a step ran) and its host id."""
     return dict(_STATS)
 
 
 _STATS = {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": [],
-          "step_peak_bytes": None}
+          "step_peak_bytes": None, "measure": False}
 # AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
 # issued, for measuring what the overlap with the following compute gains.
 _OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
@@ -330,7 +375,14 @@ class _Comms:
         if not self.bucket:
             return
         items, self.bucket, self.bytes = self.bucket, [], 0
-        flat = np.concatenate([np.ravel(x) for _, x in items])     # a fresh buffer, reduced in place
+        # a fresh buffer, reduced in place, each tensor starting on an aligned boundary (its
+        # result is a view XLA reads in place); the padding is zeros
+        pad = wire.ALIGN // items[0][1].itemsize
+        offsets = np.cumsum([0] + [-(-x.size // pad) * pad for _, x in items])
+        flat = wire.empty((int(offsets[-1]),), items[0][1].dtype)
+        for (_, x), at, end in zip(items, offsets, offsets[1:]):
+            flat[at:at + x.size] = np.ravel(x)
+            flat[at + x.size:end] = 0
         st = items[0][0]
         if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
             st = dataclasses.replace(st, algorithm=min(
@@ -339,17 +391,15 @@ class _Comms:
         if not _OVERLAP:
             fut.result()
         self.buckets.append((len(items), flat.nbytes, st.algorithm))
-        offset = 0
-        for st, x in items:
-            self.futures[st.out] = (fut, offset, x.shape)
-            offset += x.size
+        for (st, x), at in zip(items, offsets):
+            self.futures[st.out] = (fut, int(at), x.shape)
 
     def wait(self, reg):
         if any(st.out == reg for st, _ in self.bucket):
             self.flush()
         fut, offset, shape = self.futures.pop(reg)
         flat = fut.result()
-        return _c(flat.reshape(-1)[offset:offset + int(np.prod(shape))].reshape(shape))
+        return flat[offset:offset + int(np.prod(shape))].reshape(shape)
 
     def run(self, st, x):
         """Any other step, in order after the pending all-reduces: on this thread when none is
@@ -380,27 +430,27 @@ def _step(comm, st, x, mesh):
     kind = getattr(st, "kind", "slice")
     if kind == "slice":
         c = x.shape[st.dim] // n
-        return _c(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
+        return wire.aligned(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
     if kind == "partial_zero":
-        return x if me == 0 else np.zeros_like(x)
+        return x if me == 0 else wire.zeros(x.shape, x.dtype)
     if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
         comm.all_reduce(x, ranks, getattr(st, "op", "sum"), st.algorithm)
         return x
     if kind == "all_gather":
-        out = np.empty((n,) + x.shape, x.dtype)
+        out = wire.empty((n,) + x.shape, x.dtype)
         comm.all_gather(x, out, ranks)
         if st.dim == 0:               # the blocks already lie in order: no second copy
             return out.reshape((n * x.shape[0],) + x.shape[1:])
-        return np.concatenate(list(out), axis=st.dim)
+        return wire.aligned(np.concatenate(list(out), axis=st.dim))
     if kind == "reduce_scatter":
         front = _c(np.moveaxis(x, st.dim, 0))
-        out = np.empty((front.shape[0] // n,) + front.shape[1:], x.dtype)
+        out = wire.empty((front.shape[0] // n,) + front.shape[1:], x.dtype)
         comm.reduce_scatter(front, out, ranks)
-        return _c(np.moveaxis(out, 0, st.dim))
+        return wire.aligned(np.moveaxis(out, 0, st.dim))
     if kind == "all_to_all":
         parts = np.stack(np.split(x, n, axis=st.dst_dim))      # block j goes to rank j
         out = np.empty_like(parts)
         comm.all_to_all(parts, out, ranks)
-        return np.concatenate(list(out), axis=st.dim)
+        return wire.aligned(np.concatenate(list(out), axis=st.dim))
     raise CollectiveError(f"the native runtime has no step {kind!r} ({st}); it runs slice, "
                           "partial_zero, all_reduce, all_gather, reduce_scatter and all_to_all.")

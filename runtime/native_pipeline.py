@@ -34,6 +34,7 @@ from autopar.graph import Const
 from autopar.pipeline import Accumulate, MicroSlice, Transfer, schedule
 
 from . import native_backend as nb
+from . import wire
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class _Mailbox:
     def _receive(self, comm, peer, msgs):
         try:
             for reg, m, (shape, dtype) in msgs:
-                buf = np.empty(shape, dtype)
+                buf = wire.empty(shape, dtype)
                 comm.recv(buf, peer)
                 with self.cv:
                     self.got[(reg, m)] = buf
@@ -206,10 +207,9 @@ def _sender(peer):
 
 def run_stage(comm, blocks):
     P = _STAGE[0]
+    meter = nb._PeakMeter()
     start = time.perf_counter()
     K, M, keep = P["K"], P["micro"], P["keep"]
-    measure = nb._reset_peak()
-    base = nb._memory()[0] if measure else 0
     mailbox = _Mailbox(comm, P["inbox"], K)
     sends = []
     step = {r: b[0] for r, b in blocks.items() if r not in P["micro_inputs"]}
@@ -221,7 +221,7 @@ def run_stage(comm, blocks):
         comms = nb._Comms(comm, P["groups"], P["bucket_bytes"], P["prices"])
         if name == "post":
             for r, v in acc.items():
-                step[r] = np.concatenate(v[1], axis=v[0]) if isinstance(v, tuple) else v
+                step[r] = wire.aligned(np.concatenate(v[1], axis=v[0])) if isinstance(v, tuple) else v
 
         def get(r):
             if isinstance(r, Const):
@@ -246,16 +246,20 @@ def run_stage(comm, blocks):
                 elif isinstance(st, Accumulate):
                     x = get(st.src)
                     if st.kind == "sum":
-                        acc[st.out] = acc[st.out] + x if st.out in acc else np.array(x)
+                        if st.out in acc:
+                            np.add(acc[st.out], x, out=acc[st.out])
+                        else:
+                            acc[st.out] = wire.empty(x.shape, x.dtype)
+                            np.copyto(acc[st.out], x)
                     else:
                         acc.setdefault(st.out, (st.dim, []))[1].append(x)
                 elif isinstance(st, MicroSlice):
                     x = get(st.src)
                     if st.kind == "zero":
-                        regs[st.out] = x if m == 0 else np.zeros_like(x)
+                        regs[st.out] = x if m == 0 else wire.zeros(x.shape, x.dtype)
                     else:
                         n = x.shape[st.dim] // M
-                        regs[st.out] = nb._c(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
+                        regs[st.out] = wire.aligned(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
                 else:
                     for o, y in nb.execute(st, get, comms):
                         regs[o] = y
@@ -275,9 +279,7 @@ def run_stage(comm, blocks):
         f.result()
     mailbox.join()
     nb._STATS["pipeline"] = {"step_s": time.perf_counter() - start, "wait_s": mailbox.waited}
-    if measure:
-        nb._STATS["step_peak_bytes"] = (nb._memory()[1] - base) * 1024 + sum(
-            b.nbytes for bs in blocks.values() for b in bs)
+    meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
     out = {}
     for (k, _, split), x in zip(P["outputs"], results):
         out[k] = x if (split or comm.rank % K == 0) else None
