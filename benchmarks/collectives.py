@@ -6,10 +6,13 @@ Run: python benchmarks/collectives.py [--ranks 2 4 8] [--ops all_reduce all_gath
 
 Every implementation is timed by the same rules (``autopar.runtime.bench.timing``: back-to-back
 calls after a barrier, several rounds, per round the slowest rank, the median round) and sized
-by NCCL-tests' conventions (``bench.buffers``), float32, sum. This machine's figures drift by
+by NCCL-tests' conventions (``bench.buffers``), float32, sum; autopar's all-reduce is the
+algorithm a compiled program runs for the size (the cost table's, ``--algorithm auto``), as
+MPI and gloo pick theirs. This machine's figures drift by
 up to 1.5x within minutes, so the implementations take turns (autopar, gloo, MPI, autopar, ...)
 --repeat times and each cell is the median over the turns. Out: one JSON object per
-measurement (impl, op, ranks, bytes, latency_us, busbw_gbs); with --markdown also one table per
+measurement (impl, op, ranks, bytes, autopar's algorithm, latency_us, busbw_gbs); with
+--markdown also one table per
 (op, ranks) with the ratios autopar busbw / peer busbw (above 1: autopar is faster). A peer that
 is not installed (torch, mpi4py with an ``mpiexec``) or does not implement an operation (gloo
 has no reduce_scatter) is left out of its cells. all_reduce runs in place for every
@@ -177,7 +180,8 @@ def main():
         return mpi_worker(args.ops, sizes)
     rows = []
     copy = memcpy(sizes)
-    impls = {"autopar": lambda n: [dict(r, impl="autopar") for r in bench.run(args.ops, n, sizes)],
+    impls = {"autopar": lambda n: [dict(r, impl="autopar") for r in bench.run(args.ops, n, sizes,
+                                                                                ("auto",))],
              "gloo": lambda n: gloo(n, args.ops, sizes), "mpi": lambda n: mpi(n, args.ops, sizes)}
     for n in args.ranks:
         turns = {}
@@ -187,8 +191,8 @@ def main():
                     turns.setdefault((impl, r["op"], r["bytes"]), []).append(r)
         got = [median(rs) for rs in turns.values()]
         for r in got:
-            print(json.dumps({k: r[k] for k in ("impl", "op", "ranks", "bytes", "latency_us", "busbw_gbs")}),
-                  flush=True)
+            print(json.dumps({k: r[k] for k in ("impl", "op", "ranks", "bytes", "algorithm",
+                                                "latency_us", "busbw_gbs") if k in r}), flush=True)
         rows += got
     if args.markdown:
         markdown(rows, copy)

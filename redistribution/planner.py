@@ -20,7 +20,8 @@ of a dimension's axes gathered or moved together; "innermost" = last axes of a d
 Slices are local and free; every other step costs ``collective_time(kind, local input bytes,
 axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level
 (a group of axes on the slowest of theirs, plus, when it spans hosts and the inside of a host,
-the intra-host size and level as ``inner``, for the 2D all-reduces).
+the intra-host size and level as ``inner``, for the 2D all-reduces; a group inside one host is
+``shared``, for the direct all-reduce).
 The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
 paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Path costs are compared
 in whole picoseconds; ties go to fewer steps, then to the step sequence in a fixed order (kind
@@ -164,7 +165,8 @@ class Planner:
         if kind == "slice":
             return 0.0, "local"
         n, alpha, beta, inner, launch = self._group(axes)
-        seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma)
+        seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
+                                        self._shared(axes))
         return seconds + launch, algo
 
     def all_reduce_prices(self, axes) -> tuple:
@@ -174,9 +176,14 @@ class Planner:
         n, alpha, beta, inner, _ = self._group(axes)
         if n <= 1:
             return ()
-        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma)
-        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma)
+        shared = self._shared(axes)
+        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma, shared)
+        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma, shared)
         return tuple((a, t0[a], t1[a] - t0[a]) for a in ALL_REDUCE if a in t0)
+
+    def _shared(self, axes) -> bool:
+        """Whether the group over ``axes`` lies inside one host (its ranks share memory)."""
+        return all(a in self._intra for a in ((axes,) if isinstance(axes, str) else axes))
 
     def _group(self, axes):
         """(ranks, alpha, beta, inner, launch) of the group over ``axes`` (see ``step_time``)."""

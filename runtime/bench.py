@@ -2,7 +2,8 @@
 
 Run: ``python -m autopar.runtime.bench --op all_reduce --ranks 2 --size 16MB [--algorithm ring]
 [--dtype float32] --json``. ``--op`` and ``--size`` take several values (``--op all`` is every
-collective); ``--algorithm`` applies to all_reduce only and may also take several values.
+collective); ``--algorithm`` applies to all_reduce only and may also take several values
+(``auto``: per size, the one the cost table picks on this host, as a compiled program does).
 
 Out: one measurement per (op, size, algorithm): with ``--json`` one JSON object per line with
 the keys op, ranks, bytes, algorithm, dtype, latency_us and busbw_gbs, else a table.
@@ -98,26 +99,37 @@ def one_call(comm, op, x, y, ranks, algorithm):
             "broadcast": lambda: comm.broadcast(x, ranks, 0)}[op]
 
 
-def algorithms_of(op, algorithms):
-    """all_reduce's algorithms are chosen; the other collectives have one each."""
-    return list(algorithms) if op == "all_reduce" else [
-        {"all_gather": "ring", "reduce_scatter": "ring", "all_to_all": "pairwise",
-         "broadcast": "chain"}[op]]
+def auto_algorithm(nbytes: int, ranks: int) -> str:
+    """The all-reduce a compiled program runs for ``nbytes`` over ``ranks`` ranks of this host:
+    the cost table's cheapest on ``Topology.local(ranks)``."""
+    from autopar.mesh import LogicalMesh
+    from autopar.redistribution.planner import Planner
+    from autopar.topology import Topology
+    mesh = LogicalMesh.create((ranks,), topology=Topology.local(ranks))
+    return Planner(mesh).step_time("all_reduce", mesh.axis_names, nbytes)[1]
 
 
-def measure(comm, ops, sizes, algorithms, dtype):
+def algorithms_of(op, algorithms, nbytes, ranks):
+    """all_reduce's algorithms are chosen ('auto': the cost table's for the size); the other
+    collectives have one each."""
+    if op != "all_reduce":
+        return [{"all_gather": "ring", "reduce_scatter": "ring", "all_to_all": "pairwise",
+                 "broadcast": "chain"}[op]]
+    return list(dict.fromkeys(auto_algorithm(nbytes, ranks) if a == "auto" else a
+                              for a in algorithms))
+
+
+def measure(comm, cases, dtype):
     """In each worker: {(op, bytes, algorithm): round seconds} for this rank."""
     if dtype == "bfloat16":
         import ml_dtypes
         dtype = ml_dtypes.bfloat16
     ranks = list(range(comm.size))
     out = {}
-    for op in ops:
-        for nbytes in sizes:
-            x, y = buffers(op, nbytes, comm.size, dtype)
-            for algo in algorithms_of(op, algorithms):
-                out[(op, nbytes, algo)] = timing(one_call(comm, op, x, y, ranks, algo),
-                                                 lambda: comm.barrier(ranks), nbytes)
+    for op, nbytes, algo in cases:
+        x, y = buffers(op, nbytes, comm.size, dtype)
+        out[(op, nbytes, algo)] = timing(one_call(comm, op, x, y, ranks, algo),
+                                         lambda: comm.barrier(ranks), nbytes)
     return out
 
 
@@ -125,10 +137,12 @@ def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=Non
     """Measure on a fresh job of `ranks` processes; the list of result rows (dicts)."""
     from autopar.runtime.launcher import Job
     from autopar.runtime import bench as me      # the workers resolve this module by name
+    cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
+             for algo in algorithms_of(op, algorithms, nbytes, ranks)]
     with Job(ranks, hosts=hosts, timeout=60.0) as job:
-        per_rank = job.call(me.measure, [(list(ops), list(sizes), list(algorithms), dtype)] * ranks)
+        per_rank = job.call(me.measure, [(cases, dtype)] * ranks)
     rows = []
-    for (op, nbytes, algo) in per_rank[0]:
+    for (op, nbytes, algo) in cases:
         sec = combine([r[(op, nbytes, algo)] for r in per_rank], nbytes)
         busbw = nbytes / sec * BUS_FACTOR[op](ranks) / 1e9 if sec > 0 else 0.0
         rows.append({"op": op, "ranks": ranks, "bytes": nbytes, "algorithm": algo, "dtype": dtype,
@@ -146,8 +160,9 @@ def main(argv=None, prog="python -m autopar.runtime.bench"):
     p.add_argument("--size", nargs="+", default=["16MB"],
                    help="per-rank buffer sizes, e.g. 4KB 1MB 16MB (NCCL-tests convention)")
     p.add_argument("--algorithm", nargs="+", default=None,
-                   choices=sorted(_native.ALLREDUCE_ALGORITHMS),
-                   help="all_reduce algorithms (default ring)")
+                   choices=sorted(_native.ALLREDUCE_ALGORITHMS) + ["auto"],
+                   help="all_reduce algorithms (default ring; auto: the one a compiled program "
+                        "runs for the size, the cost table's cheapest on this host)")
     p.add_argument("--dtype", default="float32",
                    choices=["float32", "float64", "float16", "bfloat16", "int32", "int64"])
     p.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -5,8 +5,10 @@ In: the collective kind, the per-device input bytes, the group size and the topo
 group's links belong to (``alpha`` s/message, ``beta`` s/byte); for a group that spans two
 levels, also ``inner = (L, alpha_in, beta_in)``: the group is H = n/L blocks of L ranks (one
 block per host, consecutive in group order) joined inside a block by the faster inner level,
-``alpha``/``beta`` being the outer (slowest) level's. Out: ``(seconds, algorithm)`` for the
-cheapest algorithm of that kind (price ties go to the first in ``ALL_REDUCE``).
+``alpha``/``beta`` being the outer (slowest) level's; ``shared``: the group's ranks share one
+host's memory (its axes lie in the topology's innermost level), which offers the direct
+all-reduce. Out: ``(seconds, algorithm)`` for the cheapest algorithm of that kind (price ties
+go to the first in ``ALL_REDUCE``).
 
 Model (single-port, as in Thakur, Rabenseifner & Gropp 2005): a rank sends one message and
 receives one at a time, both at once; an m-byte message costs a + m b; steps in sequence add;
@@ -17,6 +19,11 @@ outer level only if p/2^j >= L. n ranks, B input bytes per rank:
 
 | kind           | algorithm        | time                                                         |
 |----------------|------------------|--------------------------------------------------------------|
+| all_reduce     | direct           | (n + ceil(log2 n))a + 1.5 (n-1)/n B b  (shared memory only:  |
+|                |                  | the buffers' addresses, then each rank reads its block of    |
+|                |                  | every peer, reduces it and writes the sums back itself, a    |
+|                |                  | barrier; its 2(n-1) copy calls count half a hand-off each,   |
+|                |                  | the write-back half a copy: it leaves from cache)            |
 | all_reduce     | ring             | 2(n-1)a + 2(n-1)/n B b                                       |
 | all_reduce     | halving_doubling | 2(k+e)a + 2((p-1)/p + e) B b; p = 2^k <= n < 2p, e = [n > p] |
 |                |                  | (the 2(n-p) extra ranks fold into pairs first, unfold last)  |
@@ -37,28 +44,34 @@ outer level only if p/2^j >= L. n ranks, B input bytes per rank:
 
 The 2D rows (a_i, b_i: inner level; a_o, b_o: outer) are offered only with ``inner``.
 Reductions add R B gamma (gamma: seconds per reduced byte; the planner uses 1 / memory bandwidth),
-R being the buffers each rank reduces: ring, reduce_scatter (n-1)/n; halving_doubling
+R being the buffers each rank reduces: direct, ring, reduce_scatter (n-1)/n; halving_doubling
 (p-1)/p + e; recursive_doubling k + e; tree f D / 2; 2d_torus and 2d_mesh (L-1)/L + (H-1)/(HL);
 2d_ring (L-1)/L + (H-1)/H. It is what keeps recursive doubling, which reduces the whole buffer
 every step, to small messages.
 Consequences of the model: tree never beats halving_doubling and 2d_ring never beats 2d_torus
-(they are priced so that their names stay honest); only all_reduce has a choice.
+(they are priced so that their names stay honest); only all_reduce has a choice. In shared
+memory direct takes over from the ring or halving-doubling above 80 KB (2 ranks) to 230 KB
+(8 ranks); measured here (``python -m autopar.runtime.bench --op all_reduce --algorithm ring
+direct``) it is ahead from 16 KB at 2 ranks and from between 64 KB and 1 MB at 3 to 8, with
+1.2-1.8x the ring's bus bandwidth from 1 MB.
 """
 from __future__ import annotations
 
 # the native all-reduces (``_native.ALLREDUCE_ALGORITHMS``), in the order that breaks price ties
-ALL_REDUCE = ("ring", "halving_doubling", "recursive_doubling", "tree", "2d_torus", "2d_mesh", "2d_ring")
+ALL_REDUCE = ("ring", "halving_doubling", "recursive_doubling", "tree", "direct", "2d_torus",
+              "2d_mesh", "2d_ring")
 
 
 def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                    gamma: float = 0.0):
+                    gamma: float = 0.0, shared: bool = False):
     """``(seconds, algorithm)`` of the cheapest algorithm for ``kind`` (see the module table);
     ``inner = (L, alpha_in, beta_in)`` adds the 2D all-reduces for a group of n/L hosts of L;
-    ``gamma``: seconds per byte a rank reduces (the table's bandwidth terms plus ``R B gamma``)."""
+    ``gamma``: seconds per byte a rank reduces (the table's bandwidth terms plus ``R B gamma``);
+    ``shared``: the ranks share one host's memory (adds the direct all-reduce)."""
     if n <= 1 or kind == "slice":
         return 0.0, "local"
     if kind == "all_reduce":
-        times = all_reduce_times(nbytes, n, alpha, beta, inner, gamma)
+        times = all_reduce_times(nbytes, n, alpha, beta, inner, gamma, shared)
         best = min(times, key=lambda a: (times[a], ALL_REDUCE.index(a)))
         return times[best], best
     B = float(nbytes)
@@ -76,9 +89,10 @@ def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, i
 
 
 def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                     gamma: float = 0.0) -> dict:
+                     gamma: float = 0.0, shared: bool = False) -> dict:
     """Seconds of every native all-reduce (name -> seconds) over ``n >= 2`` ranks, as in the
-    module table; the 2D ones only when ``inner = (L, alpha_in, beta_in)`` has 1 < L < n, L | n."""
+    module table; the 2D ones only when ``inner = (L, alpha_in, beta_in)`` has 1 < L < n, L | n,
+    direct only when ``shared``."""
     B = float(nbytes)
     L, ai, bi = inner if inner else (1, alpha, beta)
     two = 1 < L < n and n % L == 0
@@ -97,6 +111,9 @@ def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
            "halving_doubling": hd + ((p - 1) / p + e) * G,
            "recursive_doubling": (k + 2 * e) * (alpha + B * beta) + (k + e) * G,
            "tree": 4 * f * D * alpha + f * (D + 1) * B * beta + f * D / 2 * G}
+    if shared:
+        out["direct"] = ((n + (n - 1).bit_length()) * alpha + 1.5 * (n - 1) / n * B * beta
+                         + (n - 1) / n * G)
     if two:
         H = n // L
         torus = (2 * (L - 1) * ai + 2 * (L - 1) / L * B * bi

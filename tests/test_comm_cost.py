@@ -37,8 +37,10 @@ def test_all_reduce_algorithms_are_the_native_ones():
         for hosts in [h for h in range(1, n + 1) if n % h == 0]:
             inner = (n // hosts, 3e-6, 1e-11) if hosts > 1 else None
             for nbytes in (4, 1 << 12, 1 << 20, 1 << 28):
-                seen |= set(all_reduce_times(nbytes, n, 1e-5, 1e-9, inner))
-                seen.add(collective_time("all_reduce", nbytes, n, 1e-5, 1e-9, inner)[1])
+                for shared in (False, True) if hosts == 1 else (False,):
+                    seen |= set(all_reduce_times(nbytes, n, 1e-5, 1e-9, inner, 0.0, shared))
+                    seen.add(collective_time("all_reduce", nbytes, n, 1e-5, 1e-9, inner,
+                                             shared=shared)[1])
     assert seen == set(_native.ALLREDUCE_ALGORITHMS)
     # every other kind names the one algorithm the native runtime runs for it
     assert {collective_time(k, 1 << 20, 8, 1e-5, 1e-9)[1] for k in
@@ -62,12 +64,16 @@ def test_two_level_all_reduce_is_priced_two_dimensional():
     assert plan.steps in ((Step("all_reduce", ("x", "y")),),
                           (Step("reduce_scatter", ("y",), 0), Step("all_reduce", ("x",)),
                            Step("all_gather", ("y",), 0)))
-    # one level only, or a tiny message: a flat algorithm
+    # one level only, or a tiny message: a flat algorithm; inside a host (the gpu level) the
+    # direct one, across hosts never
     for axes, n in ((("x", "y"), 4), ("y", nbytes), ("x", nbytes)):
         assert pl.step_time("all_reduce", axes, n)[1] in ("ring", "halving_doubling",
-                                                          "recursive_doubling")
-    # one topology level: never a 2D algorithm
-    assert Planner(MESH24).step_time("all_reduce", ("x", "y"), nbytes)[1] == "halving_doubling"
+                                                          "recursive_doubling", "direct")
+    assert pl.step_time("all_reduce", "y", nbytes)[1] == "direct"
+    assert pl.step_time("all_reduce", "x", nbytes)[1] != "direct"
+    # one topology level (this host): never a 2D algorithm
+    assert Planner(MESH24).step_time("all_reduce", ("x", "y"), nbytes)[1] == "direct"
+    assert Planner(MESH24).step_time("all_reduce", ("x", "y"), 4096)[1] == "recursive_doubling"
 
 
 def test_all_reduce_choice_by_message_size():
@@ -89,6 +95,15 @@ def test_all_reduce_choice_by_message_size():
     g = 1 / 10e9
     assert collective_time("all_reduce", 1 << 10, 2, a, b, gamma=g)[1] == "recursive_doubling"
     assert collective_time("all_reduce", 1 << 20, 2, a, b, gamma=g)[1] == "ring"
+    # ranks sharing a host's memory: direct for large messages, never for a few bytes
+    for n in (2, 3, 4, 8):
+        assert collective_time("all_reduce", 4, n, a, b, gamma=g, shared=True)[1] == \
+            "recursive_doubling"
+        assert collective_time("all_reduce", 1 << 20, n, a, b, gamma=g, shared=True)[1] == "direct"
+        t = all_reduce_times(1 << 20, n, a, b, gamma=g, shared=True)
+        assert t["direct"] == pytest.approx((n + (n - 1).bit_length()) * a
+                                            + 1.5 * (n - 1) / n * (1 << 20) * b
+                                            + (n - 1) / n * (1 << 20) * g)
 
 
 @pytest.mark.parametrize("axes", ["x", ("x", "y")])

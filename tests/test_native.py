@@ -155,10 +155,11 @@ def test_other_collectives_every_dtype_and_group_size(job):
 
 
 def test_large_all_reduce_matches_numpy(job):
-    cases = [(a, "float32", 8, (1 << 22) + 3, "sum") for a in ("ring", "halving_doubling", "2d_torus")]
+    algos = ("ring", "halving_doubling", "2d_torus", "direct")   # direct: 2 MB blocks, 8 pieces
+    cases = [(a, "float32", 8, (1 << 22) + 3, "sum") for a in algos]
     results = job.call(run_all_reduce, [(cases,)] * 8)
     want = np.add.reduce([data(r, (1 << 22) + 3, "float32") for r in range(8)])
-    assert all(np.array_equal(results[r][i], want) for r in range(8) for i in range(3))
+    assert all(np.array_equal(results[r][i], want) for r in range(8) for i in range(len(algos)))
 
 
 def test_two_hosts_over_tcp_run_the_hierarchical_algorithms():

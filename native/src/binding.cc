@@ -48,7 +48,7 @@ const std::map<std::string, AllReduce>& allreduce_algorithms() {
   static const std::map<std::string, AllReduce> m{
       {"ring", allreduce_ring}, {"halving_doubling", allreduce_halving_doubling},
       {"recursive_doubling", allreduce_recursive_doubling}, {"tree", allreduce_tree}, {"2d_ring", allreduce_2d_ring}, {"2d_torus", allreduce_2d_torus},
-      {"2d_mesh", allreduce_2d_mesh}};
+      {"2d_mesh", allreduce_2d_mesh}, {"direct", allreduce_direct}};
   return m;
 }
 

@@ -188,6 +188,29 @@ void Comm::recv_copy_send(int src, const std::vector<int>& dsts, void* buf, size
   run(xs);
 }
 
+bool Comm::reaches(int peer) const {
+  return direct() && peer >= 0 && peer < size_ && peer != rank_ && links_[peer] &&
+         links_[peer]->kind() == "shm";
+}
+
+void Comm::read_peer(int peer, uint64_t addr, void* to, size_t n) {
+  try {
+    shm_->read_peer(peer, addr, to, n);
+  } catch (const std::exception& e) {
+    check({}, 0);                    // a job already aborted is the cause
+    fail("rank " + std::to_string(peer) + ": " + e.what());
+  }
+}
+
+void Comm::write_peer(int peer, uint64_t addr, const void* from, size_t n) {
+  try {
+    shm_->write_peer(peer, addr, from, n);
+  } catch (const std::exception& e) {
+    check({}, 0);
+    fail("rank " + std::to_string(peer) + ": " + e.what());
+  }
+}
+
 void Comm::barrier(const Group& g) {
   // dissemination: round k, send a byte to me + 2^k, receive one from me - 2^k
   char out = 1, in = 0;

@@ -45,6 +45,12 @@ class Comm {
   std::string link_kind(int peer) const;
   // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
   bool direct() const { return shm_ && shm_->direct(rank_); }
+  // Whether this rank reads and writes rank peer's memory itself (a shared-memory peer, with
+  // single-copy agreed by every rank of the job), and those copies (failures raise through
+  // fail(), naming the peer).
+  bool reaches(int peer) const;
+  void read_peer(int peer, uint64_t addr, void* to, size_t n);
+  void write_peer(int peer, uint64_t addr, const void* from, size_t n);
 
   // The operation named in errors (set by the collective entry points). Per thread: a
   // pipeline stage sends and receives on threads of its own beside its collectives, each

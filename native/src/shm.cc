@@ -38,6 +38,21 @@ constexpr size_t kPiece = 128 << 10;                // bytes read per call for a
 constexpr size_t kCopyPiece = 1 << 20;              // bytes read per call into the destination
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Copy n bytes between local memory and process pid's memory at remote: process_vm_readv, or
+// process_vm_writev when `write`, repeated until every byte moved.
+void cross_copy(int pid, char* local, uint64_t remote, size_t n, bool write) {
+  while (n > 0) {
+    iovec here{local, n}, there{reinterpret_cast<void*>(remote), n};
+    ssize_t r = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                      : process_vm_readv(pid, &here, 1, &there, 1, 0);
+    if (r <= 0)
+      throw std::runtime_error(std::string(write ? "writing to" : "reading") +
+                               " the peer's memory failed (" +
+                               (r < 0 ? std::strerror(errno) : "no bytes") + ")");
+    local += r, remote += uint64_t(r), n -= size_t(r);
+  }
+}
 }  // namespace
 
 struct ShmHeader {
@@ -159,16 +174,7 @@ class ShmLink : public Link {
     if (buf.size() < k) buf.resize(k);
     return buf.data();
   }
-  void read_remote(char* to, uint64_t from, size_t k) const {
-    while (k > 0) {
-      iovec local{to, k}, remote{reinterpret_cast<void*>(from), k};
-      ssize_t r = process_vm_readv(*peer_pid_, &local, 1, &remote, 1, 0);
-      if (r <= 0)
-        throw std::runtime_error(std::string("reading the sender's memory failed (") +
-                                 (r < 0 ? std::strerror(errno) : "no bytes") + ")");
-      to += r, from += uint64_t(r), k -= size_t(r);
-    }
-  }
+  void read_remote(char* to, uint64_t from, size_t k) const { cross_copy(*peer_pid_, to, from, k, false); }
   ChannelHead* out_;
   ChannelHead* in_;
   size_t slots_, slot_bytes_;
@@ -294,6 +300,14 @@ bool ShmSegment::agree_direct(int me, double timeout_s) {
 
 bool ShmSegment::direct(int me) const {
   return header()->probe_result[me].load(std::memory_order_acquire) == 1;
+}
+
+void ShmSegment::read_peer(int peer, uint64_t addr, void* to, size_t n) const {
+  cross_copy(pid(peer), static_cast<char*>(to), addr, n, false);
+}
+
+void ShmSegment::write_peer(int peer, uint64_t addr, const void* from, size_t n) const {
+  cross_copy(pid(peer), static_cast<char*>(const_cast<void*>(from)), addr, n, true);
 }
 
 std::unique_ptr<Link> ShmSegment::link(int me, int peer) {

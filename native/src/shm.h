@@ -40,6 +40,11 @@ class ShmSegment {
   // environment sets AUTOPAR_DIRECT=0). Returns whether they are enabled.
   bool agree_direct(int me, double timeout_s);
   bool direct(int me) const;
+  // Copy n bytes between this process and rank peer's memory at addr (Linux cross-memory
+  // attach): read them into `to`, or write `from` there. Throws std::runtime_error when the
+  // peer's memory cannot be reached (it exited, or direct access is not permitted).
+  void read_peer(int peer, uint64_t addr, void* to, size_t n) const;
+  void write_peer(int peer, uint64_t addr, const void* from, size_t n) const;
   // The link from rank me to rank peer; the segment must outlive it.
   std::unique_ptr<Link> link(int me, int peer);
 

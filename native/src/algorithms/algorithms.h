@@ -38,6 +38,7 @@ void allreduce_tree(Comm& c, const Group& g, void* buf, size_t count, DType t, R
 void allreduce_2d_ring(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_2d_torus(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_2d_mesh(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
+void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 
 // reduce-scatter: in holds count elements, out receives block g.me of them, reduced
 void reduce_scatter_ring(Comm& c, const Group& g, const void* in, void* out, size_t count, DType t,
