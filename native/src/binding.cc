@@ -116,7 +116,10 @@ class PyComm {
     size_t es = size_t(in.itemsize());
     py::gil_scoped_release release;
     comm_.set_op("all_gather(" + std::to_string(in.size()) + " elements)");
-    allgather_ring(comm_, g, src, dst, size_t(in.size()), es);
+    if (reaches_all(comm_, g) && size_t(in.nbytes()) >= kDirectCopyMin)
+      allgather_direct(comm_, g, src, dst, size_t(in.size()), es);
+    else
+      allgather_ring(comm_, g, src, dst, size_t(in.size()), es);
   }
 
   void all_to_all(py::array in, py::array out, const std::vector<int>& ranks) {
@@ -129,7 +132,11 @@ class PyComm {
     size_t es = size_t(in.itemsize());
     py::gil_scoped_release release;
     comm_.set_op("all_to_all(" + std::to_string(in.size()) + " elements)");
-    alltoall_pairwise(comm_, g, src, dst, size_t(in.size() / g.size()), es);
+    size_t count = size_t(in.size() / g.size());
+    if (reaches_all(comm_, g) && count * es >= kDirectCopyMin)
+      alltoall_direct(comm_, g, src, dst, count, es);
+    else
+      alltoall_pairwise(comm_, g, src, dst, count, es);
   }
 
   void broadcast(py::array a, const std::vector<int>& ranks, int root) {
@@ -139,7 +146,10 @@ class PyComm {
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
     comm_.set_op("broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")");
-    broadcast_chain(comm_, g, p, bytes, root);
+    if (reaches_all(comm_, g) && bytes >= kDirectCopyMin)
+      broadcast_direct(comm_, g, p, bytes, root);
+    else
+      broadcast_chain(comm_, g, p, bytes, root);
   }
 
   void send(py::array a, int peer) {

@@ -3,6 +3,7 @@
 // parts (the first count % n parts one element longer), so any count works, 0 included.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "../comm.h"
@@ -49,6 +50,19 @@ void allgather_ring(Comm& c, const Group& g, const void* in, void* out, size_t c
 void alltoall_pairwise(Comm& c, const Group& g, const void* in, void* out, size_t count, size_t esize);
 // broadcast from group position root, in place: a pipelined chain
 void broadcast_chain(Comm& c, const Group& g, void* buf, size_t bytes, int root);
+
+// Direct access inside a host (direct.cc): whether this rank reaches the memory of every other
+// rank of g (every rank of g gets the same answer), and every rank's address of its buffer p,
+// exchanged by message (position i's at [i]).
+bool reaches_all(const Comm& c, const Group& g);
+std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p);
+// The copy collectives by direct reads (direct_copy.cc), same buffers as above; the callers use
+// them when reaches_all holds and a rank's block is at least kDirectCopyMin bytes (below it
+// the slots are faster).
+constexpr size_t kDirectCopyMin = size_t(1) << 16;
+void allgather_direct(Comm& c, const Group& g, const void* in, void* out, size_t count, size_t esize);
+void alltoall_direct(Comm& c, const Group& g, const void* in, void* out, size_t count, size_t esize);
+void broadcast_direct(Comm& c, const Group& g, void* buf, size_t bytes, int root);
 
 // The hosts of a group (ranks in group order, by host id, hosts in order of first rank),
 // empty when they are not all the same size (the 2D algorithms then run as one ring).

@@ -21,14 +21,18 @@ namespace {
 constexpr size_t kPiece = 256 << 10;   // bytes reduced and written back at a time (cache-sized)
 }
 
-void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op) {
+bool reaches_all(const Comm& c, const Group& g) {
+  for (int i = 1; i < g.size(); ++i)
+    if (!c.reaches(g.at(g.me + i))) return false;
+  return true;
+}
+
+std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p) {
+  // sent to and received from every peer in one progress loop
   int n = g.size(), me = g.me;
-  if (n < 2 || count == 0) return;
-  for (int i = 1; i < n; ++i)
-    if (!c.reaches(g.at(me + i))) return allreduce_ring(c, g, buf, count, t, op);
-  // every peer's buffer address, sent and received in one progress loop
-  uint64_t mine = reinterpret_cast<uint64_t>(buf);
+  uint64_t mine = reinterpret_cast<uint64_t>(p);
   std::vector<uint64_t> addr(n, 0);
+  addr[me] = mine;
   std::vector<Comm::Xfer> xs;
   for (int i = 1; i < n; ++i) {
     int k = (me + i) % n;
@@ -36,6 +40,14 @@ void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t,
     xs.push_back({false, g.at(k), reinterpret_cast<char*>(&addr[k]), sizeof mine});
   }
   c.run(xs);
+  return addr;
+}
+
+void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op) {
+  int n = g.size(), me = g.me;
+  if (n < 2 || count == 0) return;
+  if (!reaches_all(c, g)) return allreduce_ring(c, g, buf, count, t, op);
+  std::vector<uint64_t> addr = exchange_addresses(c, g, buf);
   size_t es = dtype_size(t);
   Blocks b(count, n);
   char* own = static_cast<char*>(buf) + b.off[me] * es;
