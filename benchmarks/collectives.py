@@ -45,8 +45,10 @@ def row(impl, op, n, nbytes, sec):
 # --- torch.distributed, gloo ----------------------------------------------------------------
 
 def gloo_rank(rank, n, port, ops, sizes, queue):
+    import warnings
     import torch
     import torch.distributed as dist
+    warnings.filterwarnings("ignore", category=FutureWarning)   # all_gather_into_tensor's notice
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     calls = {"all_reduce": lambda x, y: dist.all_reduce(x),
