@@ -30,7 +30,7 @@ from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
 from .redistribution.lower import lower, plan_steps
-from .redistribution.pipeline import MicroPlanner, split as split_pipeline
+from .redistribution.pipeline import MicroPlanner, StageLowering, split_stages
 from .strategies.microbatch import add_micro_axis, micro_mesh
 from .strategies.stage_plan import plan_stages, stage_estimates
 from .strategies.stages import Stages, assign_stages
@@ -257,8 +257,12 @@ def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
                              mesh, full, plan, config.max_device_memory).stages
     secs, mems = stage_estimates(graph, stages, M, sched, assignment.choice, assignment.inputs,
                                  comm, batch, mesh, plan)
-    program = split_pipeline(graph, stages, plan, full, mesh, mplanner, sched, out_layouts, via)
-    return dataclasses.replace(program, node_stages=stages.of_node, stages=tuple(
+    K = mesh.size
+    devices = tuple(tuple(range(s * K, (s + 1) * K)) for s in range(stages.count))
+    lowering = StageLowering(tuple(range(stages.count)), mesh, plan, mplanner, tuple(out_layouts),
+                             via)
+    program = split_stages(graph, stages, [lowering], devices, sched, full, full.axis_names[0])
+    return dataclasses.replace(program, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
 
 

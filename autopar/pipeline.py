@@ -1,16 +1,19 @@
 """The PipelineProgram: a step cut into pipeline stages that run micro-batches.
 
-In: built by ``redistribution.pipeline.split`` from a step lowered on the micro-batch mesh.
-Out: frozen values both runtimes execute:
-- ``PipelineProgram``: the stage mesh (every stage has the same shape: the full mesh without its
-  first axis), one ``StageProgram`` per stage, the micro-batch count and the scheduler, the
-  argument registers and layouts, and where each result is;
-- ``StageProgram``: three instruction lists over the stage mesh: ``forward`` and ``backward``
-  run once per micro-batch (registers are per micro-batch), ``post`` once per step after every
-  micro-batch (the accumulated gradients, the update). Besides ``program``'s Segment,
-  Collective and Slice they hold:
-  - ``Transfer``: send a register to, or receive it from, the same-position rank of another
-    stage (tagged by register and micro-batch, so order across stages never matters);
+In: built by ``redistribution.pipeline.split_stages`` from the step lowered on each stage's
+micro-batch mesh. Out: frozen values both runtimes execute:
+- ``PipelineProgram``: every device (``mesh``), one ``StageProgram`` per stage, the micro-batch
+  count and the scheduler, and where each result is (stage, register, layout);
+- ``StageProgram``: the stage's devices and mesh (stages may differ in size), its argument
+  registers and layouts (on its micro-batch mesh), and three instruction lists over its mesh:
+  ``forward`` and ``backward`` run once per micro-batch (registers are per micro-batch),
+  ``post`` once per step after every micro-batch (the accumulated gradients, the update).
+  Besides ``program``'s Segment, Collective and Slice they hold:
+  - ``Transfer``: send a register to, or receive it from, another stage, tagged so both ends
+    name the same message (with the micro-batch, so order across stages never matters); a
+    ``block`` transfer joins rank i of two stages of the same mesh and layout, a ``whole``
+    one carries a value whole (one micro-batch's block of it) from a stage that gathered it
+    to every rank of a stage of another mesh, which slices its own block;
   - ``Accumulate``: after a micro-batch, add a register into a per-step sum (a gradient), or
     keep it to concatenate along ``dim`` in micro-batch order; ``post`` reads the result;
   - ``MicroSlice``: the micro-batch's block of a value the same for all of them (``slice``),
@@ -37,6 +40,14 @@ class Transfer:
     bytes: int
     micro: bool                   # per micro-batch (True) or once per step
     axes: tuple = ()              # the stage axis (collective records name their axes)
+    route: str = "block"          # "block": rank i to rank i; "whole": every receiving rank
+                                  # gets the value from sender rank (its index mod the
+                                  # sender's size)
+    tag: Any = None               # the message's name at both ends (None: the register)
+
+    @property
+    def key(self):
+        return self.reg if self.tag is None else self.tag
 
     @property
     def src(self):
@@ -88,6 +99,11 @@ class StageProgram:
     keep: tuple                   # forward/backward registers read after the micro-batches
     accumulators: tuple           # registers Accumulate writes (reset every step)
     devices: tuple                # global ranks of the stage, in stage-mesh order
+    mesh: Any = None              # the stage's LogicalMesh
+    micro_mesh: Any = None        # (mb, *mesh axes): in_layouts are on it
+    arg_regs: tuple = ()          # per argument leaf, its register in this stage's lowering
+    in_layouts: tuple = ()        # per argument leaf, its layout on micro_mesh
+    avals: Any = None             # register -> (local shape, dtype) of one micro-batch
     seconds: float = 0.0          # estimated time of one micro-batch (forward + backward)
     memory: int = 0               # estimated peak bytes per device
 
@@ -104,18 +120,13 @@ class StageProgram:
 
 @dataclass(frozen=True, eq=False)
 class PipelineProgram:
-    mesh: Any                     # the full LogicalMesh (stage axis first)
-    stage_mesh: Any               # one stage's LogicalMesh
-    micro_mesh: Any               # (mb, *stage axes): in_layouts are on it
+    mesh: Any                     # every device (stage axis first when the stages are equal)
     stages: tuple                 # StageProgram per stage
     micro_batches: int
     scheduler: str
-    inputs: tuple                 # registers of the flattened arguments
-    in_layouts: tuple             # per argument leaf, on micro_mesh
-    outputs: tuple                # register or graph.Const per flattened result
-    out_layouts: tuple            # per result, on stage_mesh (never partial)
+    outputs: tuple                # register (of its stage) or graph.Const per flattened result
+    out_layouts: tuple            # per result, on its stage's mesh (never partial)
     out_stages: tuple             # per result, the stage holding it
-    avals: dict                   # register -> (local shape, dtype) of one micro-batch
     node_stages: tuple = ()       # the stage of every graph node
     in_tree: Any = None
     out_tree: Any = None

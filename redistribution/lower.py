@@ -57,6 +57,30 @@ def _nbytes(shape, dtype) -> int:
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
 
+def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason="", last=None):
+    """The instructions of ``steps`` (planner steps or ``ZeroStep``s) taking register ``src`` of
+    a value of global ``shape`` from ``layout``: ``[(instruction, layout after it)]``, each
+    writing a new register (``new_reg()``; ``last`` for the final one when given) whose local
+    shape and dtype go into ``avals``."""
+    out, cur, mesh = [], layout, planner.mesh
+    for k, step in enumerate(steps):
+        here = cur.local_shape(shape, mesh)
+        nxt = step_layout(cur, step)
+        reg = last if last is not None and k == len(steps) - 1 else new_reg()
+        if step.kind in ("slice", "partial_zero"):
+            ins = Slice(step.axes, step.dim, here, src, reg, step.kind)
+        else:
+            there = nxt.local_shape(shape, mesh)
+            nbytes = max(_nbytes(here, dtype), _nbytes(there, dtype))
+            _, algo = planner.step_time(step.kind, step.axes, _nbytes(here, dtype))
+            ins = Collective(step.kind, tuple(step.axes), here, np.dtype(dtype), nbytes, algo,
+                             step.dim, step.dst_dim, src, reg, reason)
+        avals[reg] = (nxt.local_shape(shape, mesh), np.dtype(dtype))
+        out.append((ins, nxt))
+        src, cur = reg, nxt
+    return out
+
+
 class _Lowerer:
     def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
         self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
@@ -102,25 +126,14 @@ class _Lowerer:
                                             l != self.layout[x.id]))
             src = held[have]
         steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
-        cur = have
-        for step in steps:
-            shape = cur.local_shape(x.shape, self.mesh)
-            nxt = step_layout(cur, step)
-            out = self.new_reg()
-            if step.kind in ("slice", "partial_zero"):
-                self.instructions.append(Slice(step.axes, step.dim, shape, src, out, step.kind))
-                self.owners.append(self.current)
-            else:
-                out_shape = nxt.local_shape(x.shape, self.mesh)
-                nbytes = max(_nbytes(shape, x.dtype), _nbytes(out_shape, x.dtype))
-                _, algo = self.planner.step_time(step.kind, step.axes, _nbytes(shape, x.dtype))
-                self.instructions.append(Collective(step.kind, tuple(step.axes), shape, np.dtype(x.dtype),
-                                                    nbytes, algo, step.dim, step.dst_dim, src, out, reason))
-                self.owners.append(self.current)
-            self.avals[out] = (nxt.local_shape(x.shape, self.mesh), np.dtype(x.dtype))
-            src, cur = out, nxt
+        made = emit_steps(steps, src, have, x.shape, x.dtype, self.planner, self.new_reg,
+                          self.avals, reason)
+        for ins, lay in made:
+            self.instructions.append(ins)
+            self.owners.append(self.current)
+            src = ins.out
             if not isinstance(x, Const):
-                self.where[x.id][cur] = out
+                self.where[x.id][lay] = src
         return src, cost
 
     def run(self):

@@ -1,9 +1,11 @@
-"""Cut a step lowered on the micro-batch mesh into pipeline stages and phases.
+"""Cut a step lowered on each stage's micro-batch mesh into pipeline stages and phases.
 
-In: a Graph, its ``Stages`` (strategies.stages), a ``MicroPlan`` (strategies.microbatch), the
-full mesh (stage axis first) and one stage's mesh, the scheduler, the result layouts and a Planner on the micro-batch
-mesh. Out: a ``PipelineProgram`` (autopar.pipeline).
+In: a Graph, its ``Stages`` (strategies.stages), one ``StageLowering`` per stage mesh (the
+stages on it, its ``MicroPlan`` from strategies.microbatch, a ``MicroPlanner``, the result
+layouts), every stage's devices and the scheduler. Out: a ``PipelineProgram``
+(autopar.pipeline).
 
+For each stage mesh:
 1. Lower the graph on the micro-batch mesh (``lower_steps``): local shapes are one micro-batch's.
 2. Steps over the micro-batch axis ``MB`` become pipeline steps: an all-reduce over ``MB`` is an
    ``Accumulate`` (sum over micro-batches; the rest of its axes reduce after them), an
@@ -16,23 +18,29 @@ mesh. Out: a ``PipelineProgram`` (autopar.pipeline).
    earliest phase that reads it. Every other operator runs in its node's stage; a redistribution
    in the stage of the value it starts from.
 4. A register read in another stage is sent there: per micro-batch from a forward or backward
-   step, once per step in ``post``.
+   step, once per step in ``post``. Between two stages of this mesh it goes rank to rank as it
+   is (``block``); to a stage of another mesh the value goes ``whole``: the sender gathers it
+   over its stage (one micro-batch's block), sends it once per value, and the receiver slices
+   every layout it reads from it. Both lowerings name such a message by the value (and the
+   dimension split over micro-batches), which ``split_stages`` checks end to end.
+The stages of each mesh keep their lowering's programs.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from autopar.errors import PipelineError
 from autopar.graph import Const
+from autopar.layout import Layout
 from autopar.pipeline import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
 from autopar.program import (Collective, Compute, Slice, defer_all_reduce_readers, reads,
                              segment, writes)
 from autopar.strategies.microbatch import MB
 
-from .lower import lower_steps
+from .lower import emit_steps, lower_steps, plan_steps
 from .planner import Plan, Planner, Step
 
 
@@ -133,10 +141,62 @@ def _micro_steps(lw, planner, micro):
     return out, avals
 
 
-def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts=None, via=None):
+@dataclass(frozen=True)
+class StageLowering:
+    """The stages that run on one stage mesh, and how that mesh lowers the step."""
+    stages: tuple                 # stage indices
+    mesh: object                  # their stage LogicalMesh
+    plan: object                  # MicroPlan: choice and argument layouts on micro_mesh(mesh)
+    planner: object               # MicroPlanner on plan.mesh
+    out_layouts: tuple = None     # per result (None: replicated), on plan.mesh
+    via: dict = None              # optimizer level1: value id -> layout read through
+
+
+def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage"):
+    """The PipelineProgram: each stage from the lowering of its mesh (``devices[s]``: its global
+    ranks), each result from its stage's lowering."""
+    programs, results = {}, []
+    for low in lowerings:
+        progs, outs = _split_one(graph, stages, low, devices, scheduler, stage_axis)
+        programs.update((s, progs[s]) for s in low.stages)
+        results.append((set(low.stages), outs))
+    out_stage = results[0][1][2]
+    outputs, out_lays = [], []
+    for k, s in enumerate(out_stage):
+        _, (regs, lays, where) = next(r for r in results if s in r[0])
+        if where[k] != s:
+            raise PipelineError(f"result {k} is made in stage {s} on one stage mesh and in stage "
+                                f"{where[k]} on another; an autopar bug, please report it.")
+        outputs.append(regs[k])
+        out_lays.append(lays[k])
+    ordered = tuple(programs[s] for s in range(stages.count))
+    _check_messages(ordered)
+    return PipelineProgram(mesh, ordered, lowerings[0].plan.mesh.axis_size(MB), scheduler,
+                           tuple(outputs), tuple(out_lays), tuple(out_stage), stages.of_node,
+                           in_tree=graph.in_tree, out_tree=graph.out_tree)
+
+
+def _check_messages(stage_programs):
+    """Every message sent is received and every one received is sent (same tag, same shape)."""
+    sent, got = {}, {}
+    for st in stage_programs:
+        for _, body in st.phases():
+            for t in body:
+                if isinstance(t, Transfer):
+                    ends = (st.index, t.peer) if t.kind == "send" else (t.peer, st.index)
+                    (sent if t.kind == "send" else got)[ends + (t.key, t.micro)] = (t.shape, t.route)
+    if sent != got:
+        odd = sorted(set(sent.items()) ^ set(got.items()), key=str)[:3]
+        raise PipelineError(f"the stages' lowerings disagree on what crosses between them {odd}; "
+                            "give the stages the same mesh (pipeline_stage_devices) or report "
+                            "this autopar bug.")
+
+
+def _split_one(graph, stages, low, devices, scheduler, stage_axis):
+    plan, planner, mine = low.plan, low.planner, set(low.stages)
     micro = plan.mesh.axis_size(MB)
     lw, outputs, out_lays, _, _ = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh,
-                                              planner, out_layouts, via)
+                                              planner, low.out_layouts, low.via)
     steps, avals = _micro_steps(lw, planner, micro)
     phase, stage_of, variant = {}, {}, {}
     for r, l in zip(lw.inputs, plan.in_layouts):
@@ -258,33 +318,100 @@ def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts
         ph = min(p for t, p in need[r] if t == s and (p != POST) == micro_read)
         recv_first.setdefault((s, ph), {})[r] = stage_of[r]
 
-    def transfer(kind, r, peer, micro_read):
+    values = {v.id: v for v in graph.inputs}
+    values.update((o.id, o) for n in graph.nodes for o in n.outputs)
+    named = {reg: (vid, lay) for vid, held in lw.where.items() for lay, reg in held.items()}
+
+    def new_reg():
+        lw.next_reg += 1
+        return lw.next_reg - 1
+
+    def transfer(kind, r, peer, micro_read, route="block", tag=None):
         shape, dtype = avals[r]
         return Transfer(kind, r, peer, shape, dtype, int(math.prod(shape)) * dtype.itemsize,
-                        micro_read, (mesh.axis_names[0],))
+                        micro_read, (stage_axis,), route, tag)
+
+    def whole(r):
+        """(value, its layout in r, the layout holding it whole, the message's tag)."""
+        if r not in named:
+            raise PipelineError(f"register {r} crosses between stage meshes but holds no value "
+                                "of the step; an autopar bug, please report it.")
+        vid, lay = named[r]
+        if MB in lay.partial:
+            raise PipelineError(f"a partial sum over micro-batches of {values[vid]} would cross "
+                                "between stage meshes; give the stages the same mesh.")
+        full = Layout(tuple(tuple(a for a in d if a == MB) for d in lay.dims), frozenset())
+        mb = next((i for i, d in enumerate(lay.dims) if MB in d), None)
+        return values[vid], lay, full, ("whole", vid, mb)
+
+    foreign = lambda s, t: (s in mine) != (t in mine)
+    target, first = {}, {}        # (stage, tag, per micro-batch) -> register received / phase
+    for (s, ph), waiting in recv_first.items():
+        for r, peer in waiting.items():
+            if foreign(s, peer):
+                v, lay, full, tag = whole(r)
+                key = (s, tag, ph != POST)
+                first[key] = min(first.get(key, POST), ph)
+                if lay == full or key not in target:
+                    target[key] = r if lay == full else target.get(key)
+    done_recv, gathered, done_send = set(), {}, set()
+
+    def recv(s, r, peer, p):
+        micro_read = p != POST
+        if not foreign(s, peer):
+            return [transfer("recv", r, peer, micro_read)]
+        v, lay, full, tag = whole(r)
+        key, out = (s, tag, micro_read), []
+        if target.get(key) is None:
+            target[key] = new_reg()
+            avals[target[key]] = (full.local_shape(v.shape, plan.mesh), np.dtype(v.dtype))
+        src = target[key]
+        if key not in done_recv and p == first[key]:
+            done_recv.add(key)
+            out.append(transfer("recv", src, peer, micro_read, "whole", tag))
+        if r != src:
+            steps_, _ = plan_steps(planner, full, lay, v.shape, v.dtype)
+            out += [ins for ins, _ in emit_steps(steps_, src, full, v.shape, v.dtype, planner,
+                                                 new_reg, avals, last=r)]
+        return out
+
+    def send(s, r, peer, micro_read):
+        if not foreign(s, peer):
+            return [transfer("send", r, peer, micro_read)]
+        v, lay, full, tag = whole(r)
+        out, key = [], (s, tag, micro_read)
+        if key not in gathered:
+            steps_, _ = plan_steps(planner, lay, full, v.shape, v.dtype)
+            made = emit_steps(steps_, r, lay, v.shape, v.dtype, planner, new_reg, avals,
+                              f"{v} sent whole to stage {peer}")
+            out += [ins for ins, _ in made]
+            gathered[key] = made[-1][0].out if made else r
+        if key + (peer,) not in done_send:
+            done_send.add(key + (peer,))
+            out.append(transfer("send", gathered[key], peer, micro_read, "whole", tag))
+        return out
 
     for s in range(S):
         for r in dict.fromkeys(post_sends[s]):
             for t in sorted({t for rr, t, mr in received if rr == r and not mr}):
-                lists[s][POST].append(transfer("send", r, t, False))
+                lists[s][POST] += send(s, r, t, False)
     for k, (ins, owner) in enumerate(steps):
         for s, p in place[k]:
             waiting = recv_first.get((s, p), {})
             for r in reads(ins):
                 if r in waiting:
-                    lists[s][p].append(transfer("recv", r, waiting.pop(r), p != POST))
+                    lists[s][p] += recv(s, r, waiting.pop(r), p)
             lists[s][p].append(ins)
             for w in writes(ins):
                 for t, micro_read in sends_after.get(w, []):
-                    lists[s][p].append(transfer("send", w, t, micro_read))
+                    lists[s][p] += send(s, w, t, micro_read)
     for s in range(S):                         # results received in post but read by none
         for p in PHASES:
             for r, peer in recv_first.get((s, p), {}).items():
-                lists[s][p].append(transfer("recv", r, peer, p != POST))
+                lists[s][p] += recv(s, r, peer, p)
 
-    K = plan.mesh.size // micro
-    stage_programs, pos = [], {r: i for i, r in enumerate(lw.inputs)}
-    for s in range(S):
+    stage_programs, pos = {}, {r: i for i, r in enumerate(lw.inputs)}
+    for s in sorted(mine):
         read_later = set(keep[s]) | {o for o, t in zip(outputs, out_stage) if t == s and isinstance(o, int)}
         bodies = {}
         for p in PHASES:
@@ -299,11 +426,9 @@ def split(graph, stages, plan, mesh, stage_mesh, planner, scheduler, out_layouts
         used = sorted({pos[r] for p in PHASES for ins in lists[s][p] for r in reads(ins) if r in pos})
         accs = tuple(sorted({ins.out for p in PHASES for ins in lists[s][p]
                              if isinstance(ins, Accumulate)}))
-        stage_programs.append(StageProgram(
+        stage_programs[s] = StageProgram(
             s, bodies[FORWARD], bodies[BACKWARD], bodies[POST], tuple(used),
             tuple(i for i in used if MB in plan.in_layouts[i].axes), tuple(sorted(keep[s])),
-            accs, tuple(range(s * K, (s + 1) * K))))
-    return PipelineProgram(mesh, stage_mesh, plan.mesh, tuple(stage_programs), micro, scheduler,
-                           tuple(lw.inputs), tuple(plan.in_layouts), tuple(outputs),
-                           tuple(out_lays), tuple(out_stage), avals, stages.of_node,
-                           in_tree=graph.in_tree, out_tree=graph.out_tree)
+            accs, tuple(devices[s]), low.mesh, plan.mesh, tuple(lw.inputs),
+            tuple(plan.in_layouts), avals)
+    return stage_programs, (tuple(outputs), tuple(out_lays), tuple(out_stage))

@@ -1,14 +1,15 @@
 """Run a PipelineProgram on JAX devices: one controller, each stage on its own devices.
 
 In: a ``PipelineProgram`` and the flattened global arguments. Out: the flattened global
-results. Stage s runs on ``jax.devices()[s*K:(s+1)*K]`` (K devices per stage, shaped like the
-stage mesh). Each phase of each stage is one jitted ``shard_map`` over those devices; a register
-lives as the stack of its per-device blocks (shape ``(K, *local)``, split over the stage's
-devices on dimension 0), so a Transfer is a ``jax.device_put`` of the stack onto the receiving
-stage's devices, block i to device i. The controller issues the tasks of every stage in an
-order that respects the schedule and the transfers; JAX's asynchronous dispatch lets stages
-run at the same time. Accumulation (a sum or a concatenation over micro-batches) runs on the
-stage's devices between phases.
+results. Stage s runs on the JAX devices numbered by its ``devices``, shaped like its mesh
+(stages may differ in size). Each phase of each stage is one jitted ``shard_map`` over those
+devices; a register lives as the stack of its per-device blocks (shape ``(K, *local)``, split
+over the stage's devices on dimension 0), so a ``block`` Transfer is a ``jax.device_put`` of
+the stack onto the receiving stage's devices, block i to device i, and a ``whole`` one puts the
+sender's first block (the whole value) on every receiving device. The controller issues the
+tasks of every stage in an order that respects the schedule and the transfers; JAX's
+asynchronous dispatch lets stages run at the same time. Accumulation (a sum or a concatenation
+over micro-batches) runs on the stage's devices between phases.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class _Phase:
                     ins.append(r)
             if not isinstance(i, Accumulate):      # its sum exists after the micro-batches
                 made.update(writes(i))
+        self.recv_keys = {i.reg: i.key for i in body if isinstance(i, Transfer) and i.kind == "recv"}
         sent = [i.reg for i in body if isinstance(i, Transfer) and i.kind == "send"]
         acc = [i.src for i in body if isinstance(i, Accumulate)]
         self.inputs = tuple(ins)
@@ -83,38 +85,43 @@ class PipelineRunner:
                 f"{p.mesh} needs {p.mesh.size} devices but JAX sees {len(devices)} "
                 f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_"
                 f"count={p.mesh.size} before importing jax, or lower device_num.")
-        K = p.stage_mesh.size
         self.shardings, self.phases = [], []
         results = {o for o in p.outputs if isinstance(o, int)}
         for st in p.stages:
-            devs = np.array(devices[st.devices[0]:st.devices[0] + K])
-            jmesh = Mesh(devs.reshape(p.stage_mesh.shape), p.stage_mesh.axis_names)
-            self.shardings.append(NamedSharding(jmesh, P(tuple(p.stage_mesh.axis_names))))
+            devs = np.array([devices[d] for d in st.devices])
+            jmesh = Mesh(devs.reshape(st.mesh.shape), st.mesh.axis_names)
+            self.shardings.append(NamedSharding(jmesh, P(tuple(st.mesh.axis_names))))
             phases = {}
             for name, body in st.phases():
                 elsewhere = set(st.keep) | results
                 for other, b in st.phases():
                     if other != name:
                         elsewhere |= {r for i in b for r in reads(i)}
-                phases[name] = _Phase(body, elsewhere, p.stage_mesh, jmesh, p.micro_batches)
+                phases[name] = _Phase(body, elsewhere, st.mesh, jmesh, p.micro_batches)
             self.phases.append(phases)
         self.tasks = [list(t) + [("post", None)] for t in
                       schedule(p.scheduler, len(p.stages), p.micro_batches)]
 
     def _stacked(self, x, i, m, s):
-        p = self.p
-        K = p.stage_mesh.size
-        lay = p.in_layouts[i]
-        blocks = [np.asarray(x)[lay.block(np.shape(x), p.micro_mesh.coords((m or 0) * K + k),
-                                          p.micro_mesh)] for k in range(K)]
+        st = self.p.stages[s]
+        K, mm, lay = st.mesh.size, st.micro_mesh, st.in_layouts[i]
+        blocks = [np.asarray(x)[lay.block(np.shape(x), mm.coords((m or 0) * K + k), mm)]
+                  for k in range(K)]
         return jax.device_put(np.stack(blocks), self.shardings[s])
+
+    def _sent(self, t, v):
+        """What a send of stacked value ``v`` puts on the peer stage (see the module docstring)."""
+        if t.route == "block":
+            return v
+        k = self.p.stages[t.peer].mesh.size
+        return jnp.broadcast_to(v[0], (k,) + v.shape[1:])
 
     def __call__(self, flat_args):
         p = self.p
-        store = {}                     # (register, micro-batch or None) -> stacked value
+        store = {}                     # (stage, register or tag, micro-batch or None) -> stack
         for st in p.stages:
             for i in st.inputs:
-                r = p.inputs[i]
+                r = st.arg_regs[i]
                 for m in (range(p.micro_batches) if i in st.micro_inputs else [None]):
                     store.setdefault((st.index, r, m), self._stacked(flat_args[i], i, m, st.index))
         acc = [{} for _ in p.stages]
@@ -128,7 +135,7 @@ class PipelineRunner:
                 ph = self.phases[s][name]
                 vals = []
                 for r in ph.inputs:
-                    v = self._find(store, s, r, m)
+                    v = self._find(store, s, ph.recv_keys.get(r, r), m)
                     if v is None:
                         break
                     vals.append(jax.device_put(v, self.shardings[s]))
@@ -146,7 +153,7 @@ class PipelineRunner:
                     else:
                         acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
                 for t in ph.sends:
-                    store[(t.peer, t.reg, m if t.micro else None)] = store[(s, t.reg, m)]
+                    store[(t.peer, t.key, m if t.micro else None)] = self._sent(t, store[(s, t.reg, m)])
                 if name == "backward":         # micro-batch m is done on this stage
                     for key in [k for k in store if k[0] == s and k[2] == m]:
                         del store[key]
@@ -161,8 +168,9 @@ class PipelineRunner:
                 for s, st in enumerate(p.stages):
                     if nxt[s] < len(self.tasks[s]):
                         name, m = self.tasks[s][nxt[s]]
-                        miss = [r for r in self.phases[s][name].inputs
-                                if self._find(store, s, r, m) is None]
+                        ph = self.phases[s][name]
+                        miss = [r for r in ph.inputs
+                                if self._find(store, s, ph.recv_keys.get(r, r), m) is None]
                         waits.append(f"stage {s} {name} {m} for %r{miss[0]}")
                 raise PipelineError("the pipeline's stages wait on each other: no stage can run "
                                     f"its next task ({'; '.join(waits)}; an autopar bug, please "
@@ -173,7 +181,7 @@ class PipelineRunner:
                 out.append(o.value)
                 continue
             blocks = np.asarray(store[(s, o, None)])
-            out.append(blocks[0] if lay.is_replicated() else lay.assemble(blocks, p.stage_mesh))
+            out.append(blocks[0] if lay.is_replicated() else lay.assemble(blocks, p.stages[s].mesh))
         return out
 
     @staticmethod

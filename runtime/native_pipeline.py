@@ -1,20 +1,23 @@
 """Run a PipelineProgram on the native runtime: one worker process per device.
 
 In: a ``PipelineProgram`` and the flattened global arguments. Out: the flattened global
-results. Rank r runs stage ``r // K`` (K devices per stage) as local rank ``r % K`` of the
-stage mesh. The caller exports each stage's segments once and loads every worker with its
-stage's phases, its task order (``autopar.pipeline.schedule``) and, per peer rank, the list of
-messages that peer sends it, in the peer's order. Per call a rank gets its block of each
-argument its stage reads (one per micro-batch for the batch) and runs its tasks:
+results. Rank r runs the stage whose devices hold it, as its position there in the stage's
+mesh (stages may have meshes of different sizes). The caller exports each stage's segments once
+and loads every worker with its stage's phases, its task order (``autopar.pipeline.schedule``)
+and, per peer rank, the list of messages that peer sends it, in the peer's order. Per call a
+rank gets its block of each argument its stage reads (one per micro-batch for the batch) and
+runs its tasks:
 
 - a forward or backward task runs that phase on the micro-batch's registers; ``post`` runs once
   on the accumulated values;
 - collectives inside the stage go through ``native_backend._Comms`` (gradient all-reduces of
   ``post`` fused into buckets, overlapping the compute after them);
 - a ``Transfer`` send is queued on a thread per destination, so a rank never waits for its
-  receiver; a thread per source receives that peer's messages in the peer's order into a
-  mailbox, and a ``Transfer`` recv waits for its (register, micro-batch) there. The stage
-  order of the schedule is then the only order that matters: GPipe and 1F1B cannot deadlock.
+  receiver: a ``block`` transfer goes to the rank at the same position of the other stage, a
+  ``whole`` one to every rank of the other stage whose position is this one's modulo this
+  stage's size; a thread per source receives that peer's messages in the peer's order into a
+  mailbox, and a ``Transfer`` recv waits for its (tag, micro-batch) there. The stage order of
+  the schedule is then the only order that matters: GPipe and 1F1B cannot deadlock.
 
 A worker's ``native_backend.stats()`` then also holds ``pipeline``: the step's seconds and the
 seconds its stage waited for a peer's transfer (the pipeline bubble, as this rank saw it).
@@ -39,7 +42,7 @@ from . import wire
 
 @dataclass(frozen=True)
 class StageGroups:
-    """The stage mesh seen from global ranks: ``group`` shifts the stage's ranks by
+    """A stage's mesh seen from global ranks: ``group`` shifts the stage's ranks by
     ``offset`` (its first rank), so ``native_backend._step`` runs unchanged."""
     mesh: object
     offset: int
@@ -52,17 +55,30 @@ class StageGroups:
         return tuple(m + self.offset for m in members), me
 
 
-def _messages(program, tasks):
-    """(source stage, destination stage) -> [(register, micro-batch or None)] in send order."""
-    out = {}
+def _inboxes(program, tasks):
+    """Per global rank: {source rank: [(tag, micro-batch or None, (shape, dtype))]} in the order
+    the source sends them."""
+    out = {r: {} for st in program.stages for r in st.devices}
     for st, order in zip(program.stages, tasks):
         bodies = dict(st.phases())
         for name, m in list(order) + [("post", None)]:
-            for ins in bodies[name]:
-                if isinstance(ins, Transfer) and ins.kind == "send":
-                    out.setdefault((st.index, ins.peer), []).append(
-                        (ins.reg, m if ins.micro else None))
+            for t in bodies[name]:
+                if not (isinstance(t, Transfer) and t.kind == "send"):
+                    continue
+                for me, src in enumerate(st.devices):
+                    for dst in _targets(t, st.devices, program.stages[t.peer].devices, me):
+                        out[dst].setdefault(src, []).append(
+                            (t.key, m if t.micro else None, (t.shape, t.dtype)))
     return out
+
+
+def _targets(t, devices, peer, me):
+    """The global ranks that position ``me`` of a stage on ``devices`` sends ``t`` to: the same
+    position of the peer stage's devices ``peer`` (block), or every position equal to ``me``
+    modulo the sending stage's size (whole)."""
+    if t.route == "block":
+        return [peer[me]]
+    return [d for j, d in enumerate(peer) if j % len(devices) == me]
 
 
 class PipelineRunner(nb.WorkerRunner):
@@ -72,44 +88,45 @@ class PipelineRunner(nb.WorkerRunner):
         from autopar.redistribution.planner import Planner
         self.program = p = program
         self.mesh, self.timeout = p.mesh, timeout
-        K = p.stage_mesh.size
-        planner = Planner(p.stage_mesh)
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
-        messages = _messages(p, tasks)
-        self._payloads = []
+        inboxes = _inboxes(p, tasks)
+        self._payloads = {}
         for st in p.stages:
             prices = {}
+            planner = Planner(st.mesh)
             phases = {name: nb.shippable(body, planner, prices) for name, body in st.phases()}
             outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
                          enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
                          if s == st.index and not isinstance(o, Const))
-            inbox = {src: [(r, m, p.avals[r]) for r, m in msgs]
-                     for (src, dst), msgs in messages.items() if dst == st.index}
-            self._payloads.append(dict(
-                groups=StageGroups(p.stage_mesh, st.devices[0]), K=K, stage=st.index,
-                phases=phases, tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
-                inputs=tuple(p.inputs[i] for i in st.inputs),
-                micro_inputs=tuple(p.inputs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, inbox=inbox, bucket_bytes=bucket_bytes, prices=prices))
+            base = dict(
+                groups=StageGroups(st.mesh, st.devices[0]), stage=st.index,
+                devices=tuple(x.devices for x in p.stages), phases=phases,
+                tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
+                inputs=tuple(st.arg_regs[i] for i in st.inputs),
+                micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
+                micro=p.micro_batches, bucket_bytes=bucket_bytes, prices=prices)
+            for r in st.devices:
+                self._payloads[r] = dict(base, inbox=inboxes[r])
+        self._stage_of = {r: st for st in p.stages for r in st.devices}
         self._start()
 
     def _loads(self):
-        K = self.program.stage_mesh.size
-        return load_stage, [(self._payloads[r // K],) for r in range(self.mesh.size)]
+        return load_stage, [(self._payloads[r],) for r in range(self.mesh.size)]
 
     def __call__(self, flat_args):
         p = self.program
         self._ready()
-        K, M, mm = p.stage_mesh.size, p.micro_batches, p.micro_mesh
+        M = p.micro_batches
         per_rank = []
         for r in range(p.mesh.size):
-            st = p.stages[r // K]
+            st = self._stage_of[r]
+            K, mm, me = st.mesh.size, st.micro_mesh, r - st.devices[0]
             blocks = {}
             for i in st.inputs:
-                x, lay = np.asarray(flat_args[i]), p.in_layouts[i]
+                x, lay = np.asarray(flat_args[i]), st.in_layouts[i]
                 ms = range(M) if i in st.micro_inputs else [0]
-                blocks[p.inputs[i]] = [nb._c(x[lay.block(x.shape, mm.coords(m * K + r % K), mm)])
-                                       for m in ms]
+                blocks[st.arg_regs[i]] = [nb._c(x[lay.block(x.shape, mm.coords(m * K + me), mm)])
+                                          for m in ms]
             per_rank.append((blocks,))
         ranks = self._call(run_stage, per_rank)
         out = []
@@ -117,8 +134,9 @@ class PipelineRunner(nb.WorkerRunner):
             if isinstance(o, Const):
                 out.append(o.value)
                 continue
-            got = [ranks[s * K + i][k] for i in range(K)]
-            out.append(got[0] if lay.is_replicated() else lay.assemble(got, p.stage_mesh))
+            st = p.stages[s]
+            got = [ranks[d][k] for d in st.devices]
+            out.append(got[0] if lay.is_replicated() else lay.assemble(got, st.mesh))
         return out
 
 
@@ -130,10 +148,10 @@ _STAGE: list = []
 def load_stage(comm, payload, cache=None):
     """Compile the stage's segments now (so a stage's first step does not compile while its
     peers wait on it), shared across the stage's ranks."""
-    first, K = payload["groups"].offset, payload["K"]
     segments = [s[1] for steps in payload["phases"].values() for s in steps
                 if isinstance(s, tuple)]
-    compiled = iter(nb.compile_shared(comm, segments, list(range(first, first + K)), cache))
+    ranks = list(payload["devices"][payload["stage"]])
+    compiled = iter(nb.compile_shared(comm, segments, ranks, cache))
     phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
                      for s in steps] for name, steps in payload["phases"].items()}
     _STAGE[:] = [dict(payload, phases=phases)]
@@ -149,17 +167,16 @@ class _Mailbox:
     receive's timeout counts from when the stage needs the peer, not from the step's start)
     to the step's last message."""
 
-    def __init__(self, comm, inbox, K):
-        self.comm, self.K = comm, K
+    def __init__(self, comm, inbox):
+        self.comm = comm
         self.got, self.error = {}, None
         self.waited = 0.0                      # seconds the stage waited for a peer
         self.cv = threading.Condition()
-        self.inbox, self.threads = inbox, {}
-        self.source = {(reg, m): src for src, msgs in inbox.items() for reg, m, _ in msgs}
+        self.inbox, self.threads = inbox, {}   # source rank -> [(tag, micro-batch, aval)]
+        self.source = {(tag, m): src for src, msgs in inbox.items() for tag, m, _ in msgs}
 
     def _start(self, src):
-        peer = src * self.K + self.comm.rank % self.K
-        t = threading.Thread(target=self._receive, args=(self.comm, peer, self.inbox[src]),
+        t = threading.Thread(target=self._receive, args=(self.comm, src, self.inbox[src]),
                              daemon=True)
         t.start()
         self.threads[src] = t
@@ -209,13 +226,14 @@ def run_stage(comm, blocks):
     P = _STAGE[0]
     meter = nb._PeakMeter()
     start = time.perf_counter()
-    K, M, keep = P["K"], P["micro"], P["keep"]
-    mailbox = _Mailbox(comm, P["inbox"], K)
+    M, keep, devices = P["micro"], P["keep"], P["devices"]
+    mine = devices[P["stage"]]
+    me = comm.rank - mine[0]
+    mailbox = _Mailbox(comm, P["inbox"])
     sends = []
     step = {r: b[0] for r, b in blocks.items() if r not in P["micro_inputs"]}
     micro = [{r: blocks[r][m] for r in P["micro_inputs"]} for m in range(M)]
     acc = {}
-    peer_of = lambda stage: stage * K + comm.rank % K
     for name, m in list(P["tasks"]) + [("post", None)]:
         regs = step if m is None else micro[m]
         comms = nb._Comms(comm, P["groups"], P["bucket_bytes"], P["prices"])
@@ -238,9 +256,10 @@ def run_stage(comm, blocks):
                 if isinstance(st, Transfer):
                     if st.kind == "send":
                         x = nb._c(get(st.reg))
-                        sends.append(_sender(peer_of(st.peer)).submit(comm.send, x, peer_of(st.peer)))
+                        for dst in _targets(st, mine, devices[st.peer], me):
+                            sends.append(_sender(dst).submit(comm.send, x, dst))
                     else:
-                        regs[st.reg] = mailbox.take(st.reg, m if st.micro else None)
+                        regs[st.reg] = mailbox.take(st.key, m if st.micro else None)
                         if st.reg in keep:
                             step[st.reg] = regs[st.reg]
                 elif isinstance(st, Accumulate):
@@ -282,5 +301,5 @@ def run_stage(comm, blocks):
     meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
     out = {}
     for (k, _, split), x in zip(P["outputs"], results):
-        out[k] = x if (split or comm.rank % K == 0) else None
+        out[k] = x if (split or me == 0) else None
     return out
