@@ -11,7 +11,6 @@ This module and autopar.hybrid (the hybrid_parallel half of planning) import eve
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import jax
@@ -29,17 +28,13 @@ from .strategies.candidates import candidates_of
 from .strategies.optimizer import shard_update
 from .strategies.propagation import Assignment, propagate
 from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
-from .redistribution.lower import lower, plan_steps
-from .redistribution.pipeline import MicroPlanner, StageLowering, split_stages
-from .strategies.microbatch import add_micro_axis, micro_mesh
-from .strategies.stage_plan import plan_stages, stage_estimates
-from .strategies.stages import Stages, assign_stages
-from .annotate import STAGE_SCOPE
+from .redistribution.lower import lower, lower_steps, plan_steps
 from .redistribution.planner import Planner
 from .trace import trace
 from .arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import comm_records, label, operands
 from .hybrid import plan_hybrid
+from .staging import pipeline_program, reshard_cost
 from .progress import Progress, logger
 
 
@@ -205,65 +200,65 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
 
 
-def _reshard_cost(planner):
-    """``(src, dst, shape, dtype) -> (seconds, collectives)`` of the planner's cheapest path."""
-    def cost(s, d, shape, dtype):
-        steps, seconds = plan_steps(planner, s, d, shape, dtype)
-        return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
-    return cost
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+    """The layouts of the whole step on one mesh and what lowering them costs."""
+    mesh: object
+    planner: object
+    assignment: Assignment
+    via: dict                 # optimizer level1: value id -> layout read through (or None)
+    updates: dict             # argument position -> layout its update runs in
+    out_layouts: tuple        # per result: state keeps its argument's layout, else None
+    comm: dict                # node id -> seconds of the redistributions feeding it
+    program: object = None    # the lowered Program (without a pipeline)
+    out_comm: float = 0.0
 
 
-def stage_mesh(full, stages: int):
-    """One pipeline stage's mesh: ``full`` without its first (stage) axis, on the innermost
-    topology levels holding that many devices; ``full`` itself with one stage."""
-    if stages == 1:
-        return full
-    from .mesh import LogicalMesh
-    k = full.size // stages
-    return LogicalMesh.create(full.shape[1:], full.axis_names[1:], full.topology.inner(k))
-
-
-def _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names, out_layouts, via,
-              pairs, comm):
-    """The PipelineProgram of a planned step: stages from ``ap.pipeline_stage`` annotations,
-    micro-batches as a virtual mesh axis (strategies.microbatch), cut by redistribution.pipeline."""
-    S, M = config.pipeline_stages, config.micro_batches
-    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
-    state = {i for i, _ in pairs}          # threaded through the step: never a batch
-    batch = set()
-    for j, (v, l) in enumerate(zip(graph.inputs, assignment.inputs)):
-        if leaf_arg[j] not in batch_argnums or not v.shape or j in state:
-            continue
-        split = math.prod(mesh.axis_size(a) for a in l.dims[0])
-        if v.shape[0] % (M * split):
-            raise ConfigError(f"micro_batches={M}: batch argument {names[j][0]} has dimension 0 "
-                              f"of size {v.shape[0]}, which does not split into {M} micro-batches "
-                              f"of {split}-way split rows; use a batch size that is a multiple of "
-                              f"{M * split} (or pass batch_argnums naming only the batch).")
-        batch.add(j)
-    sched = config.pipeline_scheduler.value
-    mplanner = MicroPlanner(micro_mesh(mesh, M))
-    plan = add_micro_axis(graph, assignment.choice, assignment.inputs, batch, M, mesh,
-                          _reshard_cost(mplanner))
-    if S == 1:
-        from .mesh import LogicalMesh
-        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
-        full = LogicalMesh((name,) + full.axis_names, (1,) + full.shape, full.topology)
-        stages = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
-    elif any(STAGE_SCOPE in n.scope for n in graph.nodes):
-        stages = assign_stages(graph, S)
+def _on_mesh(config, mesh, graph, args, batch_argnums, in_strategy, strategy, names, name, pairs,
+             pipelined) -> MeshPlan:
+    """Layouts for every operator of ``graph`` on ``mesh`` by ``config``'s mode, then the
+    parallel optimizer, then lowering (the Program itself only without a pipeline)."""
+    mode = config.parallel_mode
+    planner = Planner(mesh)
+    fixed = fixed_layouts(config, mesh, graph)
+    # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
+    search_config = config.replace(max_device_memory=None) if pipelined else config
+    if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
+            config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
+        assignment = _recursive(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
+                                planner, fixed, name, pairs)
     else:
-        stages = plan_stages(graph, S, M, sched, assignment.choice, assignment.inputs, comm, batch,
-                             mesh, full, plan, config.max_device_memory).stages
-    secs, mems = stage_estimates(graph, stages, M, sched, assignment.choice, assignment.inputs,
-                                 comm, batch, mesh, plan)
-    K = mesh.size
-    devices = tuple(tuple(range(s * K, (s + 1) * K)) for s in range(stages.count))
-    lowering = StageLowering(tuple(range(stages.count)), mesh, plan, mplanner, tuple(out_layouts),
-                             via)
-    program = split_stages(graph, stages, [lowering], devices, sched, full, full.axis_names[0])
-    return dataclasses.replace(program, stages=tuple(
-        dataclasses.replace(st, seconds=t, memory=b) for st, t, b in zip(program.stages, secs, mems)))
+        cands = candidates_of(graph, mesh)
+        for nid, layout in fixed.items():                 # annotated values keep their layout
+            cands[nid] = [identity_candidate(layout)]
+        if strategy is not None:
+            assignment = _from_strategy(strategy, graph, mesh, cands)
+        elif mode is ParallelMode.AUTO_PARALLEL:
+            assignment = _search(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
+                                 planner, cands, name, pairs)
+        else:
+            given = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
+            assignment = propagate(graph, mesh, fixed, given, reshard_cost(planner), cands)
+    via, updates = None, {}
+    if config.enable_parallel_optimizer and mesh.size > 1:
+        su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
+                          [p for _, p in names], mesh, config.optimizer_level.value,
+                          config.parallel_optimizer_threshold * 1024)
+        assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
+        updates = su.updates
+    # state (new parameters, optimizer state) stays in its argument's layout from step to step,
+    # as the searches assume; the backends put the blocks together for the caller
+    out_layouts = [None] * len(graph.outputs)
+    for i, j in pairs:
+        out_layouts[j] = assignment.inputs[i]
+    if pipelined:
+        comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
+                           out_layouts, via)[3]
+        return MeshPlan(mesh, planner, assignment, via, updates, tuple(out_layouts), comm)
+    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
+                                    out_layouts, via)
+    return MeshPlan(mesh, planner, assignment, via, updates, tuple(out_layouts), comm, program,
+                    out_comm)
 
 
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
@@ -283,66 +278,53 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
     full = config.mesh()
     pipelined = config.pipeline_stages > 1 or config.micro_batches > 1
-    mesh = stage_mesh(full, config.pipeline_stages) if pipelined else full
     t0 = time.monotonic()
     graph = trace(fn, *args)
     t_trace = time.monotonic()
     names = leaf_names(args)
-    planner = Planner(mesh)
-    fixed = fixed_layouts(config, mesh, graph)
     name = getattr(fn, "__name__", "step")
     pairs = state_pairs(graph)
-    # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
-    search_config = config.replace(max_device_memory=None) if pipelined else config
-    if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
-            config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = _recursive(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                planner, fixed, name, pairs)
-    else:
-        cands = candidates_of(graph, mesh)
-        for nid, layout in fixed.items():                 # annotated values keep their layout
-            cands[nid] = [identity_candidate(layout)]
-        if strategy is not None:
-            assignment = _from_strategy(strategy, graph, mesh, cands)
-        elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = _search(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                 planner, cands, name, pairs)
-        else:
-            given = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
-            assignment = propagate(graph, mesh, fixed, given, _reshard_cost(planner), cands)
-    via, updates = None, {}
-    if config.enable_parallel_optimizer and mesh.size > 1:
-        su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
-                          [p for _, p in names], mesh, config.optimizer_level.value,
-                          config.parallel_optimizer_threshold * 1024)
-        assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
-        updates = su.updates
-    # state (new parameters, optimizer state) stays in its argument's layout from step to step,
-    # as the searches assume; the backends put the blocks together for the caller
-    out_layouts = [None] * len(graph.outputs)
-    for i, j in pairs:
-        out_layouts[j] = assignment.inputs[i]
-    t_search = time.monotonic()
-    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
-                                    out_layouts, via)
+    if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
+        raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
+                          "autopar does not load yet; plan again (pipeline_stage_devices) "
+                          "instead of loading it.")
+    on_mesh = lambda mesh: _on_mesh(config, mesh, graph, args, batch_argnums, in_strategy,
+                                    strategy, names, name, pairs, pipelined)
     if pipelined:
-        program = _pipeline(config, graph, full, mesh, assignment, args, batch_argnums, names,
-                            out_layouts, via, pairs, comm)
-    inputs = tuple(InputStrategy(n, v.shape, str(v.dtype), l, p, updates.get(k))
-                   for k, ((n, p), v, l) in enumerate(zip(names, graph.inputs, assignment.inputs)))
-    ch = assignment.choice
-    piped = isinstance(program, PipelineProgram)
-    node_stage = program.node_stages if piped else (0,) * len(graph.nodes)
-    ops = tuple(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                           tuple(v.shape for v in n.outputs), ch[n.id].in_layouts,
-                           ch[n.id].out_layouts, comm[n.id], compute_time(n, ch[n.id], mesh),
-                           output_bytes(n, ch[n.id], mesh), s, made_by)
-                for n, s, made_by in zip(graph.nodes, node_stage, operands(graph, names)))
-    stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory)
-                       for st in program.stages) if piped else ()
-    comms = comm_records(program, planner)
-    timeline = () if piped else tuple((label(ins), b) for ins, b in program.memory_timeline())
-    if not piped:
+        program, per_stage = pipeline_program(config, graph, full, on_mesh, args, batch_argnums,
+                                              names, pairs)
+        t_search = time.monotonic()
+        node_plan = [per_stage[s] for s in program.node_stages]
+        out_comm = 0.0
+    else:
+        mp = on_mesh(full)
+        t_search = time.monotonic()
+        program, out_comm, per_stage = mp.program, mp.out_comm, (mp,)
+        node_plan = [mp] * len(graph.nodes)
+    first = per_stage[0]
+    readers = {}                          # argument position -> the first stage reading it
+    for st in (program.stages if pipelined else ()):
+        for i in st.inputs:
+            readers.setdefault(i, st.index)
+    inputs = []
+    for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
+        mp = per_stage[readers.get(k, 0)]
+        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mp.assignment.inputs[k], p,
+                                    mp.updates.get(k)))
+    ops = []
+    for n, mp, s, made_by in zip(graph.nodes, node_plan, program.node_stages if pipelined else
+                                 (0,) * len(graph.nodes), operands(graph, names)):
+        c = mp.assignment.choice[n.id]
+        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
+                              tuple(v.shape for v in n.outputs), c.in_layouts, c.out_layouts,
+                              mp.comm[n.id], compute_time(n, c, mp.mesh),
+                              output_bytes(n, c, mp.mesh), s, made_by))
+    stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory,
+                                     tuple(st.mesh.shape), tuple(st.mesh.axis_names))
+                       for st in program.stages) if pipelined else ()
+    comms = comm_records(program, first.planner)
+    timeline = () if pipelined else tuple((label(ins), b) for ins, b in program.memory_timeline())
+    if not pipelined:
         peak, at = program.memory()
         node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
             getattr(at, "reason", "").split(" ")[0])
@@ -352,6 +334,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     else:                    # each device holds one stage: the fullest stage is the peak
         top = max(program.stages, key=lambda st: st.memory)
         peak, peak_op, peak_where = top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
+    piped, mesh = pipelined, first.mesh
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
@@ -363,7 +346,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             f"than max_device_memory={cap}. Raise max_device_memory, use more devices"
             f"{', pipeline stages or micro-batches' if piped else ''} or a smaller batch{hint}.")
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
-                     tuple(mesh.shape), tuple(mesh.axis_names), inputs, ops, out_comm,
+                     tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs), tuple(ops), out_comm,
                      peak, peak_op, config.max_device_memory,
                      stage_info, config.micro_batches if piped else 1,
                      config.pipeline_scheduler.value if piped else "", comms, timeline,

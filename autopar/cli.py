@@ -44,6 +44,15 @@ def _load_function(target: str):
     return getattr(mod, name)
 
 
+def _stage_devices(text: str):
+    if text == "auto":
+        return text
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write 'auto' or counts such as 1,3") from None
+
+
 def _mesh(text):
     try:
         return tuple(int(x) for x in text.lower().split("x"))
@@ -64,6 +73,7 @@ def _plan(args) -> int:
         search_mode=args.search, max_device_memory=args.max_memory,
         search_time=args.search_time, pipeline_stages=args.stages,
         micro_batches=args.micro_batches, pipeline_scheduler=args.scheduler,
+        pipeline_stage_devices=args.stage_devices,
         enable_parallel_optimizer=args.optimizer_level is not None,
         optimizer_level=args.optimizer_level or "level1")
     start = time.monotonic()
@@ -147,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto_parallel's solver (default sharding_propagation)")
     p.add_argument("--search-time", type=float, help="seconds the solver may take")
     p.add_argument("--stages", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--stage-devices", type=_stage_devices,
+                   help="devices per stage: 'auto' (the planner chooses) or counts, e.g. 1,3 "
+                        "(default: equal stages)")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches (default 1)")
     p.add_argument("--scheduler", default="1f1b", choices=values(PipelineScheduler),
                    help="pipeline scheduler (default 1f1b)")

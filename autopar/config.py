@@ -98,6 +98,12 @@ class ParallelConfig:
                                               # (MindSpore's default, also in KB)
     pipeline_stages: int = 1                  # stages the devices are split into (the first mesh
                                               # axis; each stage runs its layers on the rest)
+    pipeline_stage_devices: object = None     # devices per stage: "equal" (the first mesh
+                                              # axis), "auto" (the stage planner chooses them
+                                              # with the cuts), a tuple (one count per stage,
+                                              # summing to device_num; a stage mesh of another
+                                              # size is one axis), or None: "auto" where the
+                                              # planner cuts the stages, else "equal"
     micro_batches: int = 1                    # pipeline: the batch is split into this many
                                               # micro-batches; gradients accumulate over them
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B   # "gpipe" or "1f1b"
@@ -156,19 +162,34 @@ class ParallelConfig:
             shape = (n,)
         elif n is None:
             n = math.prod(shape)
-        stages = self.pipeline_stages
+        stages, given = self.pipeline_stages, self.pipeline_stage_devices
         if self.mesh_shape is None and stages > 1 and n % stages == 0:
             shape = (stages, n // stages)          # default: the stage axis, then one axis
         if n < 1 or math.prod(shape) != n:
             raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
                               "devices; make them agree.")
-        if stages > 1 and shape[0] != stages:
+        if isinstance(given, (list, tuple)):
+            given = tuple(given)
+            if len(given) != stages or sum(given) != n or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in given):
+                raise ConfigError(f"pipeline_stage_devices={self.pipeline_stage_devices!r} must "
+                                  f"give {stages} device counts >= 1 (one per stage) summing to "
+                                  f"device_num={n}, e.g. {(1,) * (stages - 1) + (n - stages + 1,)}.")
+            set_("pipeline_stage_devices", given)
+        elif given not in (None, "auto", "equal"):
+            raise ConfigError(f"pipeline_stage_devices={given!r} is not valid; give 'equal', "
+                              "'auto', None or a tuple of device counts, one per stage.")
+        elif given == "auto" and n < stages:
+            raise ConfigError(f"pipeline_stages={stages} needs at least that many devices; "
+                              f"device_num is {n}.")
+        if given in (None, "equal") and stages > 1 and shape[0] != stages:
             raise ConfigError(f"pipeline_stages={stages} splits the devices along the first mesh "
                               f"axis, but mesh_shape={shape} starts with {shape[0]}; use a "
                               f"mesh_shape that starts with {stages}, e.g. {(stages, n // stages)}"
                               if n % stages == 0 else
                               f"pipeline_stages={stages} does not divide device_num={n}; use a "
-                              "stage count that divides the devices.")
+                              "stage count that divides the devices, or give "
+                              "pipeline_stage_devices (a count per stage, or 'auto').")
         if self.parallel_mode is ParallelMode.STAND_ALONE and n != 1:
             raise ConfigError(f"parallel_mode='stand_alone' runs on one device but device_num={n}; "
                               "use data_parallel or semi_auto_parallel for several devices.")

@@ -68,6 +68,9 @@ def _checked(fields: dict) -> dict:
         base = {"parallel_mode": "auto_parallel"} if name != "parallel_mode" else {}
         if name == "pipeline_stages" and isinstance(value, int) and value >= 1:
             base["device_num"] = value
+        if name == "pipeline_stage_devices" and isinstance(value, (list, tuple)):
+            base.update(device_num=sum(v for v in value if isinstance(v, int)) or 1,
+                        pipeline_stages=len(value) or 1)
         if name == "topology":
             base["device_num"] = getattr(value, "num_devices", None)
         try:

@@ -1,6 +1,6 @@
 """Pieces of the Strategy dump read off a lowered program.
 
-In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its (stage) mesh, the
+In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its (first stage's) mesh, the
 traced Graph and its argument names. Out: ``comm_records`` (a ``CommStrategy`` per
 communication step, priced), ``label`` (how the memory timeline names an instruction) and
 ``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
@@ -24,7 +24,11 @@ def label(ins) -> str:
 def comm_records(program, planner) -> tuple:
     """A CommStrategy per communication step of a Program or PipelineProgram, priced by the
     planner (transfers between stages on the first level of the full mesh's axis)."""
-    if isinstance(program, PipelineProgram):
+    planners = {}
+    if isinstance(program, PipelineProgram):           # each stage priced on its own mesh
+        from .redistribution.planner import Planner
+        for st in program.stages:
+            planners[st.index] = planner if st.mesh == planner.mesh else Planner(st.mesh)
         body = [(st.index, ins, name) for st in program.stages for name, b in st.phases()
                 for ins in b]
         level = program.mesh.level(program.mesh.axis_names[0])
@@ -42,7 +46,8 @@ def comm_records(program, planner) -> tuple:
         elif isinstance(ins, Collective):
             out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
                                     str(np.dtype(ins.dtype)), ins.bytes,
-                                    planner.step_time(ins.kind, ins.axes, ins.bytes)[0],
+                                    planners.get(stage, planner).step_time(
+                                        ins.kind, ins.axes, ins.bytes)[0],
                                     ins.reason, stage,
                                     micro if phase in ("forward", "backward") else 1))
     return tuple(out)

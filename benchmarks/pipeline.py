@@ -11,9 +11,16 @@ Run: python benchmarks/pipeline.py [--layers 4] [--micro 4 8] [--iters 10] [--pl
    (``stats()["pipeline"]``), averaged over the ranks; beside it the ideal (S - 1) / (M + S - 1)
    of equal stages and free transfers. On this machine 4 ranks share 2 cores, so a waiting
    stage lends its core to the working one and measured bubbles sit below the ideal.
-2. Stage planner time: a GPT with ``--plan-layers`` blocks (abstract arguments: nothing is
-   allocated) planned with data_parallel on 16 devices as 8 stages x 2, 16 micro-batches; the
-   time of the stage DP alone (``strategies.stage_plan.plan_stages``) and of the whole plan.
+2. Stage device counts: a GPT with 2 blocks and a tied LM head over a 4096-word vocabulary
+   (d=64, sequence 16, batch 24), data_parallel on 4 native ranks in 2 stages with 4
+   micro-batches, as equal stages (2 + 2) and with ``pipeline_stage_devices="auto"``: the
+   planner's estimate and the measured median step.
+3. Stage planner time: a GPT with ``--plan-layers`` blocks (abstract arguments: nothing is
+   allocated) planned with data_parallel on 16 devices in 8 stages, 16 micro-batches: equal
+   stages of 2 devices, then stage device counts chosen by the planner ("auto": one layout
+   search per stage size it may use, then the DP over cuts and counts); the time of the stage
+   DP alone (``strategies.stage_plan.plan_stages``), of the whole plan, and the DP's step
+   estimate (the objective; "auto" can only lower it).
 Out: one JSON object per measurement, and with --markdown the tables.
 """
 import argparse
@@ -30,7 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import autopar as ap  # noqa: E402
 import models as m  # noqa: E402
 from autopar.runtime.native_backend import stats  # noqa: E402
-from autopar.strategies import stage_plan  # noqa: E402
+from autopar import staging  # noqa: E402
 
 
 def schedules(layers, micros, iters):
@@ -60,29 +67,59 @@ def schedules(layers, micros, iters):
     return rows
 
 
-def planner(layers):
+def stage_devices(iters):
+    """Equal stages against the device counts the planner chooses, on a GPT whose tied LM head
+    (vocabulary 4096) outweighs its 2 blocks: estimate and measured step, 4 native ranks."""
+    kw = dict(layers=2, d=64, seq=16, vocab=4096)
+    p, b = m.gpt_params(**kw), m.gpt_batch(batch=24, seq=16, vocab=4096)
+    rows = []
+    for devs in ("equal", "auto"):
+        cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, pipeline_stages=2,
+                                micro_batches=4, pipeline_stage_devices=devs, progress=False)
+        c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+        c(p, b)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            c(p, b)
+            times.append(time.perf_counter() - t0)
+        c._runner.close()
+        row = {"bench": "stage_devices", "stage_devices": str(devs),
+               "chosen": [len(st.devices) for st in c.strategy.stages],
+               "stage_us": [round(st.seconds * 1e6) for st in c.strategy.stages],
+               "estimate_ms": 1e3 * c.strategy.pipeline_time,
+               "step_ms": 1e3 * statistics.median(times)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def planner(layers, stage_devices):
     p, b = m.gpt_params(layers=layers, abstract=True), m.gpt_batch(batch=64, abstract=True)
     timed = {}
-    real = stage_plan.plan_stages
+    real = staging.plan_stages
 
     def clocked(*a, **k):
         t0 = time.perf_counter()
         out = real(*a, **k)
         timed["dp_s"] = time.perf_counter() - t0
-        timed["cuts"] = len(out.cuts)
+        timed["sizes"] = len(a[4])
+        timed["estimate"] = out.step_time
         return out
-    stage_plan.plan_stages = clocked
-    import autopar.api as api
-    api.plan_stages = clocked
+    staging.plan_stages = clocked
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=16, pipeline_stages=8,
-                            micro_batches=16, progress=False)
+                            micro_batches=16, progress=False, pipeline_stage_devices=stage_devices)
     t0 = time.perf_counter()
-    s = ap.plan(m.gpt_sgd_step, p, b, config=cfg)
+    try:
+        s = ap.plan(m.gpt_sgd_step, p, b, config=cfg)
+    finally:
+        staging.plan_stages = real
     total = time.perf_counter() - t0
-    api.plan_stages = stage_plan.plan_stages = real
     secs = [st.seconds for st in s.stages]
     row = {"bench": "planner", "layers": layers, "operators": len(s.ops), "stages": 8,
-           "micro_batches": 16, "stage_dp_s": timed["dp_s"], "plan_s": total,
+           "micro_batches": 16, "stage_devices": str(stage_devices),
+           "sizes_tried": timed["sizes"], "chosen": [len(st.devices) for st in s.stages],
+           "stage_dp_s": timed["dp_s"], "plan_s": total, "estimate_ms": 1e3 * timed["estimate"],
            "slowest_over_mean_stage": max(secs) / statistics.mean(secs)}
     print(json.dumps(row), flush=True)
     return row
@@ -97,17 +134,28 @@ def main():
     ap_.add_argument("--markdown", action="store_true")
     a = ap_.parse_args()
     rows = schedules(a.layers, a.micro, a.iters)
-    plan = planner(a.plan_layers)
+    devices = stage_devices(a.iters)
+    plans = [planner(a.plan_layers, devs) for devs in ("equal", "auto")]
     if a.markdown:
         print("\n| micro-batches | scheduler | step ms | measured bubble | ideal bubble | "
               "est. peak KB/device |\n|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['micro_batches']} | {r['scheduler']} | {r['step_ms']:.1f} | "
                   f"{r['bubble']:.2f} | {r['ideal_bubble']:.2f} | {r['est_peak_kb']:.0f} |")
-        print(f"\n| layers | operators | stage DP s | whole plan s | slowest / mean stage |\n"
-              f"|---|---|---|---|---|\n| {plan['layers']} | {plan['operators']} | "
-              f"{plan['stage_dp_s']:.2f} | {plan['plan_s']:.1f} | "
-              f"{plan['slowest_over_mean_stage']:.2f} |")
+        print("\n| stage devices | chosen | stage us per micro-batch | estimated step ms | "
+              "measured step ms |\n|---|---|---|---|---|")
+        for r in devices:
+            print(f"| {r['stage_devices']} | {'+'.join(map(str, r['chosen']))} | "
+                  f"{' / '.join(map(str, r['stage_us']))} | {r['estimate_ms']:.2f} | "
+                  f"{r['step_ms']:.1f} |")
+        print("\n| layers | operators | stage devices | sizes tried | chosen | stage DP s | "
+              "whole plan s | estimated step ms | slowest / mean stage |\n"
+              "|---|---|---|---|---|---|---|---|---|")
+        for p in plans:
+            print(f"| {p['layers']} | {p['operators']} | {p['stage_devices']} | "
+                  f"{p['sizes_tried']} | {'+'.join(map(str, p['chosen']))} | "
+                  f"{p['stage_dp_s']:.2f} | {p['plan_s']:.1f} | {p['estimate_ms']:.2f} | "
+                  f"{p['slowest_over_mean_stage']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
-"""Automatic pipeline stages: where to cut the forward pass, by dynamic programming.
+"""Pipeline stages and their device counts, by dynamic programming.
 
-In: a Graph, the stage count S, micro-batches M and scheduler, the chosen candidate of every
-node on the stage mesh (each stage runs its operators in the layouts the layout search chose),
-per-node communication seconds, the batch input positions, the stage mesh, the full mesh (its
-first axis prices the transfers), the ``MicroPlan`` (strategies.microbatch: which values are
-per micro-batch, and their sizes) and the per-device memory cap. Out: ``StagePlan``: the
-``Stages`` (strategies.stages), the estimated step time and the cut points;
-``stage_estimates`` gives any Stages' seconds per micro-batch and peak bytes per device.
+In: a Graph, the stage count S, micro-batches M and scheduler, one ``StageOption`` per stage
+mesh size k a stage may have (the candidate of every node the layout search chose on that
+mesh, per-node communication seconds there, and its ``MicroPlan`` from strategies.microbatch:
+which values are per micro-batch, and their sizes), the batch input positions, the link
+between stages, the per-device memory cap, fixed ``Stages`` (from ``ap.pipeline_stage``) or
+none (cut the forward pass), and fixed device counts or none (choose them, using every
+device). Out: ``StagePlan``: the ``Stages`` (strategies.stages), each stage's device count,
+seconds per micro-batch and peak bytes per device, the estimated step time and the cuts.
 
 1. Forward operators are those that depend on the batch and neither are nor read a
    derivative. A *cut* after forward operator i is a layer boundary when exactly one forward
    value crosses it (the residual stream between blocks); layers are the runs between cuts.
+   Fixed stages are one layer each.
 2. A value is *used* at its last forward reader (through operators on arguments only, such as
    a broadcast bias; an argument read by the LM head too, a tied embedding, counts there; the
    activation crossing a cut is used after it). A derivative operator (JAX's
@@ -18,20 +20,24 @@ per micro-batch, and their sizes) and the per-device memory cap. Out: ``StagePla
    transpose of a layer's operator reads that layer's residuals. An operator reading only
    derivatives (a cotangent sum), or one outside the derivative (an update), is anchored at the
    earliest of its inputs. Operators on arguments only go where they are read. A layer's time
-   is its forward operators plus everything anchored in it. Times are for the whole batch on
-   the stage mesh (compute roofline plus redistribution), divided by M per micro-batch.
+   on a k-device mesh is its forward operators plus everything anchored in it, in the layouts
+   chosen on that mesh (compute roofline plus redistribution), for the whole batch, divided by
+   M per micro-batch.
 3. A stage's memory: its parameters and optimizer state (arguments first read in it), their
    new values and its sums over micro-batches (the accumulated gradients), plus the
    activations its backward reads (split over micro-batches) for each micro-batch it holds at
    once (``pipeline.in_flight``: all M for GPipe, ``S - s`` for 1F1B), plus its largest value
    (one micro-batch's where it is split).
-4. The DP (Alpa's): for a bound t on the slowest stage, ``best[s][i]`` is the least sum of stage
-   times covering the first i layers with s stages, each within t and the cap; a stage's time
-   includes receiving its input activation and sending back its cotangent over the stage axis.
+4. The DP (Alpa's): for a bound t on the slowest stage, ``best[s][i][d]`` is the least sum of
+   stage times covering the first i layers with s stages on d devices, each stage within t and
+   the cap on one of its allowed sizes. A cut stage's time includes receiving its input
+   activation and sending back its cotangent over the link, priced at the block of it its own
+   mesh holds (next to a stage of another size the value moves whole, which is not priced).
    The step estimate is ``sum + (M - 1) * t``; bounds are tried from the least feasible one up
-   while a larger bound can still lower the estimate.
-Each stage then holds a contiguous block of devices along the first mesh axis (every stage the
-same stage mesh).
+   while a larger bound can still lower the estimate. Beyond ``BOUNDS`` candidate bounds only
+   the top of each 0.5% band is tried, so the estimate is within 0.5% x (M - 1) x t of the DP's
+   optimum.
+Stage s holds the next ``k_s`` devices in order.
 """
 from __future__ import annotations
 
@@ -48,12 +54,27 @@ from .cost_model import compute_time, local_bytes, output_bytes
 from .microbatch import MB
 from .stages import Stages, _backward
 
+BOUNDS = 400          # candidate bounds beyond which they are thinned to 0.5% bands
+
+
+@dataclass(frozen=True)
+class StageOption:
+    """What a stage on one mesh runs: the layouts the search chose there."""
+    mesh: object          # the stage LogicalMesh
+    choice: dict          # node id -> Candidate on ``mesh``
+    in_layouts: tuple     # per graph input, on ``mesh``
+    comm: dict            # node id -> seconds of the redistributions feeding it on ``mesh``
+    plan: object          # MicroPlan on micro_mesh(mesh)
+
 
 @dataclass(frozen=True)
 class StagePlan:
     stages: Stages
-    step_time: float          # sum + (M - 1) * max, the objective
-    cuts: tuple               # forward positions after which a stage ends
+    sizes: tuple          # devices per stage
+    seconds: tuple        # per stage: one micro-batch, forward and backward (no transfers)
+    memory: tuple         # per stage: peak bytes per device
+    step_time: float      # sum + (M - 1) * max, the objective
+    cuts: tuple           # forward positions after which a stage ends (empty: fixed stages)
 
 
 def _layers(graph, batch_inputs):
@@ -125,99 +146,149 @@ def _layers(graph, batch_inputs):
     return fwd, cuts, anchor, back
 
 
-def plan_stages(graph, count, micro, scheduler, choice, in_layouts, comm, batch_inputs,
-                stage_mesh, full_mesh, plan, cap=None) -> StagePlan:
+def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, devices, cap=None,
+                sizes=None, stages=None) -> StagePlan:
+    """See the module docstring. ``options``: size -> StageOption; ``link``: the topology
+    Level between stages; ``devices``: how many there are; ``sizes``: fixed devices per stage
+    (None: choose among ``options``); ``stages``: fixed Stages (None: cut the forward pass)."""
     fwd, cuts, anchor, back = _layers(graph, batch_inputs)
-    bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
-    L = len(bounds) - 1
-    if L < count:
-        raise PipelineError(f"pipeline_stages={count} but the step has only {L} layer(s) "
-                            "(forward cut points where one activation crosses); use fewer stages "
-                            "or wrap blocks in ap.pipeline_stage(i) to choose the stages.")
-    layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
-    first_read = {}
-    for k, n in enumerate(graph.nodes):
-        for x in n.inputs:
-            if isinstance(x, Value) and x.id not in first_read:
-                first_read[x.id] = anchor[k]
-    t, act, big, state = _tally(graph, [layer_of(a) for a in anchor],
-                                [[layer_of(first_read[v.id])] if v.id in first_read else []
-                                 for v in graph.inputs], L, choice, in_layouts, comm,
-                                batch_inputs, stage_mesh, plan, back)
-    # the activation crossing each cut, priced over the stage axis both ways
-    level = full_mesh.level(full_mesh.axis_names[0])
-    send = np.zeros(L + 1)
-    for c in range(1, L):
-        k = fwd[bounds[c] - 1]
-        nbytes = output_bytes(graph.nodes[k], plan.choice[graph.nodes[k].id], plan.mesh)
-        send[c] = 2 * (level.alpha + level.beta * nbytes)
-    T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
-
-    def seg(j, i):                                # stage = layers [j, i): (seconds, fixed bytes)
-        return (T[i] - T[j]) / micro + send[j] + send[i], W[i] - W[j], A[i] - A[j], \
-            max(big[j:i]) if i > j else 0
-
-    times = {}
-    for j in range(L):
-        for i in range(j + 1, L + 1):
-            times[(j, i)] = seg(j, i)
-
-    def mem(s, j, i):
-        _, w, a, b = times[(j, i)]
-        return w + in_flight(scheduler, count, micro, s) * a + b
+    if stages is None:
+        bounds = [0] + cuts + [len(fwd)]          # layer l = forward positions [b[l], b[l+1])
+        L = len(bounds) - 1
+        if L < count:
+            raise PipelineError(
+                f"pipeline_stages={count} but the step has only {L} layer(s) (forward cut "
+                "points where one activation crosses); use fewer stages or wrap blocks in "
+                "ap.pipeline_stage(i) to choose the stages.")
+        layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
+        first_read = {}
+        for k, n in enumerate(graph.nodes):
+            for x in n.inputs:
+                if isinstance(x, Value) and x.id not in first_read:
+                    first_read[x.id] = anchor[k]
+        group = [layer_of(a) for a in anchor]
+        in_groups = [[layer_of(first_read[v.id])] if v.id in first_read else []
+                     for v in graph.inputs]
+    else:
+        L, group = count, list(stages.of_node)
+        in_groups = [[s for s in range(count) if i in stages.inputs[s]]
+                     for i in range(len(graph.inputs))]
+    allowed = [tuple(options) if sizes is None else (sizes[s],) for s in range(count)]
+    N = devices if sizes is None else sum(sizes)
+    reach = {0}
+    for s in range(count):
+        reach = {r + k for r in reach for k in allowed[s] if r + k <= N}
+    if N not in reach:
+        raise PipelineError(f"{count} pipeline stages of {sorted(options)} devices each cannot "
+                            f"use exactly {N} devices; change pipeline_stages, device_num or the "
+                            "batch size (a stage size whose layouts cannot split the batch into "
+                            "micro-batches is left out).")
+    inf = np.inf
+    tables = {}                                   # size -> (sec, fixed, act, t) over [j, i)
+    for k, o in options.items():
+        t, act, big, state = _tally(graph, group, in_groups, L, o.choice, o.in_layouts, o.comm,
+                                    batch_inputs, o.mesh, o.plan, back)
+        send = np.zeros(L + 1)
+        for c in range(1, L) if stages is None else ():   # the activation crossing each cut
+            node = graph.nodes[fwd[bounds[c] - 1]]
+            send[c] = 2 * (link.alpha + link.beta * output_bytes(node, o.plan.choice[node.id],
+                                                                 o.plan.mesh))
+        T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
+        sec = np.full((L + 1, L + 1), inf)
+        fixed = np.zeros((L + 1, L + 1))
+        for j in range(L):
+            sec[j, j + 1:] = (T[j + 1:] - T[j]) / micro + send[j] + send[j + 1:]
+            fixed[j, j + 1:] = W[j + 1:] - W[j] + np.maximum.accumulate(big[j:])
+        tables[k] = (sec, fixed, A[None, :] - A[:, None], T / micro)
+    ok = {}                                       # (stage, size) -> stage [j, i) fits the cap
+    for s in range(count):
+        for k in allowed[s]:
+            sec, fixed, act, _ = tables[k]
+            ok[s, k] = np.isfinite(sec) if cap is None else np.isfinite(sec) & (
+                fixed + in_flight(scheduler, count, micro, s) * act <= cap)
 
     def solve(bound):
-        best = np.full((count + 1, L + 1), np.inf)
-        arg = np.zeros((count + 1, L + 1), np.int64)
-        best[0][0] = 0.0
-        for s in range(1, count + 1):
-            for i in range(s, L - (count - s) + 1):
-                for j in range(s - 1, i):
-                    if best[s - 1][j] == np.inf:
-                        continue
-                    sec = times[(j, i)][0]
-                    if sec > bound or (cap is not None and mem(s - 1, j, i) > cap):
-                        continue
-                    if best[s - 1][j] + sec < best[s][i]:
-                        best[s][i], arg[s][i] = best[s - 1][j] + sec, j
-        if best[count][L] == np.inf:
+        best = np.full((L + 1, N + 1), inf)
+        best[0, 0] = 0.0
+        back_j, back_k = [], []
+        for s in range(count):
+            new = np.full((L + 1, N + 1), inf)
+            arg_j = np.zeros((L + 1, N + 1), np.int64)
+            arg_k = np.zeros((L + 1, N + 1), np.int64)
+            for k in allowed[s]:
+                if k > N:
+                    continue
+                cost = np.where(ok[s, k] & (tables[k][0] <= bound), tables[k][0], inf)
+                got = best[:, None, :N + 1 - k] + cost[:, :, None]      # [j, i, d - k]
+                m, a = got.min(axis=0), got.argmin(axis=0)
+                better = m < new[:, k:]
+                new[:, k:] = np.where(better, m, new[:, k:])
+                arg_j[:, k:] = np.where(better, a, arg_j[:, k:])
+                arg_k[:, k:] = np.where(better, k, arg_k[:, k:])
+            best = new
+            back_j.append(arg_j)
+            back_k.append(arg_k)
+        if best[L, N] == inf:
             return None
-        ends, i = [], L
-        for s in range(count, 0, -1):
-            ends.append(i)
-            i = arg[s][i]
-        return best[count][L], tuple(reversed(ends))
+        out, i, d = [], L, N
+        for s in reversed(range(count)):
+            j, k = int(back_j[s][i, d]), int(back_k[s][i, d])
+            out.append((j, i, k))
+            i, d = j, d - k
+        out.reverse()
+        return float(best[L, N]) + (micro - 1) * max(tables[k][0][j, i] for j, i, k in out), out
 
-    candidates = sorted({v[0] for v in times.values()})
-    lo, hi = 0, len(candidates) - 1
-    if solve(candidates[hi]) is None:
+    cands = sorted({float(x) for s in range(count) for k in allowed[s]
+                    for x in tables[k][0][ok[s, k]]})
+    if not cands or solve(cands[-1]) is None:
+        what = (f"no split of the step into {count} pipeline stages" if stages is None else
+                f"the {count} stages given by ap.pipeline_stage")
+        on = "" if sizes is None else f" on {list(sizes)} devices"
         raise InfeasibleError(
-            f"no split of the step into {count} pipeline stages fits max_device_memory={cap} "
-            "bytes per device; raise the cap, use more stages or micro-batches, or "
-            "enable_parallel_optimizer.")
-    while lo < hi:                                 # the least feasible bound on the slowest stage
+            f"{what}{on} fits max_device_memory={cap} bytes per device; raise the cap, use more "
+            "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer.")
+    if len(cands) > BOUNDS:                       # the top of each 0.5% band
+        bands = [cands[0]]
+        for c in cands[1:]:
+            if c > bands[-1] * 1.005:
+                bands.append(c)
+            else:
+                bands[-1] = c
+        cands = bands
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:                                # the least feasible bound on the slowest stage
         mid = (lo + hi) // 2
-        if solve(candidates[mid]) is None:
+        if solve(cands[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
+    floor = sum(min(np.diff(tables[k][3])[l] for k in options) for l in range(L))
     best = None
-    floor = T[L] / micro                           # no split sums to less
-    for bound in candidates[lo:]:
+    for bound in cands[lo:]:
         if best is not None and floor + (micro - 1) * bound >= best[0]:
             break
         got = solve(bound)
-        if got is not None:
-            total, ends = got
-            value = total + (micro - 1) * max(times[(j, i)][0] for j, i in
-                                              zip((0,) + ends[:-1], ends))
-            if best is None or value < best[0]:
-                best = (value, ends)
-    value, ends = best
-    starts = (0,) + ends[:-1]
-    layer_stage = [s for s, (j, i) in enumerate(zip(starts, ends)) for _ in range(j, i)]
-    stages = Stages.of(graph, count, [layer_stage[layer_of(a)] for a in anchor])
-    return StagePlan(stages, float(value), tuple(bounds[e] for e in ends[:-1]))
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
+    value, picked = best
+    cut_at = ()
+    if stages is None:
+        layer_stage = [s for s, (j, i, _) in enumerate(picked) for _ in range(j, i)]
+        stages = Stages.of(graph, count, [layer_stage[g] for g in group])
+        cut_at = tuple(bounds[i] for _, i, _ in picked[:-1])
+    # the stages as they are (an argument read in two stages is held in both)
+    readers = [[s for s in range(count) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
+    secs, mems, memo = [], [], {}
+    for s, (_, _, k) in enumerate(picked):
+        o = options[k]
+        if k not in memo:
+            memo[k] = _tally(graph, stages.of_node, readers, count, o.choice, o.in_layouts,
+                             o.comm, batch_inputs, o.mesh, o.plan, back)
+        t, act, big, state = memo[k]
+        secs.append(float(t[s] / micro))
+        mems.append(int(state[s] + in_flight(scheduler, count, micro, s) * act[s] + big[s]))
+    return StagePlan(stages, tuple(k for _, _, k in picked), tuple(secs), tuple(mems),
+                     float(value), cut_at)
 
 
 def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,
@@ -247,15 +318,3 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
     return t, act, big, state
 
 
-def stage_estimates(graph, stages, micro, scheduler, choice, in_layouts, comm, batch_inputs,
-                    stage_mesh, plan) -> tuple[tuple, tuple]:
-    """(seconds per micro-batch, peak bytes per device) of each stage of given ``Stages``, by
-    the accounting of ``plan_stages`` (transfers not included)."""
-    back = _layers(graph, batch_inputs)[3]
-    S = stages.count
-    readers = [[s for s in range(S) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
-    t, act, big, state = _tally(graph, stages.of_node, readers, S, choice, in_layouts, comm,
-                                batch_inputs, stage_mesh, plan, back)
-    mems = tuple(int(state[s] + in_flight(scheduler, S, micro, s) * act[s] + big[s])
-                 for s in range(S))
-    return tuple(float(x / micro) for x in t), mems

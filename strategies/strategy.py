@@ -56,6 +56,8 @@ class StageStrategy:
     devices: tuple       # global device ranks of the stage
     seconds: float       # estimated seconds of one micro-batch (forward and backward)
     memory: int          # estimated peak bytes per device
+    mesh_shape: tuple = ()   # the stage's mesh (operator layouts of the stage are on it)
+    axis_names: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,13 @@ class Strategy:
         """Estimated step time: compute plus communication (no overlap assumed)."""
         return self.compute_time + self.comm_time
 
+    @property
+    def pipeline_time(self) -> float:
+        """A pipeline's estimated step: every stage's time per micro-batch, plus micro_batches
+        - 1 times the slowest (transfers between stages not included); 0 without stages."""
+        secs = [st.seconds for st in self.stages]
+        return sum(secs) + (self.micro_batches - 1) * max(secs) if secs else 0.0
+
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
 
@@ -119,9 +128,13 @@ class Strategy:
                 f"peak memory {_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
         if self.stages:
             head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
-                        f"{self.scheduler} (operator layouts are per stage; times per micro-batch)")
-            head += [f"  stage {st.index}: devices {list(st.devices)}, {st.seconds * 1e6:.1f} us, "
-                     f"peak {_bytes(st.memory)} per device" for st in self.stages]
+                        f"{self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
+                        "(operator layouts are per stage; times per micro-batch)")
+            head += [f"  stage {st.index}: devices {list(st.devices)}"
+                     + (f" mesh ({', '.join(f'{n}={k}' for n, k in zip(st.axis_names, st.mesh_shape))})"
+                        if st.mesh_shape else "")
+                     + f", {st.seconds * 1e6:.1f} us, peak {_bytes(st.memory)} per device"
+                     for st in self.stages]
         staged = bool(self.stages)
         rows = [("argument", "shape", "layout", "", "", "", "", "")]
         rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout) + (
@@ -160,7 +173,9 @@ class Strategy:
                      "out_bytes": o.out_bytes, "stage": o.stage, "operands": list(o.operands)}
                     for o in self.ops],
             "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
-                        "memory": st.memory} for st in self.stages],
+                        "memory": st.memory, "mesh": {"shape": list(st.mesh_shape),
+                                                      "axis_names": list(st.axis_names)}}
+                       for st in self.stages],
             "micro_batches": self.micro_batches, "scheduler": self.scheduler,
             "collectives": [{"kind": c.kind, "axes": list(c.axes), "shape": list(c.shape),
                              "dtype": c.dtype, "bytes": c.bytes, "seconds": c.seconds,
@@ -194,7 +209,9 @@ class Strategy:
                              tuple(o.get("operands", ())))
                   for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
             d["memory_limit"],
-            tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"])
+            tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"],
+                                tuple(st.get("mesh", {}).get("shape", ())),
+                                tuple(st.get("mesh", {}).get("axis_names", ())))
                   for st in d.get("stages", ())), d.get("micro_batches", 1), d.get("scheduler", ""),
             tuple(CommStrategy(c["kind"], tuple(c["axes"]), tuple(c["shape"]), c["dtype"],
                                c["bytes"], c["seconds"], c.get("reason", ""), c.get("stage", 0),
@@ -209,16 +226,24 @@ class Strategy:
     # ------------------------------------------------------------------ MindSpore JSON
     def to_mindspore(self) -> dict:
         mesh = LogicalMesh.create(self.mesh_shape, self.axis_names)
-        ops = {o.name: {"stage": o.stage, "parallel_strategy": [list(l.to_strategy(mesh)) for l in o.in_layouts]}
+        meshes = {st.index: LogicalMesh.create(st.mesh_shape, st.axis_names)
+                  for st in self.stages if st.mesh_shape}
+        ops = {o.name: {"stage": o.stage, "parallel_strategy": [
+                   list(l.to_strategy(meshes.get(o.stage, mesh))) for l in o.in_layouts]}
                for o in self.ops}
+        read_in = {}                      # argument -> the stage of its first reader
+        for o in self.ops:
+            for name in o.operands:
+                read_in.setdefault(name, o.stage)
         params = {}
         for i in self.inputs:
             if i.is_param:
-                dm, tmap = i.layout.to_tensor_map(mesh)
+                on = meshes.get(read_in.get(i.name), mesh)
+                dm, tmap = i.layout.to_tensor_map(on)
                 params[i.name] = {"dev_matrix": list(dm),
                                   "tensor_map": [list(t) if isinstance(t, tuple) else t for t in tmap],
                                   "tensor_shape": list(i.shape), "field": 0,
-                                  **_opt_shard(i, mesh)}
+                                  **_opt_shard(i, on)}
         return {"current_stage": 0, "parallel_strategy_item": ops, "parallel_layout_item": params}
 
     def save(self, path, format: str = "autopar") -> None:

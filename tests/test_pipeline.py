@@ -119,6 +119,69 @@ def test_gpt_four_blocks_on_four_native_ranks(scheduler):
     c._runner.close()
 
 
+@pytest.mark.parametrize("devices,backend", [((1, 3), "jax"), ((3, 1), "native")])
+def test_stages_on_meshes_of_different_sizes_match_single_device(devices, backend):
+    """A stage of one device next to one of three: values cross between the meshes whole."""
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=config(
+        micro=4, backend=backend, parallel_mode="auto_parallel", pipeline_stage_devices=devices))
+    stages = c.program.stages
+    assert [st.mesh.size for st in stages] == list(devices)
+    assert [st.devices for st in stages] == [tuple(range(devices[0])),
+                                              tuple(range(devices[0], 4))]
+    routes = {t.route for st in stages for t in steps_of(st, Transfer)}
+    assert routes == {"whole"}
+    assert [st.mesh_shape for st in c.strategy.stages] == [(k,) for k in devices]
+    want = m.gpt_sgd_step(p, b)
+    assert_same(c(p, b), want)
+    if backend == "native":
+        assert_same(c(p, b), want)
+        c._runner.close()
+
+
+def test_annotated_stages_on_given_device_counts():
+    p, b = m.mlp_params(), m.mlp_batch(batch=12)      # data parallel over 3, then over 1
+    c = ap.compile(two_stage_mlp_step, p, b, config=config(micro=2, pipeline_stage_devices=(3, 1)))
+    assert [st.devices for st in c.program.stages] == [(0, 1, 2), (3,)]
+    assert_same(c(p, b), two_stage_mlp_step(p, b))
+
+
+def test_auto_stage_devices_plan_three_stages_on_four_devices():
+    """Three stages cannot split four devices equally: the planner chooses who gets two."""
+    p, b = m.gpt_params(layers=6), m.gpt_batch(batch=8)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=config(
+        stages=3, micro=4, parallel_mode="auto_parallel", pipeline_stage_devices="auto"))
+    sizes = [len(st.devices) for st in c.program.stages]
+    assert sorted(sizes) == [1, 1, 2]
+    assert [d for st in c.program.stages for d in st.devices] == [0, 1, 2, 3]
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_stage_device_choice_is_the_best_fixed_split(monkeypatch):
+    """The DP over cuts and device counts finds the least estimate among every split of the
+    devices into stage sizes, each with its own best cuts."""
+    import autopar.staging as staging
+    from itertools import product
+    seen = []
+    real = staging.plan_stages
+
+    def spy(*a, **k):
+        seen.append((a, k))
+        return real(*a, **k)
+    monkeypatch.setattr(staging, "plan_stages", spy)
+    p, b = m.gpt_params(layers=6, abstract=True), m.gpt_batch(batch=8, abstract=True)
+    ap.plan(m.gpt_sgd_step, p, b, config=config(
+        n=6, stages=3, micro=4, parallel_mode="auto_parallel", pipeline_stage_devices="auto"))
+    (graph, S, M, sched, options, batch, link, n, cap, sizes, fixed), _ = seen[0]
+    assert sizes is None and fixed is None and set(options) == {1, 2, 3, 4}
+    chosen = real(graph, S, M, sched, options, batch, link, n, cap)
+    splits = [c for c in product(options, repeat=S) if sum(c) == n]
+    each = {c: real(graph, S, M, sched, options, batch, link, n, cap, c).step_time
+            for c in splits}
+    assert chosen.step_time == pytest.approx(min(each.values()), rel=1e-9)
+    assert each[chosen.sizes] == pytest.approx(chosen.step_time, rel=1e-9)
+
+
 def test_bad_pipeline_configs_say_how_to_fix():
     with pytest.raises(ap.ConfigError, match="mesh_shape that starts with 2"):
         ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, mesh_shape=(4,),
@@ -127,6 +190,10 @@ def test_bad_pipeline_configs_say_how_to_fix():
         ap.ParallelConfig(parallel_mode="data_parallel", device_num=3, pipeline_stages=2)
     with pytest.raises(ap.ConfigError, match="micro_batches"):
         ap.ParallelConfig(micro_batches=0)
+    with pytest.raises(ap.ConfigError, match="summing to device_num=4"):
+        ap.ParallelConfig(device_num=4, pipeline_stages=2, pipeline_stage_devices=(1, 2))
+    with pytest.raises(ap.ConfigError, match="'equal', 'auto'"):
+        ap.ParallelConfig(device_num=4, pipeline_stages=2, pipeline_stage_devices="even")
     with pytest.raises(ap.ConfigError, match="pipeline_scheduler"):
         ap.ParallelConfig(pipeline_scheduler="interleaved")
     p, b = m.mlp_params(), m.mlp_batch(batch=8)

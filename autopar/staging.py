@@ -1,0 +1,136 @@
+"""Pipeline planning: stage meshes, the layouts on each, the stage plan and the cut program.
+
+In: a ParallelConfig with ``pipeline_stages`` / ``micro_batches`` (and
+``pipeline_stage_devices``), the traced Graph, the full mesh, ``on_mesh(mesh) -> MeshPlan``
+(the layout search and lowering of the whole step on one stage mesh, made by autopar.api), the
+example arguments, ``batch_argnums``, argument names and state pairs. Out: the
+``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
+
+Stage meshes: with equal stages (``pipeline_stage_devices="equal"``, or counts all equal to the
+first mesh axis's share) a stage's mesh is the full mesh without its first axis; a stage of
+another size k is one axis of k devices, named as the full mesh's last axis. Every mesh sits
+on the innermost topology levels holding its devices. ``"auto"`` (the default where the
+planner cuts the stages; annotated stages default to "equal") lets the stage planner choose
+each stage's size among 1 .. devices - stages + 1 (within a host, then whole hosts; sizes
+whose layouts cannot split the batch into micro-batches are left out), searching layouts once
+per size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+
+from .annotate import STAGE_SCOPE
+from .errors import ConfigError, LayoutError
+from .mesh import LogicalMesh
+from .redistribution.lower import plan_steps
+from .redistribution.pipeline import MicroPlanner, StageLowering, split_stages
+from .strategies.microbatch import add_micro_axis, micro_mesh
+from .strategies.stage_plan import StageOption, plan_stages
+from .strategies.stages import Stages, assign_stages
+
+
+def reshard_cost(planner):
+    """``(src, dst, shape, dtype) -> (seconds, collectives)`` of the planner's cheapest path."""
+    def cost(s, d, shape, dtype):
+        steps, seconds = plan_steps(planner, s, d, shape, dtype)
+        return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
+    return cost
+
+
+def stage_mesh(full, stages: int, k: int | None = None):
+    """The mesh of a pipeline stage of ``k`` devices (default: an equal share); ``full``
+    itself with one stage."""
+    k = full.size // stages if k is None else k
+    if stages == 1 and k == full.size:
+        return full
+    topo = full.topology.inner(k)
+    if full.shape[0] == stages and k * stages == full.size:
+        return LogicalMesh.create(full.shape[1:], full.axis_names[1:], topo)
+    return LogicalMesh.create((k,), full.axis_names[-1:], topo)
+
+
+def stage_sizes(S, given, full) -> tuple:
+    """The device counts a stage may have: the given ones, the equal share, or for "auto"
+    every count that leaves a device to each other stage, within the innermost topology level
+    or in whole ones."""
+    if isinstance(given, tuple):
+        return tuple(sorted(set(given)))
+    if given == "equal":
+        return (full.size // S,)
+    host = full.topology.levels[-1].size
+    return tuple(k for k in range(1, full.size - S + 2) if k <= host or k % host == 0)
+
+
+def _batch_inputs(graph, args, batch_argnums, pairs):
+    leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
+    state = {i for i, _ in pairs}          # threaded through the step: never a batch
+    return {j for j, v in enumerate(graph.inputs)
+            if leaf_arg[j] in batch_argnums and v.shape and j not in state}
+
+
+def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
+    """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
+    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler.value
+    batch = _batch_inputs(graph, args, batch_argnums, pairs)
+    fixed = None
+    if S == 1:
+        fixed = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
+    elif any(STAGE_SCOPE in n.scope for n in graph.nodes):
+        fixed = assign_stages(graph, S)
+    given = config.pipeline_stage_devices
+    if given is None:                    # the planner's choice where it cuts the stages
+        given = "equal" if fixed is not None else "auto"
+    auto = given == "auto"
+    options, by_size, refused = {}, {}, []
+    for k in stage_sizes(S, given, full):
+        try:
+            mp = on_mesh(stage_mesh(full, S, k))
+        except (ConfigError, LayoutError) as e:    # "auto": a size the batch cannot use
+            if not auto:
+                raise
+            refused.append(e)
+            continue
+        rows = [(j, math.prod(mp.mesh.axis_size(a) for a in mp.assignment.inputs[j].dims[0]))
+                for j in sorted(batch)]
+        bad = [(j, split) for j, split in rows if graph.inputs[j].shape[0] % (M * split)]
+        if bad:
+            j, split = bad[0]
+            refused.append(ConfigError(
+                f"micro_batches={M}: batch argument {names[j][0]} has dimension 0 of size "
+                f"{graph.inputs[j].shape[0]}, which does not split into {M} micro-batches of "
+                f"{split}-way split rows (on a stage of {k} devices); use a batch size that is "
+                f"a multiple of {M * split} (or pass batch_argnums naming only the batch)."))
+            continue
+        planner = MicroPlanner(micro_mesh(mp.mesh, M))
+        plan = add_micro_axis(graph, mp.assignment.choice, mp.assignment.inputs, batch, M,
+                              mp.mesh, reshard_cost(planner))
+        by_size[k] = (mp, planner)
+        options[k] = StageOption(mp.mesh, mp.assignment.choice, mp.assignment.inputs, mp.comm,
+                                 plan)
+    if refused and (not auto or not options):
+        raise refused[0]
+    sizes = given if isinstance(given, tuple) else (full.size // S,) * S if not auto else None
+    link = full.level(full.axis_names[0])
+    sp = plan_stages(graph, S, M, sched, options, batch, link, full.size,
+                     config.max_device_memory, sizes, fixed)
+    if len(set(sp.sizes)) == 1 and full.shape[0] == S and S > 1:
+        whole = full                               # equal stages: the stage axis first
+    else:
+        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
+        whole = LogicalMesh((name,), (full.size,), full.topology)
+    offsets = [sum(sp.sizes[:s]) for s in range(S)]
+    devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, sp.sizes))
+    lowerings = []
+    for k in dict.fromkeys(sp.sizes):
+        mp, planner = by_size[k]
+        lowerings.append(StageLowering(tuple(s for s in range(S) if sp.sizes[s] == k), mp.mesh,
+                                       options[k].plan, planner, tuple(mp.out_layouts), mp.via))
+    program = split_stages(graph, sp.stages, lowerings, devices, sched, whole,
+                           whole.axis_names[0])
+    program = dataclasses.replace(program, stages=tuple(
+        dataclasses.replace(st, seconds=t, memory=b)
+        for st, t, b in zip(program.stages, sp.seconds, sp.memory)))
+    return program, tuple(by_size[k][0] for k in sp.sizes)
