@@ -11,9 +11,8 @@ first mesh axis's share) a stage's mesh is the full mesh without its first axis;
 another size k is one axis of k devices, named as the full mesh's last axis. Every mesh sits
 on the innermost topology levels holding its devices. ``"auto"`` (the default where the
 planner cuts the stages; annotated stages default to "equal") lets the stage planner choose
-each stage's size among 1 .. devices - stages + 1 (within a host, then whole hosts; sizes
-whose layouts cannot split the batch into micro-batches are left out), searching layouts once
-per size.
+each stage's size (``stage_sizes``; sizes whose layouts cannot split the batch into
+micro-batches are left out), searching layouts once per size.
 """
 from __future__ import annotations
 
@@ -54,14 +53,18 @@ def stage_mesh(full, stages: int, k: int | None = None):
 
 def stage_sizes(S, given, full) -> tuple:
     """The device counts a stage may have: the given ones, the equal share, or for "auto"
-    every count that leaves a device to each other stage, within the innermost topology level
-    or in whole ones."""
+    (leaving a device to each other stage) 1 to 8, powers of two within the innermost topology
+    level, powers of two of whole levels, and the equal share (a layout search each)."""
     if isinstance(given, tuple):
         return tuple(sorted(set(given)))
+    n = full.size
     if given == "equal":
-        return (full.size // S,)
+        return (n // S,)
     host = full.topology.levels[-1].size
-    return tuple(k for k in range(1, full.size - S + 2) if k <= host or k % host == 0)
+    two = lambda x: x & (x - 1) == 0
+    return tuple(k for k in range(1, n - S + 2)
+                 if k <= host and (k <= 8 or two(k)) or k % host == 0 and two(k // host)
+                 or k * S == n)
 
 
 def _batch_inputs(graph, args, batch_argnums, pairs):
