@@ -45,12 +45,12 @@ def _load_function(target: str):
 
 
 def _stage_devices(text: str):
-    if text == "auto":
+    if text in ("auto", "equal"):
         return text
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write 'auto' or counts such as 1,3") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: write auto, equal or counts such as 1,3") from None
 
 
 def _mesh(text):
@@ -158,8 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--search-time", type=float, help="seconds the solver may take")
     p.add_argument("--stages", type=int, default=1, help="pipeline stages (default 1)")
     p.add_argument("--stage-devices", type=_stage_devices,
-                   help="devices per stage: 'auto' (the planner chooses) or counts, e.g. 1,3 "
-                        "(default: equal stages)")
+                   help="devices per stage: auto (the planner chooses), equal, or counts, "
+                        "e.g. 1,3 (default: auto where the planner cuts the stages, equal for "
+                        "annotated ones)")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches (default 1)")
     p.add_argument("--scheduler", default="1f1b", choices=values(PipelineScheduler),
                    help="pipeline scheduler (default 1f1b)")

@@ -1,9 +1,10 @@
 """Pieces of the Strategy dump read off a lowered program.
 
-In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its (first stage's) mesh, the
-traced Graph and its argument names. Out: ``comm_records`` (a ``CommStrategy`` per
-communication step, priced), ``label`` (how the memory timeline names an instruction) and
-``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
+In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its mesh (a pipeline's
+first stage's; other stage meshes get their own), the traced Graph and its argument names.
+Out: ``comm_records`` (a ``CommStrategy`` per communication step, priced), ``label`` (how the
+memory timeline names an instruction) and ``operands`` (per node, what makes each operand: an
+operator, an argument or "" for a literal).
 """
 from __future__ import annotations
 
