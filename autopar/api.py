@@ -334,7 +334,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     else:                    # each device holds one stage: the fullest stage is the peak
         top = max(program.stages, key=lambda st: st.memory)
         peak, peak_op, peak_where = top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
-    piped, mesh = pipelined, first.mesh
+    mesh = first.mesh
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
@@ -344,12 +344,12 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         raise InfeasibleError(
             f"{mode.value} needs {peak} bytes per device at {peak_op} ({peak_where}), more "
             f"than max_device_memory={cap}. Raise max_device_memory, use more devices"
-            f"{', pipeline stages or micro-batches' if piped else ''} or a smaller batch{hint}.")
+            f"{', pipeline stages or micro-batches' if pipelined else ''} or a smaller batch{hint}.")
     strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
                      tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs), tuple(ops), out_comm,
                      peak, peak_op, config.max_device_memory,
-                     stage_info, config.micro_batches if piped else 1,
-                     config.pipeline_scheduler.value if piped else "", comms, timeline,
+                     stage_info, config.micro_batches if pipelined else 1,
+                     config.pipeline_scheduler.value if pipelined else "", comms, timeline,
                      (("trace", t_trace - t0), ("search", t_search - t_trace),
                       ("lower", time.monotonic() - t_search)))
     return graph, strat, program

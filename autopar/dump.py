@@ -28,8 +28,11 @@ def comm_records(program, planner) -> tuple:
     planners = {}
     if isinstance(program, PipelineProgram):           # each stage priced on its own mesh
         from .redistribution.planner import Planner
+        by_mesh = {planner.mesh: planner}
         for st in program.stages:
-            planners[st.index] = planner if st.mesh == planner.mesh else Planner(st.mesh)
+            if st.mesh not in by_mesh:
+                by_mesh[st.mesh] = Planner(st.mesh)
+            planners[st.index] = by_mesh[st.mesh]
         body = [(st.index, ins, name) for st in program.stages for name, b in st.phases()
                 for ins in b]
         level = program.mesh.level(program.mesh.axis_names[0])

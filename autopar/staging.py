@@ -39,10 +39,8 @@ def reshard_cost(planner):
     return cost
 
 
-def stage_mesh(full, stages: int, k: int | None = None):
-    """The mesh of a pipeline stage of ``k`` devices (default: an equal share); ``full``
-    itself with one stage."""
-    k = full.size // stages if k is None else k
+def stage_mesh(full, stages: int, k: int):
+    """The mesh of a pipeline stage of ``k`` devices; ``full`` itself with one stage."""
     if stages == 1 and k == full.size:
         return full
     topo = full.topology.inner(k)

@@ -262,7 +262,7 @@ def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, dev
             lo = mid + 1
         else:
             hi = mid
-    floor = sum(min(np.diff(tables[k][3])[l] for k in options) for l in range(L))
+    floor = np.min([np.diff(tables[k][3]) for k in options], axis=0).sum()   # layers at cheapest
     best = None
     for bound in cands[lo:]:
         if best is not None and floor + (micro - 1) * bound >= best[0]:
