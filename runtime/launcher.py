@@ -6,8 +6,9 @@ one), the collective timeout. Out: a ``Job``: ``job.call(fn, per_rank_args)`` ru
 module-level function ``fn(comm, *args)`` on every rank (``comm`` an ``autopar._native.Comm``)
 and returns the per-rank results; ``job.close()`` stops the workers.
 
-The workers are ``python -m autopar.runtime.worker`` processes: they inherit the job's shared
-memory segment (a memfd: nothing is ever named in /dev/shm, so nothing outlives them), reach
+The workers run ``autopar.runtime.worker`` from the package this process imported, whatever
+the working directory (``_worker_command``). They inherit the job's shared memory segment (a
+memfd: nothing is ever named in /dev/shm, so nothing outlives them), reach
 the caller over a Unix socket authenticated with the job's random token (passed in the
 environment, not the command line), and exit when the caller goes away. A monitor thread
 watches them: when a rank dies, the segment's abort flag makes every other rank's collective
@@ -23,6 +24,7 @@ a new one.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -52,6 +54,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from autopar.runtime import worker; sys.exit(worker.main(sys.argv[2:]))")
+
+
+def _worker_command() -> list[str]:
+    """The command that starts a worker importing exactly the ``autopar`` this process
+    imported: ``python -c`` with a bootstrap that replaces the worker's ``sys.path`` with this
+    process's (the folder holding this ``autopar`` first, ``''`` read as the working directory
+    now, as multiprocessing's spawn does) before anything is imported. ``python -m`` would put
+    the working directory first, so a source checkout there (``./autopar`` without its built
+    ``_native``) would shadow an installed package. The worker checks the package it got."""
+    package = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
+    path = [os.path.dirname(package)] + [p or os.getcwd() for p in sys.path]
+    return [sys.executable, "-c", _BOOT, json.dumps(path), package]
+
+
 class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm"):
         from autopar import _native
@@ -65,15 +83,14 @@ class Job:
         self.nranks, self.timeout = nranks, timeout
         self.token = secrets.token_hex(16)
         self.segment = _native.Segment.create(nranks)
-        self._dir = tempfile.TemporaryDirectory(prefix="autopar-")
+        self._dir = tempfile.TemporaryDirectory(prefix="autopar-", ignore_cleanup_errors=True)
         address = os.path.join(self._dir.name, "control")
         listener = Listener(address, family="AF_UNIX", authkey=self.token.encode())
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
         rendezvous = f"127.0.0.1:{_free_port()}" if tcp else ""
         env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
-        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)  # as spawn does
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "autopar.runtime.worker", address, str(r), str(nranks),
+            [*_worker_command(), address, str(r), str(nranks),
              str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
              "1" if inter_host == "tcp" else "0", rendezvous],
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
@@ -82,24 +99,29 @@ class Job:
         self.conns = [None] * nranks                 # filled in by _accept
         self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
         try:
-            accept = threading.Thread(target=self._accept, args=(listener,), daemon=True)
-            accept.start()
-            deadline = time.monotonic() + max(60.0, timeout)
-            while accept.is_alive() and time.monotonic() < deadline and not self._dead():
-                accept.join(0.05)
-            if any(c is None for c in self.conns):
-                raise CollectiveError(self._dead() or "the workers did not start in time")
-            for c in self.conns:                     # each rank reports after connecting links
-                reply = c.recv()
-                if reply[0] != "ready":
-                    raise CollectiveError(f"rank {reply[1]} failed to start: {reply[2]}")
+            try:
+                self._start(listener)
+            finally:
+                listener.close()      # before close() removes the folder holding its socket
         except BaseException:
             self.close()
             raise
-        finally:
-            listener.close()
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._monitor.start()
+
+    def _start(self, listener):
+        """Accept every rank's control connection and wait for each to report its links up."""
+        accept = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        accept.start()
+        deadline = time.monotonic() + max(60.0, self.timeout)
+        while accept.is_alive() and time.monotonic() < deadline and not self._dead():
+            accept.join(0.05)
+        if any(c is None for c in self.conns):
+            raise CollectiveError(self._dead() or "the workers did not start in time")
+        for c in self.conns:                     # each rank reports after connecting links
+            reply = c.recv()
+            if reply[0] != "ready":
+                raise CollectiveError(f"rank {reply[1]} failed to start: {reply[2]}")
 
     def _accept(self, listener):
         for _ in range(self.nranks):

@@ -1,6 +1,7 @@
 """One rank of a native job (started by ``runtime.launcher.Job``; not for direct use).
 
-In (argv): the caller's control socket, rank, size, the inherited segment descriptor, host ids,
+In (argv): the folder of the caller's ``autopar`` package (checked against the one imported
+here), the caller's control socket, rank, size, the inherited segment descriptor, host ids,
 timeout, whether ranks of different hosts use TCP, the TCP rendezvous address; the job token
 in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
 up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
@@ -63,8 +64,17 @@ def _pin(rank: int, size: int) -> None:
         os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
 
 
+def _imported_elsewhere(package: str) -> str | None:
+    """Why this worker's ``autopar`` is not the caller's (in ``package``), or None."""
+    mine = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
+    if os.path.realpath(mine) == os.path.realpath(package):
+        return None
+    return (f"the worker imported autopar from {mine}, the caller from {package}; start the "
+            "job from the process that imported the package you mean to run")
+
+
 def main(argv):
-    address, rank, size, fd, hosts, timeout, tcp, rendezvous = argv
+    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous = argv
     rank, size, fd = int(rank), int(size), int(fd)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         tune_malloc()
@@ -73,6 +83,9 @@ def main(argv):
     conn = Client(address, family="AF_UNIX", authkey=token.encode())
     conn.send(rank)
     try:
+        elsewhere = _imported_elsewhere(package)
+        if elsewhere:
+            raise ImportError(elsewhere)
         from autopar import _native
         comm = _native.Comm(rank, size, fd, [int(h) for h in hosts.split(",")], float(timeout),
                             tcp == "1")
@@ -98,5 +111,3 @@ def main(argv):
             wire.send(conn, ("error", kind, str(e), traceback.format_exc()))
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

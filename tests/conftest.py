@@ -1,6 +1,17 @@
-"""Test set-up: 8 fake CPU devices for JAX, set before jax is imported anywhere."""
+"""Test set-up: 8 fake CPU devices for JAX, set before jax is imported anywhere; the test tiers.
+
+Tiers are pytest markers (registered in pyproject.toml): ``native`` (starts worker processes of
+the native runtime), ``slow`` (over ~10 s: examples, installs, long searches), ``browser``
+(renders in headless Chromium) and ``benchmark`` (reads the public IOPDDL problems from the
+folder named by ``AUTOPAR_IOPDDL``). A plain run covers every tier but ``benchmark``, which
+runs only when ``-m`` names it (``-m benchmark``); ``-m "not slow"`` is the quick subset.
+A test that starts a native job without the ``native`` marker fails, so the marker stays true.
+"""
 import os
 import sys
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_force_host_platform_device_count=8"
@@ -9,3 +20,47 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("JAX_ENABLE_X64", "0")
 
 sys.path.insert(0, os.path.dirname(__file__))   # tests/models.py
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the benchmark tier out unless the marker expression names it."""
+    if "benchmark" in (config.getoption("markexpr") or ""):
+        return
+    keep = [i for i in items if i.get_closest_marker("benchmark") is None]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+
+@pytest.fixture
+def iopddl() -> Path:
+    """The folder of the public IOPDDL problems, from ``AUTOPAR_IOPDDL``; a benchmark-tier
+    test run without it fails (never skips) and says how to point at them."""
+    folder = os.environ.get("AUTOPAR_IOPDDL")
+    if not folder or not Path(folder, "asplos-2025-iopddl-G.json.gz").is_file():
+        pytest.fail("benchmark-tier tests read the public IOPDDL problems (asplos-2025-iopddl-*."
+                    "json.gz) from the folder named by AUTOPAR_IOPDDL, which is "
+                    f"{'unset' if not folder else repr(folder) + ' without them'}: "
+                    "AUTOPAR_IOPDDL=/path/to/iopddl python -m pytest tests -m benchmark")
+    return Path(folder)
+
+
+@pytest.fixture(autouse=True)
+def _native_marker_is_true(request, monkeypatch):
+    """Fail a test that starts a native job but is not marked ``native``."""
+    if request.node.get_closest_marker("native") is not None:
+        yield
+        return
+    from autopar.runtime import launcher
+    started = []
+    real = launcher.Job.__init__
+
+    def init(self, *args, **kwargs):
+        started.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(launcher.Job, "__init__", init)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} starts native worker processes: mark it "
+                    "@pytest.mark.native (or its module: pytestmark = pytest.mark.native)")

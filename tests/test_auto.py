@@ -95,6 +95,7 @@ def test_compiled_reports_phase_timings():
     assert all(v >= 0 for v in t.values()) and t["first_call"] >= t["start"]
 
 
+@pytest.mark.slow
 def test_recursive_programming_cuts_each_axis_and_matches_single_device():
     """One cut per mesh axis on a (2, 2, 2) mesh: the plan runs, gives the single-device values
     and stays within 10% of data parallelism and 15% of the joint search over all axes (each cut

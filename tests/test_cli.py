@@ -6,21 +6,16 @@ import sys
 
 from autopar.strategies.problem import SearchProblem
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "iopddl")
-EXAMPLE = os.path.join(SHARED, "example.json")
-
-
 TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
+EXAMPLE = os.path.join(TESTS, "data", "iopddl", "example.json")
+AUTOPAR = os.path.join(os.path.dirname(sys.executable), "autopar")   # the installed console script
 
 
 def run(*args, cwd=None):
-    """``autopar ARGS`` as the console script runs it (the checkout first on the path, so it
-    works from any directory whether or not the package is installed)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [
-        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True,
-                          text=True, timeout=180, cwd=cwd, env=env)
+    """``autopar ARGS`` as a user runs it: the console script that installing autopar put
+    beside this Python."""
+    assert os.path.exists(AUTOPAR), f"no autopar console script at {AUTOPAR}: pip install -e ."
+    return subprocess.run([AUTOPAR, *args], capture_output=True, text=True, timeout=180, cwd=cwd)
 MODEL = f"""
 import sys
 sys.path.insert(0, {TESTS!r})

@@ -29,7 +29,7 @@ def dp_step(params, batch):
     return loss, m.sgd(params, g)
 
 
-@pytest.mark.parametrize("backend", ["jax", "native"])
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
 def test_data_parallel_by_hand(backend):
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     c = ap.compile(dp_step, p, b, config=hybrid(backend, device_num=4))
@@ -52,7 +52,7 @@ def megatron_step(params, batch):
     return loss, m.sgd(params, g)
 
 
-@pytest.mark.parametrize("backend", ["jax", "native"])
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
 def test_tensor_parallel_by_hand(backend):
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     in_strategy = ({"w1": "[_,y]", "b1": "[y]", "w2": "[y,_]", "b2": "[_]"}, "[x,_]")
@@ -81,7 +81,7 @@ def mixed(params, x):
     return loss, params - 0.01 * g
 
 
-@pytest.mark.parametrize("backend", ["jax", "native"])
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
 def test_every_collective_matches_jax_shard_map(backend):
     w = jnp.arange(1.0, 9.0, dtype=jnp.float32) / 8            # 8 columns, split over y
     x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 8)), jnp.float32)

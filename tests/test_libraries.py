@@ -131,6 +131,7 @@ def test_nnx_transformer_semi_auto_megatron(nnx_case):
     assert lay["arg2.0"] == lay["arg2.1"] == "[x,_]"
 
 
+@pytest.mark.native
 def test_nnx_transformer_native_backend(nnx_case):
     graphdef, opt, args, want = nnx_case
     step = nnx_step(graphdef, opt)
@@ -228,6 +229,7 @@ def test_equinox(request, case, mode):
         assert {x.kind for x in c.collectives()} == {"all_reduce"}
 
 
+@pytest.mark.native
 def test_equinox_native_backend(eqx_attention):
     step, args, want = eqx_attention
     c = ap.compile(step, *args, config=config("auto_parallel", backend="native", device_num=2),
@@ -305,6 +307,7 @@ def test_window_rules_compute_the_unsharded_result(nnx_cnn, eqx_cnn):
 
 # ---------------------------------------------------------------- hybrid_parallel
 
+@pytest.mark.native
 def test_hybrid_parallel_by_hand():
     """Both libraries' models in hybrid_parallel: the per-device step means its loss over the
     devices with ap.comm.all_reduce; JAX's shard_map semantics sum the replicated parameters'

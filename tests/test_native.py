@@ -14,6 +14,8 @@ from autopar import _native
 from autopar.errors import CollectiveError
 from autopar.runtime.launcher import Job
 
+pytestmark = pytest.mark.native
+
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
 SIZES = [0, 1, 7, 65537]
 GROUPS = range(1, 9)
@@ -242,6 +244,7 @@ def directness(comm):
     return comm.direct
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_large_messages_single_copy_and_through_the_slots(monkeypatch, direct):
     # From 1 MB a send is read by the receiver straight from the sender's memory

@@ -8,6 +8,8 @@ import models as m
 from autopar.runtime.native_backend import measure_memory
 from test_api import assert_same
 
+pytestmark = pytest.mark.native
+
 MEGATRON = {"w1": (1, 2), "b1": (2,), "w2": (2, 1), "b2": (1,)}
 
 

@@ -16,6 +16,8 @@ from autopar.errors import AutoparError, CollectiveError, WorkerError
 from autopar.runtime.launcher import Job
 from test_api import assert_same
 
+pytestmark = pytest.mark.native
+
 TIMEOUT = 2.0
 BOUND = TIMEOUT + 20.0         # generous: the failure must arrive, not arrive fast
 
@@ -138,3 +140,26 @@ def test_a_compiled_step_on_the_default_backend_restarts_after_a_rank_stops_answ
     new = c._runner.job
     c._runner.close()
     assert gone(new.procs)
+
+
+def test_a_worker_that_imported_another_autopar_fails_the_start_with_that_cause(monkeypatch):
+    """The worker checks it imported the caller's package; the start fails with that cause,
+    not with a clean-up error (the control socket's folder is gone by then)."""
+    from autopar.runtime import launcher
+    real = launcher._worker_command()
+    monkeypatch.setattr(launcher, "_worker_command", lambda: real[:-1] + ["/elsewhere/autopar"])
+    with pytest.raises(CollectiveError) as err:
+        Job(2, timeout=TIMEOUT)
+    msg = str(err.value)
+    assert "failed to start: ImportError: the worker imported autopar from" in msg, msg
+    assert "the caller from /elsewhere/autopar" in msg
+    assert err.value.__context__ is None and err.value.__cause__ is None
+
+
+def test_a_worker_that_exits_before_connecting_is_named(monkeypatch):
+    from autopar.runtime import launcher
+    monkeypatch.setattr(launcher, "_worker_command",
+                        lambda: [launcher.sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(CollectiveError, match=r"exited with code 3") as err:
+        Job(2, timeout=TIMEOUT)
+    assert err.value.__context__ is None

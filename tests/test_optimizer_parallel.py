@@ -122,6 +122,7 @@ def worker_inputs(comm):
     return stats(comm)["input_bytes"]
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("level", ["level2", "level3"])
 def test_native_backend_runs_the_sharded_update(level):
     fn, args = momentum_case()

@@ -107,6 +107,7 @@ def test_gpt_four_blocks_gpipe_on_jax():
     assert_same(c(p, b), m.gpt_pipeline_step(p, b))
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("scheduler", ["gpipe", "1f1b"])
 def test_gpt_four_blocks_on_four_native_ranks(scheduler):
     """The issue's model: 4 decoder blocks, 2 stages x 2-way data parallel, 4 micro-batches."""
@@ -119,7 +120,7 @@ def test_gpt_four_blocks_on_four_native_ranks(scheduler):
     c._runner.close()
 
 
-@pytest.mark.parametrize("devices,backend", [((1, 3), "jax"), ((3, 1), "native")])
+@pytest.mark.parametrize("devices,backend", [((1, 3), "jax"), pytest.param((3, 1), "native", marks=pytest.mark.native)])
 def test_stages_on_meshes_of_different_sizes_match_single_device(devices, backend):
     """A stage of one device next to one of three: values cross between the meshes whole."""
     p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
@@ -229,6 +230,7 @@ def test_automatic_stages_cut_between_blocks_and_match_single_device():
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
 
 
+@pytest.mark.slow
 def test_wider_gpt_pipelines_its_loss_cotangent_and_embedding_gradient():
     """At these sizes the data-parallel layouts split the loss's cotangent and the scatter-adds
     of the cross-entropy and embedding backward over the batch: the micro-batch split has to

@@ -17,6 +17,8 @@ import autopar as ap
 import models as m
 from autopar import report
 
+pytestmark = pytest.mark.browser
+
 
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):

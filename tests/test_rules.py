@@ -141,6 +141,7 @@ def test_scatter_add_into_zero_constant_leaves_partial_sums():
 
 # ---------------------------------------------------------------- the checker on real graphs
 
+@pytest.mark.slow
 def test_rule_check_models_mesh_2x2(model_graphs):
     mesh, jm = _meshes((2, 2))
     graphs = [model_graphs[k] for k in ("mlp_sgd", "mlp_adam", "gpt_adam")]
@@ -149,6 +150,7 @@ def test_rule_check_models_mesh_2x2(model_graphs):
     assert report.nodes > 100 and report.checked > 2000
 
 
+@pytest.mark.slow
 def test_rule_check_models_mesh_2(model_graphs):
     mesh, jm = _meshes((2,))
     graphs = [model_graphs[k] for k in ("mlp_sgd", "mlp_adam", "gpt_adam")]

@@ -7,6 +7,7 @@ sharding propagation; the IOPDDL example must give its known optimum 445.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from autopar.strategies.solvers import brute, dp, ilp, propagation
 from autopar.strategies.solvers.random_problems import (KINDS, LIMIT_MODES, REDUCIBLE,
                                                         random_medium_problem, random_problem)
 
-EXAMPLE = "/work/shared/iopddl/example.json"
+EXAMPLE = os.path.join(os.path.dirname(__file__), "data", "iopddl", "example.json")
 SOLVERS = {"brute": brute.solve, "ilp": ilp.solve, "dp": dp.solve,
            "propagation": propagation.solve}
 
