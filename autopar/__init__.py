@@ -9,7 +9,7 @@ from .config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode, Pipe
                      SearchMode)
 from .context import (context_config, get_auto_parallel_context, reset_auto_parallel_context,
                       set_auto_parallel_context)
-from .api import Compiled, compile, parallel, plan
+from .compiler.api import Compiled, compile, parallel, plan
 from . import comm
 from .strategies.strategy import Strategy
 from .program import Collective, Program

@@ -9,7 +9,7 @@ Subcommands (``autopar COMMAND --help`` describes each):
 - ``show STRATEGY``: the strategy table; ``report STRATEGY -o report.html``: the HTML report;
 - ``solve PROBLEM TIMEOUT``: an IOPDDL problem, the chosen strategy indices last on stdout;
 - ``calibrate``: this machine's compute and link constants into a topology file;
-- ``bench``: the native collectives' latency and bus bandwidth (``autopar.runtime.bench``).
+- ``bench``: the native collectives' latency and bus bandwidth (``autopar.tools.bench``).
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _solve(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .runtime.calibrate import calibrate
+    from .tools.calibrate import calibrate
     topo, got = calibrate(args.ranks)
     print(f"compute: {got['flops'] / 1e9:.1f} GFLOP/s (float32 matmul), memory "
           f"{got['mem_bandwidth'] / 1e9:.2f} GB/s (copy)")
@@ -207,7 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_calibrate)
 
     p = sub.add_parser("bench", help="benchmark the native collectives", add_help=False,
-                       description="Run autopar.runtime.bench; every argument is passed on "
+                       description="Run autopar.tools.bench; every argument is passed on "
                                    "(autopar bench --help lists them).")
     p.add_argument("options", nargs=argparse.REMAINDER, help="autopar bench --help lists them")
     return parser
@@ -216,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:                  # every option, --help included, is bench's
-        from .runtime import bench
+        from .tools import bench
         return bench.main(argv[1:], prog="autopar bench")
     args = _parser().parse_args(argv)
     try:

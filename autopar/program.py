@@ -37,6 +37,9 @@ class Collective:
     out: int = -1                 # register written
     reason: str = ""              # what needed it, e.g. "dot_general.12 input 0"
     op: str = "sum"               # all_reduce: "sum", "max" or "min"
+    prices: tuple = ()            # all_reduce: ((algorithm, seconds at 0 bytes, seconds per
+                                  # byte), ...) over ``axes`` from the cost table, so a runtime
+                                  # picks a fused bucket's algorithm without planning
 
     def __str__(self) -> str:
         d = "" if self.dim is None else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
@@ -177,68 +180,6 @@ class Program:
 
     def segments(self) -> list[Segment]:
         return [i for i in self.instructions if isinstance(i, Segment)]
-
-    def memory(self) -> tuple[int, Any]:
-        """``(peak bytes, instruction)`` on one rank: the largest entry of ``memory_timeline``;
-        the instruction is None when the peak is the arguments alone."""
-        peak, at = sum(s for r, s in self._sizes().items() if r in set(self.inputs)), None
-        for ins, live in self.memory_timeline():
-            if live > peak:
-                peak, at = live, ins
-        return peak, at
-
-    def _sizes(self) -> dict:
-        return {r: int(np.prod(shape)) * np.dtype(dt).itemsize
-                for r, (shape, dt) in self.avals.items()}
-
-    def memory_timeline(self) -> list:
-        """``[(instruction, bytes live while it runs)]`` on one rank as the runtimes run it, one
-        entry per Compute, Collective or Slice: the arguments for the whole step, every other
-        register from its instruction to its last reader, the results to the end. A segment runs
-        as one XLA executable: its inputs stay live until it ends and its outputs exist from its
-        start (XLA does not write over an argument it does not own). Inside it, as XLA fuses: a
-        value made by an elementwise or layout operator and read only by such operators or
-        reductions has no buffer; the other values made and dropped inside are counted compute
-        by compute, an elementwise operator writing over a dying operand of its size."""
-        from .strategies.rules.elementwise import RULES
-        layout = {"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose"}
-        fusible = set(RULES) | layout
-        absorbs = fusible | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                             "argmin", "reduce_and", "reduce_or"}
-        size = self._sizes()
-        last = {}
-        for k, ins in enumerate(self.instructions):
-            for r in reads(ins):
-                last[r] = k
-        for r in list(self.inputs) + [o for o in self.outputs if isinstance(o, int)]:
-            last[r] = len(self.instructions)
-        cur = sum(size[r] for r in set(self.inputs))
-        timeline = []
-        for k, ins in enumerate(self.instructions):
-            made = sum(size[r] for r in writes(ins))
-            if isinstance(ins, Segment):
-                outs = set(ins.outputs)
-                inner_last, readers = {}, {}
-                for i, c in enumerate(ins.computes):
-                    for r in reads(c):
-                        inner_last[r] = i
-                        readers.setdefault(r, set()).add(c.node.prim)
-                buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
-                    c.node.prim in fusible and readers.get(r, set()) <= absorbs)}
-                temps = 0                     # buffers made and dropped inside the segment
-                for i, c in enumerate(ins.computes):
-                    new = sum(size[r] for r in writes(c) if r in buffer)
-                    dying = {r for r in reads(c) + writes(c)
-                             if r in buffer and inner_last.get(r, i) <= i}
-                    reused = new if c.node.prim in fusible and any(
-                        size[r] == new for r in dying & set(reads(c))) else 0
-                    timeline.append((c, cur + made + temps + new - reused))
-                    temps += new - sum(size[r] for r in dying)
-            else:
-                timeline.append((ins, cur + made))
-            cur += made - sum(size[r] for r in set(reads(ins)) | set(writes(ins))
-                              if last.get(r, k) <= k)
-        return timeline
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)

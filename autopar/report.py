@@ -18,7 +18,7 @@ import json
 from collections import Counter, defaultdict
 
 from autopar.graph import type_str
-from autopar.strategies.strategy import _bytes, _short
+from autopar.strategies.strategy import format_bytes, short_source
 
 _DX, _DY, _PAD = 26, 14, 14   # graph layout: px between layers, between nodes of a layer, margin
 _ARC = 80                      # px that an edge skipping layers may dip below its ends, at most
@@ -50,20 +50,20 @@ def _header(s) -> str:
     e = html.escape
     b = lambda x: f"<b>{e(x)}</b>"
     mesh = ", ".join(f"{n}={k}" for n, k in zip(s.axis_names, s.mesh_shape))
-    cap = "no cap" if s.memory_limit is None else f"cap {_bytes(s.memory_limit)}"
+    cap = "no cap" if s.memory_limit is None else f"cap {format_bytes(s.memory_limit)}"
     lines = [f"mode {b(s.mode)}, search {b(s.search)}, mesh {b(f'({mesh})')}",
              f"estimated step {b(f'{s.step_time * 1e6:.1f} us')} = compute "
              f"{s.compute_time * 1e6:.1f} us + communication {s.comm_time * 1e6:.1f} us",
-             f"peak memory {b(_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})"]
+             f"peak memory {b(format_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})"]
     if s.stages:
         lines.append(f"pipeline: {len(s.stages)} stages, {s.micro_batches} micro-batches, "
                      f"{e(s.scheduler)}")
     out = "".join(f'<div class="hl">{x}</div>' for x in lines)
     for st in s.stages:
         vs = "" if s.memory_limit is None else \
-            f" of {_bytes(s.memory_limit)} ({100 * st.memory / s.memory_limit:.1f}%)"
+            f" of {format_bytes(s.memory_limit)} ({100 * st.memory / s.memory_limit:.1f}%)"
         out += (f'<div class="stage-line">stage {st.index}: devices {e(str(list(st.devices)))}, '
-                f"{st.seconds * 1e6:.1f} us per micro-batch, peak {_bytes(st.memory)}{vs}</div>")
+                f"{st.seconds * 1e6:.1f} us per micro-batch, peak {format_bytes(st.memory)}{vs}</div>")
     return out
 
 
@@ -72,7 +72,7 @@ def _op_row(o) -> dict:
             "layout": ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts)),
             "stage": o.stage, "compute": round(o.compute_time * 1e6, 4),
             "comm": round(o.comm_time * 1e6, 4), "memory": o.out_bytes,
-            "source": _short(o.source), "full": o.source}
+            "source": short_source(o.source), "full": o.source}
 
 
 def _graph(s) -> dict:

@@ -4,7 +4,7 @@
 Run: python benchmarks/collectives.py [--ranks 2 4 8] [--ops all_reduce all_gather ...]
      [--sizes 4KB 64KB 1MB 16MB 256MB] [--peers gloo mpi] [--repeat 3] [--markdown]
 
-Every implementation is timed by the same rules (``autopar.runtime.bench.timing``: back-to-back
+Every implementation is timed by the same rules (``autopar.tools.bench.timing``: back-to-back
 calls after a barrier, several rounds, per round the slowest rank, the median round) and sized
 by NCCL-tests' conventions (``bench.buffers``), float32, sum; autopar's all-reduce is the
 algorithm a compiled program runs for the size (the cost table's, ``--algorithm auto``), as
@@ -32,7 +32,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from autopar.runtime import bench  # noqa: E402
+from autopar.tools import bench  # noqa: E402
 
 MB = 1 << 20
 

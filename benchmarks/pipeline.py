@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import autopar as ap  # noqa: E402
 import models as m  # noqa: E402
 from autopar.runtime.native_backend import stats  # noqa: E402
-from autopar import staging  # noqa: E402
+from autopar.compiler import pipeline_plan  # noqa: E402
 
 
 def schedules(layers, micros, iters):
@@ -97,7 +97,7 @@ def stage_devices(iters):
 def planner(layers, stage_devices):
     p, b = m.gpt_params(layers=layers, abstract=True), m.gpt_batch(batch=64, abstract=True)
     timed = {}
-    real = staging.plan_stages
+    real = pipeline_plan.plan_stages
 
     def clocked(*a, **k):
         t0 = time.perf_counter()
@@ -106,14 +106,14 @@ def planner(layers, stage_devices):
         timed["sizes"] = len(a[4])
         timed["estimate"] = out.step_time
         return out
-    staging.plan_stages = clocked
+    pipeline_plan.plan_stages = clocked
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=16, pipeline_stages=8,
                             micro_batches=16, progress=False, pipeline_stage_devices=stage_devices)
     t0 = time.perf_counter()
     try:
         s = ap.plan(m.gpt_sgd_step, p, b, config=cfg)
     finally:
-        staging.plan_stages = real
+        pipeline_plan.plan_stages = real
     total = time.perf_counter() - t0
     secs = [st.seconds for st in s.stages]
     row = {"bench": "planner", "layers": layers, "operators": len(s.ops), "stages": 8,

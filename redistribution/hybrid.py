@@ -77,7 +77,9 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> tuple:
         seconds, algorithm = planner.step_time(kind, axes, nbytes)
         comm[node.id] = comm.get(node.id, 0.0) + seconds
         out.append(Collective(kind, axes, shape, dtype, nbytes, algorithm, src=src, out=dst,
-                              reason=f"{node.name} at {node.source or 'an unknown line'}", **kw))
+                              reason=f"{node.name} at {node.source or 'an unknown line'}",
+                              prices=planner.all_reduce_prices(axes) if kind == "all_reduce"
+                              else (), **kw))
 
     for node in graph.nodes:
         p, ins = node.params, [reg(x) for x in node.inputs]

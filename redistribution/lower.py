@@ -74,7 +74,9 @@ def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason
             nbytes = max(_nbytes(here, dtype), _nbytes(there, dtype))
             _, algo = planner.step_time(step.kind, step.axes, _nbytes(here, dtype))
             ins = Collective(step.kind, tuple(step.axes), here, np.dtype(dtype), nbytes, algo,
-                             step.dim, step.dst_dim, src, reg, reason)
+                             step.dim, step.dst_dim, src, reg, reason,
+                             prices=planner.all_reduce_prices(tuple(step.axes))
+                             if step.kind == "all_reduce" else ())
         avals[reg] = (nxt.local_shape(shape, mesh), np.dtype(dtype))
         out.append((ins, nxt))
         src, cur = reg, nxt

@@ -114,7 +114,8 @@ def _micro_steps(lw, planner, micro):
             out.append((Accumulate(ins.src, mid, "sum"), owner))
             if rest:
                 _, algo = planner.step_time("all_reduce", rest, ins.bytes)
-                out.append((replace(ins, axes=rest, src=mid, algorithm=algo), owner))
+                out.append((replace(ins, axes=rest, src=mid, algorithm=algo,
+                                    prices=planner.all_reduce_prices(rest)), owner))
         elif isinstance(ins, Collective) and ins.kind == "all_gather" and ins.axes[0] == MB:
             src = ins.src
             if rest:

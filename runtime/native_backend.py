@@ -15,8 +15,8 @@ exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` 
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into buckets of up to
 ``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
-(``_Comms``), each bucket with the algorithm the planner's all-reduce prices (shipped with the
-program: the worker makes no planning decision) make cheapest for its size.
+(``_Comms``), each bucket with the algorithm its all-reduces' prices
+(``Collective.prices``, set by the lowering: the worker plans nothing) make cheapest for its size.
 
 All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
 and each runs under its own name.
@@ -54,8 +54,8 @@ def _check_algorithm(name: str) -> None:
 
 
 _PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs,
-                              # which results are split, bucket bytes, all-reduce prices per
-                              # axes, registers freed after each step)
+                              # which results are split, bucket bytes, registers freed after
+                              # each step)
 _COMM_THREAD: list = []       # in a worker: the executor every collective runs on
 
 
@@ -64,11 +64,10 @@ def _c(x):
     return np.asarray(x, order="C")
 
 
-def shippable(instructions, planner, prices) -> tuple:
+def shippable(instructions) -> tuple:
     """Instructions as a worker loads them: each Segment exported once with ``jax.export``
     (local shapes; serialised, so the workers never see the user's function) as
-    ("segment", bytes, inputs, outputs); each all-reduce's algorithm checked and the
-    planner's prices for its axes added to ``prices``."""
+    ("segment", bytes, inputs, outputs); each all-reduce's algorithm checked."""
     import jax
     from jax import export
     out = []
@@ -80,8 +79,6 @@ def shippable(instructions, planner, prices) -> tuple:
             continue
         if getattr(ins, "kind", "") == "all_reduce":
             _check_algorithm(ins.algorithm)
-            if ins.axes not in prices:
-                prices[ins.axes] = planner.all_reduce_prices(ins.axes)
         out.append(ins)
     return tuple(out)
 
@@ -130,14 +127,12 @@ class NativeRunner(WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
     def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
-        from autopar.redistribution.planner import Planner
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
-        prices = {}
-        instructions = shippable(program.instructions, Planner(program.mesh), prices)
+        instructions = shippable(program.instructions)
         split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
         self._payload = (program.mesh, instructions, program.inputs, program.outputs,
-                         split, bucket_bytes, prices)
+                         split, bucket_bytes)
         self._start()
 
     def _loads(self):
@@ -198,13 +193,13 @@ def compile_shared(comm, segments, ranks, cache):
 
 def load(comm, payload, cache=None):
     """Compile the program's segments (a job runs one program), shared across the ranks."""
-    mesh, instructions, inputs, outputs, split, bucket_bytes, prices = payload
+    mesh, instructions, inputs, outputs, split, bucket_bytes = payload
     compiled = iter(compile_shared(comm, [ins[1] for ins in instructions
                                           if isinstance(ins, tuple)],
                                    list(range(comm.size)), cache))
     steps = [("segment", next(compiled), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAM[:] = [(mesh, steps, inputs, outputs, split, bucket_bytes, prices,
+    _PROGRAM[:] = [(mesh, steps, inputs, outputs, split, bucket_bytes,
                     _last_reads(steps, outputs))]
     # The comm thread hands results back to a main thread that may hold the GIL; Python's
     # default 5 ms switch interval would then delay every collective by up to that much.
@@ -302,10 +297,10 @@ def execute(st, get, comms) -> list:
 
 
 def run(comm, blocks):
-    mesh, steps, inputs, outputs, split, bucket_bytes, prices, frees = _PROGRAM[0]
+    mesh, steps, inputs, outputs, split, bucket_bytes, frees = _PROGRAM[0]
     meter = _PeakMeter()
     regs = dict(zip(inputs, blocks))
-    comms = _Comms(comm, mesh, bucket_bytes, prices)
+    comms = _Comms(comm, mesh, bucket_bytes)
 
     def get(r):
         if isinstance(r, Const):
@@ -354,8 +349,8 @@ class _Comms:
     the cost table's algorithm for the bucket's size; the compute that follows runs while a
     bucket is reduced."""
 
-    def __init__(self, comm, mesh, bucket_bytes, prices):
-        self.comm, self.mesh, self.limit, self.prices = comm, mesh, bucket_bytes, prices
+    def __init__(self, comm, mesh, bucket_bytes):
+        self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
         self.thread = _COMM_THREAD[0]
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
@@ -386,7 +381,7 @@ class _Comms:
         st = items[0][0]
         if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
             st = dataclasses.replace(st, algorithm=min(
-                self.prices[st.axes], key=lambda p: p[1] + p[2] * flat.nbytes)[0])
+                st.prices, key=lambda p: p[1] + p[2] * flat.nbytes)[0])
         fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
         if not _OVERLAP:
             fut.result()

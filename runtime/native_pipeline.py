@@ -85,16 +85,13 @@ class PipelineRunner(nb.WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
     def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
-        from autopar.redistribution.planner import Planner
         self.program = p = program
         self.mesh, self.timeout = p.mesh, timeout
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
         inboxes = _inboxes(p, tasks)
         self._payloads = {}
         for st in p.stages:
-            prices = {}
-            planner = Planner(st.mesh)
-            phases = {name: nb.shippable(body, planner, prices) for name, body in st.phases()}
+            phases = {name: nb.shippable(body) for name, body in st.phases()}
             outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
                          enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
                          if s == st.index and not isinstance(o, Const))
@@ -104,7 +101,7 @@ class PipelineRunner(nb.WorkerRunner):
                 tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
                 inputs=tuple(st.arg_regs[i] for i in st.inputs),
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, bucket_bytes=bucket_bytes, prices=prices)
+                micro=p.micro_batches, bucket_bytes=bucket_bytes)
             for r in st.devices:
                 self._payloads[r] = dict(base, inbox=inboxes[r])
         self._stage_of = {r: st for st in p.stages for r in st.devices}
@@ -236,7 +233,7 @@ def run_stage(comm, blocks):
     acc = {}
     for name, m in list(P["tasks"]) + [("post", None)]:
         regs = step if m is None else micro[m]
-        comms = nb._Comms(comm, P["groups"], P["bucket_bytes"], P["prices"])
+        comms = nb._Comms(comm, P["groups"], P["bucket_bytes"])
         if name == "post":
             for r, v in acc.items():
                 step[r] = wire.aligned(np.concatenate(v[1], axis=v[0])) if isinstance(v, tuple) else v

@@ -51,7 +51,7 @@ every step, to small messages.
 Consequences of the model: tree never beats halving_doubling and 2d_ring never beats 2d_torus
 (they are priced so that their names stay honest); only all_reduce has a choice. In shared
 memory direct takes over from the ring or halving-doubling above 80 KB (2 ranks) to 230 KB
-(8 ranks); measured here (``python -m autopar.runtime.bench --op all_reduce --algorithm ring
+(8 ranks); measured here (``python -m autopar.tools.bench --op all_reduce --algorithm ring
 direct``) it is ahead from 16 KB at 2 ranks and from between 64 KB and 1 MB at 3 to 8, with
 1.2-1.8x the ring's bus bandwidth from 1 MB.
 """

@@ -11,6 +11,8 @@ Out: seconds and bytes, per device:
   ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
+- ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
+  instruction of a lowered ``Program``, as XLA fuses its segments, and the peak.
 Communication time between candidates comes from the redistribution planner.
 """
 from __future__ import annotations
@@ -20,6 +22,9 @@ import math
 import numpy as np
 
 from autopar.graph import Const
+from autopar.program import Segment, reads, writes
+
+from .rules.elementwise import RULES as ELEMENTWISE
 
 
 def _size(shape) -> int:
@@ -62,3 +67,70 @@ def compute_time(node, cand, mesh) -> float:
 
 def output_bytes(node, cand, mesh) -> int:
     return sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
+
+
+# ---------------------------------------------------------------- memory of a lowered Program
+
+# XLA's fusion, as the memory model sees it: values made by these operators and read only by
+# ABSORBS operators are fused into their readers and get no buffer of their own
+FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "reshape", "squeeze", "transpose"}
+ABSORBS = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
+                     "reduce_and", "reduce_or"}
+
+
+def program_memory(program) -> tuple:
+    """``(peak bytes, instruction)`` on one rank: the largest entry of ``memory_timeline``;
+    the instruction is None when the peak is the arguments alone."""
+    peak, at = sum(s for r, s in _register_bytes(program).items() if r in set(program.inputs)), None
+    for ins, live in memory_timeline(program):
+        if live > peak:
+            peak, at = live, ins
+    return peak, at
+
+def _register_bytes(program) -> dict:
+    return {r: int(np.prod(shape)) * np.dtype(dt).itemsize
+            for r, (shape, dt) in program.avals.items()}
+
+def memory_timeline(program) -> list:
+    """``[(instruction, bytes live while it runs)]`` on one rank as the runtimes run it, one
+    entry per Compute, Collective or Slice: the arguments for the whole step, every other
+    register from its instruction to its last reader, the results to the end. A segment runs
+    as one XLA executable: its inputs stay live until it ends and its outputs exist from its
+    start (XLA does not write over an argument it does not own). Inside it, as XLA fuses: a
+    value made by an elementwise or layout operator and read only by such operators or
+    reductions has no buffer; the other values made and dropped inside are counted compute
+    by compute, an elementwise operator writing over a dying operand of its size."""
+    size = _register_bytes(program)
+    last = {}
+    for k, ins in enumerate(program.instructions):
+        for r in reads(ins):
+            last[r] = k
+    for r in list(program.inputs) + [o for o in program.outputs if isinstance(o, int)]:
+        last[r] = len(program.instructions)
+    cur = sum(size[r] for r in set(program.inputs))
+    timeline = []
+    for k, ins in enumerate(program.instructions):
+        made = sum(size[r] for r in writes(ins))
+        if isinstance(ins, Segment):
+            outs = set(ins.outputs)
+            inner_last, readers = {}, {}
+            for i, c in enumerate(ins.computes):
+                for r in reads(c):
+                    inner_last[r] = i
+                    readers.setdefault(r, set()).add(c.node.prim)
+            buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
+                c.node.prim in FUSIBLE and readers.get(r, set()) <= ABSORBS)}
+            temps = 0                     # buffers made and dropped inside the segment
+            for i, c in enumerate(ins.computes):
+                new = sum(size[r] for r in writes(c) if r in buffer)
+                dying = {r for r in reads(c) + writes(c)
+                         if r in buffer and inner_last.get(r, i) <= i}
+                reused = new if c.node.prim in FUSIBLE and any(
+                    size[r] == new for r in dying & set(reads(c))) else 0
+                timeline.append((c, cur + made + temps + new - reused))
+                temps += new - sum(size[r] for r in dying)
+        else:
+            timeline.append((ins, cur + made))
+        cur += made - sum(size[r] for r in set(reads(ins)) | set(writes(ins))
+                          if last.get(r, k) <= k)
+    return timeline

@@ -1,6 +1,6 @@
 """Strategy: the chosen layout of every operator and argument, as plain data.
 
-In: built by ``autopar.api`` from an ``Assignment`` (or loaded from JSON). Out: a frozen
+In: built by ``autopar.compiler.api`` from an ``Assignment`` (or loaded from JSON). Out: a frozen
 ``Strategy`` that prints as a table (``table()``), serialises to autopar's JSON (``to_json``,
 ``save``, ``Strategy.load``/``from_json``, exact round trip) and to MindSpore's strategy
 checkpoint JSON (``save(path, format="mindspore")``: ``parallel_strategy_item`` with one
@@ -121,11 +121,11 @@ class Strategy:
     # ------------------------------------------------------------------ table
     def table(self) -> str:
         mesh = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
-        cap = "no cap" if self.memory_limit is None else f"cap {_bytes(self.memory_limit)}"
+        cap = "no cap" if self.memory_limit is None else f"cap {format_bytes(self.memory_limit)}"
         head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh})",
                 f"estimated step {self.step_time * 1e6:.1f} us = compute "
                 f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us; "
-                f"peak memory {_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
+                f"peak memory {format_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
         if self.stages:
             head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
                         f"{self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
@@ -133,7 +133,7 @@ class Strategy:
             head += [f"  stage {st.index}: devices {list(st.devices)}"
                      + (f" mesh ({', '.join(f'{n}={k}' for n, k in zip(st.axis_names, st.mesh_shape))})"
                         if st.mesh_shape else "")
-                     + f", {st.seconds * 1e6:.1f} us, peak {_bytes(st.memory)} per device"
+                     + f", {st.seconds * 1e6:.1f} us, peak {format_bytes(st.memory)} per device"
                      for st in self.stages]
         staged = bool(self.stages)
         rows = [("argument", "shape", "layout", "", "", "", "", "")]
@@ -146,8 +146,8 @@ class Strategy:
             outs = " ".join(type_str(s, "") for s in o.out_shapes)
             lay = ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts))
             rows.append((o.name, outs, lay, f"{o.compute_time * 1e6:.2f}",
-                         f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", _bytes(o.out_bytes),
-                         str(o.stage) if staged else "", _short(o.source)))
+                         f"{o.comm_time * 1e6:.1f}" if o.comm_time else "", format_bytes(o.out_bytes),
+                         str(o.stage) if staged else "", short_source(o.source)))
         widths = [max(len(r[i]) for r in rows) for i in range(8)]
         lines = head
         for r in rows:
@@ -254,15 +254,16 @@ class Strategy:
             f.write(text)
 
 
-def _bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KB': bytes in B, KB, MB or GB (powers of 1024), one decimal above B."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} GB"
 
 
-def _short(source: str) -> str:
+def short_source(source: str) -> str:
     """'path/to/file.py:12:4 (fn)' -> 'file.py:12 (fn)'."""
     if not source:
         return ""

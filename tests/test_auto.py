@@ -66,7 +66,7 @@ def test_long_searches_report_progress(caplog, monkeypatch):
             return True
 
     # every search counts as long here: whether this one passes a second depends on the machine
-    monkeypatch.setattr("autopar.api.PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr("autopar.compiler.api.PROGRESS_AFTER", 0.0)
     p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, search_mode="ilp",
                             search_time=4.0)

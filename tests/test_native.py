@@ -227,7 +227,7 @@ def test_bench_prints_one_json_measurement_per_op_size_and_algorithm():
     import json
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "autopar.runtime.bench", "--op", "all", "--ranks", "3",
+    out = subprocess.run([sys.executable, "-m", "autopar.tools.bench", "--op", "all", "--ranks", "3",
                           "--size", "4KB", "1000", "--algorithm", "ring", "tree", "--json"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     rows = [json.loads(line) for line in out.splitlines()]

@@ -161,15 +161,15 @@ def test_auto_stage_devices_plan_three_stages_on_four_devices():
 def test_stage_device_choice_is_the_best_fixed_split(monkeypatch):
     """The DP over cuts and device counts finds the least estimate among every split of the
     devices into stage sizes, each with its own best cuts."""
-    import autopar.staging as staging
+    from autopar.compiler import pipeline_plan
     from itertools import product
     seen = []
-    real = staging.plan_stages
+    real = pipeline_plan.plan_stages
 
     def spy(*a, **k):
         seen.append((a, k))
         return real(*a, **k)
-    monkeypatch.setattr(staging, "plan_stages", spy)
+    monkeypatch.setattr(pipeline_plan, "plan_stages", spy)
     p, b = m.gpt_params(layers=6, abstract=True), m.gpt_batch(batch=8, abstract=True)
     ap.plan(m.gpt_sgd_step, p, b, config=config(
         n=6, stages=3, micro=4, parallel_mode="auto_parallel", pipeline_stage_devices="auto"))

@@ -16,17 +16,17 @@ import types
 import jax
 import numpy as np
 
-from .arguments import arg_layouts, leaf_names, state_pairs
+from ..arguments import arg_layouts, leaf_names, state_pairs
 from .dump import comm_records, label, operands
-from .errors import ConfigError, InfeasibleError
-from .graph import Value
-from .layout import Layout
-from .redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
-from .redistribution.planner import Planner
-from .strategies.candidates import Candidate
-from .strategies.cost_model import compute_time, output_bytes
-from .strategies.strategy import InputStrategy, OpStrategy, Strategy
-from .trace import trace_per_device
+from ..errors import ConfigError, InfeasibleError
+from ..graph import Value
+from ..layout import Layout
+from ..redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
+from ..redistribution.planner import Planner
+from ..strategies.candidates import Candidate
+from ..strategies.cost_model import compute_time, memory_timeline, output_bytes, program_memory
+from ..strategies.strategy import InputStrategy, OpStrategy, Strategy
+from ..trace import trace_per_device
 
 
 def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
@@ -61,7 +61,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                               comm.get(n.id, 0.0),
                               0.0 if n.prim in COLLECTIVE_PRIMS else compute_time(n, rep, mesh),
                               output_bytes(n, rep, mesh), 0, made_by))
-    peak, at = program.memory()
+    peak, at = program_memory(program)
     peak_op = "the arguments" if at is None else label(at)
     cap = config.max_device_memory
     if cap is not None and peak > cap:
@@ -73,7 +73,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
     strat = Strategy("hybrid_parallel", "manual", tuple(mesh.shape), tuple(mesh.axis_names),
                      inputs, tuple(ops), 0.0, peak, peak_op, cap, (), 1, "",
                      comm_records(program, planner),
-                     tuple((label(ins), b) for ins, b in program.memory_timeline()),
+                     tuple((label(ins), b) for ins, b in memory_timeline(program)),
                      (("trace", t_trace - t0), ("search", 0.0),
                       ("lower", time.monotonic() - t_trace)))
     return graph, strat, program

@@ -1,6 +1,6 @@
 """Latency and bus bandwidth of autopar's native collectives on this host.
 
-Run: ``python -m autopar.runtime.bench --op all_reduce --ranks 2 --size 16MB [--algorithm ring]
+Run: ``python -m autopar.tools.bench --op all_reduce --ranks 2 --size 16MB [--algorithm ring]
 [--dtype float32] --json``. ``--op`` and ``--size`` take several values (``--op all`` is every
 collective); ``--algorithm`` applies to all_reduce only and may also take several values
 (``auto``: per size, the one the cost table picks on this host, as a compiled program does).
@@ -136,7 +136,7 @@ def measure(comm, cases, dtype):
 def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None):
     """Measure on a fresh job of `ranks` processes; the list of result rows (dicts)."""
     from autopar.runtime.launcher import Job
-    from autopar.runtime import bench as me      # the workers resolve this module by name
+    from autopar.tools import bench as me      # the workers resolve this module by name
     cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
              for algo in algorithms_of(op, algorithms, nbytes, ranks)]
     with Job(ranks, hosts=hosts, timeout=60.0) as job:
@@ -150,7 +150,7 @@ def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=Non
     return rows
 
 
-def main(argv=None, prog="python -m autopar.runtime.bench"):
+def main(argv=None, prog="python -m autopar.tools.bench"):
     from autopar import _native
     p = argparse.ArgumentParser(prog=prog,
                                 description=__doc__.split("\n\n")[0])

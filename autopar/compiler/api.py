@@ -6,7 +6,7 @@ Out: a ``Compiled`` object: calling it runs the sharded Program on ``config.back
 native multi-process runtime by default; ``backend="jax"`` for shard_map over JAX devices) and
 returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
 Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
-This module and autopar.hybrid (the hybrid_parallel half of planning) import every layer.
+The entry layer (autopar.compiler, with hybrid_plan, pipeline_plan and dump) imports every layer.
 """
 from __future__ import annotations
 
@@ -15,27 +15,27 @@ import time
 
 import jax
 
-from .config import Backend, ParallelConfig, ParallelMode, SearchMode
-from .context import context_config
-from .errors import ConfigError, InfeasibleError, LayoutError
-from .pipeline import PipelineProgram
-from .program import Compute
-from .strategies import recursive, solvers
-from .strategies.build import build_problem
-from .strategies.cost_model import compute_time, output_bytes
-from .strategies.candidates import identity_candidate
-from .strategies.candidates import candidates_of
-from .strategies.optimizer import shard_update
-from .strategies.propagation import Assignment, propagate
-from .strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
-from .redistribution.lower import lower, lower_steps, plan_steps
-from .redistribution.planner import Planner
-from .trace import trace
-from .arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
+from ..config import Backend, ParallelConfig, ParallelMode, SearchMode
+from ..context import context_config
+from ..errors import ConfigError, InfeasibleError, LayoutError
+from ..pipeline import PipelineProgram
+from ..program import Compute
+from ..strategies import recursive, solvers
+from ..strategies.build import build_problem
+from ..strategies.cost_model import compute_time, memory_timeline, output_bytes, program_memory
+from ..strategies.candidates import identity_candidate
+from ..strategies.candidates import candidates_of
+from ..strategies.optimizer import shard_update
+from ..strategies.propagation import Assignment, propagate
+from ..strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
+from ..redistribution.lower import lower, lower_steps, plan_steps
+from ..redistribution.planner import Planner
+from ..trace import trace
+from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import comm_records, label, operands
-from .hybrid import plan_hybrid
-from .staging import pipeline_program, reshard_cost
-from .progress import Progress, logger
+from .hybrid_plan import plan_hybrid
+from .pipeline_plan import pipeline_program, reshard_cost
+from ..progress import Progress, logger
 
 
 class Compiled:
@@ -72,16 +72,16 @@ class Compiled:
         native = self.config.backend is Backend.NATIVE
         if isinstance(self.program, PipelineProgram):
             if native:
-                from .runtime.native_pipeline import PipelineRunner
+                from ..runtime.native_pipeline import PipelineRunner
                 return PipelineRunner(self.program, self.config.collective_timeout,
                                       self.config.allreduce_fusion_bytes)
-            from .runtime.jax_pipeline import PipelineRunner
+            from ..runtime.jax_pipeline import PipelineRunner
             return PipelineRunner(self.program)
         if native and self.program.mesh.size > 1:
-            from .runtime.native_backend import NativeRunner
+            from ..runtime.native_backend import NativeRunner
             return NativeRunner(self.program, self.config.collective_timeout,
                                 self.config.allreduce_fusion_bytes)
-        from .runtime.jax_backend import build
+        from ..runtime.jax_backend import build
         return build(self.program)
 
     def _call(self, *args):
@@ -323,9 +323,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                                      tuple(st.mesh.shape), tuple(st.mesh.axis_names))
                        for st in program.stages) if pipelined else ()
     comms = comm_records(program, first.planner)
-    timeline = () if pipelined else tuple((label(ins), b) for ins, b in program.memory_timeline())
+    timeline = () if pipelined else tuple((label(ins), b) for ins, b in memory_timeline(program))
     if not pipelined:
-        peak, at = program.memory()
+        peak, at = program_memory(program)
         node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
             getattr(at, "reason", "").split(" ")[0])
         peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .pipeline import PipelineProgram, Transfer
-from .program import Collective, Compute
-from .strategies.strategy import CommStrategy
+from ..pipeline import PipelineProgram, Transfer
+from ..program import Collective, Compute
+from ..strategies.strategy import CommStrategy
 
 
 def label(ins) -> str:
@@ -27,7 +27,7 @@ def comm_records(program, planner) -> tuple:
     planner (transfers between stages on the first level of the full mesh's axis)."""
     planners = {}
     if isinstance(program, PipelineProgram):           # each stage priced on its own mesh
-        from .redistribution.planner import Planner
+        from ..redistribution.planner import Planner
         by_mesh = {planner.mesh: planner}
         for st in program.stages:
             if st.mesh not in by_mesh:

@@ -2,7 +2,7 @@
 
 In: a ParallelConfig with ``pipeline_stages`` / ``micro_batches`` (and
 ``pipeline_stage_devices``), the traced Graph, the full mesh, ``on_mesh(mesh) -> MeshPlan``
-(the layout search and lowering of the whole step on one stage mesh, made by autopar.api), the
+(the layout search and lowering of the whole step on one stage mesh, made by autopar.compiler.api), the
 example arguments, ``batch_argnums``, argument names and state pairs. Out: the
 ``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
 
@@ -21,14 +21,14 @@ import math
 
 import jax
 
-from .annotate import STAGE_SCOPE
-from .errors import ConfigError, LayoutError
-from .mesh import LogicalMesh
-from .redistribution.lower import plan_steps
-from .redistribution.pipeline import MicroPlanner, StageLowering, split_stages
-from .strategies.microbatch import add_micro_axis, micro_mesh
-from .strategies.stage_plan import StageOption, plan_stages
-from .strategies.stages import Stages, assign_stages
+from ..annotate import STAGE_SCOPE
+from ..errors import ConfigError, LayoutError
+from ..mesh import LogicalMesh
+from ..redistribution.lower import plan_steps
+from ..redistribution.pipeline import MicroPlanner, StageLowering, split_stages
+from ..strategies.microbatch import add_micro_axis, micro_mesh
+from ..strategies.stage_plan import StageOption, plan_stages
+from ..strategies.stages import Stages, assign_stages
 
 
 def reshard_cost(planner):

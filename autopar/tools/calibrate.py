@@ -5,7 +5,7 @@ the message sizes. Out: a one-level ``Topology`` ("host") with
 - ``flops``: float32 FLOP/s of one jitted JAX matmul (1024 x 1024) on the CPU, best of 5;
 - ``mem_bandwidth``: bytes/s of a 64 MB array copy (read plus write), best of 5;
 - ``alpha``/``beta``: the line through the native ring all-gather's time at the smallest and
-  the largest size (``runtime.bench``'s conventions), read through its model ``(n-1) alpha + (n-1)/n
+  the largest size (``tools.bench``'s conventions), read through its model ``(n-1) alpha + (n-1)/n
   bytes beta`` (strategies/comm_cost.py; the all-gather adds no reduction term).
 Also the measurements themselves, for the caller to print.
 """
