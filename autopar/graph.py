@@ -61,6 +61,8 @@ class Node:
     source: str = ""
     scope: str = ""          # JAX's name stack: jax.named_scope / ap.pipeline_stage names, with
                              # jvp(...) / transpose(jvp(...)) around them for derivatives
+    backward: bool = False   # part of a derivative (traced under JAX's transpose(...)): set
+                             # once by the trace, read by stage assignment and pipelining
 
     @property
     def prim(self) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .config import PipelineScheduler
 from .graph import type_str
 
 
@@ -123,7 +124,7 @@ class PipelineProgram:
     mesh: Any                     # every device (stage axis first when the stages are equal)
     stages: tuple                 # StageProgram per stage
     micro_batches: int
-    scheduler: str
+    scheduler: PipelineScheduler
     outputs: tuple                # register (of its stage) or graph.Const per flattened result
     out_layouts: tuple            # per result, on its stage's mesh (never partial)
     out_stages: tuple             # per result, the stage holding it
@@ -141,15 +142,16 @@ class PipelineProgram:
         return "\n".join(str(s) for s in self.stages)
 
 
-def schedule(kind: str, stages: int, micro: int) -> tuple:
+def schedule(kind: PipelineScheduler, stages: int, micro: int) -> tuple:
     """Per stage, its tasks in order: ("forward", m) and ("backward", m).
 
     gpipe: every forward, then every backward. 1f1b (PipeDream-flush): stage s runs
     ``min(stages - s - 1, micro)`` forwards, then alternates one forward and one backward, then
     the remaining backwards, so it holds at most ``stages - s`` micro-batches' activations."""
+    kind = PipelineScheduler(kind)        # a name that is no scheduler raises ValueError
     out = []
     for s in range(stages):
-        if kind == "gpipe":
+        if kind == PipelineScheduler.GPIPE:
             tasks = [("forward", m) for m in range(micro)] + [("backward", m) for m in range(micro)]
         else:
             warm = min(stages - s - 1, micro)
@@ -161,6 +163,6 @@ def schedule(kind: str, stages: int, micro: int) -> tuple:
     return tuple(out)
 
 
-def in_flight(kind: str, stages: int, micro: int, stage: int) -> int:
+def in_flight(kind: PipelineScheduler, stages: int, micro: int, stage: int) -> int:
     """The most micro-batches whose forward activations ``stage`` holds at once."""
-    return micro if kind == "gpipe" else min(stages - stage, micro)
+    return micro if PipelineScheduler(kind) == PipelineScheduler.GPIPE else min(stages - stage, micro)

@@ -13,6 +13,7 @@ Operands are integer register ids or ``graph.Const``. Every runtime executes exa
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -20,12 +21,45 @@ import numpy as np
 
 from .graph import type_str
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv")
+
+
+class StepKind(enum.StrEnum):
+    """What one redistribution step (a planner ``Step``, a ``Collective`` or a ``Slice``) does
+    over its mesh axes. Each runtime dispatches on it through one table that names every kind
+    (checked when the runtime is imported); a kind outside the enum fails where it is built."""
+    SLICE = "slice"                   # keep this rank's block of ``dim`` (local)
+    PARTIAL_ZERO = "partial_zero"     # make a replicated value a partial sum (local)
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+
+    @classmethod
+    def of(cls, kind, where) -> "StepKind":
+        """``kind`` as a StepKind; an unknown one raises a ValueError naming ``where``."""
+        try:
+            return cls(kind)
+        except ValueError:
+            raise ValueError(f"{where}: unknown step kind {kind!r}; the kinds are "
+                             f"{', '.join(k.value for k in cls)}") from None
+
+
+COLLECTIVE_KINDS = (StepKind.ALL_REDUCE, StepKind.ALL_GATHER, StepKind.REDUCE_SCATTER,
+                    StepKind.ALL_TO_ALL)
+LOCAL_KINDS = (StepKind.SLICE, StepKind.PARTIAL_ZERO)
+
+
+def checked_table(table: dict, kinds, where: str) -> dict:
+    """A runtime's dispatch table, checked to name exactly ``kinds`` (at import time)."""
+    if set(table) != set(kinds):
+        raise TypeError(f"{where}: the step table names {sorted(table)}, not the kinds "
+                        f"{sorted(k.value for k in kinds)}")
+    return table
 
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str
+    kind: StepKind                # one of COLLECTIVE_KINDS
     axes: tuple[str, ...]
     shape: tuple[int, ...]        # local shape of the operand
     dtype: Any
@@ -40,6 +74,14 @@ class Collective:
     prices: tuple = ()            # all_reduce: ((algorithm, seconds at 0 bytes, seconds per
                                   # byte), ...) over ``axes`` from the cost table, so a runtime
                                   # picks a fused bucket's algorithm without planning
+    node_id: Optional[int] = None  # id of the graph node whose input it prepares (None: a
+                                   # result, or a stage transfer)
+
+    def __post_init__(self):
+        kind = self.kind if type(self.kind) is StepKind else StepKind.of(self.kind, "Collective")
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"Collective: {kind.value} is a local step; use Slice")
+        object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         d = "" if self.dim is None else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
@@ -58,8 +100,15 @@ class Slice:
     shape: tuple[int, ...]        # local shape before the step
     src: Any = -1                 # register id or graph.Const
     out: int = -1
-    kind: str = "slice"
+    kind: StepKind = StepKind.SLICE   # one of LOCAL_KINDS
     dst_dim: Optional[int] = None
+    node_id: Optional[int] = None  # as Collective.node_id
+
+    def __post_init__(self):
+        kind = self.kind if type(self.kind) is StepKind else StepKind.of(self.kind, "Slice")
+        if kind not in LOCAL_KINDS:
+            raise ValueError(f"Slice: {kind.value} communicates; use Collective")
+        object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         src = f"%r{self.src}" if isinstance(self.src, int) else str(self.src)
@@ -135,7 +184,7 @@ def defer_all_reduce_readers(instructions) -> list:
             tainted.update(writes(ins))
         else:
             first.append(ins)
-            if isinstance(ins, Collective) and ins.kind == "all_reduce":
+            if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
                 tainted.update(writes(ins))
     return first + later
 

@@ -133,7 +133,7 @@ class _Builder:
             else:
                 outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
                 self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
-                                       dict(eqn.params), src, scope))
+                                       dict(eqn.params), src, scope, "transpose(" in scope))
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
         return [read(a) for a in jaxpr.outvars]

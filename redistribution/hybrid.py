@@ -25,7 +25,7 @@ import numpy as np
 
 from autopar.errors import RuleError
 from autopar.graph import Const, Node, Value
-from autopar.program import Collective, Compute, Program, Slice, segment
+from autopar.program import Collective, Compute, Program, Slice, StepKind, segment
 
 _REDUCE = {"psum": "sum", "psum_invariant": "sum", "pmax": "max", "pmin": "min"}
 _GATHER = ("all_gather", "all_gather_invariant")
@@ -65,7 +65,7 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> tuple:
         v = Value(-1, tuple(shape), avals[src][1])
         rn = Node(-1, jax.lax.reshape_p, (Value(-1, avals[src][0], avals[src][1]),), (v,),
                   {"new_sizes": tuple(shape), "dimensions": None, "sharding": None},
-                  node.source, node.scope)
+                  node.source, node.scope, node.backward)
         out.append(Compute(rn, rn.params, (src,), (dst,), (tuple(shape),)))
         return dst
 
@@ -78,7 +78,8 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> tuple:
         comm[node.id] = comm.get(node.id, 0.0) + seconds
         out.append(Collective(kind, axes, shape, dtype, nbytes, algorithm, src=src, out=dst,
                               reason=f"{node.name} at {node.source or 'an unknown line'}",
-                              prices=planner.all_reduce_prices(axes) if kind == "all_reduce"
+                              node_id=node.id,
+                              prices=planner.all_reduce_prices(axes) if kind == StepKind.ALL_REDUCE
                               else (), **kw))
 
     for node in graph.nodes:
@@ -97,27 +98,27 @@ def lower_hybrid(graph, mesh, in_layouts, out_layouts, planner) -> tuple:
         o = node.outputs[0].id
         if node.prim in _REDUCE:
             for r, v in zip(ins, node.outputs):
-                collective("all_reduce", node, r, v.id, op=_REDUCE[node.prim])
+                collective(StepKind.ALL_REDUCE, node, r, v.id, op=_REDUCE[node.prim])
         elif node.prim in _GATHER:
             d, src = p["all_gather_dimension"], ins[0]
             if not p["tiled"]:
                 shape = list(avals[src][0])
                 src = reshape(node, src, shape[:d] + [1] + shape[d:])
-            collective("all_gather", node, src, o, dim=d)
+            collective(StepKind.ALL_GATHER, node, src, o, dim=d)
         elif node.prim == "reduce_scatter":
             d = p["scatter_dimension"]
             if p["tiled"]:
-                collective("reduce_scatter", node, ins[0], o, dim=d)
+                collective(StepKind.REDUCE_SCATTER, node, ins[0], o, dim=d)
             else:
                 shape = list(avals[ins[0]][0])
                 mid = new(shape[:d] + [1] + shape[d + 1:], avals[ins[0]][1])
-                collective("reduce_scatter", node, ins[0], mid, dim=d)
+                collective(StepKind.REDUCE_SCATTER, node, ins[0], mid, dim=d)
                 reshape(node, mid, avals[o][0], o)
         elif node.prim == "all_to_all":
             if not p.get("tiled", False):
                 raise RuleError(f"all_to_all at {node.source or node.name} is untiled; call "
                                 "ap.comm.all_to_all (or jax.lax.all_to_all with tiled=True).")
-            collective("all_to_all", node, ins[0], o, dim=p["concat_axis"],
+            collective(StepKind.ALL_TO_ALL, node, ins[0], o, dim=p["concat_axis"],
                        dst_dim=p["split_axis"])
         else:                                            # axis_index
             n = math.prod(mesh.axis_size(a) for a in axes)
@@ -138,6 +139,6 @@ def _const_reg(c, new, out, node):
     v = Value(-1, tuple(c.shape), np.dtype(c.dtype))
     cn = Node(-1, jax.lax.convert_element_type_p, (c,), (v,),
               {"new_dtype": np.dtype(c.dtype), "weak_type": False, "sharding": None},
-              node.source, node.scope)
+              node.source, node.scope, node.backward)
     out.append(Compute(cn, cn.params, (c,), (r,), (tuple(c.shape),)))
     return r

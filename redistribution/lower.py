@@ -21,7 +21,8 @@ import numpy as np
 
 from autopar.graph import Const, Value
 from autopar.layout import Layout
-from autopar.program import Collective, Compute, Program, Slice, defer_all_reduce_readers, segment
+from autopar.program import (Collective, Compute, Program, Slice, StepKind, defer_all_reduce_readers,
+                             segment)
 from autopar.strategies.rules import rule_for
 
 from .planner import after
@@ -29,7 +30,7 @@ from .planner import after
 
 def step_layout(layout: Layout, step) -> Layout:
     """The layout after one step: a planner step, or a ``ZeroStep`` adding a partial axis."""
-    if step.kind == "partial_zero":
+    if step.kind == StepKind.PARTIAL_ZERO:
         return Layout(layout.dims, layout.partial | set(step.axes))
     return after(layout, step)
 
@@ -39,7 +40,7 @@ class ZeroStep:
     """Local step making a replicated value a partial sum over ``axes``: the value stays on the
     first rank of the axis group, every other rank holds zeros (exact; no communication)."""
     axes: tuple
-    kind: str = "partial_zero"
+    kind: StepKind = StepKind.PARTIAL_ZERO
     dim: Optional[int] = None
     dst_dim: Optional[int] = None
 
@@ -57,18 +58,19 @@ def _nbytes(shape, dtype) -> int:
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
 
-def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason="", last=None):
+def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason="", last=None,
+               node_id=None):
     """The instructions of ``steps`` (planner steps or ``ZeroStep``s) taking register ``src`` of
     a value of global ``shape`` from ``layout``: ``[(instruction, layout after it)]``, each
     writing a new register (``new_reg()``; ``last`` for the final one when given) whose local
-    shape and dtype go into ``avals``."""
+    shape and dtype go into ``avals``; ``reason`` and ``node_id`` say which node's input it is."""
     out, cur, mesh = [], layout, planner.mesh
     for k, step in enumerate(steps):
         here = cur.local_shape(shape, mesh)
         nxt = step_layout(cur, step)
         reg = last if last is not None and k == len(steps) - 1 else new_reg()
-        if step.kind in ("slice", "partial_zero"):
-            ins = Slice(step.axes, step.dim, here, src, reg, step.kind)
+        if step.kind in (StepKind.SLICE, StepKind.PARTIAL_ZERO):
+            ins = Slice(step.axes, step.dim, here, src, reg, step.kind, node_id=node_id)
         else:
             there = nxt.local_shape(shape, mesh)
             nbytes = max(_nbytes(here, dtype), _nbytes(there, dtype))
@@ -76,7 +78,7 @@ def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason
             ins = Collective(step.kind, tuple(step.axes), here, np.dtype(dtype), nbytes, algo,
                              step.dim, step.dst_dim, src, reg, reason,
                              prices=planner.all_reduce_prices(tuple(step.axes))
-                             if step.kind == "all_reduce" else ())
+                             if step.kind == StepKind.ALL_REDUCE else (), node_id=node_id)
         avals[reg] = (nxt.local_shape(shape, mesh), np.dtype(dtype))
         out.append((ins, nxt))
         src, cur = reg, nxt
@@ -129,7 +131,8 @@ class _Lowerer:
             src = held[have]
         steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
         made = emit_steps(steps, src, have, x.shape, x.dtype, self.planner, self.new_reg,
-                          self.avals, reason)
+                          self.avals, reason, node_id=None if self.current is None
+                          else self.graph.nodes[self.current].id)
         for ins, lay in made:
             self.instructions.append(ins)
             self.owners.append(self.current)

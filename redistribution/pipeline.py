@@ -6,10 +6,11 @@ layouts), every stage's devices and the scheduler. Out: a ``PipelineProgram``
 (autopar.pipeline).
 
 For each stage mesh:
-1. Lower the graph on the micro-batch mesh (``lower_steps``): local shapes are one micro-batch's.
-2. Steps over the micro-batch axis ``MB`` become pipeline steps: an all-reduce over ``MB`` is an
-   ``Accumulate`` (sum over micro-batches; the rest of its axes reduce after them), an
-   all-gather a concatenation, a slice over ``MB`` a ``MicroSlice``. Anything else over ``MB``
+1. Lower the graph on the micro-batch mesh (``lower_steps``): local shapes are one
+   micro-batch's.
+2. Steps over the micro-batch axis ``MB`` become pipeline steps (``_micro_steps``): an
+   all-reduce over ``MB`` is an ``Accumulate`` (sum over micro-batches; the rest of its axes
+   reduce after them), an all-gather a concatenation, a slice over ``MB`` a ``MicroSlice``. Anything else over ``MB``
    has no pipeline meaning and raises ``PipelineError``.
 3. Each step gets a phase: ``forward``, ``backward`` (a derivative's scope, or reading one) or
    ``post`` (reading an accumulated value), the latest of what it reads. A value read in ``post``
@@ -23,7 +24,8 @@ For each stage mesh:
    over its stage (one micro-batch's block), sends it once per value, and the receiver slices
    every layout it reads from it. Both lowerings name such a message by the value (and the
    dimension split over micro-batches), which ``split_stages`` checks end to end.
-The stages of each mesh keep their lowering's programs.
+5. Each stage's phases are ordered with their messages (``_stage_lists``) and segmented
+   (``_stage_program``). The stages of each mesh keep their lowering's programs.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from autopar.errors import PipelineError
 from autopar.graph import Const
 from autopar.layout import Layout
 from autopar.pipeline import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
-from autopar.program import (Collective, Compute, Slice, defer_all_reduce_readers, reads,
+from autopar.program import (Collective, Compute, Slice, StepKind, defer_all_reduce_readers, reads,
                              segment, writes)
 from autopar.strategies.microbatch import MB
 
@@ -76,8 +78,8 @@ class MicroPlanner(Planner):
         mid = type(src)(src.dims, src.partial - {MB})
         rest = self.plan(mid, dst, shape, dtype)
         nbytes = int(math.prod(src.local_shape(shape, self.mesh))) * np.dtype(dtype).itemsize
-        first = self.step_time("all_reduce", (MB,), nbytes)[0]
-        return Plan(src, dst, tuple(shape), np.dtype(dtype), (Step("all_reduce", (MB,)),)
+        first = self.step_time(StepKind.ALL_REDUCE, (MB,), nbytes)[0]
+        return Plan(src, dst, tuple(shape), np.dtype(dtype), (Step(StepKind.ALL_REDUCE, (MB,)),)
                     + rest.steps, first + rest.cost)
 
 IN, FORWARD, BACKWARD, POST = 0, 1, 2, 3
@@ -99,9 +101,9 @@ def _micro_steps(lw, planner, micro):
     mesh = planner.mesh
 
     def new(shape, dtype):
-        lw.next_reg += 1
-        avals[lw.next_reg - 1] = (tuple(shape), np.dtype(dtype))
-        return lw.next_reg - 1
+        r = lw.new_reg()
+        avals[r] = (tuple(shape), np.dtype(dtype))
+        return r
 
     for ins, owner in zip(lw.instructions, lw.owners):
         if isinstance(ins, Compute) or MB not in ins.axes:
@@ -109,29 +111,29 @@ def _micro_steps(lw, planner, micro):
             continue
         rest = tuple(a for a in ins.axes if a != MB)
         dtype = avals[ins.out][1]
-        if isinstance(ins, Collective) and ins.kind == "all_reduce":
+        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             mid = new(ins.shape, dtype) if rest else ins.out
             out.append((Accumulate(ins.src, mid, "sum"), owner))
             if rest:
-                _, algo = planner.step_time("all_reduce", rest, ins.bytes)
+                _, algo = planner.step_time(StepKind.ALL_REDUCE, rest, ins.bytes)
                 out.append((replace(ins, axes=rest, src=mid, algorithm=algo,
                                     prices=planner.all_reduce_prices(rest)), owner))
-        elif isinstance(ins, Collective) and ins.kind == "all_gather" and ins.axes[0] == MB:
+        elif isinstance(ins, Collective) and ins.kind == StepKind.ALL_GATHER and ins.axes[0] == MB:
             src = ins.src
             if rest:
                 shape = list(ins.shape)
                 shape[ins.dim] *= math.prod(mesh.axis_size(a) for a in rest)
                 src = new(shape, dtype)
-                _, algo = planner.step_time("all_gather", rest, ins.bytes // micro)
+                _, algo = planner.step_time(StepKind.ALL_GATHER, rest, ins.bytes // micro)
                 out.append((replace(ins, axes=rest, out=src, algorithm=algo,
                                     bytes=ins.bytes // micro), owner))
             out.append((Accumulate(src, ins.out, "concat", ins.dim), owner))
         elif isinstance(ins, Slice) and ins.axes[0] == MB:
             shape = list(ins.shape)
-            if ins.kind == "slice":
+            if ins.kind == StepKind.SLICE:
                 shape[ins.dim] //= micro
             mid = new(shape, dtype) if rest else ins.out
-            out.append((MicroSlice(ins.src, mid, "slice" if ins.kind == "slice" else "zero",
+            out.append((MicroSlice(ins.src, mid, "slice" if ins.kind == StepKind.SLICE else "zero",
                                    ins.dim), owner))
             if rest:
                 out.append((replace(ins, axes=rest, shape=tuple(shape), src=mid), owner))
@@ -158,7 +160,7 @@ def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis=
     ranks), each result from its stage's lowering."""
     programs, results = {}, []
     for low in lowerings:
-        progs, outs = _split_one(graph, stages, low, devices, scheduler, stage_axis)
+        progs, outs = _split_one(graph, stages, low, devices, stage_axis)
         programs.update((s, progs[s]) for s in low.stages)
         results.append((set(low.stages), outs))
     out_stage = results[0][1][2]
@@ -193,16 +195,42 @@ def _check_messages(stage_programs):
                             "this autopar bug.")
 
 
-def _split_one(graph, stages, low, devices, scheduler, stage_axis):
-    plan, planner, mine = low.plan, low.planner, set(low.stages)
-    micro = plan.mesh.axis_size(MB)
+def _split_one(graph, stages, low, devices, stage_axis):
+    """One stage mesh's stages: ``({stage: StageProgram}, (outputs, out layouts, out stages))``,
+    in the passes of the module docstring."""
+    plan, planner = low.plan, low.planner
     lw, outputs, out_lays, _, _ = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh,
                                               planner, low.out_layouts, low.via)
-    steps, avals = _micro_steps(lw, planner, micro)
+    steps, avals = _micro_steps(lw, planner, plan.mesh.axis_size(MB))
+    flow = _flow(graph, stages, steps, lw.inputs, plan.in_layouts)
+    out_stage = _result_stages(outputs, flow)
+    readers = _readers(steps, flow, outputs, out_stage)
+    messages = _messages(readers, flow, stages.count)
+    wires = _Wires(graph, lw, avals, plan.mesh, planner, set(low.stages), messages.recv_first,
+                   stage_axis)
+    lists = _stage_lists(steps, readers, messages, wires, stages.count)
+    programs = {s: _stage_program(s, lists[s], messages.keep[s], outputs, out_stage, lw.inputs,
+                                  avals, plan, low.mesh, devices[s]) for s in sorted(low.stages)}
+    return programs, (tuple(outputs), tuple(out_lays), tuple(out_stage))
+
+
+@dataclass
+class _Flow:
+    """Step 3 (``_flow``): per register its phase, its stage (absent: an argument, or a copy
+    placed wherever it is read) and whether it differs per micro-batch; per step its stage
+    (None: a copy) and phase."""
+    phase: dict
+    stage_of: dict
+    variant: dict
+    info: list
+    accumulated: set              # registers written by an Accumulate
+
+
+def _flow(graph, stages, steps, inputs, in_layouts) -> _Flow:
     phase, stage_of, variant = {}, {}, {}
-    for r, l in zip(lw.inputs, plan.in_layouts):
+    for r, l in zip(inputs, in_layouts):
         phase[r], variant[r] = IN, MB in l.axes
-    info = []                                  # per step: (stage or None, phase)
+    info = []
     for ins, owner in steps:
         got = reads(ins)
         var = any(variant[r] for r in got) or isinstance(ins, MicroSlice)
@@ -221,47 +249,64 @@ def _split_one(graph, stages, low, devices, scheduler, stage_axis):
         else:
             if isinstance(ins, Compute):
                 st = stages.of_node[owner]
-                if "transpose(" in ins.node.scope:
+                if ins.node.backward:
                     ph = max(ph, BACKWARD)
             else:
                 st = stage_of.get(ins.src) if isinstance(ins.src, int) else None
                 if st is None:
                     st = stages.of_node[owner] if owner is not None else 0
             ph = max(ph, FORWARD)
-            if ph == POST:
-                bad = [r for r in got if variant[r]]
-                if bad:
-                    raise PipelineError(
-                        f"{_what(ins, graph, owner)} reads a value of each micro-batch after "
-                        "the gradients are accumulated: the step uses the whole batch at once "
-                        "(batch statistics, a normalisation by a computed batch size). Set "
-                        "micro_batches=1 for this step.")
+            if ph == POST and any(variant[r] for r in got):
+                raise PipelineError(
+                    f"{_what(ins, graph, owner)} reads a value of each micro-batch after "
+                    "the gradients are accumulated: the step uses the whole batch at once "
+                    "(batch statistics, a normalisation by a computed batch size). Set "
+                    "micro_batches=1 for this step.")
         for w in writes(ins):
             phase[w], variant[w] = ph if st is not None else IN, var and ph != POST
             if st is not None:
                 stage_of[w] = st
         info.append((st, ph))
+    return _Flow(phase, stage_of, variant, info,
+                 {ins.out for ins, _ in steps if isinstance(ins, Accumulate)})
 
-    # where each register is read: (stage, phase) of readers; results are read in post
-    S = stages.count
+
+def _result_stages(outputs, flow: _Flow) -> list:
+    """The stage holding each result (a literal: stage 0); a result must not differ per
+    micro-batch."""
     out_stage = []
-    for o in outputs:
+    for k, o in enumerate(outputs):
         if isinstance(o, Const):
             out_stage.append(0)
             continue
-        if variant[o]:
-            raise PipelineError(f"result {outputs.index(o)} differs per micro-batch; return "
+        if flow.variant[o]:
+            raise PipelineError(f"result {k} differs per micro-batch; return "
                                 "values reduced or gathered over the batch.")
-        out_stage.append(stage_of.get(o, 0))
-    need = {}                                  # register -> {(stage, phase)}
+        out_stage.append(flow.stage_of.get(o, 0))
+    return out_stage
+
+
+@dataclass
+class _Readers:
+    """Step 4, where values are read (``_readers``, backwards over the steps): ``need``,
+    register -> the (stage, phase) pairs reading it (results are read in post); ``place``, per
+    step the (stage, phase) pairs it runs in (a copy: each stage's earliest reading phase);
+    ``copies_kept``, the (register, stage) pairs of copies that post reads too."""
+    need: dict
+    place: list
+    copies_kept: set
+
+
+def _readers(steps, flow: _Flow, outputs, out_stage) -> _Readers:
+    need = {}
     for o, s in zip(outputs, out_stage):
         if isinstance(o, int):
             need.setdefault(o, set()).add((s, POST))
     place = [None] * len(steps)
-    copies_kept = set()                        # (register, stage): a copy post reads too
+    copies_kept = set()
     for k in reversed(range(len(steps))):
         ins, _ = steps[k]
-        st, ph = info[k]
+        st, ph = flow.info[k]
         if st is None:                         # copies: earliest needed phase per stage
             wanted = set().union(*[need.get(w, set()) for w in writes(ins)])
             best = {}
@@ -275,20 +320,36 @@ def _split_one(graph, stages, low, devices, scheduler, stage_axis):
         for r in reads(ins):
             for s, p in place[k]:
                 need.setdefault(r, set()).add((s, p))
+    return _Readers(need, place, copies_kept)
 
-    lists = [{p: [] for p in PHASES} for _ in range(S)]
-    received = set()                           # (register, stage, micro?)
-    sends_after = {}                           # register -> [(peer, micro?)]
-    keep = [set() for _ in range(S)]
-    for r, s in copies_kept:
+
+@dataclass
+class _Messages:
+    """Step 4 (``_messages``): what crosses between stages, and what a stage keeps.
+    ``keep[s]``: registers stage s holds past the micro-batches; ``post_sends[s]``: registers
+    it sends once, in post; ``received``: (register, stage, per micro-batch) of every message;
+    ``sends_after``: register -> [(peer, per micro-batch)], sent as soon as it is written;
+    ``recv_first``: (stage, phase) -> {register: peer}, received before its first reader."""
+    keep: list
+    post_sends: list
+    received: set
+    sends_after: dict
+    recv_first: dict
+
+
+def _messages(readers: _Readers, flow: _Flow, count: int) -> _Messages:
+    phase, stage_of = flow.phase, flow.stage_of
+    received, sends_after = set(), {}
+    keep = [set() for _ in range(count)]
+    for r, s in readers.copies_kept:
         keep[s].add(r)
-    post_sends = [[] for _ in range(S)]
-    summed = {ins.out for ins, _ in steps if isinstance(ins, Accumulate)}   # complete in post
-    for r, readers in need.items():
+    post_sends = [[] for _ in range(count)]
+    summed = flow.accumulated                  # complete in post
+    for r, wanted in readers.need.items():
         if phase.get(r, IN) == IN and r not in stage_of:
             continue                           # arguments and copies: present where read
         s0 = stage_of[r]
-        for s, p in readers:
+        for s, p in wanted:
             if p == POST and phase[r] < POST and s == s0:
                 keep[s0].add(r)                # read after the micro-batches in its own stage
             if s == s0:
@@ -314,122 +375,140 @@ def _split_one(graph, stages, low, devices, scheduler, stage_axis):
                 if r not in summed:            # them: sent after them
                     keep[s0].add(r)
                 post_sends[s0].append(r)
-    recv_first = {}                            # (stage, phase) -> {register: peer}
+    recv_first = {}
     for r, s, micro_read in received:
-        ph = min(p for t, p in need[r] if t == s and (p != POST) == micro_read)
+        ph = min(p for t, p in readers.need[r] if t == s and (p != POST) == micro_read)
         recv_first.setdefault((s, ph), {})[r] = stage_of[r]
+    return _Messages(keep, post_sends, received, sends_after, recv_first)
 
-    values = {v.id: v for v in graph.inputs}
-    values.update((o.id, o) for n in graph.nodes for o in n.outputs)
-    named = {reg: (vid, lay) for vid, held in lw.where.items() for lay, reg in held.items()}
 
-    def new_reg():
-        lw.next_reg += 1
-        return lw.next_reg - 1
+class _Wires:
+    """Step 4's messages: ``recv``/``send`` give the instructions that move register ``r``
+    between stage ``s`` and ``peer``: one Transfer between stages of this mesh (``block``), or,
+    to a stage of another mesh (``foreign``), the value gathered whole once per message
+    (``whole``) and sliced by the receiver into every layout it reads."""
 
-    def transfer(kind, r, peer, micro_read, route="block", tag=None):
-        shape, dtype = avals[r]
+    def __init__(self, graph, lw, avals, mesh, planner, mine, recv_first, stage_axis):
+        self.lw, self.avals, self.mesh, self.planner = lw, avals, mesh, planner
+        self.mine, self.stage_axis = mine, stage_axis
+        self.values = {v.id: v for v in graph.inputs}
+        self.values.update((o.id, o) for n in graph.nodes for o in n.outputs)
+        self.named = {reg: (vid, lay) for vid, held in lw.where.items()
+                      for lay, reg in held.items()}
+        self.target, self.first = {}, {}   # (stage, tag, per micro-batch) -> register / phase
+        self.done_recv, self.gathered, self.done_send = set(), {}, set()
+        for (s, ph), waiting in recv_first.items():
+            for r, peer in waiting.items():
+                if self.foreign(s, peer):
+                    v, lay, full, tag = self.whole(r)
+                    key = (s, tag, ph != POST)
+                    self.first[key] = min(self.first.get(key, POST), ph)
+                    if lay == full or key not in self.target:
+                        self.target[key] = r if lay == full else self.target.get(key)
+
+    def foreign(self, s, t) -> bool:
+        return (s in self.mine) != (t in self.mine)
+
+    def transfer(self, kind, r, peer, micro_read, route="block", tag=None):
+        shape, dtype = self.avals[r]
         return Transfer(kind, r, peer, shape, dtype, int(math.prod(shape)) * dtype.itemsize,
-                        micro_read, (stage_axis,), route, tag)
+                        micro_read, (self.stage_axis,), route, tag)
 
-    def whole(r):
+    def whole(self, r):
         """(value, its layout in r, the layout holding it whole, the message's tag)."""
-        if r not in named:
+        if r not in self.named:
             raise PipelineError(f"register {r} crosses between stage meshes but holds no value "
                                 "of the step; an autopar bug, please report it.")
-        vid, lay = named[r]
+        vid, lay = self.named[r]
         if MB in lay.partial:
-            raise PipelineError(f"a partial sum over micro-batches of {values[vid]} would cross "
-                                "between stage meshes; give the stages the same mesh.")
+            raise PipelineError(f"a partial sum over micro-batches of {self.values[vid]} would "
+                                "cross between stage meshes; give the stages the same mesh.")
         full = Layout(tuple(tuple(a for a in d if a == MB) for d in lay.dims), frozenset())
         mb = next((i for i, d in enumerate(lay.dims) if MB in d), None)
-        return values[vid], lay, full, ("whole", vid, mb)
+        return self.values[vid], lay, full, ("whole", vid, mb)
 
-    foreign = lambda s, t: (s in mine) != (t in mine)
-    target, first = {}, {}        # (stage, tag, per micro-batch) -> register received / phase
-    for (s, ph), waiting in recv_first.items():
-        for r, peer in waiting.items():
-            if foreign(s, peer):
-                v, lay, full, tag = whole(r)
-                key = (s, tag, ph != POST)
-                first[key] = min(first.get(key, POST), ph)
-                if lay == full or key not in target:
-                    target[key] = r if lay == full else target.get(key)
-    done_recv, gathered, done_send = set(), {}, set()
-
-    def recv(s, r, peer, p):
+    def recv(self, s, r, peer, p) -> list:
         micro_read = p != POST
-        if not foreign(s, peer):
-            return [transfer("recv", r, peer, micro_read)]
-        v, lay, full, tag = whole(r)
+        if not self.foreign(s, peer):
+            return [self.transfer("recv", r, peer, micro_read)]
+        v, lay, full, tag = self.whole(r)
         key, out = (s, tag, micro_read), []
-        if target.get(key) is None:
-            target[key] = new_reg()
-            avals[target[key]] = (full.local_shape(v.shape, plan.mesh), np.dtype(v.dtype))
-        src = target[key]
-        if key not in done_recv and p == first[key]:
-            done_recv.add(key)
-            out.append(transfer("recv", src, peer, micro_read, "whole", tag))
+        if self.target.get(key) is None:
+            self.target[key] = self.lw.new_reg()
+            self.avals[self.target[key]] = (full.local_shape(v.shape, self.mesh),
+                                            np.dtype(v.dtype))
+        src = self.target[key]
+        if key not in self.done_recv and p == self.first[key]:
+            self.done_recv.add(key)
+            out.append(self.transfer("recv", src, peer, micro_read, "whole", tag))
         if r != src:
-            steps_, _ = plan_steps(planner, full, lay, v.shape, v.dtype)
-            out += [ins for ins, _ in emit_steps(steps_, src, full, v.shape, v.dtype, planner,
-                                                 new_reg, avals, last=r)]
+            steps_, _ = plan_steps(self.planner, full, lay, v.shape, v.dtype)
+            out += [ins for ins, _ in emit_steps(steps_, src, full, v.shape, v.dtype, self.planner,
+                                                 self.lw.new_reg, self.avals, last=r)]
         return out
 
-    def send(s, r, peer, micro_read):
-        if not foreign(s, peer):
-            return [transfer("send", r, peer, micro_read)]
-        v, lay, full, tag = whole(r)
+    def send(self, s, r, peer, micro_read) -> list:
+        if not self.foreign(s, peer):
+            return [self.transfer("send", r, peer, micro_read)]
+        v, lay, full, tag = self.whole(r)
         out, key = [], (s, tag, micro_read)
-        if key not in gathered:
-            steps_, _ = plan_steps(planner, lay, full, v.shape, v.dtype)
-            made = emit_steps(steps_, r, lay, v.shape, v.dtype, planner, new_reg, avals,
-                              f"{v} sent whole to stage {peer}")
+        if key not in self.gathered:
+            steps_, _ = plan_steps(self.planner, lay, full, v.shape, v.dtype)
+            made = emit_steps(steps_, r, lay, v.shape, v.dtype, self.planner, self.lw.new_reg,
+                              self.avals, f"{v} sent whole to stage {peer}")
             out += [ins for ins, _ in made]
-            gathered[key] = made[-1][0].out if made else r
-        if key + (peer,) not in done_send:
-            done_send.add(key + (peer,))
-            out.append(transfer("send", gathered[key], peer, micro_read, "whole", tag))
+            self.gathered[key] = made[-1][0].out if made else r
+        if key + (peer,) not in self.done_send:
+            self.done_send.add(key + (peer,))
+            out.append(self.transfer("send", self.gathered[key], peer, micro_read, "whole", tag))
         return out
 
-    for s in range(S):
-        for r in dict.fromkeys(post_sends[s]):
-            for t in sorted({t for rr, t, mr in received if rr == r and not mr}):
-                lists[s][POST] += send(s, r, t, False)
+
+def _stage_lists(steps, readers: _Readers, messages: _Messages, wires: _Wires, count) -> list:
+    """Step 5: per stage and phase, its instructions in order, messages included."""
+    lists = [{p: [] for p in PHASES} for _ in range(count)]
+    recv_first = {k: dict(v) for k, v in messages.recv_first.items()}
+    for s in range(count):
+        for r in dict.fromkeys(messages.post_sends[s]):
+            for t in sorted({t for rr, t, mr in messages.received if rr == r and not mr}):
+                lists[s][POST] += wires.send(s, r, t, False)
     for k, (ins, owner) in enumerate(steps):
-        for s, p in place[k]:
+        for s, p in readers.place[k]:
             waiting = recv_first.get((s, p), {})
             for r in reads(ins):
                 if r in waiting:
-                    lists[s][p] += recv(s, r, waiting.pop(r), p)
+                    lists[s][p] += wires.recv(s, r, waiting.pop(r), p)
             lists[s][p].append(ins)
             for w in writes(ins):
-                for t, micro_read in sends_after.get(w, []):
-                    lists[s][p] += send(s, w, t, micro_read)
-    for s in range(S):                         # results received in post but read by none
+                for t, micro_read in messages.sends_after.get(w, []):
+                    lists[s][p] += wires.send(s, w, t, micro_read)
+    for s in range(count):                     # results received in post but read by none
         for p in PHASES:
             for r, peer in recv_first.get((s, p), {}).items():
-                lists[s][p] += recv(s, r, peer, p)
+                lists[s][p] += wires.recv(s, r, peer, p)
+    return lists
 
-    stage_programs, pos = {}, {r: i for i, r in enumerate(lw.inputs)}
-    for s in sorted(mine):
-        read_later = set(keep[s]) | {o for o, t in zip(outputs, out_stage) if t == s and isinstance(o, int)}
-        bodies = {}
-        for p in PHASES:
-            later = set(read_later)
-            for q in PHASES:
-                if q != p:
-                    later |= {r for ins in lists[s][q] for r in reads(ins)}
-            body = lists[s][p]
-            if p == POST:
-                body = defer_all_reduce_readers(body)
-            bodies[p] = segment(body, avals, sorted(later))
-        used = sorted({pos[r] for p in PHASES for ins in lists[s][p] for r in reads(ins) if r in pos})
-        accs = tuple(sorted({ins.out for p in PHASES for ins in lists[s][p]
-                             if isinstance(ins, Accumulate)}))
-        stage_programs[s] = StageProgram(
-            s, bodies[FORWARD], bodies[BACKWARD], bodies[POST], tuple(used),
-            tuple(i for i in used if MB in plan.in_layouts[i].axes), tuple(sorted(keep[s])),
-            accs, tuple(devices[s]), low.mesh, plan.mesh, tuple(lw.inputs),
-            tuple(plan.in_layouts), avals)
-    return stage_programs, (tuple(outputs), tuple(out_lays), tuple(out_stage))
+
+def _stage_program(s, lists, keep, outputs, out_stage, inputs, avals, plan, mesh, devices):
+    """Step 5: stage ``s``'s StageProgram: each phase segmented, keeping what the other phases
+    and the results read."""
+    read_later = set(keep) | {o for o, t in zip(outputs, out_stage)
+                              if t == s and isinstance(o, int)}
+    bodies = {}
+    for p in PHASES:
+        later = set(read_later)
+        for q in PHASES:
+            if q != p:
+                later |= {r for ins in lists[q] for r in reads(ins)}
+        body = lists[p]
+        if p == POST:
+            body = defer_all_reduce_readers(body)
+        bodies[p] = segment(body, avals, sorted(later))
+    pos = {r: i for i, r in enumerate(inputs)}
+    used = sorted({pos[r] for p in PHASES for ins in lists[p] for r in reads(ins) if r in pos})
+    accs = tuple(sorted({ins.out for p in PHASES for ins in lists[p]
+                         if isinstance(ins, Accumulate)}))
+    return StageProgram(
+        s, bodies[FORWARD], bodies[BACKWARD], bodies[POST], tuple(used),
+        tuple(i for i in used if MB in plan.in_layouts[i].axes), tuple(sorted(keep)),
+        accs, tuple(devices), mesh, plan.mesh, tuple(inputs), tuple(plan.in_layouts), avals)

@@ -47,9 +47,11 @@ import numpy as np
 from autopar.errors import RedistributionError
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
+from autopar.program import StepKind
 from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
 
-KINDS = ("slice", "all_gather", "all_reduce", "reduce_scatter", "all_to_all")
+KINDS = (StepKind.SLICE, StepKind.ALL_GATHER, StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER,
+         StepKind.ALL_TO_ALL)   # the planner's steps, in tie order
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
 
 
@@ -65,10 +67,12 @@ class Step:
 
     def __post_init__(self):
         object.__setattr__(self, "axes", tuple(self.axes))
+        if type(self.kind) is not StepKind:
+            object.__setattr__(self, "kind", StepKind.of(self.kind, "Step"))
 
     def __str__(self) -> str:
         ax = ",".join(self.axes)
-        if self.kind == "all_to_all":
+        if self.kind == StepKind.ALL_TO_ALL:
             return f"all_to_all({ax}, {self.dim}->{self.dst_dim})"
         if self.dim is None:
             return f"{self.kind}({ax})"
@@ -162,7 +166,7 @@ class Planner:
         as one group, first axis major, priced on the slowest of their levels). A group with
         axes both inside a host (the innermost topology level) and across hosts is also priced
         as two levels: the 2D all-reduces, with the intra-host axes' size and constants inside."""
-        if kind == "slice":
+        if kind == StepKind.SLICE:
             return 0.0, "local"
         n, alpha, beta, inner, launch = self._group(axes)
         seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
@@ -286,62 +290,62 @@ class Planner:
             ai, n = order[a], size[a]
             if a in partial:
                 rest = tuple(p for p in partial if p != a)
-                sec = self.step_time("all_reduce", a, nbytes)[0]
-                out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step("all_reduce", (a,)),
+                sec = self.step_time(StepKind.ALL_REDUCE, a, nbytes)[0]
+                out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step(StepKind.ALL_REDUCE, (a,)),
                             (a,)))
-                sec = self.step_time("reduce_scatter", a, nbytes)[0]
+                sec = self.step_time(StepKind.REDUCE_SCATTER, a, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         out.append(((put(d, a), rest), sec, _ps(sec), (3, ai, d, -1),
-                                    Step("reduce_scatter", (a,), d), (a,)))
+                                    Step(StepKind.REDUCE_SCATTER, (a,), d), (a,)))
             elif a not in used:
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         out.append(((put(d, a), partial), 0.0, 0, (0, ai, d, -1),
-                                    Step("slice", (a,), d), ()))
+                                    Step(StepKind.SLICE, (a,), d), ()))
         for i in range(rank):
             if not dims[i]:
                 continue
             a = dims[i][-1]
             ai, n = order[a], size[a]
             gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
-            sec = self.step_time("all_gather", a, nbytes)[0]
-            out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step("all_gather", (a,), i),
+            sec = self.step_time(StepKind.ALL_GATHER, a, nbytes)[0]
+            out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step(StepKind.ALL_GATHER, (a,), i),
                         ()))
-            sec = self.step_time("all_to_all", a, nbytes)[0]
+            sec = self.step_time(StepKind.ALL_TO_ALL, a, nbytes)[0]
             for j in range(rank):
                 if j != i and shape[j] % (splits[j] * n) == 0:
                     nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
                     out.append(((nd, partial), sec, _ps(sec), (4, ai, i, j),
-                                Step("all_to_all", (a,), i, j), ()))
+                                Step(StepKind.ALL_TO_ALL, (a,), i, j), ()))
         # grouped steps: several axes act as one combined axis (first axis major)
         for k in range(2, len(partial) + 1):        # all_reduce / reduce_scatter over partial axes
             for group in itertools.combinations(partial, k):
                 rest = tuple(p for p in partial if p not in group)
                 n = math.prod(size[g] for g in group)
-                sec = self.step_time("all_reduce", group, nbytes)[0]
+                sec = self.step_time(StepKind.ALL_REDUCE, group, nbytes)[0]
                 out.append(((dims, rest), sec, _ps(sec), (2, order[group[0]], k, -1),
-                            Step("all_reduce", group), group))
-                sec = self.step_time("reduce_scatter", group, nbytes)[0]
+                            Step(StepKind.ALL_REDUCE, group), group))
+                sec = self.step_time(StepKind.REDUCE_SCATTER, group, nbytes)[0]
                 for d in range(rank):
                     if shape[d] % (splits[d] * n) == 0:
                         nd = dims[:d] + (dims[d] + group,) + dims[d + 1:]
                         out.append(((nd, rest), sec, _ps(sec), (3, order[group[0]], d, k),
-                                    Step("reduce_scatter", group, d), group))
+                                    Step(StepKind.REDUCE_SCATTER, group, d), group))
         for i in range(rank):                       # all_gather / all_to_all of an innermost run
             for k in range(2, len(dims[i]) + 1):
                 group = dims[i][-k:]
                 n = math.prod(size[g] for g in group)
                 gone = dims[:i] + (dims[i][:-k],) + dims[i + 1:]
-                sec = self.step_time("all_gather", group, nbytes)[0]
+                sec = self.step_time(StepKind.ALL_GATHER, group, nbytes)[0]
                 out.append(((gone, partial), sec, _ps(sec), (1, order[group[0]], i, k),
-                            Step("all_gather", group, i), ()))
-                sec = self.step_time("all_to_all", group, nbytes)[0]
+                            Step(StepKind.ALL_GATHER, group, i), ()))
+                sec = self.step_time(StepKind.ALL_TO_ALL, group, nbytes)[0]
                 for j in range(rank):
                     if j != i and shape[j] % (splits[j] * n) == 0:
                         nd = gone[:j] + (gone[j] + group,) + gone[j + 1:]
                         out.append(((nd, partial), sec, _ps(sec), (4, order[group[0]], i, j * 8 + k),
-                                    Step("all_to_all", group, i, j), ()))
+                                    Step(StepKind.ALL_TO_ALL, group, i, j), ()))
         return tuple(out)
 
 
@@ -373,12 +377,12 @@ def _apply(dims, partial, st: Step):
     """The layout state after ``st`` (no validation; used to annotate planned steps)."""
     dims = list(dims)
     axes = tuple(st.axes)
-    if st.kind in ("all_reduce", "reduce_scatter"):
+    if st.kind in (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER):
         partial = tuple(p for p in partial if p not in axes)
-    if st.kind in ("all_gather", "all_to_all"):
+    if st.kind in (StepKind.ALL_GATHER, StepKind.ALL_TO_ALL):
         dims[st.dim] = dims[st.dim][:len(dims[st.dim]) - len(axes)]
-    if st.kind in ("slice", "reduce_scatter"):
+    if st.kind in (StepKind.SLICE, StepKind.REDUCE_SCATTER):
         dims[st.dim] = dims[st.dim] + axes
-    if st.kind == "all_to_all":
+    if st.kind == StepKind.ALL_TO_ALL:
         dims[st.dst_dim] = dims[st.dst_dim] + axes
     return tuple(dims), partial

@@ -10,15 +10,14 @@ results leave in the Program's output layouts (``out_specs``). On CPU, fake devi
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
-from autopar.program import Segment, Slice
+from autopar.program import Segment
 
-from .jax_collectives import apply_step, group_index
+from .jax_collectives import apply_step
 
 
 def jax_mesh(mesh) -> Mesh:
@@ -41,11 +40,7 @@ def execute(ins, get, mesh) -> list:
     or Const -> value); the (register, value) pairs it produces."""
     if isinstance(ins, Segment):
         return list(zip(ins.outputs, ins(*[get(i) for i in ins.inputs])))
-    x = get(ins.src)
-    if isinstance(ins, Slice) and ins.kind == "partial_zero":
-        first = group_index(ins.axes, mesh) == 0
-        return [(ins.out, jnp.where(first, x, jnp.zeros_like(x)))]
-    return [(ins.out, apply_step(x, ins, mesh))]
+    return [(ins.out, apply_step(get(ins.src), ins, mesh))]
 
 
 def program_function(program):

@@ -2,8 +2,8 @@
 
 In: a per-device block ``x`` (traced inside a ``jax.shard_map`` whose axis names are the mesh
 axis names), a step-like object with attributes ``kind``, ``axes``, ``dim`` and ``dst_dim``
-(``redistribution.planner.Step`` or ``autopar.program.Collective``; an object without ``kind``,
-such as ``autopar.program.Slice``, is a slice), and the mesh (a ``jax.sharding.Mesh`` or an
+(``redistribution.planner.Step``, ``autopar.program.Collective`` or ``Slice``: ``kind`` is a
+``StepKind``), and the mesh (a ``jax.sharding.Mesh`` or an
 ``autopar.LogicalMesh``; only its axis sizes are read). Out: the new per-device block.
 
 | kind             | jax.lax call                                                           |
@@ -13,6 +13,7 @@ such as ``autopar.program.Slice``, is a slice), and the mesh (a ``jax.sharding.M
 | reduce_scatter   | ``psum_scatter(x, axes, scatter_dimension=dim, tiled=True)``           |
 | all_to_all       | ``all_to_all(x, axes, split_axis=dst_dim, concat_axis=dim, tiled=True)``|
 | slice            | ``dynamic_slice_in_dim(x, index(axes) * chunk, chunk, dim)``           |
+| partial_zero     | ``where(index(axes) == 0, x, 0)``                                      |
 
 Block order: a dimension split over axes ``(x, y)`` holds block ``ix * ny + iy`` on device
 ``(ix, iy)`` (major first, as ``PartitionSpec(("x", "y"))``); a step over several axes treats them
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 from jax import lax
 
 from autopar.errors import CollectiveError
+from autopar.program import StepKind, checked_table
 
 
 def _axis_size(mesh, axis: str) -> int:
@@ -48,29 +51,48 @@ def group_index(axes, mesh):
 
 def apply_step(x, step, mesh):
     """Run one step on the local block ``x``; see the module table."""
-    kind = getattr(step, "kind", "slice")
     axes = tuple(step.axes)
     if not axes:
         return x
-    name = axes[0] if len(axes) == 1 else axes
-    dim = step.dim
-    if kind == "all_reduce":
-        return {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[getattr(step, "op", "sum")](
-            x, name)
-    if kind == "all_gather":
-        return lax.all_gather(x, name, axis=dim, tiled=True)
-    if kind == "reduce_scatter":
-        _check_divides(x, dim, axes, mesh, kind)
-        return lax.psum_scatter(x, name, scatter_dimension=dim, tiled=True)
-    if kind == "all_to_all":
-        _check_divides(x, step.dst_dim, axes, mesh, kind)
-        return lax.all_to_all(x, name, split_axis=step.dst_dim, concat_axis=dim, tiled=True)
-    if kind == "slice":
-        n = _check_divides(x, dim, axes, mesh, kind)
-        chunk = x.shape[dim] // n
-        return lax.dynamic_slice_in_dim(x, group_index(axes, mesh) * chunk, chunk, dim)
-    raise CollectiveError(f"apply_step: unknown step kind {kind!r} in {step}; the jax runtime runs "
-                          "slice, all_gather, all_reduce, reduce_scatter and all_to_all.")
+    run = _STEPS.get(step.kind)
+    if run is None:
+        raise CollectiveError(f"apply_step: unknown step kind {step.kind!r} in {step}; the jax "
+                              f"runtime runs {', '.join(k.value for k in StepKind)}.")
+    return run(x, step, axes, axes[0] if len(axes) == 1 else axes, mesh)
+
+
+def _all_reduce(x, step, axes, name, mesh):
+    return {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[getattr(step, "op", "sum")](
+        x, name)                      # a planner Step has no op: it sums
+
+
+def _all_gather(x, step, axes, name, mesh):
+    return lax.all_gather(x, name, axis=step.dim, tiled=True)
+
+
+def _reduce_scatter(x, step, axes, name, mesh):
+    _check_divides(x, step.dim, axes, mesh, step.kind)
+    return lax.psum_scatter(x, name, scatter_dimension=step.dim, tiled=True)
+
+
+def _all_to_all(x, step, axes, name, mesh):
+    _check_divides(x, step.dst_dim, axes, mesh, step.kind)
+    return lax.all_to_all(x, name, split_axis=step.dst_dim, concat_axis=step.dim, tiled=True)
+
+
+def _slice(x, step, axes, name, mesh):
+    chunk = x.shape[step.dim] // _check_divides(x, step.dim, axes, mesh, step.kind)
+    return lax.dynamic_slice_in_dim(x, group_index(axes, mesh) * chunk, chunk, step.dim)
+
+
+def _partial_zero(x, step, axes, name, mesh):
+    return jnp.where(group_index(axes, mesh) == 0, x, jnp.zeros_like(x))
+
+
+_STEPS = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
+                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
+                        StepKind.REDUCE_SCATTER: _reduce_scatter,
+                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "jax runtime")
 
 
 def apply_steps(x, steps, mesh):

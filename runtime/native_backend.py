@@ -38,7 +38,7 @@ import numpy as np
 
 from autopar.errors import AutoparError, CollectiveError
 from autopar.graph import Const
-from autopar.program import Segment
+from autopar.program import Collective, Segment, StepKind, checked_table
 
 from . import wire
 
@@ -77,7 +77,7 @@ def shippable(instructions) -> tuple:
             exported = export.export(jax.jit(ins))(*avals)
             out.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
             continue
-        if getattr(ins, "kind", "") == "all_reduce":
+        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             _check_algorithm(ins.algorithm)
         out.append(ins)
     return tuple(out)
@@ -290,7 +290,7 @@ def execute(st, get, comms) -> list:
     if isinstance(st, tuple):
         _, exe, ins, outs = st
         return list(zip(outs, [np.asarray(y) for y in exe(*[get(i) for i in ins])]))
-    if getattr(st, "kind", "") == "all_reduce":
+    if st.kind == StepKind.ALL_REDUCE:
         comms.all_reduce(st, get(st.src))
         return []
     return [(st.out, comms.run(st, get(st.src)))]
@@ -358,7 +358,7 @@ class _Comms:
         self.last = None              # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
-        key = (st.axes, x.dtype, getattr(st, "op", "sum"))
+        key = (st.axes, x.dtype, st.op)
         if self.bucket and key != self.key:
             self.flush()
         self.bucket.append((st, x))
@@ -421,31 +421,47 @@ def _step(comm, st, x, mesh):
     if not axes:
         return x
     ranks, me = _group(mesh, comm.rank, axes)
+    return _STEPS[st.kind](comm, st, x, ranks, me)
+
+
+def _slice(comm, st, x, ranks, me):
+    c = x.shape[st.dim] // len(ranks)
+    return wire.aligned(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
+
+
+def _partial_zero(comm, st, x, ranks, me):
+    return x if me == 0 else wire.zeros(x.shape, x.dtype)
+
+
+def _all_reduce(comm, st, x, ranks, me):
+    comm.all_reduce(x, ranks, st.op, st.algorithm)   # in place: _Comms.flush hands over a
+    return x                                          # fresh buffer
+
+
+def _all_gather(comm, st, x, ranks, me):
     n = len(ranks)
-    kind = getattr(st, "kind", "slice")
-    if kind == "slice":
-        c = x.shape[st.dim] // n
-        return wire.aligned(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
-    if kind == "partial_zero":
-        return x if me == 0 else wire.zeros(x.shape, x.dtype)
-    if kind == "all_reduce":                  # in place: _Comms.flush hands over a fresh buffer
-        comm.all_reduce(x, ranks, getattr(st, "op", "sum"), st.algorithm)
-        return x
-    if kind == "all_gather":
-        out = wire.empty((n,) + x.shape, x.dtype)
-        comm.all_gather(x, out, ranks)
-        if st.dim == 0:               # the blocks already lie in order: no second copy
-            return out.reshape((n * x.shape[0],) + x.shape[1:])
-        return wire.aligned(np.concatenate(list(out), axis=st.dim))
-    if kind == "reduce_scatter":
-        front = _c(np.moveaxis(x, st.dim, 0))
-        out = wire.empty((front.shape[0] // n,) + front.shape[1:], x.dtype)
-        comm.reduce_scatter(front, out, ranks)
-        return wire.aligned(np.moveaxis(out, 0, st.dim))
-    if kind == "all_to_all":
-        parts = np.stack(np.split(x, n, axis=st.dst_dim))      # block j goes to rank j
-        out = np.empty_like(parts)
-        comm.all_to_all(parts, out, ranks)
-        return wire.aligned(np.concatenate(list(out), axis=st.dim))
-    raise CollectiveError(f"the native runtime has no step {kind!r} ({st}); it runs slice, "
-                          "partial_zero, all_reduce, all_gather, reduce_scatter and all_to_all.")
+    out = wire.empty((n,) + x.shape, x.dtype)
+    comm.all_gather(x, out, ranks)
+    if st.dim == 0:                   # the blocks already lie in order: no second copy
+        return out.reshape((n * x.shape[0],) + x.shape[1:])
+    return wire.aligned(np.concatenate(list(out), axis=st.dim))
+
+
+def _reduce_scatter(comm, st, x, ranks, me):
+    front = _c(np.moveaxis(x, st.dim, 0))
+    out = wire.empty((front.shape[0] // len(ranks),) + front.shape[1:], x.dtype)
+    comm.reduce_scatter(front, out, ranks)
+    return wire.aligned(np.moveaxis(out, 0, st.dim))
+
+
+def _all_to_all(comm, st, x, ranks, me):
+    parts = np.stack(np.split(x, len(ranks), axis=st.dst_dim))   # block j goes to rank j
+    out = np.empty_like(parts)
+    comm.all_to_all(parts, out, ranks)
+    return wire.aligned(np.concatenate(list(out), axis=st.dim))
+
+
+_STEPS = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
+                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
+                        StepKind.REDUCE_SCATTER: _reduce_scatter,
+                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "native runtime")

@@ -25,6 +25,7 @@ from autopar.graph import Const
 from autopar.program import Segment, reads, writes
 
 from .rules.elementwise import RULES as ELEMENTWISE
+from .rules.primitives import primitives
 
 
 def _size(shape) -> int:
@@ -52,11 +53,11 @@ def local_bytes(layout, value, mesh) -> int:
 
 
 # operators that only relabel their operand (XLA emits no kernel for them)
-FREE = frozenset({"autopar_shard", "reshape", "squeeze", "expand_dims", "stop_gradient"})
+FREE = primitives("autopar_shard", "reshape", "squeeze", "stop_gradient")
 
 
 def compute_time(node, cand, mesh) -> float:
-    if node.prim in FREE:
+    if node.primitive in FREE:
         return 0.0
     topo = mesh.topology
     moved = sum(local_bytes(l, x, mesh) for x, l in zip(node.inputs, cand.in_layouts)
@@ -73,9 +74,9 @@ def output_bytes(node, cand, mesh) -> int:
 
 # XLA's fusion, as the memory model sees it: values made by these operators and read only by
 # ABSORBS operators are fused into their readers and get no buffer of their own
-FUSIBLE = frozenset(ELEMENTWISE) | {"broadcast_in_dim", "reshape", "squeeze", "transpose"}
-ABSORBS = FUSIBLE | {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
-                     "reduce_and", "reduce_or"}
+FUSIBLE = primitives(*ELEMENTWISE, "broadcast_in_dim", "reshape", "squeeze", "transpose")
+ABSORBS = FUSIBLE | primitives("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                               "argmin", "reduce_and", "reduce_or")
 
 
 def program_memory(program) -> tuple:
@@ -117,15 +118,15 @@ def memory_timeline(program) -> list:
             for i, c in enumerate(ins.computes):
                 for r in reads(c):
                     inner_last[r] = i
-                    readers.setdefault(r, set()).add(c.node.prim)
+                    readers.setdefault(r, set()).add(c.node.primitive)
             buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
-                c.node.prim in FUSIBLE and readers.get(r, set()) <= ABSORBS)}
+                c.node.primitive in FUSIBLE and readers.get(r, set()) <= ABSORBS)}
             temps = 0                     # buffers made and dropped inside the segment
             for i, c in enumerate(ins.computes):
                 new = sum(size[r] for r in writes(c) if r in buffer)
                 dying = {r for r in reads(c) + writes(c)
                          if r in buffer and inner_last.get(r, i) <= i}
-                reused = new if c.node.prim in FUSIBLE and any(
+                reused = new if c.node.primitive in FUSIBLE and any(
                     size[r] == new for r in dying & set(reads(c))) else 0
                 timeline.append((c, cur + made + temps + new - reused))
                 temps += new - sum(size[r] for r in dying)

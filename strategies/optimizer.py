@@ -36,6 +36,7 @@ from autopar.layout import Layout
 from .candidates import enumerate_candidates
 from .rules import rule_for
 from .rules.elementwise import RULES as ELEMENTWISE
+from .rules.primitives import primitives
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,7 @@ def _candidate(node, layout: Layout, mesh):
     return None
 
 
-_PASS = ("transpose", "reshape", "convert_element_type", "copy", "copy_p", "squeeze",
-         "expand_dims", "neg")
+_PASS = primitives("transpose", "reshape", "convert_element_type", "copy", "squeeze", "neg")
 
 
 def _push_partial(graph, choice, value, region, mesh):
@@ -124,7 +124,7 @@ def _push_partial(graph, choice, value, region, mesh):
     partial and reduce-scatters it, instead of an all-reduce before the first of them."""
     chain = []
     n = graph.producer.get(value.id)
-    while n is not None and n.prim in _PASS and all(
+    while n is not None and n.primitive in _PASS and all(
             u.id in region for u, _ in graph.users.get(n.outputs[0].id, ())):
         chain.append(n)
         region = {n.id}

@@ -52,7 +52,7 @@ from autopar.pipeline import in_flight
 
 from .cost_model import compute_time, local_bytes, output_bytes
 from .microbatch import MB
-from .stages import Stages, _backward
+from .stages import Stages
 
 BOUNDS = 400          # candidate bounds beyond which they are thinned to 0.5% bands
 
@@ -83,7 +83,7 @@ def _layers(graph, batch_inputs):
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     back = [False] * len(graph.nodes)
     for k, n in enumerate(graph.nodes):
-        back[k] = _backward(n) or any(
+        back[k] = n.backward or any(
             isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
             for x in n.inputs)
     batch_ids = {graph.inputs[i].id for i in batch_inputs}
@@ -134,7 +134,7 @@ def _layers(graph, batch_inputs):
                    if isinstance(x, Value) and x.id in graph.producer
                    and back[index[graph.producer[x.id].id]]]
             got = [a for a in got if a is not None]
-            if res and _backward(n):
+            if res and n.backward:
                 anchor[k] = max(res)
             elif res or got:
                 anchor[k] = min(res + got)

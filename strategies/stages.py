@@ -53,10 +53,6 @@ class Stages:
         return f"Stages({sizes})"
 
 
-def _backward(node) -> bool:
-    return "transpose(" in node.scope
-
-
 def assign_stages(graph, count: int) -> Stages:
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     marked = [_MARK.findall(n.scope) for n in graph.nodes]
@@ -97,11 +93,11 @@ def assign_stages(graph, count: int) -> Stages:
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
             p = graph.producer.get(x.id) if isinstance(x, Value) else None
-            if p is None or _backward(p) != _backward(n) or not feeds_marked[k]:
+            if p is None or p.backward != n.backward or not feeds_marked[k]:
                 continue
             a, b = stage[index[p.id]], stage[k]
-            if (b < a) if not _backward(n) else (b > a):
-                what = "derivative" if _backward(n) else "forward operator"
+            if (b < a) if not n.backward else (b > a):
+                what = "derivative" if n.backward else "forward operator"
                 raise PipelineError(
                     f"{n.name} at {n.source or 'an unknown line'} (stage {b}) is a {what} reading "
                     f"{p.name} of stage {a}: stages must follow the forward order. Put the block "

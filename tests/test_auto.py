@@ -1,4 +1,6 @@
 """auto_parallel: the search picks every layout, under the per-device memory cap."""
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -85,14 +87,20 @@ def test_long_searches_report_progress(caplog, monkeypatch):
 
 
 def test_compiled_reports_phase_timings():
+    """The phases are timed, and fit inside the wall-clock time of the calls that ran them."""
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    t0 = time.perf_counter()
     c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(
         backend="jax", parallel_mode="data_parallel", device_num=4))
+    t1 = time.perf_counter()
     assert set(c.timings) == {"trace", "search", "lower"}
     c(p, b)
+    t2 = time.perf_counter()
     t = c.timings
     assert set(t) == {"trace", "search", "lower", "start", "first_call"}
-    assert all(v >= 0 for v in t.values()) and t["first_call"] >= t["start"]
+    assert all(v > 0 for v in t.values()), t
+    assert t["trace"] + t["search"] + t["lower"] <= t1 - t0
+    assert t["start"] <= t["first_call"] <= t2 - t1      # the first call includes the start
 
 
 @pytest.mark.slow

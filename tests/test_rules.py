@@ -53,7 +53,7 @@ def test_every_model_primitive_has_a_rule(model_graphs):
             "tanh", "convert_element_type"} <= prims
     for name in ("erf", "logistic", "slice", "pad", "rev", "dynamic_slice",
                  "dynamic_update_slice", "argmax", "cumsum", "autopar_shard", "scatter"):
-        assert name in RULES
+        assert name in {p.name for p in RULES}
 
 
 def test_unknown_primitive_raises_rule_error_naming_it():

@@ -326,8 +326,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     timeline = () if pipelined else tuple((label(ins), b) for ins, b in memory_timeline(program))
     if not pipelined:
         peak, at = program_memory(program)
-        node = getattr(at, "node", None) or {n.name: n for n in graph.nodes}.get(
-            getattr(at, "reason", "").split(" ")[0])
+        node = getattr(at, "node", None) or {n.id: n for n in graph.nodes}.get(
+            getattr(at, "node_id", None))
         peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
                    else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
         peak_where = node.source if node is not None else "the arguments"

@@ -24,6 +24,7 @@ import jax
 from ..annotate import STAGE_SCOPE
 from ..errors import ConfigError, LayoutError
 from ..mesh import LogicalMesh
+from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
 from ..redistribution.pipeline import MicroPlanner, StageLowering, split_stages
 from ..strategies.microbatch import add_micro_axis, micro_mesh
@@ -35,7 +36,7 @@ def reshard_cost(planner):
     """``(src, dst, shape, dtype) -> (seconds, collectives)`` of the planner's cheapest path."""
     def cost(s, d, shape, dtype):
         steps, seconds = plan_steps(planner, s, d, shape, dtype)
-        return seconds, sum(st.kind not in ("slice", "partial_zero") for st in steps)
+        return seconds, sum(st.kind not in LOCAL_KINDS for st in steps)
     return cost
 
 
@@ -74,7 +75,7 @@ def _batch_inputs(graph, args, batch_argnums, pairs):
 
 def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
     """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
-    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler.value
+    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler
     batch = _batch_inputs(graph, args, batch_argnums, pairs)
     fixed = None
     if S == 1:

@@ -1,8 +1,9 @@
-"""The rule table: primitive name -> ``Rule``, assembled from one module per op family.
+"""The rule table: JAX primitive -> ``Rule``, assembled from one module per op family.
 
-In: a graph node. Out: ``rule_for(node)`` returns its Rule or raises ``RuleError`` naming the
-primitive, its operand shapes and the user's source line. Adding an operator is one entry in
-its family's ``RULES`` dict.
+In: a graph node. Out: ``rule_for(node)`` returns the Rule of its primitive (``node.primitive``)
+or raises ``RuleError`` naming the primitive, its operand shapes and the user's source line.
+Adding an operator is one entry in its family's ``RULES`` dict, keyed by the name jaxprs print;
+a name that is no JAX primitive fails here, at import (``primitives.primitive``).
 """
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from autopar.errors import RuleError
 from autopar.graph import type_str
 
 from . import annotate, dot, elementwise, indexing, reduce, shape, window
+from .primitives import primitive
 from .spec import OpSpec, Rule, parse
 
-RULES: dict[str, Rule] = {}
-for _family in (elementwise, dot, shape, reduce, indexing, annotate, window):
-    RULES.update(_family.RULES)
+RULES: dict = {primitive(name): rule
+               for family in (elementwise, dot, shape, reduce, indexing, annotate, window)
+               for name, rule in family.RULES.items()}
 
 
 def rule_for(node) -> Rule:
-    rule = RULES.get(node.prim)
+    rule = RULES.get(node.primitive)
     if rule is None:
         shapes = ", ".join(type_str(x.shape, x.dtype) for x in node.inputs)
         raise RuleError(

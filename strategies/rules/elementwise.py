@@ -46,7 +46,6 @@ RULES.update({
     "mul": elementwise(linear=((0,), (1,))),
     "div": elementwise(linear=((0,),)),
     "copy": elementwise(linear=((0,),)),
-    "copy_p": elementwise(linear=((0,),)),
     "real": elementwise(linear=((0,),)),
     "convert_element_type": Rule(lambda node: _convert_spec(node)),
     "reduce_precision": elementwise(linear=((0,),)),

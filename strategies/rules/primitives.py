@@ -1,0 +1,35 @@
+"""JAX primitive objects from the names jaxprs print, so that a table keyed by a stale or
+misspelt name fails when it is imported instead of never matching.
+
+In: primitive names (``"add"``, ``"scatter-add"``, ``"add_any"``, ``"autopar_shard"``). Out:
+``primitive(name)``, the ``jax.extend.core.Primitive`` a traced node of that name carries
+(``node.primitive``), or ImportError; ``primitives(*names)``, a frozenset of them.
+"""
+from __future__ import annotations
+
+from jax import lax
+
+from autopar.annotate import shard_p
+
+
+def _add_any():
+    from jax._src.ad_util import add_jaxvals_p    # the cotangent sum has no public alias
+    return add_jaxvals_p
+
+
+_OTHER = {"autopar_shard": lambda: shard_p, "add_any": _add_any}
+
+
+def primitive(name: str):
+    """The primitive a jaxpr prints as ``name``; ImportError when JAX has none."""
+    make = _OTHER.get(name)
+    p = make() if make else getattr(lax, name.replace("-", "_") + "_p", None)
+    if p is None or p.name != name:
+        raise ImportError(f"no JAX primitive is named {name!r} (looked for jax.lax."
+                          f"{name.replace('-', '_')}_p): a rule or primitive table names an "
+                          "operator this JAX version does not have; fix or delete that key")
+    return p
+
+
+def primitives(*names: str) -> frozenset:
+    return frozenset(primitive(n) for n in names)
