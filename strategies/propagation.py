@@ -61,177 +61,218 @@ def _quantize(seconds: float) -> float:
 
 
 def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assignment:
-    cands = cands or candidates_of(graph, mesh)
-    choice: dict[int, Candidate] = {}
-    in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
-    arg_ids = {v.id for v in graph.inputs}
-    out_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+    """The module's algorithm, pass by pass (see ``_Propagation``)."""
+    run = _Propagation(graph, mesh, arg_layouts, reshard_cost, cands or candidates_of(graph, mesh))
+    run.fix(fixed)
+    run.flood(fixed)
+    run.fill_unreached()
+    run.refine(fixed)
+    return run.assignment()
 
-    for nid, layout in fixed.items():
-        node = graph.nodes[nid]
-        ok = [c for c in cands[nid] if c.out_layouts[0] == layout and c.in_layouts[0] == layout]
-        if not ok:
-            raise LayoutError(f"annotation {layout} on {node.name} ({node.source}) is not a valid "
-                              f"layout of shape {node.outputs[0].shape} on {mesh}.")
-        choice[nid] = ok[0]
 
-    specs = {}
-    avail: dict = {}                               # value id -> Counter of layouts consumers read
+class _Propagation:
+    """The state of one propagation: ``choice`` (node id -> Candidate decided so far) and
+    ``avail`` (value id -> Counter of the layouts its decided consumers read it in), with the
+    passes ``fix`` (annotated nodes), ``flood`` (the frontier outward from them and the split
+    arguments), ``fill_unreached`` (replicated), ``refine`` (re-decide with every neighbour
+    known) and ``assignment`` (the result, with each free argument's layout and the cost)."""
 
-    def spec_of(node):
-        if node.id not in specs:
-            specs[node.id] = rule_for(node).spec(node)
-        return specs[node.id]
+    def __init__(self, graph, mesh, arg_layouts, reshard_cost, cands):
+        self.graph, self.mesh, self.arg_layouts = graph, mesh, arg_layouts
+        self.reshard_cost, self.cands = reshard_cost, cands
+        self.choice: dict[int, Candidate] = {}
+        self.in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
+        self.arg_ids = {v.id for v in graph.inputs}
+        self.out_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+        self.specs: dict = {}
+        self.avail: dict = {}
+        self.informed: set = set()      # nodes next to a split or partial decided neighbour
+        self.heap: list = []            # (undecided inputs, node id) of informed nodes
 
-    def produced(v):
+    # ---------------------------------------------------------------- passes
+    def fix(self, fixed):
+        """The annotated nodes take the candidate reading and producing their layout."""
+        for nid, layout in fixed.items():
+            node = self.graph.nodes[nid]
+            ok = [c for c in self.cands[nid]
+                  if c.out_layouts[0] == layout and c.in_layouts[0] == layout]
+            if not ok:
+                raise LayoutError(f"annotation {layout} on {node.name} ({node.source}) is not a "
+                                  f"valid layout of shape {node.outputs[0].shape} on {self.mesh}.")
+            self.choice[nid] = ok[0]
+
+    def flood(self, fixed):
+        """Frontier: informed nodes popped by (undecided inputs, program order). Counts only
+        fall, so stale heap entries are skipped."""
+        graph = self.graph
+        for nid in sorted(fixed):
+            self.decided(graph.nodes[nid])
+        for i in sorted(self.arg_layouts):
+            if not self.arg_layouts[i].is_replicated():
+                for u, _ in graph.users[graph.inputs[i].id]:
+                    self.inform(u)
+        while self.heap:
+            count, nid = heapq.heappop(self.heap)
+            node = graph.nodes[nid]
+            if nid in self.choice or count != self.undecided_inputs(node):
+                continue
+            self.decide(node)
+            self.decided(node)
+
+    def fill_unreached(self):
+        """Nodes no split reached take their replicated candidate."""
+        for node in self.graph.nodes:
+            if node.id not in self.choice:
+                self.choice[node.id] = self.cands[node.id][0]
+                self._count_reads(node, self.choice[node.id])
+
+    def refine(self, fixed):
+        """Up to REFINE_PASSES sweeps re-deciding every free node, until none changes."""
+        for _ in range(REFINE_PASSES):
+            changed = False
+            for node in self.graph.nodes:
+                if node.id in fixed:
+                    continue
+                old = self.choice[node.id]
+                self.undecide(node)
+                self.decide(node)
+                changed |= self.choice[node.id] is not old
+            if not changed:
+                break
+
+    def assignment(self) -> Assignment:
+        """Each free argument takes the layout all its consumers agree on (else replicated);
+        the cost is every node's reading cost plus the results' gathering."""
+        graph, choice = self.graph, self.choice
+        inputs = []
+        for i, v in enumerate(graph.inputs):
+            if i in self.arg_layouts:
+                inputs.append(self.arg_layouts[i])
+                continue
+            wants = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id]}
+            wants = {w for w in wants if not w.partial}
+            inputs.append(wants.pop() if len(wants) == 1 and v.id not in self.out_ids
+                          else Layout.replicated(len(v.shape)))
+            self.in_layout[v.id] = inputs[-1]
+        total = _sum([self.in_cost(n, choice[n.id]) for n in graph.nodes] +
+                     [self.reshard_cost(self.produced(o), Layout.replicated(len(o.shape)),
+                                        o.shape, o.dtype)
+                      for o in graph.outputs if isinstance(o, Value)])[0]
+        return Assignment(choice, tuple(inputs), total)
+
+    # ---------------------------------------------------------------- one node
+    def spec_of(self, node):
+        if node.id not in self.specs:
+            self.specs[node.id] = rule_for(node).spec(node)
+        return self.specs[node.id]
+
+    def produced(self, v):
         """Layout a value is produced in, or None if its producer is undecided."""
         if isinstance(v, Const):
             return Layout.replicated(len(v.shape))
-        if v.id in arg_ids:
-            return in_layout.get(v.id, Layout.replicated(len(v.shape)))
-        n = graph.producer[v.id]
-        c = choice.get(n.id)
+        if v.id in self.arg_ids:
+            return self.in_layout.get(v.id, Layout.replicated(len(v.shape)))
+        n = self.graph.producer[v.id]
+        c = self.choice.get(n.id)
         return None if c is None else c.out_layouts[n.outputs.index(v)]
 
-    def read_cost(x, want):
-        have = produced(x)
+    def read_cost(self, x, want):
+        have = self.produced(x)
         if have is None:
             return _ZERO
         if isinstance(x, Const):
-            return reshard_cost(have, want, x.shape, x.dtype)
-        layouts = {l for l, k in avail.get(x.id, {}).items() if k > 0} | {have}
-        return min(reshard_cost(h, want, x.shape, x.dtype) for h in layouts)
+            return self.reshard_cost(have, want, x.shape, x.dtype)
+        layouts = {l for l, k in self.avail.get(x.id, {}).items() if k > 0} | {have}
+        return min(self.reshard_cost(h, want, x.shape, x.dtype) for h in layouts)
 
-    def in_cost(node, c):
-        return _sum(read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
+    def in_cost(self, node, c):
+        return _sum(self.read_cost(x, want) for x, want in zip(node.inputs, c.in_layouts))
 
-    def wanted(v):
+    def wanted(self, v):
         """Distinct layouts decided consumers (and the graph output) read ``v`` in."""
-        w = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id] if u.id in choice}
-        if v.id in out_ids:
+        w = {self.choice[u.id].in_layouts[k] for u, k in self.graph.users[v.id]
+             if u.id in self.choice}
+        if v.id in self.out_ids:
             w.add(Layout.replicated(len(v.shape)))
         return w
 
-    def score(node, c):
-        return _sum([in_cost(node, c)] + [reshard_cost(have, want, v.shape, v.dtype)
-                                          for v, have in zip(node.outputs, c.out_layouts)
-                                          for want in wanted(v)])
+    def score(self, node, c):
+        return _sum([self.in_cost(node, c)] + [self.reshard_cost(have, want, v.shape, v.dtype)
+                                               for v, have in zip(node.outputs, c.out_layouts)
+                                               for want in self.wanted(v)])
 
-    def neighbour_layouts(node):
+    def neighbour_layouts(self, node):
         """Per operand (inputs then outputs), the decided layouts next to it."""
         out = []
         for x in node.inputs:
-            have = produced(x) if isinstance(x, Value) else None
-            fixed_in = isinstance(x, Value) and (x.id not in arg_ids or x.id in in_layout)
+            have = self.produced(x) if isinstance(x, Value) else None
+            fixed_in = isinstance(x, Value) and (x.id not in self.arg_ids or x.id in self.in_layout)
             out.append([have] if have is not None and fixed_in else [])
         for v in node.outputs:
-            out.append([w for w in wanted(v)])
+            out.append(list(self.wanted(v)))
         return out
 
-    def supported(node, c) -> bool:
+    def supported(self, node, c) -> bool:
         """Propagation copies splits, it does not invent them: every mesh axis a candidate
         places on a letter must sit on that letter's dimension in a decided neighbour's layout,
         and every partial axis it feeds must already be partial in that input."""
-        sp = spec_of(node)
-        near = neighbour_layouts(node)
-        dims_of = list(sp.inputs) + list(sp.outputs)
+        spec = self.spec_of(node)
+        near = self.neighbour_layouts(node)
+        dims_of = list(spec.inputs) + list(spec.outputs)
         for letter, axes in c.assign:
             for a in axes:
                 if not any(a in lay.dims[d] for op, lays in enumerate(near) for lay in lays
                            for d, l in enumerate(dims_of[op]) if l == letter):
                     return False
         if c.partial:
-            group = sp.linear[c.group]
+            group = spec.linear[c.group]
             if not any(c.partial <= lay.partial for i in group for lay in near[i]):
                 return False
         return True
 
-    def decide(node):
-        opts = [(i, c) for i, c in enumerate(cands[node.id]) if i == 0 or supported(node, c)]
+    def decide(self, node):
+        opts = [(i, c) for i, c in enumerate(self.cands[node.id])
+                if i == 0 or self.supported(node, c)]
+
         def key(ic):
-            seconds, count = score(node, ic[1])
-            c = ic[1]
-            return _quantize(seconds), count, -(c.num_splits - len(c.partial)), len(c.partial), ic[0]
-        best = min(opts, key=key)
-        choice[node.id] = best[1]
-        for x, want in zip(node.inputs, best[1].in_layouts):
-            if isinstance(x, Value):
-                avail.setdefault(x.id, Counter())[want] += 1
+            i, c = ic
+            seconds, count = self.score(node, c)
+            return _quantize(seconds), count, -(c.num_splits - len(c.partial)), len(c.partial), i
+        best = min(opts, key=key)[1]
+        self.choice[node.id] = best
+        self._count_reads(node, best)
 
-    def undecide(node):
-        for x, want in zip(node.inputs, choice.pop(node.id).in_layouts):
-            if isinstance(x, Value):
-                avail[x.id][want] -= 1
-
-    # Frontier: nodes with a split or partial decided neighbour ("informed"), popped by
-    # (undecided inputs, program order). Counts only fall, so stale heap entries are skipped.
-    informed: set = set()
-    heap: list = []
-
-    def undecided_inputs(node):
-        return sum(1 for x in node.inputs if isinstance(x, Value) and produced(x) is None)
-
-    def push(node):
-        if node.id not in choice and node.id in informed:
-            heapq.heappush(heap, (undecided_inputs(node), node.id))
-
-    def inform(node):
-        informed.add(node.id)
-        push(node)
-
-    def decided(node):
-        """Tell the neighbours of a just-decided node."""
-        c = choice[node.id]
+    def _count_reads(self, node, c):
         for x, want in zip(node.inputs, c.in_layouts):
-            if isinstance(x, Value) and x.id not in arg_ids and not want.is_replicated():
-                inform(graph.producer[x.id])
+            if isinstance(x, Value):
+                self.avail.setdefault(x.id, Counter())[want] += 1
+
+    def undecide(self, node):
+        for x, want in zip(node.inputs, self.choice.pop(node.id).in_layouts):
+            if isinstance(x, Value):
+                self.avail[x.id][want] -= 1
+
+    # ---------------------------------------------------------------- the frontier
+    def undecided_inputs(self, node):
+        return sum(1 for x in node.inputs if isinstance(x, Value) and self.produced(x) is None)
+
+    def push(self, node):
+        if node.id not in self.choice and node.id in self.informed:
+            heapq.heappush(self.heap, (self.undecided_inputs(node), node.id))
+
+    def inform(self, node):
+        self.informed.add(node.id)
+        self.push(node)
+
+    def decided(self, node):
+        """Tell the neighbours of a just-decided node."""
+        c = self.choice[node.id]
+        for x, want in zip(node.inputs, c.in_layouts):
+            if isinstance(x, Value) and x.id not in self.arg_ids and not want.is_replicated():
+                self.inform(self.graph.producer[x.id])
         for v, have in zip(node.outputs, c.out_layouts):
-            for user, _ in graph.users[v.id]:
-                inform(user) if not have.is_replicated() else push(user)
-
-    for nid in sorted(fixed):
-        decided(graph.nodes[nid])
-    for i in sorted(arg_layouts):
-        if not arg_layouts[i].is_replicated():
-            for u, _ in graph.users[graph.inputs[i].id]:
-                inform(u)
-    while heap:
-        count, nid = heapq.heappop(heap)
-        node = graph.nodes[nid]
-        if nid in choice or count != undecided_inputs(node):
-            continue
-        decide(node)
-        decided(node)
-    for node in graph.nodes:                       # unreached: replicated
-        if node.id not in choice:
-            choice[node.id] = cands[node.id][0]
-            for x, want in zip(node.inputs, choice[node.id].in_layouts):
-                if isinstance(x, Value):
-                    avail.setdefault(x.id, Counter())[want] += 1
-
-    for _ in range(REFINE_PASSES):                 # every neighbour is known now: re-decide
-        changed = False
-        for node in graph.nodes:
-            if node.id in fixed:
-                continue
-            old = choice[node.id]
-            undecide(node)
-            decide(node)
-            changed |= choice[node.id] is not old
-        if not changed:
-            break
-
-    inputs = []
-    for i, v in enumerate(graph.inputs):
-        if i in arg_layouts:
-            inputs.append(arg_layouts[i])
-            continue
-        wants = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id]}
-        wants = {w for w in wants if not w.partial}
-        inputs.append(wants.pop() if len(wants) == 1 and v.id not in out_ids
-                      else Layout.replicated(len(v.shape)))
-        in_layout[v.id] = inputs[-1]
-    total = _sum([in_cost(n, choice[n.id]) for n in graph.nodes] +
-                 [reshard_cost(produced(o), Layout.replicated(len(o.shape)), o.shape, o.dtype)
-                  for o in graph.outputs if isinstance(o, Value)])[0]
-    return Assignment(choice, tuple(inputs), total)
+            for user, _ in self.graph.users[v.id]:
+                if have.is_replicated():
+                    self.push(user)
+                else:
+                    self.inform(user)
