@@ -175,20 +175,33 @@ class _Lowerer:
         return outputs, out_layouts, comm, out_cost
 
 
+@dataclass(frozen=True)
+class LoweredSteps:
+    """``lower_steps``' result. ``lowering``: ``instructions`` (the steps in graph order),
+    ``owners`` (per step, the node index it computes or feeds; None: a result's), ``avals``
+    (register -> local shape, dtype), ``inputs`` (argument registers), ``where`` (value id ->
+    {layout: register}) and ``new_reg()`` for registers added later. Then the result registers
+    and layouts, per node id the seconds of the redistributions feeding it, and the seconds of
+    laying the results out."""
+    lowering: _Lowerer
+    outputs: list
+    out_layouts: list
+    comm: dict
+    out_cost: float
+
+
 def lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
-    """The lowering before segmentation: ``(lw, outputs, out_layouts, comm, out_cost)`` where
-    ``lw.instructions`` are the steps in graph order, ``lw.owners`` the node index each step
-    computes or feeds (None: a result's), ``lw.avals`` register -> (local shape, dtype) and
-    ``lw.inputs`` the argument registers. The pipeline cuts this into stages."""
+    """The lowering before segmentation; the pipeline cuts it into stages."""
     lw = _Lowerer(graph, choice, in_layouts, mesh, planner, out_layouts, via)
-    return (lw,) + lw.run()
+    return LoweredSteps(lw, *lw.run())
 
 
 def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
-    lw, outputs, out_layouts, comm, out_cost = lower_steps(graph, choice, in_layouts, mesh, planner,
-                                                           out_layouts, via)
+    """``(Program, comm per node id, results' seconds)``: ``lower_steps`` segmented."""
+    low = lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts, via)
+    lw = low.lowering
     body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
-                   [o for o in outputs if isinstance(o, int)])
-    prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(outputs), tuple(out_layouts),
-                   body, graph.in_tree, graph.out_tree, dict(lw.avals))
-    return prog, comm, out_cost
+                   [o for o in low.outputs if isinstance(o, int)])
+    prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(low.outputs),
+                   tuple(low.out_layouts), body, graph.in_tree, graph.out_tree, dict(lw.avals))
+    return prog, low.comm, low.out_cost

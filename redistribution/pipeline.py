@@ -199,8 +199,9 @@ def _split_one(graph, stages, low, devices, stage_axis):
     """One stage mesh's stages: ``({stage: StageProgram}, (outputs, out layouts, out stages))``,
     in the passes of the module docstring."""
     plan, planner = low.plan, low.planner
-    lw, outputs, out_lays, _, _ = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh,
-                                              planner, low.out_layouts, low.via)
+    lowered = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh, planner,
+                          low.out_layouts, low.via)
+    lw, outputs, out_lays = lowered.lowering, lowered.outputs, lowered.out_layouts
     steps, avals = _micro_steps(lw, planner, plan.mesh.axis_size(MB))
     flow = _flow(graph, stages, steps, lw.inputs, plan.in_layouts)
     out_stage = _result_stages(outputs, flow)

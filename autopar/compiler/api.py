@@ -22,17 +22,17 @@ from ..pipeline import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
 from ..strategies.build import build_problem
-from ..strategies.cost_model import compute_time, memory_timeline, output_bytes, program_memory
+from ..strategies.cost_model import program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
 from ..strategies.optimizer import shard_update
 from ..strategies.propagation import Assignment, propagate
-from ..strategies.strategy import InputStrategy, OpStrategy, StageStrategy, Strategy
+from ..strategies.strategy import InputStrategy, Strategy
 from ..redistribution.lower import lower, lower_steps, plan_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
-from .dump import comm_records, label, operands
+from .dump import assemble_strategy, op_strategies
 from .hybrid_plan import plan_hybrid
 from .pipeline_plan import pipeline_program, reshard_cost
 from ..progress import Progress, logger
@@ -116,14 +116,33 @@ def _search_name(config) -> str:
     return "sharding_propagation" if mode is ParallelMode.SEMI_AUTO_PARALLEL else "none"
 
 
-def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, cands, name,
-            pairs):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompileRequest:
+    """What one compile plans, fixed before any mesh is chosen: the traced step and how the
+    user called it."""
+    config: ParallelConfig
+    graph: object             # the traced Graph
+    args: tuple               # the example arguments (arrays or ShapeDtypeStructs)
+    batch_argnums: tuple
+    in_strategy: object       # the user's in_strategy, or None
+    strategy: object          # a Strategy to load instead of searching, or None
+    names: tuple              # (leaf name, is a parameter) per argument leaf
+    name: str                 # the step function's name, for progress and messages
+    pairs: tuple              # (argument, result) positions of the carried state
+    pipelined: bool
+
+    def arg_layouts(self, mesh) -> dict:
+        return arg_layouts(self.config, mesh, self.graph, self.args, self.batch_argnums,
+                           self.in_strategy, self.names)
+
+
+def _search(req: CompileRequest, config, mesh, planner, cands):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
-    fixed_args = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    built = build_problem(graph, mesh, cands, fixed_args, seconds, config.max_device_memory, name,
-                          [n for n, _ in names], state_pairs=pairs)
-    progress = _progress(name, config.search_mode.value, config)
+    built = build_problem(req.graph, mesh, cands, req.arg_layouts(mesh), seconds,
+                          config.max_device_memory, req.name, [n for n, _ in req.names],
+                          state_pairs=req.pairs)
+    progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(
             built.problem, time_limit=config.search_time, progress=progress)
@@ -133,19 +152,18 @@ def _search(config, mesh, graph, args, batch_argnums, in_strategy, names, planne
     return Assignment(choice, inputs, solution.cost)
 
 
-def _recursive(config, mesh, graph, args, batch_argnums, in_strategy, names, planner, fixed, name,
-               pairs):
+def _recursive(req: CompileRequest, config, mesh, planner, fixed):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
     solved by dynamic programming (strategies/recursive.py)."""
-    fixed_args = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    progress = _progress(name, "recursive_programming", config)
+    progress = _progress(req.name, "recursive_programming", config)
     try:
         return recursive.search(
-            graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()}, fixed_args,
-            seconds, config.max_device_memory, solvers.get("dynamic_programming"),
-            time_limit=config.search_time, progress=progress, name=name,
-            arg_names=[n for n, _ in names], state_pairs=pairs)
+            req.graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()},
+            req.arg_layouts(mesh), seconds, config.max_device_memory,
+            solvers.get("dynamic_programming"), time_limit=config.search_time,
+            progress=progress, name=req.name, arg_names=[n for n, _ in req.names],
+            state_pairs=req.pairs)
     finally:
         progress.close()
 
@@ -214,35 +232,33 @@ class MeshPlan:
     out_comm: float = 0.0
 
 
-def _on_mesh(config, mesh, graph, args, batch_argnums, in_strategy, strategy, names, name, pairs,
-             pipelined) -> MeshPlan:
-    """Layouts for every operator of ``graph`` on ``mesh`` by ``config``'s mode, then the
+def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
+    """Layouts for every operator of the step on ``mesh`` by the config's mode, then the
     parallel optimizer, then lowering (the Program itself only without a pipeline)."""
+    config, graph, pipelined, pairs = req.config, req.graph, req.pipelined, req.pairs
     mode = config.parallel_mode
     planner = Planner(mesh)
     fixed = fixed_layouts(config, mesh, graph)
     # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
     search_config = config.replace(max_device_memory=None) if pipelined else config
-    if strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
+    if req.strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = _recursive(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                planner, fixed, name, pairs)
+        assignment = _recursive(req, search_config, mesh, planner, fixed)
     else:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
             cands[nid] = [identity_candidate(layout)]
-        if strategy is not None:
-            assignment = _from_strategy(strategy, graph, mesh, cands)
+        if req.strategy is not None:
+            assignment = _from_strategy(req.strategy, graph, mesh, cands)
         elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = _search(search_config, mesh, graph, args, batch_argnums, in_strategy, names,
-                                 planner, cands, name, pairs)
+            assignment = _search(req, search_config, mesh, planner, cands)
         else:
-            given = arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names)
-            assignment = propagate(graph, mesh, fixed, given, reshard_cost(planner), cands)
+            assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
+                                   reshard_cost(planner), cands)
     via, updates = None, {}
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
-                          [p for _, p in names], mesh, config.optimizer_level.value,
+                          [p for _, p in req.names], mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
         assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
         updates = su.updates
@@ -253,7 +269,7 @@ def _on_mesh(config, mesh, graph, args, batch_argnums, in_strategy, strategy, na
         out_layouts[j] = assignment.inputs[i]
     if pipelined:
         comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
-                           out_layouts, via)[3]
+                           out_layouts, via).comm
         return MeshPlan(mesh, planner, assignment, via, updates, tuple(out_layouts), comm)
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
                                     out_layouts, via)
@@ -288,8 +304,10 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
                           "autopar does not load yet; plan again (pipeline_stage_devices) "
                           "instead of loading it.")
-    on_mesh = lambda mesh: _on_mesh(config, mesh, graph, args, batch_argnums, in_strategy,
-                                    strategy, names, name, pairs, pipelined)
+    req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
+                         in_strategy=in_strategy, strategy=strategy, names=tuple(names), name=name,
+                         pairs=tuple(pairs), pipelined=pipelined)
+    on_mesh = lambda mesh: _on_mesh(req, mesh)
     if pipelined:
         program, per_stage = pipeline_program(config, graph, full, on_mesh, args, batch_argnums,
                                               names, pairs)
@@ -311,30 +329,12 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         mp = per_stage[readers.get(k, 0)]
         inputs.append(InputStrategy(n, v.shape, str(v.dtype), mp.assignment.inputs[k], p,
                                     mp.updates.get(k)))
-    ops = []
-    for n, mp, s, made_by in zip(graph.nodes, node_plan, program.node_stages if pipelined else
-                                 (0,) * len(graph.nodes), operands(graph, names)):
-        c = mp.assignment.choice[n.id]
-        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                              tuple(v.shape for v in n.outputs), c.in_layouts, c.out_layouts,
-                              mp.comm[n.id], compute_time(n, c, mp.mesh),
-                              output_bytes(n, c, mp.mesh), s, made_by))
-    stage_info = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory,
-                                     tuple(st.mesh.shape), tuple(st.mesh.axis_names))
-                       for st in program.stages) if pipelined else ()
-    comms = comm_records(program, first.planner)
-    timeline = () if pipelined else tuple((label(ins), b) for ins, b in memory_timeline(program))
-    if not pipelined:
-        peak, at = program_memory(program)
-        node = getattr(at, "node", None) or {n.id: n for n in graph.nodes}.get(
-            getattr(at, "node_id", None))
-        peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
-                   else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
-        peak_where = node.source if node is not None else "the arguments"
-    else:                    # each device holds one stage: the fullest stage is the peak
-        top = max(program.stages, key=lambda st: st.memory)
-        peak, peak_op, peak_where = top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
-    mesh = first.mesh
+    stage_of = program.node_stages if pipelined else (0,) * len(graph.nodes)
+    ops = op_strategies(graph, names, [mp.assignment.choice[n.id] for n, mp in
+                                       zip(graph.nodes, node_plan)],
+                        [mp.comm[n.id] for n, mp in zip(graph.nodes, node_plan)],
+                        [mp.mesh for mp in node_plan], stage_of)
+    peak, peak_op, peak_where = _peak(program, graph, pipelined)
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
@@ -345,14 +345,29 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
             f"{mode.value} needs {peak} bytes per device at {peak_op} ({peak_where}), more "
             f"than max_device_memory={cap}. Raise max_device_memory, use more devices"
             f"{', pipeline stages or micro-batches' if pipelined else ''} or a smaller batch{hint}.")
-    strat = Strategy(mode.value, "loaded" if strategy is not None else _search_name(config),
-                     tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs), tuple(ops), out_comm,
-                     peak, peak_op, config.max_device_memory,
-                     stage_info, config.micro_batches if pipelined else 1,
-                     config.pipeline_scheduler.value if pipelined else "", comms, timeline,
-                     (("trace", t_trace - t0), ("search", t_search - t_trace),
-                      ("lower", time.monotonic() - t_search)))
+    strat = assemble_strategy(
+        mode=mode.value, search="loaded" if strategy is not None else _search_name(config),
+        mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
+        peak=peak, peak_op=peak_op, cap=cap, output_comm=out_comm,
+        micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
+        phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
+                       ("lower", time.monotonic() - t_search)))
     return graph, strat, program
+
+
+def _peak(program, graph, pipelined) -> tuple:
+    """``(bytes, what runs at the peak, where)`` on the fullest device: the peak instruction of
+    a Program (its operator, or the collective and the operator it feeds), or a pipeline's
+    fullest stage."""
+    if pipelined:            # each device holds one stage: the fullest stage is the peak
+        top = max(program.stages, key=lambda st: st.memory)
+        return top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
+    peak, at = program_memory(program)
+    node = getattr(at, "node", None) or {n.id: n for n in graph.nodes}.get(
+        getattr(at, "node_id", None))
+    peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
+               else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
+    return peak, peak_op, node.source if node is not None else "the arguments"
 
 
 class ParallelFunction:

@@ -1,10 +1,11 @@
-"""Pieces of the Strategy dump read off a lowered program.
+"""The Strategy dump, assembled from the plan and read off the lowered program.
 
 In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its mesh (a pipeline's
 first stage's; other stage meshes get their own), the traced Graph and its argument names.
-Out: ``comm_records`` (a ``CommStrategy`` per communication step, priced), ``label`` (how the
-memory timeline names an instruction) and ``operands`` (per node, what makes each operand: an
-operator, an argument or "" for a literal).
+Out: ``assemble_strategy`` (the one place a ``Strategy`` is built from a plan),
+``op_strategies`` (an ``OpStrategy`` per node), ``comm_records`` (a ``CommStrategy`` per
+communication step, priced), ``label`` (how the memory timeline names an instruction) and
+``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
 """
 from __future__ import annotations
 
@@ -12,7 +13,37 @@ import numpy as np
 
 from ..pipeline import PipelineProgram, Transfer
 from ..program import Collective, Compute
-from ..strategies.strategy import CommStrategy
+from ..strategies.cost_model import compute_time, memory_timeline, output_bytes
+from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
+
+
+def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
+                      output_comm=0.0, micro_batches=1, scheduler="", phase_seconds=()) -> Strategy:
+    """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
+    (``op_strategies``), the program's priced communication steps and, without a pipeline, its
+    memory timeline; a PipelineProgram adds its stages, micro-batches and scheduler."""
+    pipelined = isinstance(program, PipelineProgram)
+    stages = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory,
+                                 tuple(st.mesh.shape), tuple(st.mesh.axis_names))
+                   for st in program.stages) if pipelined else ()
+    timeline = () if pipelined else tuple((label(ins), b) for ins, b in memory_timeline(program))
+    return Strategy(mode, search, tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs),
+                    tuple(ops), output_comm, peak, peak_op, cap, stages,
+                    micro_batches if pipelined else 1, scheduler if pipelined else "",
+                    comm_records(program, planner), timeline, phase_seconds)
+
+
+def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset()) -> tuple:
+    """An OpStrategy per graph node ``k``: its Candidate ``choices[k]``, the seconds of the
+    redistributions feeding it ``comm[k]``, its compute time and output bytes on ``meshes[k]``
+    (none for a primitive in ``no_compute``) and its pipeline stage ``stages[k]``."""
+    return tuple(
+        OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
+                   tuple(v.shape for v in n.outputs), c.in_layouts, c.out_layouts, t,
+                   0.0 if n.prim in no_compute else compute_time(n, c, m),
+                   output_bytes(n, c, m), s, made_by)
+        for n, c, t, m, s, made_by in zip(graph.nodes, choices, comm, meshes, stages,
+                                          operands(graph, names)))
 
 
 def label(ins) -> str:

@@ -17,15 +17,15 @@ import jax
 import numpy as np
 
 from ..arguments import arg_layouts, leaf_names, state_pairs
-from .dump import comm_records, label, operands
+from .dump import assemble_strategy, label, op_strategies
 from ..errors import ConfigError, InfeasibleError
 from ..graph import Value
 from ..layout import Layout
 from ..redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
 from ..redistribution.planner import Planner
 from ..strategies.candidates import Candidate
-from ..strategies.cost_model import compute_time, memory_timeline, output_bytes, program_memory
-from ..strategies.strategy import InputStrategy, OpStrategy, Strategy
+from ..strategies.cost_model import program_memory
+from ..strategies.strategy import InputStrategy
 from ..trace import trace_per_device
 
 
@@ -52,15 +52,12 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
     t_trace = time.monotonic()
     planner = Planner(mesh)
     program, comm = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
-    ops = []
-    for n, made_by in zip(graph.nodes, operands(graph, names)):
-        rep = Candidate((), frozenset(), -1, tuple(Layout.replicated(len(x.shape)) for x in n.inputs),
-                        tuple(Layout.replicated(len(v.shape)) for v in n.outputs))
-        ops.append(OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                              tuple(v.shape for v in n.outputs), rep.in_layouts, rep.out_layouts,
-                              comm.get(n.id, 0.0),
-                              0.0 if n.prim in COLLECTIVE_PRIMS else compute_time(n, rep, mesh),
-                              output_bytes(n, rep, mesh), 0, made_by))
+    replicated = [Candidate((), frozenset(), -1,
+                            tuple(Layout.replicated(len(x.shape)) for x in n.inputs),
+                            tuple(Layout.replicated(len(v.shape)) for v in n.outputs))
+                  for n in graph.nodes]
+    ops = op_strategies(graph, names, replicated, [comm.get(n.id, 0.0) for n in graph.nodes],
+                        [mesh] * len(graph.nodes), [0] * len(graph.nodes), COLLECTIVE_PRIMS)
     peak, at = program_memory(program)
     peak_op = "the arguments" if at is None else label(at)
     cap = config.max_device_memory
@@ -70,10 +67,9 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                               "of the arguments (in_strategy) or use a smaller batch.")
     inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
                    for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
-    strat = Strategy("hybrid_parallel", "manual", tuple(mesh.shape), tuple(mesh.axis_names),
-                     inputs, tuple(ops), 0.0, peak, peak_op, cap, (), 1, "",
-                     comm_records(program, planner),
-                     tuple((label(ins), b) for ins, b in memory_timeline(program)),
-                     (("trace", t_trace - t0), ("search", 0.0),
-                      ("lower", time.monotonic() - t_trace)))
+    strat = assemble_strategy(
+        mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
+        program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap,
+        phase_seconds=(("trace", t_trace - t0), ("search", 0.0),
+                       ("lower", time.monotonic() - t_trace)))
     return graph, strat, program

@@ -49,7 +49,6 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
