@@ -150,75 +150,135 @@ def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, dev
                 sizes=None, stages=None) -> StagePlan:
     """See the module docstring. ``options``: size -> StageOption; ``link``: the topology
     Level between stages; ``devices``: how many there are; ``sizes``: fixed devices per stage
-    (None: choose among ``options``); ``stages``: fixed Stages (None: cut the forward pass)."""
+    (None: choose among ``options``); ``stages``: fixed Stages (None: cut the forward pass).
+    The passes: the layers (``_layer_groups``), the device counts each stage may take, the
+    per-size cost tables of every run of layers (``_tables``), the fitting runs, the DP under
+    the least feasible bound on the slowest stage (``_StageDP``, ``_best_split``), and the
+    chosen stages tallied as they are (``_stage_plan``)."""
     fwd, cuts, anchor, back = _layers(graph, batch_inputs)
-    if stages is None:
-        bounds = [0] + cuts + [len(fwd)]          # layer l = forward positions [b[l], b[l+1])
-        L = len(bounds) - 1
-        if L < count:
-            raise PipelineError(
-                f"pipeline_stages={count} but the step has only {L} layer(s) (forward cut "
-                "points where one activation crosses); use fewer stages or wrap blocks in "
-                "ap.pipeline_stage(i) to choose the stages.")
-        layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
-        first_read = {}
-        for k, n in enumerate(graph.nodes):
-            for x in n.inputs:
-                if isinstance(x, Value) and x.id not in first_read:
-                    first_read[x.id] = anchor[k]
-        group = [layer_of(a) for a in anchor]
-        in_groups = [[layer_of(first_read[v.id])] if v.id in first_read else []
-                     for v in graph.inputs]
-    else:
-        L, group = count, list(stages.of_node)
-        in_groups = [[s for s in range(count) if i in stages.inputs[s]]
-                     for i in range(len(graph.inputs))]
+    layers = _layer_groups(graph, count, stages, fwd, cuts, anchor)
     allowed = [tuple(options) if sizes is None else (sizes[s],) for s in range(count)]
-    N = devices if sizes is None else sum(sizes)
+    total = devices if sizes is None else sum(sizes)
     reach = {0}
     for s in range(count):
-        reach = {r + k for r in reach for k in allowed[s] if r + k <= N}
-    if N not in reach:
+        reach = {r + k for r in reach for k in allowed[s] if r + k <= total}
+    if total not in reach:
         raise PipelineError(f"{count} pipeline stages of {sorted(options)} devices each cannot "
-                            f"use exactly {N} devices; change pipeline_stages, device_num or the "
-                            "batch size (a stage size whose layouts cannot split the batch into "
-                            "micro-batches is left out).")
-    inf = np.inf
-    tables = {}                                   # size -> (sec, fixed, act, t) over [j, i)
-    for k, o in options.items():
-        t, act, big, state = _tally(graph, group, in_groups, L, o.choice, o.in_layouts, o.comm,
-                                    batch_inputs, o.mesh, o.plan, back)
-        send = np.zeros(L + 1)
-        for c in range(1, L) if stages is None else ():   # the activation crossing each cut
-            node = graph.nodes[fwd[bounds[c] - 1]]
-            send[c] = 2 * (link.alpha + link.beta * output_bytes(node, o.plan.choice[node.id],
-                                                                 o.plan.mesh))
-        T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
-        sec = np.full((L + 1, L + 1), inf)
-        fixed = np.zeros((L + 1, L + 1))
-        for j in range(L):
-            sec[j, j + 1:] = (T[j + 1:] - T[j]) / micro + send[j] + send[j + 1:]
-            fixed[j, j + 1:] = W[j + 1:] - W[j] + np.maximum.accumulate(big[j:])
-        tables[k] = (sec, fixed, A[None, :] - A[:, None], T / micro)
-    ok = {}                                       # (stage, size) -> stage [j, i) fits the cap
+                            f"use exactly {total} devices; change pipeline_stages, device_num or "
+                            "the batch size (a stage size whose layouts cannot split the batch "
+                            "into micro-batches is left out).")
+    tables = {k: _tables(graph, layers, o, micro, batch_inputs, link, back, fwd, stages is None)
+              for k, o in options.items()}
+    fits = {}                                     # (stage, size) -> stage [j, i) fits the cap
     for s in range(count):
         for k in allowed[s]:
-            sec, fixed, act, _ = tables[k]
-            ok[s, k] = np.isfinite(sec) if cap is None else np.isfinite(sec) & (
-                fixed + in_flight(scheduler, count, micro, s) * act <= cap)
+            t = tables[k]
+            fits[s, k] = np.isfinite(t.sec) if cap is None else np.isfinite(t.sec) & (
+                t.fixed + in_flight(scheduler, count, micro, s) * t.act <= cap)
+    dp = _StageDP(count, layers.count, total, micro, allowed, tables, fits)
+    bounds = sorted({float(x) for s in range(count) for k in allowed[s]
+                     for x in tables[k].sec[fits[s, k]]})
+    if not bounds or dp.solve(bounds[-1]) is None:
+        what = (f"no split of the step into {count} pipeline stages" if stages is None else
+                f"the {count} stages given by ap.pipeline_stage")
+        on = "" if sizes is None else f" on {list(sizes)} devices"
+        raise InfeasibleError(
+            f"{what}{on} fits max_device_memory={cap} bytes per device; raise the cap, use more "
+            "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer.")
+    floor = np.min([np.diff(tables[k].per_layer) for k in options], axis=0).sum()
+    value, picked = _best_split(dp, bounds, floor, micro)
+    return _stage_plan(graph, count, micro, scheduler, options, batch_inputs, back, layers,
+                       stages, value, picked)
 
-    def solve(bound):
+
+@dataclass(frozen=True)
+class _Layers:
+    """The units stages are made of: ``count`` layers (runs of forward positions between cut
+    points, ``bounds[l]`` to ``bounds[l + 1]``; or, for fixed stages, the stages themselves),
+    the layer of every node (``group``) and the layers reading every graph input
+    (``in_groups``)."""
+    count: int
+    group: list
+    in_groups: list
+    bounds: list
+
+
+def _layer_groups(graph, count, stages, fwd, cuts, anchor) -> _Layers:
+    if stages is not None:
+        return _Layers(count, list(stages.of_node),
+                       [[s for s in range(count) if i in stages.inputs[s]]
+                        for i in range(len(graph.inputs))], [])
+    bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
+    n_layers = len(bounds) - 1
+    if n_layers < count:
+        raise PipelineError(
+            f"pipeline_stages={count} but the step has only {n_layers} layer(s) (forward cut "
+            "points where one activation crosses); use fewer stages or wrap blocks in "
+            "ap.pipeline_stage(i) to choose the stages.")
+    layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
+    first_read = {}
+    for k, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if isinstance(x, Value) and x.id not in first_read:
+                first_read[x.id] = anchor[k]
+    return _Layers(n_layers, [layer_of(a) for a in anchor],
+                   [[layer_of(first_read[v.id])] if v.id in first_read else []
+                    for v in graph.inputs], bounds)
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """One stage size's costs of a stage made of layers [j, i): ``sec`` (one micro-batch's
+    seconds with the activations sent across its two cuts; inf where j >= i), ``fixed``
+    (bytes held through the step, plus the largest value), ``act`` (one micro-batch's
+    activations kept for the backward) and ``per_layer`` (cumulative seconds per micro-batch)."""
+    sec: np.ndarray
+    fixed: np.ndarray
+    act: np.ndarray
+    per_layer: np.ndarray
+
+
+def _tables(graph, layers, option, micro, batch_inputs, link, back, fwd, cut) -> _Tables:
+    o, n = option, layers.count
+    t, act, big, state = _tally(graph, layers.group, layers.in_groups, n, o.choice,
+                                o.in_layouts, o.comm, batch_inputs, o.mesh, o.plan, back)
+    send = np.zeros(n + 1)
+    for c in range(1, n) if cut else ():          # the activation crossing each cut
+        node = graph.nodes[fwd[layers.bounds[c] - 1]]
+        send[c] = 2 * (link.alpha + link.beta * output_bytes(node, o.plan.choice[node.id],
+                                                             o.plan.mesh))
+    T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
+    sec = np.full((n + 1, n + 1), np.inf)
+    fixed = np.zeros((n + 1, n + 1))
+    for j in range(n):
+        sec[j, j + 1:] = (T[j + 1:] - T[j]) / micro + send[j] + send[j + 1:]
+        fixed[j, j + 1:] = W[j + 1:] - W[j] + np.maximum.accumulate(big[j:])
+    return _Tables(sec, fixed, A[None, :] - A[:, None], T / micro)
+
+
+class _StageDP:
+    """``solve(bound)``: the cheapest split of the layers into the stages, each stage a run of
+    layers on one of its allowed sizes that fits and takes at most ``bound`` seconds, using
+    exactly every device: ``(sum + (micro - 1) x slowest, [(j, i, size) per stage])``, or None."""
+
+    def __init__(self, count, n_layers, devices, micro, allowed, tables, fits):
+        self.count, self.n_layers, self.devices, self.micro = count, n_layers, devices, micro
+        self.allowed, self.tables, self.fits = allowed, tables, fits
+
+    def solve(self, bound):
+        L, N, inf = self.n_layers, self.devices, np.inf
         best = np.full((L + 1, N + 1), inf)
         best[0, 0] = 0.0
         back_j, back_k = [], []
-        for s in range(count):
+        for s in range(self.count):
             new = np.full((L + 1, N + 1), inf)
             arg_j = np.zeros((L + 1, N + 1), np.int64)
             arg_k = np.zeros((L + 1, N + 1), np.int64)
-            for k in allowed[s]:
+            for k in self.allowed[s]:
                 if k > N:
                     continue
-                cost = np.where(ok[s, k] & (tables[k][0] <= bound), tables[k][0], inf)
+                sec = self.tables[k].sec
+                cost = np.where(self.fits[s, k] & (sec <= bound), sec, inf)
                 got = best[:, None, :N + 1 - k] + cost[:, :, None]      # [j, i, d - k]
                 m, a = got.min(axis=0), got.argmin(axis=0)
                 better = m < new[:, k:]
@@ -231,52 +291,53 @@ def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, dev
         if best[L, N] == inf:
             return None
         out, i, d = [], L, N
-        for s in reversed(range(count)):
+        for s in reversed(range(self.count)):
             j, k = int(back_j[s][i, d]), int(back_k[s][i, d])
             out.append((j, i, k))
             i, d = j, d - k
         out.reverse()
-        return float(best[L, N]) + (micro - 1) * max(tables[k][0][j, i] for j, i, k in out), out
+        slowest = max(self.tables[k].sec[j, i] for j, i, k in out)
+        return float(best[L, N]) + (self.micro - 1) * slowest, out
 
-    cands = sorted({float(x) for s in range(count) for k in allowed[s]
-                    for x in tables[k][0][ok[s, k]]})
-    if not cands or solve(cands[-1]) is None:
-        what = (f"no split of the step into {count} pipeline stages" if stages is None else
-                f"the {count} stages given by ap.pipeline_stage")
-        on = "" if sizes is None else f" on {list(sizes)} devices"
-        raise InfeasibleError(
-            f"{what}{on} fits max_device_memory={cap} bytes per device; raise the cap, use more "
-            "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer.")
-    if len(cands) > BOUNDS:                       # the top of each 0.5% band
-        bands = [cands[0]]
-        for c in cands[1:]:
+
+def _best_split(dp: _StageDP, bounds, floor, micro):
+    """The best ``dp.solve(bound)`` over the candidate bounds on the slowest stage: from the
+    least feasible one (binary search; past BOUNDS candidates, the top of each 0.5% band) up,
+    until ``floor`` (every layer at its cheapest) plus (micro - 1) x bound cannot win."""
+    if len(bounds) > BOUNDS:
+        bands = [bounds[0]]
+        for c in bounds[1:]:
             if c > bands[-1] * 1.005:
                 bands.append(c)
             else:
                 bands[-1] = c
-        cands = bands
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:                                # the least feasible bound on the slowest stage
+        bounds = bands
+    lo, hi = 0, len(bounds) - 1
+    while lo < hi:
         mid = (lo + hi) // 2
-        if solve(cands[mid]) is None:
+        if dp.solve(bounds[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
-    floor = np.min([np.diff(tables[k][3]) for k in options], axis=0).sum()   # layers at cheapest
     best = None
-    for bound in cands[lo:]:
+    for bound in bounds[lo:]:
         if best is not None and floor + (micro - 1) * bound >= best[0]:
             break
-        got = solve(bound)
+        got = dp.solve(bound)
         if got is not None and (best is None or got[0] < best[0]):
             best = got
-    value, picked = best
+    return best
+
+
+def _stage_plan(graph, count, micro, scheduler, options, batch_inputs, back, layers, stages,
+                value, picked) -> StagePlan:
+    """The chosen split as Stages, each stage's seconds and memory tallied as it is (an
+    argument read in two stages is held in both)."""
     cut_at = ()
     if stages is None:
         layer_stage = [s for s, (j, i, _) in enumerate(picked) for _ in range(j, i)]
-        stages = Stages.of(graph, count, [layer_stage[g] for g in group])
-        cut_at = tuple(bounds[i] for _, i, _ in picked[:-1])
-    # the stages as they are (an argument read in two stages is held in both)
+        stages = Stages.of(graph, count, [layer_stage[g] for g in layers.group])
+        cut_at = tuple(layers.bounds[i] for _, i, _ in picked[:-1])
     readers = [[s for s in range(count) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
     secs, mems, memo = [], [], {}
     for s, (_, _, k) in enumerate(picked):
