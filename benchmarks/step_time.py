@@ -66,7 +66,7 @@ def measure(name, mode, iters):
     cfg = dict(parallel_mode=mode, device_num=2, progress=False)
     for label, backend, overlap in (("native_ms", "native", "1"), ("native_no_overlap_ms", "native", "0"),
                                     ("autopar_jax_ms", "jax", "1")):
-        os.environ["AUTOPAR_OVERLAP"] = overlap          # read by the workers as they start
+        os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         if compiled._runner is not None and hasattr(compiled._runner, "close"):

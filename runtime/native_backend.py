@@ -15,7 +15,7 @@ exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` 
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into buckets of up to
 ``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
-(``_Comms``), each bucket with the algorithm its all-reduces' prices
+(``CommScheduler``), each bucket with the algorithm its all-reduces' prices
 (``Collective.prices``, set by the lowering: the worker plans nothing) make cheapest for its size.
 
 All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
@@ -24,6 +24,8 @@ and each runs under its own name.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
 import functools
 import gc
 import os
@@ -53,13 +55,66 @@ def _check_algorithm(name: str) -> None:
                               "autopar version, whose cost table names only those.")
 
 
-_PROGRAM: list = []           # in a worker: its one program (mesh, steps, inputs, outputs,
-                              # which results are split, bucket bytes, registers freed after
-                              # each step)
-_COMM_THREAD: list = []       # in a worker: the executor every collective runs on
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the native runtime runs a program, shipped with it. ``overlap``: all-reduce buckets
+    run while the compute after them does (False: each is awaited as issued, to measure what
+    the overlap gains). ``from_env`` reads ``AUTOPAR_OVERLAP=0`` in the caller, so a benchmark
+    may still set it."""
+    overlap: bool = True
+
+    @classmethod
+    def from_env(cls) -> "RuntimeOptions":
+        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0")
 
 
-def _c(x):
+@dataclass(frozen=True, kw_only=True)
+class ProgramPayload:
+    """What ``NativeRunner`` ships to every rank: the mesh, the instructions (``shippable``),
+    argument and result registers, which results are split (rank 0 returns the replicated
+    ones), the all-reduce bucket size and the runtime options."""
+    mesh: Any
+    instructions: tuple
+    inputs: tuple
+    outputs: tuple
+    split: tuple
+    bucket_bytes: int
+    options: RuntimeOptions
+
+
+def _fresh_stats() -> dict:
+    return {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": [],
+            "step_peak_bytes": None, "measure": False}
+
+
+@dataclass
+class WorkerState:
+    """What a worker process keeps between the calls of its job (a job's workers serve only
+    that job): the loaded program (``payload`` with its ``steps`` compiled and the registers
+    ``frees`` after each step) or pipeline ``stage``, the runtime options, the thread every
+    collective runs on, and the counters ``stats`` returns."""
+    payload: Optional[ProgramPayload] = None
+    steps: list = field(default_factory=list)
+    frees: list = field(default_factory=list)
+    stage: Any = None                         # native_pipeline: the loaded StagePayload
+    options: RuntimeOptions = RuntimeOptions()
+    stats: dict = field(default_factory=_fresh_stats)
+    thread: Optional[ThreadPoolExecutor] = None
+
+    def comm_thread(self) -> ThreadPoolExecutor:
+        """The one thread collectives run on, started with the first program loaded. The comm
+        thread hands results back to a main thread that may hold the GIL; Python's default 5 ms
+        switch interval would then delay every collective by up to that much."""
+        if self.thread is None:
+            sys.setswitchinterval(1e-4)
+            self.thread = ThreadPoolExecutor(1, thread_name_prefix="autopar-comm")
+        return self.thread
+
+
+WORKER = WorkerState()        # this process's, when it is a worker of a job
+
+
+def contiguous(x):
     """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)."""
     return np.asarray(x, order="C")
 
@@ -126,13 +181,16 @@ class WorkerRunner:
 class NativeRunner(WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
+                 options: RuntimeOptions | None = None):
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
         instructions = shippable(program.instructions)
         split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
-        self._payload = (program.mesh, instructions, program.inputs, program.outputs,
-                         split, bucket_bytes)
+        self._payload = ProgramPayload(
+            mesh=program.mesh, instructions=instructions, inputs=program.inputs,
+            outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
+            options=options or RuntimeOptions.from_env())
         self._start()
 
     def _loads(self):
@@ -144,7 +202,7 @@ class NativeRunner(WorkerRunner):
         per_rank = []
         for r in range(mesh.size):
             coords = mesh.coords(r)
-            per_rank.append(([_c(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
+            per_rank.append(([contiguous(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
                               for x, l in zip(flat_args, p.in_layouts)],))
         ranks = self._call(run, per_rank)
         out, k = [], 0
@@ -193,19 +251,14 @@ def compile_shared(comm, segments, ranks, cache):
 
 def load(comm, payload, cache=None):
     """Compile the program's segments (a job runs one program), shared across the ranks."""
-    mesh, instructions, inputs, outputs, split, bucket_bytes = payload
-    compiled = iter(compile_shared(comm, [ins[1] for ins in instructions
+    compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions
                                           if isinstance(ins, tuple)],
                                    list(range(comm.size)), cache))
     steps = [("segment", next(compiled), ins[2], ins[3])
-             if isinstance(ins, tuple) else ins for ins in instructions]
-    _PROGRAM[:] = [(mesh, steps, inputs, outputs, split, bucket_bytes,
-                    _last_reads(steps, outputs))]
-    # The comm thread hands results back to a main thread that may hold the GIL; Python's
-    # default 5 ms switch interval would then delay every collective by up to that much.
-    sys.setswitchinterval(1e-4)
-    if not _COMM_THREAD:
-        _COMM_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="autopar-comm"))
+             if isinstance(ins, tuple) else ins for ins in payload.instructions]
+    WORKER.payload, WORKER.steps, WORKER.options = payload, steps, payload.options
+    WORKER.frees = _last_reads(steps, payload.outputs)
+    WORKER.comm_thread()
     return True
 
 
@@ -234,17 +287,17 @@ def _memory():
 
 def measure_memory(comm) -> bool:
     """From the next step on, measure each step's peak memory (``stats()['step_peak_bytes']``;
-    a measured step first waits for the memory still being freed, ``_PeakMeter``). False
+    a measured step first waits for the memory still being freed, ``PeakMeter``). False
     where /proc/self/clear_refs cannot reset the peak. For tests and benchmarks, whose workers
     start with ``MALLOC_MMAP_THRESHOLD_=65536`` in their environment: malloc then gives every
     allocation of 64 KB or more its own mapping and returns it when freed, so the resident size
     follows what is live (without it the workers keep freed memory for reuse,
     ``worker.tune_malloc``)."""
-    _STATS["measure"] = _reset_peak()
-    return _STATS["measure"]
+    WORKER.stats["measure"] = _reset_peak()
+    return WORKER.stats["measure"]
 
 
-class _PeakMeter:
+class PeakMeter:
     """One step's peak memory: resident bytes above the level at the step's start, plus the
     arguments (resident before it starts).
 
@@ -258,7 +311,7 @@ class _PeakMeter:
     SETTLE = 0.05
 
     def __init__(self):
-        self.on = _STATS["measure"]
+        self.on = WORKER.stats["measure"]
         if self.on:
             gc.collect(0)
             last, t0, steady = _memory()[0], time.monotonic(), 0
@@ -272,7 +325,7 @@ class _PeakMeter:
 
     def stop(self, input_bytes: int) -> None:
         if self.on:
-            _STATS["step_peak_bytes"] = (_memory()[1] - self.base) * 1024 + input_bytes
+            WORKER.stats["step_peak_bytes"] = (_memory()[1] - self.base) * 1024 + input_bytes
 
 
 def _reset_peak() -> bool:
@@ -297,10 +350,10 @@ def execute(st, get, comms) -> list:
 
 
 def run(comm, blocks):
-    mesh, steps, inputs, outputs, split, bucket_bytes, frees = _PROGRAM[0]
-    meter = _PeakMeter()
-    regs = dict(zip(inputs, blocks))
-    comms = _Comms(comm, mesh, bucket_bytes)
+    p, stats = WORKER.payload, WORKER.stats
+    meter = PeakMeter()
+    regs = dict(zip(p.inputs, blocks))
+    comms = CommScheduler(comm, p.mesh, p.bucket_bytes)
 
     def get(r):
         if isinstance(r, Const):
@@ -310,38 +363,31 @@ def run(comm, blocks):
         return regs[r]
 
     try:
-        for st, done in zip(steps, frees):
+        for st, done in zip(WORKER.steps, WORKER.frees):
             regs.update(execute(st, get, comms))
             for r in done:
                 regs.pop(r, None)
-        results = [get(o) for o in outputs if not isinstance(o, Const)]
+        results = [get(o) for o in p.outputs if not isinstance(o, Const)]
     finally:
         comms.close()
-    _STATS["input_bytes"] = [b.nbytes for b in blocks]
-    meter.stop(sum(_STATS["input_bytes"]))
-    _STATS["all_reduce_calls"] += len(comms.buckets)
-    _STATS["buckets"], _STATS["host"] = comms.buckets, comm.host
+    stats["input_bytes"] = [b.nbytes for b in blocks]
+    meter.stop(sum(stats["input_bytes"]))
+    stats["all_reduce_calls"] += len(comms.buckets)
+    stats["buckets"], stats["host"] = comms.buckets, comm.host
     if comm.rank == 0:
         return results
-    return [x if s else None for x, s in zip(results, split)]    # rank 0 sent the replicated ones
+    return [x if s else None for x, s in zip(results, p.split)]  # rank 0 sent the replicated ones
 
 
 def stats(comm):
     """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
     step's all-reduce calls as (tensors, bytes, algorithm), argument block sizes, the latest
-    measured step's peak memory (``_PeakMeter``; None until ``measure_memory`` turned
+    measured step's peak memory (``PeakMeter``; None until ``measure_memory`` turned
     measuring on and a step ran) and its host id."""
-    return dict(_STATS)
+    return dict(WORKER.stats)
 
 
-_STATS = {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": [],
-          "step_peak_bytes": None, "measure": False}
-# AUTOPAR_OVERLAP=0 (read by the workers): wait for every all-reduce bucket as soon as it is
-# issued, for measuring what the overlap with the following compute gains.
-_OVERLAP = os.environ.get("AUTOPAR_OVERLAP", "1") != "0"
-
-
-class _Comms:
+class CommScheduler:
     """The collectives of one step, issued by one background thread in program order (every
     rank must issue them in the same order). All-reduces are deferred and fused: consecutive
     ones over the same axes and dtype share one flat buffer until it holds ``bucket_bytes`` or a
@@ -351,7 +397,7 @@ class _Comms:
 
     def __init__(self, comm, mesh, bucket_bytes):
         self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
-        self.thread = _COMM_THREAD[0]
+        self.thread = WORKER.comm_thread()
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
         self.buckets = []             # (tensors, bytes, algorithm) per all-reduce call issued
@@ -383,7 +429,7 @@ class _Comms:
             st = dataclasses.replace(st, algorithm=min(
                 st.prices, key=lambda p: p[1] + p[2] * flat.nbytes)[0])
         fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
-        if not _OVERLAP:
+        if not WORKER.options.overlap:
             fut.result()
         self.buckets.append((len(items), flat.nbytes, st.algorithm))
         for (st, x), at in zip(items, offsets):
@@ -416,7 +462,7 @@ def _group(mesh, rank, axes):
 
 
 def _step(comm, st, x, mesh):
-    x = _c(x)
+    x = contiguous(x)
     axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
     if not axes:
         return x
@@ -434,8 +480,8 @@ def _partial_zero(comm, st, x, ranks, me):
 
 
 def _all_reduce(comm, st, x, ranks, me):
-    comm.all_reduce(x, ranks, st.op, st.algorithm)   # in place: _Comms.flush hands over a
-    return x                                          # fresh buffer
+    comm.all_reduce(x, ranks, st.op, st.algorithm)   # in place: the scheduler hands it
+    return x                                          # a fresh buffer
 
 
 def _all_gather(comm, st, x, ranks, me):
@@ -448,7 +494,7 @@ def _all_gather(comm, st, x, ranks, me):
 
 
 def _reduce_scatter(comm, st, x, ranks, me):
-    front = _c(np.moveaxis(x, st.dim, 0))
+    front = contiguous(np.moveaxis(x, st.dim, 0))
     out = wire.empty((front.shape[0] // len(ranks),) + front.shape[1:], x.dtype)
     comm.reduce_scatter(front, out, ranks)
     return wire.aligned(np.moveaxis(out, 0, st.dim))

@@ -10,7 +10,7 @@ runs its tasks:
 
 - a forward or backward task runs that phase on the micro-batch's registers; ``post`` runs once
   on the accumulated values;
-- collectives inside the stage go through ``native_backend._Comms`` (gradient all-reduces of
+- collectives inside the stage go through ``native_backend.CommScheduler`` (gradient all-reduces of
   ``post`` fused into buckets, overlapping the compute after them);
 - a ``Transfer`` send is queued on a thread per destination, so a rank never waits for its
   receiver: a ``block`` transfer goes to the rank at the same position of the other stage, a
@@ -24,12 +24,13 @@ seconds its stage waited for a peer's transfer (the pipeline bubble, as this ran
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,8 @@ def _targets(t, devices, peer, me):
 class PipelineRunner(nb.WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
+                 options: nb.RuntimeOptions | None = None):
         self.program = p = program
         self.mesh, self.timeout = p.mesh, timeout
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
@@ -95,15 +97,15 @@ class PipelineRunner(nb.WorkerRunner):
             outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
                          enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
                          if s == st.index and not isinstance(o, Const))
-            base = dict(
-                groups=StageGroups(st.mesh, st.devices[0]), stage=st.index,
-                devices=tuple(x.devices for x in p.stages), phases=phases,
-                tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
-                inputs=tuple(st.arg_regs[i] for i in st.inputs),
-                micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, bucket_bytes=bucket_bytes)
             for r in st.devices:
-                self._payloads[r] = dict(base, inbox=inboxes[r])
+                self._payloads[r] = StagePayload(
+                    groups=StageGroups(st.mesh, st.devices[0]), stage=st.index,
+                    devices=tuple(x.devices for x in p.stages), phases=phases,
+                    tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
+                    inputs=tuple(st.arg_regs[i] for i in st.inputs),
+                    micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
+                    micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox=inboxes[r],
+                    options=options or nb.RuntimeOptions.from_env())
         self._stage_of = {r: st for st in p.stages for r in st.devices}
         self._start()
 
@@ -122,7 +124,7 @@ class PipelineRunner(nb.WorkerRunner):
             for i in st.inputs:
                 x, lay = np.asarray(flat_args[i]), st.in_layouts[i]
                 ms = range(M) if i in st.micro_inputs else [0]
-                blocks[st.arg_regs[i]] = [nb._c(x[lay.block(x.shape, mm.coords(m * K + me), mm)])
+                blocks[st.arg_regs[i]] = [nb.contiguous(x[lay.block(x.shape, mm.coords(m * K + me), mm)])
                                           for m in ms]
             per_rank.append((blocks,))
         ranks = self._call(run_stage, per_rank)
@@ -139,22 +141,41 @@ class PipelineRunner(nb.WorkerRunner):
 
 # --- in the workers ---------------------------------------------------------------------------
 
-_STAGE: list = []
+@dataclass(frozen=True, kw_only=True)
+class StagePayload:
+    """What ``PipelineRunner`` ships to one rank: its stage's collective groups, index and
+    phases (``shippable``; compiled once loaded), every stage's devices, its task order, the
+    registers kept across micro-batches, its results ((position, register, split) each), its
+    argument registers (all, and those with a block per micro-batch), the micro-batch count,
+    the all-reduce bucket size, per peer rank the messages it sends this one, in order, and
+    the runtime options."""
+    groups: Any
+    stage: int
+    devices: tuple
+    phases: dict
+    tasks: tuple
+    keep: frozenset
+    outputs: tuple
+    inputs: tuple
+    micro_inputs: tuple
+    micro: int
+    bucket_bytes: int
+    inbox: dict
+    options: nb.RuntimeOptions
 
 
-def load_stage(comm, payload, cache=None):
+def load_stage(comm, payload: StagePayload, cache=None):
     """Compile the stage's segments now (so a stage's first step does not compile while its
     peers wait on it), shared across the stage's ranks."""
-    segments = [s[1] for steps in payload["phases"].values() for s in steps
+    segments = [s[1] for steps in payload.phases.values() for s in steps
                 if isinstance(s, tuple)]
-    ranks = list(payload["devices"][payload["stage"]])
+    ranks = list(payload.devices[payload.stage])
     compiled = iter(nb.compile_shared(comm, segments, ranks, cache))
     phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
-                     for s in steps] for name, steps in payload["phases"].items()}
-    _STAGE[:] = [dict(payload, phases=phases)]
-    sys.setswitchinterval(1e-4)
-    if not nb._COMM_THREAD:
-        nb._COMM_THREAD.append(ThreadPoolExecutor(1, thread_name_prefix="autopar-comm"))
+                     for s in steps] for name, steps in payload.phases.items()}
+    nb.WORKER.stage = dataclasses.replace(payload, phases=phases)
+    nb.WORKER.options = payload.options
+    nb.WORKER.comm_thread()
     return True
 
 
@@ -220,20 +241,20 @@ def _sender(peer):
 
 
 def run_stage(comm, blocks):
-    P = _STAGE[0]
-    meter = nb._PeakMeter()
+    P = nb.WORKER.stage
+    meter = nb.PeakMeter()
     start = time.perf_counter()
-    M, keep, devices = P["micro"], P["keep"], P["devices"]
-    mine = devices[P["stage"]]
+    M, keep, devices = P.micro, P.keep, P.devices
+    mine = devices[P.stage]
     me = comm.rank - mine[0]
-    mailbox = _Mailbox(comm, P["inbox"])
+    mailbox = _Mailbox(comm, P.inbox)
     sends = []
-    step = {r: b[0] for r, b in blocks.items() if r not in P["micro_inputs"]}
-    micro = [{r: blocks[r][m] for r in P["micro_inputs"]} for m in range(M)]
+    step = {r: b[0] for r, b in blocks.items() if r not in P.micro_inputs}
+    micro = [{r: blocks[r][m] for r in P.micro_inputs} for m in range(M)]
     acc = {}
-    for name, m in list(P["tasks"]) + [("post", None)]:
+    for name, m in list(P.tasks) + [("post", None)]:
         regs = step if m is None else micro[m]
-        comms = nb._Comms(comm, P["groups"], P["bucket_bytes"])
+        comms = nb.CommScheduler(comm, P.groups, P.bucket_bytes)
         if name == "post":
             for r, v in acc.items():
                 step[r] = wire.aligned(np.concatenate(v[1], axis=v[0])) if isinstance(v, tuple) else v
@@ -249,10 +270,10 @@ def run_stage(comm, blocks):
             return regs[r]
 
         try:
-            for st in P["phases"][name]:
+            for st in P.phases[name]:
                 if isinstance(st, Transfer):
                     if st.kind == "send":
-                        x = nb._c(get(st.reg))
+                        x = nb.contiguous(get(st.reg))
                         for dst in _targets(st, mine, devices[st.peer], me):
                             sends.append(_sender(dst).submit(comm.send, x, dst))
                     else:
@@ -290,13 +311,13 @@ def run_stage(comm, blocks):
             comms.close()
         if name == "backward":
             micro[m] = {}
-    results = [step[o] for _, o, _ in P["outputs"]]
+    results = [step[o] for _, o, _ in P.outputs]
     for f in sends:
         f.result()
     mailbox.join()
-    nb._STATS["pipeline"] = {"step_s": time.perf_counter() - start, "wait_s": mailbox.waited}
+    nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start, "wait_s": mailbox.waited}
     meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
     out = {}
-    for (k, _, split), x in zip(P["outputs"], results):
+    for (k, _, split), x in zip(P.outputs, results):
         out[k] = x if (split or me == 0) else None
     return out
