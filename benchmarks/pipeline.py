@@ -19,7 +19,7 @@ Run: python benchmarks/pipeline.py [--layers 4] [--micro 4 8] [--iters 10] [--pl
    allocated) planned with data_parallel on 16 devices in 8 stages, 16 micro-batches: equal
    stages of 2 devices, then stage device counts chosen by the planner ("auto": one layout
    search per stage size it may use, then the DP over cuts and counts); the time of the stage
-   DP alone (``strategies.stage_plan.plan_stages``), of the whole plan, and the DP's step
+   DP alone (``strategies.stage_cuts.plan_stages``), of the whole plan, and the DP's step
    estimate (the objective; "auto" can only lower it).
 Out: one JSON object per measurement, and with --markdown the tables.
 """

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from autopar.errors import ConfigError, PipelineError
 from autopar.graph import Const
-from autopar.pipeline import Accumulate, MicroSlice, Transfer, schedule
+from autopar.pipeline_program import Accumulate, MicroSlice, Transfer, schedule
 from autopar.program import reads, writes
 
 from .jax_backend import const, execute

@@ -16,7 +16,7 @@ whose inputs are cheapest to read (ties: the most ``MB`` splits, then the earlie
 every micro-batch, split over them (computed per micro-batch), or a partial sum over them (a
 contraction over the batch: a gradient, a summed loss), which the lowering reduces over ``MB``
 before anything reads it: that all-reduce is the gradient accumulation
-(``redistribution.pipeline``). Lowered on this mesh, a rank's local shapes are those of one
+(``redistribution.stage_split``). Lowered on this mesh, a rank's local shapes are those of one
 micro-batch.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 from autopar.errors import InfeasibleError
 from autopar.strategies.problem import SearchProblem
 from autopar.strategies.solvers import local_search
-from autopar.strategies.solvers.reduce import reduce
+from autopar.strategies.solvers.graph_reduction import reduce
 from autopar.strategies.solvers.trws import MessagePassing
 
 DATA = Path(__file__).resolve().parent / "data" / "iopddl"

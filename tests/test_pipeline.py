@@ -7,7 +7,7 @@ import pytest
 
 import autopar as ap
 import models as m
-from autopar.pipeline import Accumulate, Transfer, in_flight, schedule
+from autopar.pipeline_program import Accumulate, Transfer, in_flight, schedule
 from autopar.program import Collective
 from test_stages import two_stage_mlp_step
 

@@ -14,13 +14,13 @@ import pytest
 
 from autopar.errors import ConfigError, InfeasibleError
 from autopar.strategies.problem import SearchProblem, Solution
-from autopar.strategies.solvers import brute, dp, ilp, propagation
+from autopar.strategies.solvers import bfs_propagation, brute, dp, ilp
 from autopar.strategies.solvers.random_problems import (KINDS, LIMIT_MODES, REDUCIBLE,
                                                         random_medium_problem, random_problem)
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "data", "iopddl", "example.json")
 SOLVERS = {"brute": brute.solve, "ilp": ilp.solve, "dp": dp.solve,
-           "propagation": propagation.solve}
+           "propagation": bfs_propagation.solve}
 
 
 def same(a: float, b: float) -> bool:
@@ -58,7 +58,7 @@ def test_example_optimum_445(name):
 
 def test_example_propagation_feasible():
     problem = SearchProblem.load(EXAMPLE)
-    sol = propagation.solve(problem)
+    sol = bfs_propagation.solve(problem)
     check_valid(problem, sol)
     assert sol.cost >= 445 and not sol.optimal
 
@@ -92,7 +92,7 @@ def test_random_tiny_problems_against_brute_force(seed):
         if limit_binds(problem, unconstrained):
             assert not sol.optimal
 
-        prop = propagation.solve(problem)
+        prop = bfs_propagation.solve(problem)
         check_valid(problem, prop)
         assert prop.cost >= best.cost - 1e-7 * max(1.0, best.cost)
 
@@ -207,7 +207,7 @@ def test_self_loops_and_parallel_edges(name):
 def test_ilp_uses_initial_and_reports_optimality():
     problem = random_problem(7, kind="sparse", nodes=8, limit="tight")
     best = brute.solve(problem)
-    start = propagation.solve(problem)
+    start = bfs_propagation.solve(problem)
     sol = ilp.solve(problem, initial=start, time_limit=10)
     assert sol.optimal and same(sol.cost, best.cost) and sol.solver == "ilp"
     with pytest.raises(ConfigError, match="initial"):
@@ -247,22 +247,22 @@ def test_propagation_anchors_and_determinism():
     problem = random_problem(3, kind="tree", nodes=8, max_strategies=3, limit="none")
     node = max(range(problem.num_nodes), key=lambda i: len(problem.node_costs[i]))
     strategy = len(problem.node_costs[node]) - 1
-    a = propagation.solve(problem, anchors={node: strategy})
-    b = propagation.solve(problem, anchors={node: strategy})
+    a = bfs_propagation.solve(problem, anchors={node: strategy})
+    b = bfs_propagation.solve(problem, anchors={node: strategy})
     assert a.choice == b.choice and a.choice[node] == strategy
-    adj = propagation.Adjacency.of(problem)
-    assert propagation.propagate(problem, adj, {node: strategy})[node] == strategy
+    adj = bfs_propagation.Adjacency.of(problem)
+    assert bfs_propagation.propagate(problem, adj, {node: strategy})[node] == strategy
     with pytest.raises(ConfigError, match="anchor"):
-        propagation.solve(problem, anchors={problem.num_nodes: 0})
+        bfs_propagation.solve(problem, anchors={problem.num_nodes: 0})
 
 
 def test_repair_reaches_the_limit():
     problem = random_problem(11, kind="sparse", nodes=8, limit="exact")
     largest = [int(np.argmax(u)) for u in problem.node_usages]
     assert not problem.feasible(largest)
-    fixed = propagation.repair_memory(problem, largest)
+    fixed = bfs_propagation.repair_memory(problem, largest)
     assert problem.feasible(fixed)
-    polished = propagation.improve(problem, fixed)
+    polished = bfs_propagation.improve(problem, fixed)
     assert problem.feasible(polished) and problem.cost(polished) <= problem.cost(fixed)
 
 
@@ -271,7 +271,7 @@ def test_medium_problems(kind):
     """Benchmark-sized problems: every solver feasible; CP-SAT no worse than the heuristics
     it starts from."""
     problem = random_medium_problem(5, kind=kind, nodes=60, max_strategies=5)
-    heuristic = [dp.solve(problem), propagation.solve(problem)]
+    heuristic = [dp.solve(problem), bfs_propagation.solve(problem)]
     for sol in heuristic:
         check_valid(problem, sol)
     sol = ilp.solve(problem, time_limit=3, initial=min(heuristic, key=lambda h: h.cost))

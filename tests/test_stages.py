@@ -5,7 +5,7 @@ import pytest
 
 import autopar as ap
 import models as m
-from autopar.strategies.stages import assign_stages
+from autopar.strategies.stage_assign import assign_stages
 from autopar.trace import trace
 
 

@@ -18,7 +18,7 @@ import jax
 from ..config import Backend, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError
-from ..pipeline import PipelineProgram
+from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
 from ..strategies.build import build_problem

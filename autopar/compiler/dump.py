@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..pipeline import PipelineProgram, Transfer
+from ..pipeline_program import PipelineProgram, Transfer
 from ..program import Collective, Compute
 from ..strategies.cost_model import compute_time, memory_timeline, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy

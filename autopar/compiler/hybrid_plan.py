@@ -5,7 +5,7 @@ In: the step function, example arguments, the ParallelConfig, ``batch_argnums`` 
 modes. Arguments are split as data_parallel splits them unless ``in_strategy`` /
 ``dataset_strategy`` say otherwise; results are replicated, except new state (parameters,
 optimizer state), which keeps its argument's layout. The step is traced per device under
-``jax.shard_map`` (autopar.trace.trace_per_device) and lowered by redistribution.hybrid; the
+``jax.shard_map`` (autopar.trace.trace_per_device) and lowered by redistribution.user_collectives; the
 Strategy lists every operator on its local shapes (nothing is chosen).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .dump import assemble_strategy, label, op_strategies
 from ..errors import ConfigError, InfeasibleError
 from ..graph import Value
 from ..layout import Layout
-from ..redistribution.hybrid import COLLECTIVE_PRIMS, lower_hybrid
+from ..redistribution.user_collectives import COLLECTIVE_PRIMS, lower_hybrid
 from ..redistribution.planner import Planner
 from ..strategies.candidates import Candidate
 from ..strategies.cost_model import program_memory

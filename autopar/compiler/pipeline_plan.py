@@ -26,10 +26,10 @@ from ..errors import ConfigError, LayoutError
 from ..mesh import LogicalMesh
 from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
-from ..redistribution.pipeline import MicroPlanner, StageLowering, split_stages
+from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stages
 from ..strategies.microbatch import add_micro_axis, micro_mesh
-from ..strategies.stage_plan import StageOption, plan_stages
-from ..strategies.stages import Stages, assign_stages
+from ..strategies.stage_cuts import StageOption, plan_stages
+from ..strategies.stage_assign import Stages, assign_stages
 
 
 def reshard_cost(planner):

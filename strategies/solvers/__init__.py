@@ -18,7 +18,7 @@ from autopar.errors import ConfigError
 
 # search_mode (MindSpore's names, plus autopar's own) -> module implementing ``solve``
 MODULES = {
-    "sharding_propagation": "propagation",
+    "sharding_propagation": "bfs_propagation",
     "dynamic_programming": "dp",
     "ilp": "ilp",
     "local_search": "local_search",

@@ -37,8 +37,8 @@ Memory: eliminations optimise cost only. If the cost-optimal choice breaks the l
 Lagrangian multiplier lambda is added to the node costs of the nodes live at violated steps,
 c_i[s] + lambda * usage_i[s]; lambda is searched (exponentially, then by bisection) for the
 smallest value whose choice fits, the set of penalised nodes widening if violations move.
-Every candidate choice then goes through ``propagation.repair_memory`` (moves nodes live at
-the peak to smaller strategies), the three cheapest through ``propagation.improve`` (1-opt
+Every candidate choice then goes through ``bfs_propagation.repair_memory`` (moves nodes live at
+the peak to smaller strategies), the three cheapest through ``bfs_propagation.improve`` (1-opt
 descent within the limit), and the cheapest is returned (or ``initial``, when given, feasible
 and cheaper). Inexact runs (star rule, unproven residual) are polished the same way.
 """
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.strategies.problem import SearchProblem, Solution, check_fits
-from autopar.strategies.solvers.propagation import Adjacency, improve, repair_memory
+from autopar.strategies.solvers.bfs_propagation import Adjacency, improve, repair_memory
 
 DEFAULT_TIME_LIMIT = 60.0
 ENUMERATION_LIMIT = 20_000

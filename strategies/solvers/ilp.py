@@ -318,8 +318,8 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         if problem.feasible(initial.choice):
             best = (problem.cost(initial.choice), np.asarray(initial.choice, np.int64))
     if best is None:
-        from autopar.strategies.solvers import dp, propagation
-        hints = [propagation.solve(problem),
+        from autopar.strategies.solvers import bfs_propagation, dp
+        hints = [bfs_propagation.solve(problem),
                  dp.solve(problem, time_limit=_HINT_SHARE * budget, star=True)]
         hint = min(hints, key=lambda s: s.cost)
         best = (hint.cost, np.asarray(hint.choice, np.int64))

@@ -37,7 +37,7 @@ import numpy as np
 
 from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
-from .reduce import ReducedProblem, reduce, restrict
+from .graph_reduction import ReducedProblem, reduce, restrict
 from .region_mip import RegionMip
 from .trws import MessagePassing
 

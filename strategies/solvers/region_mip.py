@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sparse
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
-from .reduce import ReducedProblem, dominated_steps
+from .graph_reduction import ReducedProblem, dominated_steps
 
 
 @dataclass(frozen=True, eq=False)

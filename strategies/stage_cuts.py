@@ -6,7 +6,7 @@ mesh, per-node communication seconds there, and its ``MicroPlan`` from strategie
 which values are per micro-batch, and their sizes), the batch input positions, the link
 between stages, the per-device memory cap, fixed ``Stages`` (from ``ap.pipeline_stage``) or
 none (cut the forward pass), and fixed device counts or none (choose them, using every
-device). Out: ``StagePlan``: the ``Stages`` (strategies.stages), each stage's device count,
+device). Out: ``StagePlan``: the ``Stages`` (strategies.stage_assign), each stage's device count,
 seconds per micro-batch and peak bytes per device, the estimated step time and the cuts.
 
 1. Forward operators are those that depend on the batch and neither are nor read a
@@ -48,11 +48,11 @@ import numpy as np
 
 from autopar.errors import InfeasibleError, PipelineError
 from autopar.graph import Value
-from autopar.pipeline import in_flight
+from autopar.pipeline_program import in_flight
 
 from .cost_model import compute_time, local_bytes, output_bytes
 from .microbatch import MB
-from .stages import Stages
+from .stage_assign import Stages
 
 BOUNDS = 400          # candidate bounds beyond which they are thinned to 0.5% bands
 

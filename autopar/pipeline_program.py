@@ -1,6 +1,6 @@
 """The PipelineProgram: a step cut into pipeline stages that run micro-batches.
 
-In: built by ``redistribution.pipeline.split_stages`` from the step lowered on each stage's
+In: built by ``redistribution.stage_split.split_stages`` from the step lowered on each stage's
 micro-batch mesh. Out: frozen values both runtimes execute:
 - ``PipelineProgram``: every device (``mesh``), one ``StageProgram`` per stage, the micro-batch
   count and the scheduler, and where each result is (stage, register, layout);

@@ -1,9 +1,9 @@
 """Cut a step lowered on each stage's micro-batch mesh into pipeline stages and phases.
 
-In: a Graph, its ``Stages`` (strategies.stages), one ``StageLowering`` per stage mesh (the
+In: a Graph, its ``Stages`` (strategies.stage_assign), one ``StageLowering`` per stage mesh (the
 stages on it, its ``MicroPlan`` from strategies.microbatch, a ``MicroPlanner``, the result
 layouts), every stage's devices and the scheduler. Out: a ``PipelineProgram``
-(autopar.pipeline).
+(autopar.pipeline_program).
 
 For each stage mesh:
 1. Lower the graph on the micro-batch mesh (``lower_steps``): local shapes are one
@@ -37,7 +37,7 @@ import numpy as np
 from autopar.errors import PipelineError
 from autopar.graph import Const
 from autopar.layout import Layout
-from autopar.pipeline import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
+from autopar.pipeline_program import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
 from autopar.program import (Collective, Compute, Slice, StepKind, defer_all_reduce_readers, reads,
                              segment, writes)
 from autopar.strategies.microbatch import MB
