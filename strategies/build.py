@@ -166,94 +166,120 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     their producers (``followers``). Costs, usages and edge matrices are computed once per
     distinct (operator signatures, candidate lists) and shared, read-only, by every node and
     edge that repeats them (the layers of a deep model)."""
-    n_in = len(graph.inputs)
-    in_iv, node_iv = live_intervals(graph)
-    result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
-    state_out = {graph.outputs[j].id for _, j in state_pairs if isinstance(graph.outputs[j], Value)}
-    gathered = result_ids - state_out            # results returned replicated
-    chains = followers(graph, cands, result_ids, node_iv) if merge else [[k] for k in range(len(graph.nodes))]
-    where = {v.id: (i, 0, 0) for i, v in enumerate(graph.inputs)}   # value -> (problem node, member, output)
-    for g, chain in enumerate(chains):
-        for m, k in enumerate(chain):
-            for j, v in enumerate(graph.nodes[k].outputs):
-                where[v.id] = (n_in + g, m, j)
-    state_args = {i for i, _ in state_pairs}
     if arg_options is None:
         arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
                             for i, v in enumerate(graph.inputs))
-    memo: dict = {}
+    b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge)
+    for i, v in enumerate(graph.inputs):
+        b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
+    groups = tuple(b.add_chain(chain) for chain in b.chains)
+    for g, chain in enumerate(b.chains):
+        b.add_reads(len(graph.inputs) + g, graph.nodes[chain[0]])
+    for i, j in state_pairs:
+        b.add_state_edge(i, graph.outputs[j])
+    problem = SearchProblem(tuple(b.costs), tuple(b.usages),
+                            np.array(b.intervals, np.int64).reshape(-1, 2),
+                            np.array(b.edges, np.int64).reshape(-1, 2), tuple(b.ecosts),
+                            usage_limit, name, tuple(b.names))
+    return Built(problem, graph, arg_options, dict(cands), groups)
 
-    def shared(key, make):
-        if key not in memo:
+
+class _Builder:
+    """``build_problem``'s state: the problem's nodes (``costs``, ``usages``, ``intervals``,
+    ``names``; per node its key as an edge source and its output layouts per member, output
+    and choice) and edges (``edges``, ``ecosts``), filled by ``add_argument``, ``add_chain``,
+    ``add_reads`` and ``add_state_edge``; ``shared`` computes each distinct array once."""
+
+    def __init__(self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge):
+        self.graph, self.mesh, self.cands = graph, mesh, cands
+        self.reshard_cost, self.arg_options = reshard_cost, arg_options
+        self.in_iv, self.node_iv = live_intervals(graph)
+        result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+        state_out = {graph.outputs[j].id for _, j in state_pairs
+                     if isinstance(graph.outputs[j], Value)}
+        self.gathered = result_ids - state_out          # results returned replicated
+        self.chains = (followers(graph, cands, result_ids, self.node_iv) if merge
+                       else [[k] for k in range(len(graph.nodes))])
+        n_in = len(graph.inputs)
+        self.where = {v.id: (i, 0, 0) for i, v in enumerate(graph.inputs)}  # value ->
+        for g, chain in enumerate(self.chains):                            # (problem node,
+            for m, k in enumerate(chain):                                  # member, output)
+                for j, v in enumerate(graph.nodes[k].outputs):
+                    self.where[v.id] = (n_in + g, m, j)
+        self.state_args = {i for i, _ in state_pairs}
+        self.memo: dict = {}
+        self.costs, self.usages, self.intervals, self.names = [], [], [], []
+        self.src_keys, self.out_layouts = [], []
+        self.edges, self.ecosts = [], []
+
+    def shared(self, key, make):
+        if key not in self.memo:
             arr = make()
             if isinstance(arr, np.ndarray):
                 arr.setflags(write=False)
-            memo[key] = arr
-        return memo[key]
+            self.memo[key] = arr
+        return self.memo[key]
 
-    def to_replicated(layouts, v):
-        return _by_layout(layouts, lambda l: reshard_cost(l, Layout.replicated(len(v.shape)),
-                                                          v.shape, v.dtype))
+    def to_replicated(self, layouts, v):
+        return _by_layout(layouts, lambda l: self.reshard_cost(l, Layout.replicated(len(v.shape)),
+                                                               v.shape, v.dtype))
 
-    costs, usages, intervals, names = [], [], [], []
-    src_keys = []                    # per problem node: its key as an edge source
-    out_layouts = []                 # per problem node: per member, per output: layout per choice
-    for i, v in enumerate(graph.inputs):
-        opts = arg_options[i]
+    def _node(self, cost, usage, interval, name, key, outs):
+        self.costs.append(cost)
+        self.usages.append(usage)
+        self.intervals.append(interval)
+        self.names.append(name)
+        self.src_keys.append(key)
+        self.out_layouts.append(outs)
+
+    def add_argument(self, i, v, name):
+        opts = self.arg_options[i]
         key = ("arg", type_str(v.shape, v.dtype), id(opts))
-        res = v.id in gathered
-        costs.append(shared(key + ("cost", res), lambda: to_replicated(opts, v) if res
-                            else np.zeros(len(opts))))
-        usages.append(shared(key + ("usage",), lambda: np.array(
-            [local_bytes(l, v, mesh) for l in opts], np.int64)))
-        intervals.append(in_iv[i])
-        names.append(f"argument {arg_names[i] if arg_names else i}")
-        src_keys.append(key)
-        out_layouts.append([[opts]])
-    groups = []
-    for chain in chains:
-        nodes = [graph.nodes[k] for k in chain]
-        res = tuple(v.id in gathered for n in nodes for v in n.outputs)
-        key = tuple((n.signature, id(cands[n.id])) for n in nodes) + (res,)
-        idx, cost, usage, outs = shared(key + ("chain",), lambda: _chain(
-            nodes, cands, mesh, gathered, to_replicated))
-        costs.append(cost)
-        usages.append(usage)
-        intervals.append((node_iv[chain[0]][0], node_iv[chain[-1]][1]))
-        head = nodes[0]
-        names.append((f"{head.name} ({head.source})" if head.source else head.name)
-                     + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""))
-        src_keys.append(key)
-        out_layouts.append(outs)
-        groups.append(tuple((n.id, i) for n, i in zip(nodes, idx)))
+        res = v.id in self.gathered
+        self._node(self.shared(key + ("cost", res), lambda: self.to_replicated(opts, v) if res
+                               else np.zeros(len(opts))),
+                   self.shared(key + ("usage",), lambda: np.array(
+                       [local_bytes(l, v, self.mesh) for l in opts], np.int64)),
+                   self.in_iv[i], name, key, [[opts]])
 
-    edges, ecosts = [], []
-    for g, chain in enumerate(chains):
-        v_idx, n = n_in + g, graph.nodes[chain[0]]   # only a chain's head reads other nodes
+    def add_chain(self, chain) -> tuple:
+        """One problem node for a chain of operators; its ((node id, index per choice), ...)."""
+        nodes = [self.graph.nodes[k] for k in chain]
+        res = tuple(v.id in self.gathered for n in nodes for v in n.outputs)
+        key = tuple((n.signature, id(self.cands[n.id])) for n in nodes) + (res,)
+        idx, cost, usage, outs = self.shared(key + ("chain",), lambda: _chain(
+            nodes, self.cands, self.mesh, self.gathered, self.to_replicated))
+        head = nodes[0]
+        self._node(cost, usage, (self.node_iv[chain[0]][0], self.node_iv[chain[-1]][1]),
+                   (f"{head.name} ({head.source})" if head.source else head.name)
+                   + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""), key, outs)
+        return tuple((n.id, i) for n, i in zip(nodes, idx))
+
+    def add_reads(self, v_idx, n):
+        """An edge per operand of chain head ``n`` (only a chain's head reads other nodes)."""
         for pos, x in enumerate(n.inputs):
             if not isinstance(x, Value):
                 continue
-            u_idx, m, j = where[x.id]
-            src = out_layouts[u_idx][m][j]
-            dst = cands[n.id]
-            state = u_idx in state_args
-            edges.append((u_idx, v_idx))
-            ecosts.append(shared(("edge", src_keys[u_idx], m, j, src_keys[v_idx], pos, state), lambda: _matrix(
-                src, [cand.in_layouts[pos] for cand in dst],
-                lambda s, d: _state_read(reshard_cost(s, d, x.shape, x.dtype)) if state
-                else reshard_cost(s, d, x.shape, x.dtype))))
-    for i, j in state_pairs:
-        o = graph.outputs[j]
-        if not isinstance(o, Value) or where.get(o.id, (0,))[0] < n_in:
-            continue                       # a constant, or the argument returned unchanged
-        v_idx, m, k = where[o.id]
-        edges.append((i, v_idx))
-        ecosts.append(shared(("state", src_keys[i], src_keys[v_idx], m, k), lambda: _matrix(
-            arg_options[i], out_layouts[v_idx][m][k], lambda a, b: 0.0 if a == b else STATE_PENALTY)))
-    problem = SearchProblem(tuple(costs), tuple(usages), np.array(intervals, np.int64).reshape(-1, 2),
-                            np.array(edges, np.int64).reshape(-1, 2), tuple(ecosts), usage_limit,
-                            name, tuple(names))
-    return Built(problem, graph, arg_options, dict(cands), tuple(groups))
+            u_idx, m, j = self.where[x.id]
+            src, dst = self.out_layouts[u_idx][m][j], self.cands[n.id]
+            state = u_idx in self.state_args
+            price = lambda s, d: self.reshard_cost(s, d, x.shape, x.dtype)
+            self.edges.append((u_idx, v_idx))
+            self.ecosts.append(self.shared(
+                ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state),
+                lambda: _matrix(src, [cand.in_layouts[pos] for cand in dst],
+                                (lambda s, d: _state_read(price(s, d))) if state else price)))
+
+    def add_state_edge(self, i, o):
+        """Argument ``i``'s new value ``o`` should keep its layout (``STATE_PENALTY``)."""
+        if not isinstance(o, Value) or self.where.get(o.id, (0,))[0] < len(self.graph.inputs):
+            return                         # a constant, or the argument returned unchanged
+        v_idx, m, k = self.where[o.id]
+        self.edges.append((i, v_idx))
+        self.ecosts.append(self.shared(
+            ("state", self.src_keys[i], self.src_keys[v_idx], m, k),
+            lambda: _matrix(self.arg_options[i], self.out_layouts[v_idx][m][k],
+                            lambda a, b: 0.0 if a == b else STATE_PENALTY)))
 
 
 def _chain(nodes, cands, mesh, result_ids, to_replicated):
