@@ -179,12 +179,50 @@ def _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale) -> None:
 
 
 def _build(problem: SearchProblem, red: Reduced, hint) -> _Model:
-    """The CP-SAT model of the module docstring; ``hint`` (allowed strategies) or None."""
+    """The CP-SAT model of the module docstring; ``hint`` (allowed strategies) or None:
+    ``_objective_terms`` normalizes the costs, then one exactly-one group per free node,
+    ``_pair_terms`` per remaining edge, ``_memory_constraints`` per memory step, the hints."""
     allowed = [np.flatnonzero(a) for a in red.allowed]
     free = np.array([len(a) > 1 for a in allowed], bool)
     fixed = np.array([int(a[0]) for a in allowed], np.int64)
+    unary, edge_terms = _objective_terms(red, allowed, free)
+    objective_max = sum(float(unary[i].max()) for i in np.flatnonzero(free))
+    objective_max += sum(float(s.max()) for _, _, s, _ in edge_terms)
+    scale = _SCALE_UNITS / objective_max if objective_max > 0 else 1.0
+
+    model = cp_model.CpModel()
+    x = {}
+    for i in np.flatnonzero(free).tolist():
+        lits = [model.new_bool_var(f"x{i}_{a}") for a in allowed[i]]
+        model.add_exactly_one(lits)
+        x[i] = (allowed[i], lits)
+    obj_vars, obj_coefs = [], []
+    for i, (_, lits) in x.items():
+        obj_vars += lits
+        obj_coefs += np.rint(unary[i] * scale).astype(np.int64).tolist()
+    hint_y = []
+    for term in edge_terms:
+        hint_y += _pair_terms(model, term, x, allowed, hint, obj_vars, obj_coefs, scale)
+    model.minimize(cp_model.LinearExpr.weighted_sum(obj_vars, obj_coefs))
+    if problem.usage_limit is not None:
+        _memory_constraints(model, problem, allowed, x)
+    if hint is not None:
+        for y, value in hint_y:
+            model.add_hint(y, value)
+        for i, (idx, lits) in x.items():
+            for a, lit in zip(idx.tolist(), lits):
+                model.add_hint(lit, int(a == hint[i]))
+    return _Model(model, x, fixed, scale)
+
+
+def _objective_terms(red: Reduced, allowed, free):
+    """Per node its allowed strategies' costs, and the edges between free nodes as
+    ``(u, v, R, compatible)``: an edge to a fixed node folds into the other's costs; each
+    matrix's row and column minima move into the nodes' costs (so R >= 0 with zeros), and an
+    edge left all zero and compatible everywhere is dropped; each free node's costs are then
+    shifted to a minimum of 0."""
     unary = [u[a].copy() for u, a in zip(red.unary, allowed)]
-    edge_terms = []                                     # (u, v, R, compatible) between free
+    edge_terms = []
     for (u, v), m in red.pairs:
         sub = m[np.ix_(allowed[u], allowed[v])]
         if not free[u] and not free[v]:
@@ -207,66 +245,54 @@ def _build(problem: SearchProblem, red: Reduced, hint) -> _Model:
         edge_terms.append((u, v, sub, ok))
     for i in np.flatnonzero(free):
         unary[i] = unary[i] - unary[i].min()
-    objective_max = sum(float(unary[i].max()) for i in np.flatnonzero(free))
-    objective_max += sum(float(s.max()) for _, _, s, _ in edge_terms)
-    scale = _SCALE_UNITS / objective_max if objective_max > 0 else 1.0
+    return unary, edge_terms
 
-    model = cp_model.CpModel()
-    x = {}
-    for i in np.flatnonzero(free).tolist():
-        lits = [model.new_bool_var(f"x{i}_{a}") for a in allowed[i]]
-        model.add_exactly_one(lits)
-        x[i] = (allowed[i], lits)
-    obj_vars, obj_coefs = [], []
-    for i, (_, lits) in x.items():
-        obj_vars += lits
-        obj_coefs += np.rint(unary[i] * scale).astype(np.int64).tolist()
-    hint_y = []
-    for u, v, sub, ok in edge_terms:
-        xu, xv = x[u][1], x[v][1]
-        if (ok.sum(axis=1) == 1).all() or (ok.sum(axis=0) == 1).all():
-            _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale)
+
+def _pair_terms(model, term, x, allowed, hint, obj_vars, obj_coefs, scale) -> list:
+    """One edge's variables: a functional edge (each row or each column has one compatible
+    entry) through ``_functional``; otherwise a boolean per compatible pair, linked to both
+    nodes' literals, priced in the objective. The pair booleans' hints (empty without one)."""
+    u, v, sub, ok = term
+    xu, xv = x[u][1], x[v][1]
+    if (ok.sum(axis=1) == 1).all() or (ok.sum(axis=0) == 1).all():
+        _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale)
+        return []
+    ys = {}
+    for a, b in zip(*np.nonzero(ok)):
+        ys[int(a), int(b)] = y = model.new_bool_var(f"y{u}_{v}_{a}_{b}")
+        if sub[a, b] > 0:
+            obj_vars.append(y)
+            obj_coefs.append(int(np.rint(sub[a, b] * scale)))
+    for a in range(ok.shape[0]):
+        model.add(sum(ys[a, b] for b in np.flatnonzero(ok[a]).tolist()) == xu[a])
+    for b in range(ok.shape[1]):
+        model.add(sum(ys[a, b] for a in np.flatnonzero(ok[:, b]).tolist()) == xv[b])
+    if hint is None:
+        return []
+    hu = int(np.searchsorted(allowed[u], hint[u]))
+    hv = int(np.searchsorted(allowed[v], hint[v]))
+    return [(y, int(a == hu and b == hv)) for (a, b), y in ys.items()]
+
+
+def _memory_constraints(model, problem, allowed, x):
+    """Per memory step that could exceed the limit: the usage above each live node's smallest
+    allowed one, summed over the free nodes, within what the limit leaves."""
+    iv = problem.intervals
+    lo = np.array([int(u[a].min()) for u, a in zip(problem.node_usages, allowed)])
+    extra_max = np.array([int(u[a].max()) for u, a in zip(problem.node_usages, allowed)]) - lo
+    for t in _memory_steps(problem).tolist():
+        live = np.flatnonzero((iv[:, 0] <= t) & (t < iv[:, 1]))
+        rhs = problem.usage_limit - int(lo[live].sum())
+        if int(extra_max[live].sum()) <= rhs:
             continue
-        ys = {}
-        for a, b in zip(*np.nonzero(ok)):
-            ys[int(a), int(b)] = y = model.new_bool_var(f"y{u}_{v}_{a}_{b}")
-            if sub[a, b] > 0:
-                obj_vars.append(y)
-                obj_coefs.append(int(np.rint(sub[a, b] * scale)))
-        for a in range(ok.shape[0]):
-            model.add(sum(ys[a, b] for b in np.flatnonzero(ok[a]).tolist()) == xu[a])
-        for b in range(ok.shape[1]):
-            model.add(sum(ys[a, b] for a in np.flatnonzero(ok[:, b]).tolist()) == xv[b])
-        if hint is not None:
-            hu = int(np.searchsorted(allowed[u], hint[u]))
-            hv = int(np.searchsorted(allowed[v], hint[v]))
-            hint_y += [(y, int(a == hu and b == hv)) for (a, b), y in ys.items()]
-    model.minimize(cp_model.LinearExpr.weighted_sum(obj_vars, obj_coefs))
-
-    if problem.usage_limit is not None:
-        iv = problem.intervals
-        lo = np.array([int(u[a].min()) for u, a in zip(problem.node_usages, allowed)])
-        extra_max = np.array([int(u[a].max()) for u, a in zip(problem.node_usages, allowed)]) - lo
-        for t in _memory_steps(problem).tolist():
-            live = np.flatnonzero((iv[:, 0] <= t) & (t < iv[:, 1]))
-            rhs = problem.usage_limit - int(lo[live].sum())
-            if int(extra_max[live].sum()) <= rhs:
-                continue
-            lits, coefs = [], []
-            for i in live.tolist():
-                if i in x:
-                    extra = problem.node_usages[i][allowed[i]] - lo[i]
-                    keep = extra > 0
-                    lits += [lit for lit, k in zip(x[i][1], keep) if k]
-                    coefs += extra[keep].tolist()
-            model.add(cp_model.LinearExpr.weighted_sum(lits, coefs) <= rhs)
-    if hint is not None:
-        for y, value in hint_y:
-            model.add_hint(y, value)
-        for i, (idx, lits) in x.items():
-            for a, lit in zip(idx.tolist(), lits):
-                model.add_hint(lit, int(a == hint[i]))
-    return _Model(model, x, fixed, scale)
+        lits, coefs = [], []
+        for i in live.tolist():
+            if i in x:
+                extra = problem.node_usages[i][allowed[i]] - lo[i]
+                keep = extra > 0
+                lits += [lit for lit, k in zip(x[i][1], keep) if k]
+                coefs += extra[keep].tolist()
+        model.add(cp_model.LinearExpr.weighted_sum(lits, coefs) <= rhs)
 
 
 def _extract(built: _Model, value) -> np.ndarray:
