@@ -134,6 +134,8 @@ def _calibrate(args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line's parser. Long because it is a table: one ``add_argument`` per option
+    of every subcommand, each with its help, read top to bottom as ``autopar --help`` does."""
     from .config import OptimizerLevel, ParallelMode, PipelineScheduler, SearchMode
     values = lambda e: [m.value for m in e]
     parser = argparse.ArgumentParser(prog="autopar", description="autopar: auto-parallel "

@@ -116,6 +116,9 @@ class ParallelConfig:
     strategy_ckpt_save_file: Optional[str] = None   # compile saves its strategy there (autopar JSON)
 
     def __post_init__(self):
+        """Every field validated and normalised (names to enums, "25MB" to bytes). Long
+        because it is a table, one check per field in the fields' order, so a new field's
+        check goes beside it."""
         set_ = lambda k, v: object.__setattr__(self, k, v)
         set_("parallel_mode", _enum(ParallelMode, self.parallel_mode, "parallel_mode"))
         set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))

@@ -277,33 +277,41 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
                     out_comm)
 
 
-def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
-    config = config or context_config()
+def _check_request(config, strategy, pipelined):
+    """The combinations of config and loaded strategy autopar refuses, with how to fix them."""
     mode = config.parallel_mode
-    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
-        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
-    if mode is ParallelMode.HYBRID_PARALLEL:
-        if strategy is not None:
-            raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
-                              "strategy to load; unset strategy / strategy_ckpt_config.")
-        return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
+    if mode is ParallelMode.HYBRID_PARALLEL and strategy is not None:
+        raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
+                          "strategy to load; unset strategy / strategy_ckpt_config.")
     if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
         raise ConfigError(
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
             "device_num times the gradient of the step you wrote; autopar keeps the single-device "
             "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
-    full = config.mesh()
+    if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
+        raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
+                          "autopar does not load yet; plan again (pipeline_stage_devices) "
+                          "instead of loading it.")
+
+
+def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
+    """``(graph, Strategy, Program or PipelineProgram)``: trace, plan on the mesh (or the
+    pipeline's stage meshes), check the memory cap, assemble the Strategy."""
+    config = config or context_config()
+    mode = config.parallel_mode
+    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
+        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
     pipelined = config.pipeline_stages > 1 or config.micro_batches > 1
+    _check_request(config, strategy, pipelined)
+    if mode is ParallelMode.HYBRID_PARALLEL:
+        return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
+    full = config.mesh()
     t0 = time.monotonic()
     graph = trace(fn, *args)
     t_trace = time.monotonic()
     names = leaf_names(args)
     name = getattr(fn, "__name__", "step")
     pairs = state_pairs(graph)
-    if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
-        raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
-                          "autopar does not load yet; plan again (pipeline_stage_devices) "
-                          "instead of loading it.")
     req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
                          in_strategy=in_strategy, strategy=strategy, names=tuple(names), name=name,
                          pairs=tuple(pairs), pipelined=pipelined)
@@ -320,15 +328,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         program, out_comm, per_stage = mp.program, mp.out_comm, (mp,)
         node_plan = [mp] * len(graph.nodes)
     first = per_stage[0]
-    readers = {}                          # argument position -> the first stage reading it
-    for st in (program.stages if pipelined else ()):
-        for i in st.inputs:
-            readers.setdefault(i, st.index)
-    inputs = []
-    for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
-        mp = per_stage[readers.get(k, 0)]
-        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mp.assignment.inputs[k], p,
-                                    mp.updates.get(k)))
+    inputs = _input_strategies(graph, names, program, per_stage, pipelined)
     stage_of = program.node_stages if pipelined else (0,) * len(graph.nodes)
     ops = op_strategies(graph, names, [mp.assignment.choice[n.id] for n, mp in
                                        zip(graph.nodes, node_plan)],
@@ -353,6 +353,20 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
                        ("lower", time.monotonic() - t_search)))
     return graph, strat, program
+
+
+def _input_strategies(graph, names, program, per_stage, pipelined) -> list:
+    """An InputStrategy per argument leaf, in the layout of the first stage that reads it."""
+    readers = {}                          # argument position -> the first stage reading it
+    for st in (program.stages if pipelined else ()):
+        for i in st.inputs:
+            readers.setdefault(i, st.index)
+    inputs = []
+    for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
+        mp = per_stage[readers.get(k, 0)]
+        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mp.assignment.inputs[k], p,
+                                    mp.updates.get(k)))
+    return inputs
 
 
 def _peak(program, graph, pipelined) -> tuple:
