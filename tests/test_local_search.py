@@ -12,6 +12,7 @@ from autopar.strategies.problem import SearchProblem
 from autopar.strategies.solvers import local_search
 from autopar.strategies.solvers.graph_reduction import reduce
 from autopar.strategies.solvers.trws import MessagePassing
+from reference import cheapest
 
 DATA = Path(__file__).resolve().parent / "data" / "iopddl"
 INF = 1e18
@@ -55,25 +56,6 @@ def random_problem(seed: int, nodes=(2, 7), most=400, forbid=True) -> SearchProb
     return p
 
 
-def brute_force(p: SearchProblem):
-    """Cheapest finite cost over memory-feasible choices (None when there is none)."""
-    best = None
-    for choice in itertools.product(*[range(len(c)) for c in p.node_costs]):
-        c = p.cost(choice)
-        if c < 1e17 and p.feasible(choice) and (best is None or c < best):
-            best = c
-    return best
-
-
-def brute_force_reduced(r):
-    best = None
-    for choice in itertools.product(*[range(len(c)) for c in r.node_costs]):
-        c = r.cost(choice)
-        if np.isfinite(c) and r.feasible(choice) and (best is None or c < best):
-            best = c
-    return best
-
-
 def test_example_is_445():
     p = SearchProblem.load(DATA / "example.json")
     sol = local_search.solve(p, time_limit=5)
@@ -85,7 +67,7 @@ def test_random_problems_against_brute_force():
     seen, equal = 0, 0
     for seed in range(60):
         p = random_problem(seed)
-        opt = brute_force(p)
+        opt = cheapest(p)
         if opt is None:
             continue
         seen += 1
@@ -111,12 +93,12 @@ def test_reductions_map_back_exactly():
     checked = 0
     for seed in range(60):
         p = random_problem(seed)
-        opt = brute_force(p)
+        opt = cheapest(p)
         if opt is None:
             continue
         r = reduce(p)
         assert r.num_nodes <= p.num_nodes
-        assert brute_force_reduced(r) == opt, seed
+        assert cheapest(r) == opt, seed
         # every reduced choice is an original one of the same cost and the same feasibility
         for choice in itertools.islice(
                 itertools.product(*[range(len(c)) for c in r.node_costs]), 200):
@@ -138,7 +120,7 @@ def test_every_phase_on_tiny_problems():
     searched = 0
     for seed in range(8):
         p = random_problem(100 + seed, nodes=(7, 9), most=3000, forbid=False)
-        opt = brute_force(p)
+        opt = cheapest(p)
         if opt is None:
             continue
         searched += reduce(p).num_nodes > 2
@@ -161,7 +143,7 @@ def test_message_passing_is_exact_on_trees():
         p = SearchProblem(tuple(unary), tuple(np.ones(k, np.int64) for k in sizes),
                           np.zeros((n, 2), np.int64), np.array(edges).reshape(-1, 2),
                           tuple(mats), None, "tree")
-        assert p.cost(x) == brute_force(p)
+        assert p.cost(x) == cheapest(p)
 
 
 def test_reductions_shrink_functional_chain():
@@ -175,7 +157,7 @@ def test_reductions_shrink_functional_chain():
                       tuple(eye for _ in range(n - 1)), None, "chain")
     r = reduce(p)
     assert r.num_nodes == 0
-    assert p.cost(r.expand([])) == brute_force(p) == sum(range(n)) + n - 1
+    assert p.cost(r.expand([])) == cheapest(p) == sum(range(n)) + n - 1
 
 
 @pytest.mark.benchmark

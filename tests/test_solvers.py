@@ -15,6 +15,7 @@ import pytest
 from autopar.errors import ConfigError, InfeasibleError
 from autopar.strategies.problem import SearchProblem, Solution
 from autopar.strategies.solvers import bfs_propagation, brute, dp, ilp
+from reference import cheapest
 from autopar.strategies.solvers.random_problems import (KINDS, LIMIT_MODES, REDUCIBLE,
                                                         random_medium_problem, random_problem)
 
@@ -64,6 +65,21 @@ def test_example_propagation_feasible():
 
 
 # ---------------------------------------------------------------------- random cross-checks
+@pytest.mark.parametrize("seed", range(40))
+def test_brute_force_is_the_plain_enumeration(seed):
+    """brute.solve (mixed-radix chunks priced with numpy, memory checked at interval starts)
+    is the reference of every other solver test: it must agree with plain enumeration."""
+    kind = KINDS[seed % len(KINDS)]
+    problem = random_problem(seed, kind=kind, nodes=3 + seed % 5,
+                             limit=LIMIT_MODES[seed % len(LIMIT_MODES)])
+    want = cheapest(problem)
+    if want is None:
+        with pytest.raises(InfeasibleError):
+            brute.solve(problem)
+    else:
+        assert brute.solve(problem).cost == pytest.approx(want, rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(110))
 def test_random_tiny_problems_against_brute_force(seed):
     """Five problems per seed (one per graph kind), limit mode drawn from the seed."""
