@@ -241,23 +241,49 @@ def _sender(peer):
 
 
 def run_stage(comm, blocks):
+    """One step of this rank's stage: its tasks in order, then ``post``; per result position,
+    its block (None for a replicated result on ranks other than the stage's first)."""
     P = nb.WORKER.stage
     meter = nb.PeakMeter()
     start = time.perf_counter()
-    M, keep, devices = P.micro, P.keep, P.devices
-    mine = devices[P.stage]
-    me = comm.rank - mine[0]
-    mailbox = _Mailbox(comm, P.inbox)
-    sends = []
-    step = {r: b[0] for r, b in blocks.items() if r not in P.micro_inputs}
-    micro = [{r: blocks[r][m] for r in P.micro_inputs} for m in range(M)]
-    acc = {}
+    run = _StageStep(comm, P, blocks)
     for name, m in list(P.tasks) + [("post", None)]:
-        regs = step if m is None else micro[m]
-        comms = nb.CommScheduler(comm, P.groups, P.bucket_bytes)
+        run.task(name, m)
+    results = [run.step[o] for _, o, _ in P.outputs]
+    for f in run.sends:
+        f.result()
+    run.mailbox.join()
+    nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
+                                   "wait_s": run.mailbox.waited}
+    meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
+    return {k: x if (split or run.me == 0) else None
+            for (k, _, split), x in zip(P.outputs, results)}
+
+
+class _StageStep:
+    """The registers of one step of a stage: ``step`` (values for the whole step: arguments
+    the same for every micro-batch, values kept across micro-batches, sums over them), one
+    dict per micro-batch, the accumulators, the sends in flight and the mailbox."""
+
+    def __init__(self, comm, P, blocks):
+        self.comm, self.P = comm, P
+        self.mine = P.devices[P.stage]
+        self.me = comm.rank - self.mine[0]
+        self.mailbox = _Mailbox(comm, P.inbox)
+        self.sends = []
+        self.step = {r: b[0] for r, b in blocks.items() if r not in P.micro_inputs}
+        self.micro = [{r: blocks[r][m] for r in P.micro_inputs} for m in range(P.micro)]
+        self.acc = {}
+
+    def task(self, name, m):
+        """Run phase ``name`` on micro-batch ``m`` (None: ``post``, on the accumulated sums)."""
+        step, keep = self.step, self.P.keep
+        regs = step if m is None else self.micro[m]
+        comms = nb.CommScheduler(self.comm, self.P.groups, self.P.bucket_bytes)
         if name == "post":
-            for r, v in acc.items():
-                step[r] = wire.aligned(np.concatenate(v[1], axis=v[0])) if isinstance(v, tuple) else v
+            for r, v in self.acc.items():
+                step[r] = (wire.aligned(np.concatenate(v[1], axis=v[0]))
+                           if isinstance(v, tuple) else v)
 
         def get(r):
             if isinstance(r, Const):
@@ -269,55 +295,50 @@ def run_stage(comm, blocks):
             regs[r] = comms.wait(r)
             return regs[r]
 
+        def put(r, value):
+            regs[r] = value
+            if r in keep:
+                step[r] = value
+
         try:
-            for st in P.phases[name]:
+            for st in self.P.phases[name]:
                 if isinstance(st, Transfer):
-                    if st.kind == "send":
-                        x = nb.contiguous(get(st.reg))
-                        for dst in _targets(st, mine, devices[st.peer], me):
-                            sends.append(_sender(dst).submit(comm.send, x, dst))
-                    else:
-                        regs[st.reg] = mailbox.take(st.key, m if st.micro else None)
-                        if st.reg in keep:
-                            step[st.reg] = regs[st.reg]
+                    self._transfer(st, m, get, put)
                 elif isinstance(st, Accumulate):
-                    x = get(st.src)
-                    if st.kind == "sum":
-                        if st.out in acc:
-                            np.add(acc[st.out], x, out=acc[st.out])
-                        else:
-                            acc[st.out] = wire.empty(x.shape, x.dtype)
-                            np.copyto(acc[st.out], x)
-                    else:
-                        acc.setdefault(st.out, (st.dim, []))[1].append(x)
+                    self._accumulate(st, get(st.src))
                 elif isinstance(st, MicroSlice):
-                    x = get(st.src)
-                    if st.kind == "zero":
-                        regs[st.out] = x if m == 0 else wire.zeros(x.shape, x.dtype)
-                    else:
-                        n = x.shape[st.dim] // M
-                        regs[st.out] = wire.aligned(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
+                    regs[st.out] = self._micro_slice(st, get(st.src), m)
                 else:
                     for o, y in nb.execute(st, get, comms):
-                        regs[o] = y
-                        if o in keep:
-                            step[o] = y
+                        put(o, y)
             comms.flush()
             for r in list(comms.futures):
-                regs[r] = comms.wait(r)
-                if r in keep:
-                    step[r] = regs[r]
+                put(r, comms.wait(r))
         finally:
             comms.close()
         if name == "backward":
-            micro[m] = {}
-    results = [step[o] for _, o, _ in P.outputs]
-    for f in sends:
-        f.result()
-    mailbox.join()
-    nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start, "wait_s": mailbox.waited}
-    meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
-    out = {}
-    for (k, _, split), x in zip(P.outputs, results):
-        out[k] = x if (split or me == 0) else None
-    return out
+            self.micro[m] = {}
+
+    def _transfer(self, st, m, get, put):
+        if st.kind == "send":
+            x = nb.contiguous(get(st.reg))
+            for dst in _targets(st, self.mine, self.P.devices[st.peer], self.me):
+                self.sends.append(_sender(dst).submit(self.comm.send, x, dst))
+        else:
+            put(st.reg, self.mailbox.take(st.key, m if st.micro else None))
+
+    def _accumulate(self, st, x):
+        if st.kind == "sum":
+            if st.out in self.acc:
+                np.add(self.acc[st.out], x, out=self.acc[st.out])
+            else:
+                self.acc[st.out] = wire.empty(x.shape, x.dtype)
+                np.copyto(self.acc[st.out], x)
+        else:
+            self.acc.setdefault(st.out, (st.dim, []))[1].append(x)
+
+    def _micro_slice(self, st, x, m):
+        if st.kind == "zero":
+            return x if m == 0 else wire.zeros(x.shape, x.dtype)
+        n = x.shape[st.dim] // self.P.micro
+        return wire.aligned(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
