@@ -89,7 +89,7 @@ class MicroSlice:
         return f"%r{self.out} = micro_{self.kind}({src}, dim={self.dim})"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class StageProgram:
     index: int
     forward: tuple

@@ -510,6 +510,8 @@ def _stage_program(s, lists, keep, outputs, out_stage, inputs, avals, plan, mesh
     accs = tuple(sorted({ins.out for p in PHASES for ins in lists[p]
                          if isinstance(ins, Accumulate)}))
     return StageProgram(
-        s, bodies[FORWARD], bodies[BACKWARD], bodies[POST], tuple(used),
-        tuple(i for i in used if MB in plan.in_layouts[i].axes), tuple(sorted(keep)),
-        accs, tuple(devices), mesh, plan.mesh, tuple(inputs), tuple(plan.in_layouts), avals)
+        index=s, forward=bodies[FORWARD], backward=bodies[BACKWARD], post=bodies[POST],
+        inputs=tuple(used), micro_inputs=tuple(i for i in used if MB in plan.in_layouts[i].axes),
+        keep=tuple(sorted(keep)), accumulators=accs, devices=tuple(devices), mesh=mesh,
+        micro_mesh=plan.mesh, arg_regs=tuple(inputs), in_layouts=tuple(plan.in_layouts),
+        avals=avals)
