@@ -22,7 +22,6 @@ import numpy as np
 from .graph import type_str
 
 
-
 class StepKind(enum.StrEnum):
     """What one redistribution step (a planner ``Step``, a ``Collective`` or a ``Slice``) does
     over its mesh axes. Each runtime dispatches on it through one table that names every kind

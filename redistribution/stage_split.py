@@ -10,8 +10,8 @@ For each stage mesh:
    micro-batch's.
 2. Steps over the micro-batch axis ``MB`` become pipeline steps (``_micro_steps``): an
    all-reduce over ``MB`` is an ``Accumulate`` (sum over micro-batches; the rest of its axes
-   reduce after them), an all-gather a concatenation, a slice over ``MB`` a ``MicroSlice``. Anything else over ``MB``
-   has no pipeline meaning and raises ``PipelineError``.
+   reduce after them), an all-gather a concatenation, a slice over ``MB`` a ``MicroSlice``.
+   Anything else over ``MB`` has no pipeline meaning and raises ``PipelineError``.
 3. Each step gets a phase: ``forward``, ``backward`` (a derivative's scope, or reading one) or
    ``post`` (reading an accumulated value), the latest of what it reads. A value read in ``post``
    must be the same for every micro-batch; a step reading only arguments that are the same for

@@ -89,8 +89,9 @@ class Job:
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
         rendezvous = f"127.0.0.1:{_free_port()}" if tcp else ""
         env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
+        command = _worker_command()
         self.procs = [subprocess.Popen(
-            [*_worker_command(), address, str(r), str(nranks),
+            [*command, address, str(r), str(nranks),
              str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
              "1" if inter_host == "tcp" else "0", rendezvous],
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]

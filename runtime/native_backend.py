@@ -91,13 +91,12 @@ def _fresh_stats() -> dict:
 class WorkerState:
     """What a worker process keeps between the calls of its job (a job's workers serve only
     that job): the loaded program (``payload`` with its ``steps`` compiled and the registers
-    ``frees`` after each step) or pipeline ``stage``, the runtime options, the thread every
-    collective runs on, and the counters ``stats`` returns."""
+    ``frees`` after each step) or pipeline ``stage``, the thread every collective runs on, and
+    the counters ``stats`` returns."""
     payload: Optional[ProgramPayload] = None
     steps: list = field(default_factory=list)
     frees: list = field(default_factory=list)
     stage: Any = None                         # native_pipeline: the loaded StagePayload
-    options: RuntimeOptions = RuntimeOptions()
     stats: dict = field(default_factory=_fresh_stats)
     thread: Optional[ThreadPoolExecutor] = None
 
@@ -181,8 +180,7 @@ class WorkerRunner:
 class NativeRunner(WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
-                 options: RuntimeOptions | None = None):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
         instructions = shippable(program.instructions)
         split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
@@ -190,7 +188,7 @@ class NativeRunner(WorkerRunner):
         self._payload = ProgramPayload(
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
             outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
-            options=options or RuntimeOptions.from_env())
+            options=RuntimeOptions.from_env())
         self._start()
 
     def _loads(self):
@@ -256,7 +254,7 @@ def load(comm, payload, cache=None):
                                    list(range(comm.size)), cache))
     steps = [("segment", next(compiled), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in payload.instructions]
-    WORKER.payload, WORKER.steps, WORKER.options = payload, steps, payload.options
+    WORKER.payload, WORKER.steps = payload, steps
     WORKER.frees = _last_reads(steps, payload.outputs)
     WORKER.comm_thread()
     return True
@@ -353,7 +351,7 @@ def run(comm, blocks):
     p, stats = WORKER.payload, WORKER.stats
     meter = PeakMeter()
     regs = dict(zip(p.inputs, blocks))
-    comms = CommScheduler(comm, p.mesh, p.bucket_bytes)
+    comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap)
 
     def get(r):
         if isinstance(r, Const):
@@ -393,10 +391,10 @@ class CommScheduler:
     ones over the same axes and dtype share one flat buffer until it holds ``bucket_bytes`` or a
     later instruction reads one of them (Horovod's tensor fusion, DDP's buckets), reduced with
     the cost table's algorithm for the bucket's size; the compute that follows runs while a
-    bucket is reduced."""
+    bucket is reduced (``overlap``; False waits for each bucket as it is issued)."""
 
-    def __init__(self, comm, mesh, bucket_bytes):
-        self.comm, self.mesh, self.limit = comm, mesh, bucket_bytes
+    def __init__(self, comm, mesh, bucket_bytes, overlap=True):
+        self.comm, self.mesh, self.limit, self.overlap = comm, mesh, bucket_bytes, overlap
         self.thread = WORKER.comm_thread()
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}             # register -> (future of the flat result, offset, shape)
@@ -429,7 +427,7 @@ class CommScheduler:
             st = dataclasses.replace(st, algorithm=min(
                 st.prices, key=lambda p: p[1] + p[2] * flat.nbytes)[0])
         fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
-        if not WORKER.options.overlap:
+        if not self.overlap:
             fut.result()
         self.buckets.append((len(items), flat.nbytes, st.algorithm))
         for (st, x), at in zip(items, offsets):

@@ -85,27 +85,26 @@ def _targets(t, devices, peer, me):
 class PipelineRunner(nb.WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
-                 options: nb.RuntimeOptions | None = None):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
         self.program = p = program
         self.mesh, self.timeout = p.mesh, timeout
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
         inboxes = _inboxes(p, tasks)
-        self._payloads = {}
+        self._payloads, options = {}, nb.RuntimeOptions.from_env()
+        devices = tuple(x.devices for x in p.stages)
         for st in p.stages:
             phases = {name: nb.shippable(body) for name, body in st.phases()}
             outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
                          enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
                          if s == st.index and not isinstance(o, Const))
+            base = StagePayload(
+                groups=StageGroups(st.mesh, st.devices[0]), stage=st.index, devices=devices,
+                phases=phases, tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
+                inputs=tuple(st.arg_regs[i] for i in st.inputs),
+                micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
+                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=options)
             for r in st.devices:
-                self._payloads[r] = StagePayload(
-                    groups=StageGroups(st.mesh, st.devices[0]), stage=st.index,
-                    devices=tuple(x.devices for x in p.stages), phases=phases,
-                    tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
-                    inputs=tuple(st.arg_regs[i] for i in st.inputs),
-                    micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                    micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox=inboxes[r],
-                    options=options or nb.RuntimeOptions.from_env())
+                self._payloads[r] = dataclasses.replace(base, inbox=inboxes[r])
         self._stage_of = {r: st for st in p.stages for r in st.devices}
         self._start()
 
@@ -174,7 +173,6 @@ def load_stage(comm, payload: StagePayload, cache=None):
     phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
                      for s in steps] for name, steps in payload.phases.items()}
     nb.WORKER.stage = dataclasses.replace(payload, phases=phases)
-    nb.WORKER.options = payload.options
     nb.WORKER.comm_thread()
     return True
 
@@ -279,7 +277,8 @@ class _StageStep:
         """Run phase ``name`` on micro-batch ``m`` (None: ``post``, on the accumulated sums)."""
         step, keep = self.step, self.P.keep
         regs = step if m is None else self.micro[m]
-        comms = nb.CommScheduler(self.comm, self.P.groups, self.P.bucket_bytes)
+        comms = nb.CommScheduler(self.comm, self.P.groups, self.P.bucket_bytes,
+                                 self.P.options.overlap)
         if name == "post":
             for r, v in self.acc.items():
                 step[r] = (wire.aligned(np.concatenate(v[1], axis=v[0]))

@@ -79,18 +79,22 @@ ABSORBS = FUSIBLE | primitives("reduce_sum", "reduce_max", "reduce_min", "reduce
                                "argmin", "reduce_and", "reduce_or")
 
 
-def program_memory(program) -> tuple:
-    """``(peak bytes, instruction)`` on one rank: the largest entry of ``memory_timeline``;
-    the instruction is None when the peak is the arguments alone."""
-    peak, at = sum(s for r, s in _register_bytes(program).items() if r in set(program.inputs)), None
-    for ins, live in memory_timeline(program):
+def program_memory(program, timeline) -> tuple:
+    """``(peak bytes, instruction)`` on one rank: the largest entry of ``timeline`` (the
+    program's ``memory_timeline``); the instruction is None when the peak is the arguments
+    alone."""
+    size = _register_bytes(program)
+    peak, at = sum(size[r] for r in set(program.inputs)), None
+    for ins, live in timeline:
         if live > peak:
             peak, at = live, ins
     return peak, at
 
+
 def _register_bytes(program) -> dict:
     return {r: int(np.prod(shape)) * np.dtype(dt).itemsize
             for r, (shape, dt) in program.avals.items()}
+
 
 def memory_timeline(program) -> list:
     """``[(instruction, bytes live while it runs)]`` on one rank as the runtimes run it, one

@@ -22,7 +22,7 @@ from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
 from ..strategies.build import build_problem
-from ..strategies.cost_model import program_memory
+from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
 from ..strategies.optimizer import shard_update
@@ -334,7 +334,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
                                        zip(graph.nodes, node_plan)],
                         [mp.comm[n.id] for n, mp in zip(graph.nodes, node_plan)],
                         [mp.mesh for mp in node_plan], stage_of)
-    peak, peak_op, peak_where = _peak(program, graph, pipelined)
+    timeline = () if pipelined else memory_timeline(program)
+    peak, peak_op, peak_where = _peak(program, graph, pipelined, timeline)
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
@@ -348,7 +349,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     strat = assemble_strategy(
         mode=mode.value, search="loaded" if strategy is not None else _search_name(config),
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
-        peak=peak, peak_op=peak_op, cap=cap, output_comm=out_comm,
+        peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
                        ("lower", time.monotonic() - t_search)))
@@ -369,16 +370,16 @@ def _input_strategies(graph, names, program, per_stage, pipelined) -> list:
     return inputs
 
 
-def _peak(program, graph, pipelined) -> tuple:
+def _peak(program, graph, pipelined, timeline) -> tuple:
     """``(bytes, what runs at the peak, where)`` on the fullest device: the peak instruction of
-    a Program (its operator, or the collective and the operator it feeds), or a pipeline's
-    fullest stage."""
+    a Program's memory ``timeline`` (its operator, or the collective and the operator it
+    feeds), or a pipeline's fullest stage."""
     if pipelined:            # each device holds one stage: the fullest stage is the peak
         top = max(program.stages, key=lambda st: st.memory)
         return top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
-    peak, at = program_memory(program)
-    node = getattr(at, "node", None) or {n.id: n for n in graph.nodes}.get(
-        getattr(at, "node_id", None))
+    peak, at = program_memory(program, timeline)
+    node_id = getattr(at, "node_id", None)
+    node = getattr(at, "node", None) or (None if node_id is None else graph.nodes[node_id])
     peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
                else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
     return peak, peak_op, node.source if node is not None else "the arguments"

@@ -13,24 +13,26 @@ import numpy as np
 
 from ..pipeline_program import PipelineProgram, Transfer
 from ..program import Collective, Compute
-from ..strategies.cost_model import compute_time, memory_timeline, output_bytes
+from ..strategies.cost_model import compute_time, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
 
 
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
-                      output_comm=0.0, micro_batches=1, scheduler="", phase_seconds=()) -> Strategy:
+                      timeline=(), output_comm=0.0, micro_batches=1, scheduler="",
+                      phase_seconds=()) -> Strategy:
     """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
-    (``op_strategies``), the program's priced communication steps and, without a pipeline, its
-    memory timeline; a PipelineProgram adds its stages, micro-batches and scheduler."""
+    (``op_strategies``), the program's priced communication steps and its memory ``timeline``
+    (``memory_timeline``; empty for a pipeline); a PipelineProgram adds its stages,
+    micro-batches and scheduler."""
     pipelined = isinstance(program, PipelineProgram)
     stages = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory,
                                  tuple(st.mesh.shape), tuple(st.mesh.axis_names))
                    for st in program.stages) if pipelined else ()
-    timeline = () if pipelined else tuple((label(ins), b) for ins, b in memory_timeline(program))
     return Strategy(mode, search, tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs),
                     tuple(ops), output_comm, peak, peak_op, cap, stages,
                     micro_batches if pipelined else 1, scheduler if pipelined else "",
-                    comm_records(program, planner), timeline, phase_seconds)
+                    comm_records(program, planner),
+                    tuple((label(ins), b) for ins, b in timeline), phase_seconds)
 
 
 def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset()) -> tuple:

@@ -24,7 +24,7 @@ from ..layout import Layout
 from ..redistribution.user_collectives import COLLECTIVE_PRIMS, lower_hybrid
 from ..redistribution.planner import Planner
 from ..strategies.candidates import Candidate
-from ..strategies.cost_model import program_memory
+from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.strategy import InputStrategy
 from ..trace import trace_per_device
 
@@ -58,7 +58,8 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                   for n in graph.nodes]
     ops = op_strategies(graph, names, replicated, [comm.get(n.id, 0.0) for n in graph.nodes],
                         [mesh] * len(graph.nodes), [0] * len(graph.nodes), COLLECTIVE_PRIMS)
-    peak, at = program_memory(program)
+    timeline = memory_timeline(program)
+    peak, at = program_memory(program, timeline)
     peak_op = "the arguments" if at is None else label(at)
     cap = config.max_device_memory
     if cap is not None and peak > cap:
@@ -69,7 +70,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                    for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
     strat = assemble_strategy(
         mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
-        program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap,
+        program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap, timeline=timeline,
         phase_seconds=(("trace", t_trace - t0), ("search", 0.0),
                        ("lower", time.monotonic() - t_trace)))
     return graph, strat, program
