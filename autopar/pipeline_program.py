@@ -165,4 +165,6 @@ def schedule(kind: PipelineScheduler, stages: int, micro: int) -> tuple:
 
 def in_flight(kind: PipelineScheduler, stages: int, micro: int, stage: int) -> int:
     """The most micro-batches whose forward activations ``stage`` holds at once."""
-    return micro if PipelineScheduler(kind) == PipelineScheduler.GPIPE else min(stages - stage, micro)
+    if PipelineScheduler(kind) == PipelineScheduler.GPIPE:
+        return micro
+    return min(stages - stage, micro)

@@ -21,8 +21,8 @@ import numpy as np
 
 from autopar.graph import Const, Value
 from autopar.layout import Layout
-from autopar.program import (Collective, Compute, Program, Slice, StepKind, defer_all_reduce_readers,
-                             segment)
+from autopar.program import (Collective, Compute, Program, Slice, StepKind,
+                             defer_all_reduce_readers, segment)
 from autopar.strategies.rules import rule_for
 
 from .planner import after

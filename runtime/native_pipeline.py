@@ -3,8 +3,8 @@
 In: a ``PipelineProgram`` and the flattened global arguments. Out: the flattened global
 results. Rank r runs the stage whose devices hold it, as its position there in the stage's
 mesh (stages may have meshes of different sizes). The caller exports each stage's segments once
-and loads every worker with its stage's phases, its task order (``autopar.pipeline_program.schedule``)
-and, per peer rank, the list of messages that peer sends it, in the peer's order. Per call a
+and loads every worker with its stage's phases, its task order
+(``autopar.pipeline_program.schedule``) and, per peer rank, the list of messages that peer sends it, in the peer's order. Per call a
 rank gets its block of each argument its stage reads (one per micro-batch for the batch) and
 runs its tasks:
 

@@ -32,7 +32,8 @@ def functions(path: Path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=10)
-    ap.add_argument("folders", nargs="*", default=["autopar", "strategies", "redistribution", "runtime"])
+    ap.add_argument("folders", nargs="*",
+                    default=["autopar", "strategies", "redistribution", "runtime"])
     a = ap.parse_args(argv)
     files = sorted(p for f in a.folders for p in (ROOT / f).rglob("*.py"))
     mods = [(str(p.relative_to(ROOT)), len(p.read_text().splitlines())) for p in files]

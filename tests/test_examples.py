@@ -34,8 +34,8 @@ def test_example_runs(path):
     """``python examples/NAME.py`` from the repository root, as the README runs it (the
     installed package, the checkout's ``autopar/`` folder in the working directory)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # as a user runs it
-    r = subprocess.run([sys.executable, os.path.relpath(path, ROOT)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, os.path.relpath(path, ROOT)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{path} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     for text in SAYS.get(os.path.basename(path), ["the same as the single-device step"]):
         assert text in r.stdout, f"{os.path.basename(path)} did not print {text!r}:\n{r.stdout[-3000:]}"

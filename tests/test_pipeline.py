@@ -120,7 +120,8 @@ def test_gpt_four_blocks_on_four_native_ranks(scheduler):
     c._runner.close()
 
 
-@pytest.mark.parametrize("devices,backend", [((1, 3), "jax"), pytest.param((3, 1), "native", marks=pytest.mark.native)])
+@pytest.mark.parametrize("devices,backend", [
+    ((1, 3), "jax"), pytest.param((3, 1), "native", marks=pytest.mark.native)])
 def test_stages_on_meshes_of_different_sizes_match_single_device(devices, backend):
     """A stage of one device next to one of three: values cross between the meshes whole."""
     p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)

@@ -5,8 +5,8 @@ In: the step function, example arguments, the ParallelConfig, ``batch_argnums`` 
 modes. Arguments are split as data_parallel splits them unless ``in_strategy`` /
 ``dataset_strategy`` say otherwise; results are replicated, except new state (parameters,
 optimizer state), which keeps its argument's layout. The step is traced per device under
-``jax.shard_map`` (autopar.trace.trace_per_device) and lowered by redistribution.user_collectives; the
-Strategy lists every operator on its local shapes (nothing is chosen).
+``jax.shard_map`` (autopar.trace.trace_per_device) and lowered by
+redistribution.user_collectives; the Strategy lists every operator on its local shapes (nothing is chosen).
 """
 from __future__ import annotations
 

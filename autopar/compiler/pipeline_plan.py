@@ -2,8 +2,8 @@
 
 In: a ParallelConfig with ``pipeline_stages`` / ``micro_batches`` (and
 ``pipeline_stage_devices``), the traced Graph, the full mesh, ``on_mesh(mesh) -> MeshPlan``
-(the layout search and lowering of the whole step on one stage mesh, made by autopar.compiler.api), the
-example arguments, ``batch_argnums``, argument names and state pairs. Out: the
+(the layout search and lowering of the whole step on one stage mesh, made by
+autopar.compiler.api), the example arguments, ``batch_argnums``, argument names and state pairs. Out: the
 ``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
 
 Stage meshes: with equal stages (``pipeline_stage_devices="equal"``, or counts all equal to the

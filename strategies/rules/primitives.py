@@ -8,22 +8,16 @@ In: primitive names (``"add"``, ``"scatter-add"``, ``"add_any"``, ``"autopar_sha
 from __future__ import annotations
 
 from jax import lax
+from jax.interpreters import ad
 
 from autopar.annotate import shard_p
 
-
-def _add_any():
-    from jax._src.ad_util import add_jaxvals_p    # the cotangent sum has no public alias
-    return add_jaxvals_p
-
-
-_OTHER = {"autopar_shard": lambda: shard_p, "add_any": _add_any}
+_OTHER = {"autopar_shard": shard_p, "add_any": ad.add_jaxvals_p}   # not in jax.lax
 
 
 def primitive(name: str):
     """The primitive a jaxpr prints as ``name``; ImportError when JAX has none."""
-    make = _OTHER.get(name)
-    p = make() if make else getattr(lax, name.replace("-", "_") + "_p", None)
+    p = _OTHER.get(name) or getattr(lax, name.replace("-", "_") + "_p", None)
     if p is None or p.name != name:
         raise ImportError(f"no JAX primitive is named {name!r} (looked for jax.lax."
                           f"{name.replace('-', '_')}_p): a rule or primitive table names an "
