@@ -22,6 +22,7 @@ micro-batch mesh. Out: frozen values both runtimes execute:
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -31,9 +32,39 @@ from .config import PipelineScheduler
 from .graph import type_str
 
 
+class TransferKind(enum.StrEnum):
+    SEND = "send"
+    RECV = "recv"
+
+
+class Route(enum.StrEnum):
+    BLOCK = "block"               # rank i of the sender to rank i of the receiver
+    WHOLE = "whole"               # every receiving rank gets the whole value from sender rank
+                                  # (its index mod the sender's size) and slices its block
+
+
+class AccumulateKind(enum.StrEnum):
+    SUM = "sum"                   # a per-step sum (a gradient)
+    CONCAT = "concat"             # the micro-batches' blocks, joined along ``dim`` in order
+
+
+class MicroSliceKind(enum.StrEnum):
+    SLICE = "slice"               # block m of ``dim``
+    ZERO = "zero"                 # the value on micro-batch 0, zeros on the others
+
+
+def _check_kind(record, cls):
+    """Turn ``record.kind`` (a member or its value) into a ``cls`` member, or raise naming it."""
+    try:
+        object.__setattr__(record, "kind", cls(record.kind))
+    except ValueError:
+        raise ValueError(f"{type(record).__name__}: unknown kind {record.kind!r}; the kinds are "
+                         f"{', '.join(k.value for k in cls)}") from None
+
+
 @dataclass(frozen=True)
 class Transfer:
-    kind: str                     # "send" or "recv"
+    kind: TransferKind
     reg: int                      # the register sent, or received into
     peer: int                     # the other stage
     shape: tuple                  # local shape
@@ -41,25 +72,29 @@ class Transfer:
     bytes: int
     micro: bool                   # per micro-batch (True) or once per step
     axes: tuple = ()              # the stage axis (collective records name their axes)
-    route: str = "block"          # "block": rank i to rank i; "whole": every receiving rank
-                                  # gets the value from sender rank (its index mod the
-                                  # sender's size)
+    route: Route = Route.BLOCK
     tag: Any = None               # the message's name at both ends (None: the register)
+
+    def __post_init__(self):
+        _check_kind(self, TransferKind)
+        object.__setattr__(self, "route", Route(self.route))
 
     @property
     def key(self):
         return self.reg if self.tag is None else self.tag
 
     @property
-    def src(self):
-        return self.reg if self.kind == "send" else -1
+    def src(self) -> Optional[int]:
+        """The register read (a send's), or None."""
+        return self.reg if self.kind == TransferKind.SEND else None
 
     @property
-    def out(self):
-        return self.reg if self.kind == "recv" else -1
+    def out(self) -> Optional[int]:
+        """The register written (a receive's), or None."""
+        return self.reg if self.kind == TransferKind.RECV else None
 
     def __str__(self) -> str:
-        way = "to" if self.kind == "send" else "from"
+        way = "to" if self.kind == TransferKind.SEND else "from"
         return (f"{self.kind} %r{self.reg} {way} stage {self.peer} "
                 f"{type_str(self.shape, np.dtype(self.dtype))} {self.bytes} B"
                 + (" per micro-batch" if self.micro else ""))
@@ -69,20 +104,27 @@ class Transfer:
 class Accumulate:
     src: int
     out: int
-    kind: str                     # "sum" or "concat"
+    kind: AccumulateKind
     dim: Optional[int] = None     # concat: the dimension micro-batches are stacked along
+
+    def __post_init__(self):
+        _check_kind(self, AccumulateKind)
 
     def __str__(self) -> str:
         d = "" if self.dim is None else f", dim={self.dim}"
-        return f"%r{self.out} {'+=' if self.kind == 'sum' else 'append'} %r{self.src}{d}"
+        op = "+=" if self.kind == AccumulateKind.SUM else "append"
+        return f"%r{self.out} {op} %r{self.src}{d}"
 
 
 @dataclass(frozen=True)
 class MicroSlice:
     src: Any                      # register or graph.Const
     out: int
-    kind: str                     # "slice" (block m of dim) or "zero" (zeros unless m == 0)
+    kind: MicroSliceKind
     dim: Optional[int] = None
+
+    def __post_init__(self):
+        _check_kind(self, MicroSliceKind)
 
     def __str__(self) -> str:
         src = f"%r{self.src}" if isinstance(self.src, int) else str(self.src)

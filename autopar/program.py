@@ -66,8 +66,8 @@ class Collective:
     algorithm: str = "ring"
     dim: Optional[int] = None     # all_gather: gathered dim; reduce_scatter: scattered dim;
     dst_dim: Optional[int] = None  # all_to_all: dim = concatenated (gathered) dim, dst_dim = split dim
-    src: int = -1                 # register read
-    out: int = -1                 # register written
+    src: Optional[int] = None     # register read
+    out: Optional[int] = None     # register written
     reason: str = ""              # what needed it, e.g. "dot_general.12 input 0"
     op: str = "sum"               # all_reduce: "sum", "max" or "min"
     prices: tuple = ()            # all_reduce: ((algorithm, seconds at 0 bytes, seconds per
@@ -97,8 +97,8 @@ class Slice:
     axes: tuple[str, ...]
     dim: Optional[int]
     shape: tuple[int, ...]        # local shape before the step
-    src: Any = -1                 # register id or graph.Const
-    out: int = -1
+    src: Any = None               # register id or graph.Const
+    out: Optional[int] = None     # register written
     kind: StepKind = StepKind.SLICE   # one of LOCAL_KINDS
     dst_dim: Optional[int] = None
     node_id: Optional[int] = None  # as Collective.node_id
@@ -159,16 +159,16 @@ class Segment:
 
 
 def reads(ins) -> list:
-    """The registers an instruction reads (constants and "no register" left out)."""
+    """The registers an instruction reads (constants and "no register", None, left out)."""
     rs = ins.inputs if isinstance(ins, (Compute, Segment)) else [ins.src]
-    return [r for r in rs if isinstance(r, int) and r >= 0]
+    return [r for r in rs if isinstance(r, int)]
 
 
 def writes(ins) -> list:
     """The registers an instruction writes."""
     if isinstance(ins, (Compute, Segment)):
         return list(ins.outputs)
-    return [ins.out] if ins.out >= 0 else []
+    return [ins.out] if isinstance(ins.out, int) else []
 
 
 def defer_all_reduce_readers(instructions) -> list:

@@ -6,8 +6,8 @@ the Program holds one ``Compute`` per node (local shape params from the node's r
 into ``Segment``s, and between producer and consumer the ``Slice``/``Collective`` steps of the cheapest
 redistribution from the produced layout to the layout the consumer reads. A value redistributed
 to the same layout for several consumers is redistributed once. Graph outputs are made
-replicated unless ``out_layouts`` names a (non-partial) layout for them; ``via`` maps a value
-to a layout it is redistributed to before any other read (optimizer level1: a gradient is
+replicated unless ``out_layouts`` names a (non-partial) layout for them; ``reduced_to`` maps a
+value to a layout it is redistributed to before any other read (optimizer level1: a gradient is
 reduced in full, then sliced). ``comm`` maps node id -> estimated seconds of the
 redistributions feeding it.
 """
@@ -86,10 +86,11 @@ def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason
 
 
 class _Lowerer:
-    def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+    def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None,
+                 reduced_to=None):
         self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
         self.out_layouts = out_layouts or (None,) * len(graph.outputs)
-        self.via = via or {}
+        self.reduced_to = reduced_to or {}
         self.instructions = []
         self.owners = []           # per instruction: index of the node it feeds or computes,
                                    # None for a result's redistribution
@@ -120,7 +121,7 @@ class _Lowerer:
             held = self.where[x.id]
             if want in held:
                 return held[want], 0.0
-            stage = self.via.get(x.id)
+            stage = self.reduced_to.get(x.id)
             if stage is not None and stage != want and stage not in held:
                 _, c = self.read(x, stage, reason)
                 r, c2 = self.read(x, want, reason)
@@ -190,18 +191,19 @@ class LoweredSteps:
     out_cost: float
 
 
-def lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+def lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to=None):
     """The lowering before segmentation; the pipeline cuts it into stages."""
-    lw = _Lowerer(graph, choice, in_layouts, mesh, planner, out_layouts, via)
-    return LoweredSteps(lw, *lw.run())
+    lowerer = _Lowerer(graph, choice, in_layouts, mesh, planner, out_layouts, reduced_to)
+    return LoweredSteps(lowerer, *lowerer.run())
 
 
-def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, via=None):
+def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to=None):
     """``(Program, comm per node id, results' seconds)``: ``lower_steps`` segmented."""
-    low = lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts, via)
-    lw = low.lowering
-    body = segment(defer_all_reduce_readers(lw.instructions), lw.avals,
+    low = lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts, reduced_to)
+    lowerer = low.lowering
+    body = segment(defer_all_reduce_readers(lowerer.instructions), lowerer.avals,
                    [o for o in low.outputs if isinstance(o, int)])
-    prog = Program(mesh, tuple(lw.inputs), tuple(in_layouts), tuple(low.outputs),
-                   tuple(low.out_layouts), body, graph.in_tree, graph.out_tree, dict(lw.avals))
+    prog = Program(mesh, tuple(lowerer.inputs), tuple(in_layouts), tuple(low.outputs),
+                   tuple(low.out_layouts), body, graph.in_tree, graph.out_tree,
+                   dict(lowerer.avals))
     return prog, low.comm, low.out_cost

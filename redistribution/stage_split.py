@@ -37,7 +37,9 @@ import numpy as np
 from autopar.errors import PipelineError
 from autopar.graph import Const
 from autopar.layout import Layout
-from autopar.pipeline_program import Accumulate, MicroSlice, PipelineProgram, StageProgram, Transfer
+from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
+                                      PipelineProgram, Route, StageProgram, Transfer,
+                                      TransferKind)
 from autopar.program import (Collective, Compute, Slice, StepKind, defer_all_reduce_readers, reads,
                              segment, writes)
 from autopar.strategies.microbatch import MB
@@ -95,17 +97,17 @@ def _what(ins, graph, owner):
     return "the redistribution of a result"
 
 
-def _micro_steps(lw, planner, micro):
+def _micro_steps(lowering, planner, micro):
     """Step 2: (instruction, owner) pairs with no step over MB left."""
-    out, avals = [], dict(lw.avals)
+    out, avals = [], dict(lowering.avals)
     mesh = planner.mesh
 
     def new(shape, dtype):
-        r = lw.new_reg()
+        r = lowering.new_reg()
         avals[r] = (tuple(shape), np.dtype(dtype))
         return r
 
-    for ins, owner in zip(lw.instructions, lw.owners):
+    for ins, owner in zip(lowering.instructions, lowering.owners):
         if isinstance(ins, Compute) or MB not in ins.axes:
             out.append((ins, owner))
             continue
@@ -113,7 +115,7 @@ def _micro_steps(lw, planner, micro):
         dtype = avals[ins.out][1]
         if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             mid = new(ins.shape, dtype) if rest else ins.out
-            out.append((Accumulate(ins.src, mid, "sum"), owner))
+            out.append((Accumulate(ins.src, mid, AccumulateKind.SUM), owner))
             if rest:
                 _, algo = planner.step_time(StepKind.ALL_REDUCE, rest, ins.bytes)
                 out.append((replace(ins, axes=rest, src=mid, algorithm=algo,
@@ -127,14 +129,14 @@ def _micro_steps(lw, planner, micro):
                 _, algo = planner.step_time(StepKind.ALL_GATHER, rest, ins.bytes // micro)
                 out.append((replace(ins, axes=rest, out=src, algorithm=algo,
                                     bytes=ins.bytes // micro), owner))
-            out.append((Accumulate(src, ins.out, "concat", ins.dim), owner))
+            out.append((Accumulate(src, ins.out, AccumulateKind.CONCAT, ins.dim), owner))
         elif isinstance(ins, Slice) and ins.axes[0] == MB:
             shape = list(ins.shape)
             if ins.kind == StepKind.SLICE:
                 shape[ins.dim] //= micro
             mid = new(shape, dtype) if rest else ins.out
-            out.append((MicroSlice(ins.src, mid, "slice" if ins.kind == StepKind.SLICE else "zero",
-                                   ins.dim), owner))
+            kind = MicroSliceKind.SLICE if ins.kind == StepKind.SLICE else MicroSliceKind.ZERO
+            out.append((MicroSlice(ins.src, mid, kind, ins.dim), owner))
             if rest:
                 out.append((replace(ins, axes=rest, shape=tuple(shape), src=mid), owner))
         else:
@@ -152,7 +154,7 @@ class StageLowering:
     plan: object                  # MicroPlan: choice and argument layouts on micro_mesh(mesh)
     planner: object               # MicroPlanner on plan.mesh
     out_layouts: tuple = None     # per result (None: replicated), on plan.mesh
-    via: dict = None              # optimizer level1: value id -> layout read through
+    reduced_to: dict = None              # optimizer level1: value id -> layout read through
 
 
 def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage"):
@@ -186,8 +188,9 @@ def _check_messages(stage_programs):
         for _, body in st.phases():
             for t in body:
                 if isinstance(t, Transfer):
-                    ends = (st.index, t.peer) if t.kind == "send" else (t.peer, st.index)
-                    (sent if t.kind == "send" else got)[ends + (t.key, t.micro)] = (t.shape, t.route)
+                    send = t.kind == TransferKind.SEND
+                    ends = (st.index, t.peer) if send else (t.peer, st.index)
+                    (sent if send else got)[ends + (t.key, t.micro)] = (t.shape, t.route)
     if sent != got:
         odd = sorted(set(sent.items()) ^ set(got.items()), key=str)[:3]
         raise PipelineError(f"the stages' lowerings disagree on what crosses between them {odd}; "
@@ -200,18 +203,19 @@ def _split_one(graph, stages, low, devices, stage_axis):
     in the passes of the module docstring."""
     plan, planner = low.plan, low.planner
     lowered = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh, planner,
-                          low.out_layouts, low.via)
-    lw, outputs, out_lays = lowered.lowering, lowered.outputs, lowered.out_layouts
-    steps, avals = _micro_steps(lw, planner, plan.mesh.axis_size(MB))
-    flow = _flow(graph, stages, steps, lw.inputs, plan.in_layouts)
+                          low.out_layouts, low.reduced_to)
+    lowering, outputs, out_lays = lowered.lowering, lowered.outputs, lowered.out_layouts
+    steps, avals = _micro_steps(lowering, planner, plan.mesh.axis_size(MB))
+    flow = _flow(graph, stages, steps, lowering.inputs, plan.in_layouts)
     out_stage = _result_stages(outputs, flow)
     readers = _readers(steps, flow, outputs, out_stage)
     messages = _messages(readers, flow, stages.count)
-    wires = _Wires(graph, lw, avals, plan.mesh, planner, set(low.stages), messages.recv_first,
+    wires = _Wires(graph, lowering, avals, plan.mesh, planner, set(low.stages), messages.recv_first,
                    stage_axis)
     lists = _stage_lists(steps, readers, messages, wires, stages.count)
-    programs = {s: _stage_program(s, lists[s], messages.keep[s], outputs, out_stage, lw.inputs,
-                                  avals, plan, low.mesh, devices[s]) for s in sorted(low.stages)}
+    programs = {s: _stage_program(s, lists[s], messages.keep[s], outputs, out_stage,
+                                  lowering.inputs, avals, plan, low.mesh, devices[s])
+                for s in sorted(low.stages)}
     return programs, (tuple(outputs), tuple(out_lays), tuple(out_stage))
 
 
@@ -386,36 +390,36 @@ def _messages(readers: _Readers, flow: _Flow, count: int) -> _Messages:
 class _Wires:
     """Step 4's messages: ``recv``/``send`` give the instructions that move register ``r``
     between stage ``s`` and ``peer``: one Transfer between stages of this mesh (``block``), or,
-    to a stage of another mesh (``foreign``), the value gathered whole once per message
+    to a stage of another mesh (``crosses_meshes``), the value gathered whole once per message
     (``whole``) and sliced by the receiver into every layout it reads."""
 
-    def __init__(self, graph, lw, avals, mesh, planner, mine, recv_first, stage_axis):
-        self.lw, self.avals, self.mesh, self.planner = lw, avals, mesh, planner
+    def __init__(self, graph, lowering, avals, mesh, planner, mine, recv_first, stage_axis):
+        self.lowering, self.avals, self.mesh, self.planner = lowering, avals, mesh, planner
         self.mine, self.stage_axis = mine, stage_axis
         self.values = {v.id: v for v in graph.inputs}
         self.values.update((o.id, o) for n in graph.nodes for o in n.outputs)
-        self.named = {reg: (vid, lay) for vid, held in lw.where.items()
+        self.named = {reg: (vid, lay) for vid, held in lowering.where.items()
                       for lay, reg in held.items()}
         self.target, self.first = {}, {}   # (stage, tag, per micro-batch) -> register / phase
         self.done_recv, self.gathered, self.done_send = set(), {}, set()
         for (s, ph), waiting in recv_first.items():
             for r, peer in waiting.items():
-                if self.foreign(s, peer):
-                    v, lay, full, tag = self.whole(r)
+                if self.crosses_meshes(s, peer):
+                    v, lay, full, tag = self.whole_message(r)
                     key = (s, tag, ph != POST)
                     self.first[key] = min(self.first.get(key, POST), ph)
                     if lay == full or key not in self.target:
                         self.target[key] = r if lay == full else self.target.get(key)
 
-    def foreign(self, s, t) -> bool:
+    def crosses_meshes(self, s, t) -> bool:
         return (s in self.mine) != (t in self.mine)
 
-    def transfer(self, kind, r, peer, micro_read, route="block", tag=None):
+    def transfer(self, kind, r, peer, micro_read, route=Route.BLOCK, tag=None):
         shape, dtype = self.avals[r]
         return Transfer(kind, r, peer, shape, dtype, int(math.prod(shape)) * dtype.itemsize,
                         micro_read, (self.stage_axis,), route, tag)
 
-    def whole(self, r):
+    def whole_message(self, r):
         """(value, its layout in r, the layout holding it whole, the message's tag)."""
         if r not in self.named:
             raise PipelineError(f"register {r} crosses between stage meshes but holds no value "
@@ -430,38 +434,39 @@ class _Wires:
 
     def recv(self, s, r, peer, p) -> list:
         micro_read = p != POST
-        if not self.foreign(s, peer):
-            return [self.transfer("recv", r, peer, micro_read)]
-        v, lay, full, tag = self.whole(r)
+        if not self.crosses_meshes(s, peer):
+            return [self.transfer(TransferKind.RECV, r, peer, micro_read)]
+        v, lay, full, tag = self.whole_message(r)
         key, out = (s, tag, micro_read), []
         if self.target.get(key) is None:
-            self.target[key] = self.lw.new_reg()
+            self.target[key] = self.lowering.new_reg()
             self.avals[self.target[key]] = (full.local_shape(v.shape, self.mesh),
                                             np.dtype(v.dtype))
         src = self.target[key]
         if key not in self.done_recv and p == self.first[key]:
             self.done_recv.add(key)
-            out.append(self.transfer("recv", src, peer, micro_read, "whole", tag))
+            out.append(self.transfer(TransferKind.RECV, src, peer, micro_read, Route.WHOLE, tag))
         if r != src:
             steps_, _ = plan_steps(self.planner, full, lay, v.shape, v.dtype)
             out += [ins for ins, _ in emit_steps(steps_, src, full, v.shape, v.dtype, self.planner,
-                                                 self.lw.new_reg, self.avals, last=r)]
+                                                 self.lowering.new_reg, self.avals, last=r)]
         return out
 
     def send(self, s, r, peer, micro_read) -> list:
-        if not self.foreign(s, peer):
-            return [self.transfer("send", r, peer, micro_read)]
-        v, lay, full, tag = self.whole(r)
+        if not self.crosses_meshes(s, peer):
+            return [self.transfer(TransferKind.SEND, r, peer, micro_read)]
+        v, lay, full, tag = self.whole_message(r)
         out, key = [], (s, tag, micro_read)
         if key not in self.gathered:
             steps_, _ = plan_steps(self.planner, lay, full, v.shape, v.dtype)
-            made = emit_steps(steps_, r, lay, v.shape, v.dtype, self.planner, self.lw.new_reg,
+            made = emit_steps(steps_, r, lay, v.shape, v.dtype, self.planner, self.lowering.new_reg,
                               self.avals, f"{v} sent whole to stage {peer}")
             out += [ins for ins, _ in made]
             self.gathered[key] = made[-1][0].out if made else r
         if key + (peer,) not in self.done_send:
             self.done_send.add(key + (peer,))
-            out.append(self.transfer("send", self.gathered[key], peer, micro_read, "whole", tag))
+            out.append(self.transfer(TransferKind.SEND, self.gathered[key], peer, micro_read,
+                                       Route.WHOLE, tag))
         return out
 
 

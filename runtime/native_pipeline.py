@@ -4,9 +4,9 @@ In: a ``PipelineProgram`` and the flattened global arguments. Out: the flattened
 results. Rank r runs the stage whose devices hold it, as its position there in the stage's
 mesh (stages may have meshes of different sizes). The caller exports each stage's segments once
 and loads every worker with its stage's phases, its task order
-(``autopar.pipeline_program.schedule``) and, per peer rank, the list of messages that peer sends it, in the peer's order. Per call a
-rank gets its block of each argument its stage reads (one per micro-batch for the batch) and
-runs its tasks:
+(``autopar.pipeline_program.schedule``) and, per peer rank, the list of messages that peer
+sends it, in the peer's order. Per call a rank gets its block of each argument its stage reads
+(one per micro-batch for the batch) and runs its tasks:
 
 - a forward or backward task runs that phase on the micro-batch's registers; ``post`` runs once
   on the accumulated values;
@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from autopar.graph import Const
-from autopar.pipeline_program import Accumulate, MicroSlice, Transfer, schedule
+from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
+                                      Route, Transfer, TransferKind, schedule)
 
 from . import native_backend as nb
 from . import wire
@@ -64,7 +65,7 @@ def _inboxes(program, tasks):
         bodies = dict(st.phases())
         for name, m in list(order) + [("post", None)]:
             for t in bodies[name]:
-                if not (isinstance(t, Transfer) and t.kind == "send"):
+                if not (isinstance(t, Transfer) and t.kind == TransferKind.SEND):
                     continue
                 for me, src in enumerate(st.devices):
                     for dst in _targets(t, st.devices, program.stages[t.peer].devices, me):
@@ -77,7 +78,7 @@ def _targets(t, devices, peer, me):
     """The global ranks that position ``me`` of a stage on ``devices`` sends ``t`` to: the same
     position of the peer stage's devices ``peer`` (block), or every position equal to ``me``
     modulo the sending stage's size (whole)."""
-    if t.route == "block":
+    if t.route == Route.BLOCK:
         return [peer[me]]
     return [d for j, d in enumerate(peer) if j % len(devices) == me]
 
@@ -90,7 +91,7 @@ class PipelineRunner(nb.WorkerRunner):
         self.mesh, self.timeout = p.mesh, timeout
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
         inboxes = _inboxes(p, tasks)
-        self._payloads, options = {}, nb.RuntimeOptions.from_env()
+        self._payloads, self.options = {}, nb.RuntimeOptions.from_env()
         devices = tuple(x.devices for x in p.stages)
         for st in p.stages:
             phases = {name: nb.shippable(body) for name, body in st.phases()}
@@ -102,7 +103,7 @@ class PipelineRunner(nb.WorkerRunner):
                 phases=phases, tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
                 inputs=tuple(st.arg_regs[i] for i in st.inputs),
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=options)
+                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=self.options)
             for r in st.devices:
                 self._payloads[r] = dataclasses.replace(base, inbox=inboxes[r])
         self._stage_of = {r: st for st in p.stages for r in st.devices}
@@ -241,13 +242,13 @@ def _sender(peer):
 def run_stage(comm, blocks):
     """One step of this rank's stage: its tasks in order, then ``post``; per result position,
     its block (None for a replicated result on ranks other than the stage's first)."""
-    P = nb.WORKER.stage
+    payload = nb.WORKER.stage
     meter = nb.PeakMeter()
     start = time.perf_counter()
-    run = _StageStep(comm, P, blocks)
-    for name, m in list(P.tasks) + [("post", None)]:
+    run = _StageStep(comm, payload, blocks)
+    for name, m in list(payload.tasks) + [("post", None)]:
         run.task(name, m)
-    results = [run.step[o] for _, o, _ in P.outputs]
+    results = [run.step[o] for _, o, _ in payload.outputs]
     for f in run.sends:
         f.result()
     run.mailbox.join()
@@ -255,7 +256,7 @@ def run_stage(comm, blocks):
                                    "wait_s": run.mailbox.waited}
     meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
     return {k: x if (split or run.me == 0) else None
-            for (k, _, split), x in zip(P.outputs, results)}
+            for (k, _, split), x in zip(payload.outputs, results)}
 
 
 class _StageStep:
@@ -263,22 +264,23 @@ class _StageStep:
     the same for every micro-batch, values kept across micro-batches, sums over them), one
     dict per micro-batch, the accumulators, the sends in flight and the mailbox."""
 
-    def __init__(self, comm, P, blocks):
-        self.comm, self.P = comm, P
-        self.mine = P.devices[P.stage]
+    def __init__(self, comm, payload, blocks):
+        self.comm, self.payload = comm, payload
+        self.mine = payload.devices[payload.stage]
         self.me = comm.rank - self.mine[0]
-        self.mailbox = _Mailbox(comm, P.inbox)
+        self.mailbox = _Mailbox(comm, payload.inbox)
         self.sends = []
-        self.step = {r: b[0] for r, b in blocks.items() if r not in P.micro_inputs}
-        self.micro = [{r: blocks[r][m] for r in P.micro_inputs} for m in range(P.micro)]
+        self.step = {r: b[0] for r, b in blocks.items() if r not in payload.micro_inputs}
+        self.micro = [{r: blocks[r][m] for r in payload.micro_inputs}
+                      for m in range(payload.micro)]
         self.acc = {}
 
     def task(self, name, m):
         """Run phase ``name`` on micro-batch ``m`` (None: ``post``, on the accumulated sums)."""
-        step, keep = self.step, self.P.keep
+        step, keep = self.step, self.payload.keep
         regs = step if m is None else self.micro[m]
-        comms = nb.CommScheduler(self.comm, self.P.groups, self.P.bucket_bytes,
-                                 self.P.options.overlap)
+        comms = nb.CommScheduler(self.comm, self.payload.groups, self.payload.bucket_bytes,
+                                 self.payload.options.overlap)
         if name == "post":
             for r, v in self.acc.items():
                 step[r] = (wire.aligned(np.concatenate(v[1], axis=v[0]))
@@ -300,7 +302,7 @@ class _StageStep:
                 step[r] = value
 
         try:
-            for st in self.P.phases[name]:
+            for st in self.payload.phases[name]:
                 if isinstance(st, Transfer):
                     self._transfer(st, m, get, put)
                 elif isinstance(st, Accumulate):
@@ -319,15 +321,15 @@ class _StageStep:
             self.micro[m] = {}
 
     def _transfer(self, st, m, get, put):
-        if st.kind == "send":
+        if st.kind == TransferKind.SEND:
             x = nb.contiguous(get(st.reg))
-            for dst in _targets(st, self.mine, self.P.devices[st.peer], self.me):
+            for dst in _targets(st, self.mine, self.payload.devices[st.peer], self.me):
                 self.sends.append(_sender(dst).submit(self.comm.send, x, dst))
         else:
             put(st.reg, self.mailbox.take(st.key, m if st.micro else None))
 
     def _accumulate(self, st, x):
-        if st.kind == "sum":
+        if st.kind == AccumulateKind.SUM:
             if st.out in self.acc:
                 np.add(self.acc[st.out], x, out=self.acc[st.out])
             else:
@@ -337,7 +339,7 @@ class _StageStep:
             self.acc.setdefault(st.out, (st.dim, []))[1].append(x)
 
     def _micro_slice(self, st, x, m):
-        if st.kind == "zero":
+        if st.kind == MicroSliceKind.ZERO:
             return x if m == 0 else wire.zeros(x.shape, x.dtype)
-        n = x.shape[st.dim] // self.P.micro
+        n = x.shape[st.dim] // self.payload.micro
         return wire.aligned(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))

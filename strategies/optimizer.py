@@ -43,7 +43,7 @@ from .rules.primitives import primitives
 class ShardedUpdate:
     choice: dict                  # node id -> Candidate
     in_layouts: tuple             # per graph input
-    via: dict                     # value id -> Layout it is reduced to before other reads
+    reduced_to: dict              # value id -> Layout it is reduced to before other reads
     updates: dict = None          # parameter input position -> Layout of its sharded update
 
 
@@ -153,7 +153,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
     """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
     bytes, ``level`` one of "level1", "level2", "level3"."""
     choice, in_layouts = dict(choice), list(in_layouts)
-    via, updates = {}, {}
+    reduced_to, updates = {}, {}
     pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
     by_id = {n.id: n for n in graph.nodes}
     for group in update_region(graph, state_pairs):
@@ -183,5 +183,5 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
         if level == "level1":                      # the gradients: reduced in full, then sliced
             for vid, x in read.items():
                 if vid not in made and vid not in pair_of and x.shape == shape:
-                    via[vid] = in_layouts[p_in]
-    return ShardedUpdate(choice, tuple(in_layouts), via, updates)
+                    reduced_to[vid] = in_layouts[p_in]
+    return ShardedUpdate(choice, tuple(in_layouts), reduced_to, updates)

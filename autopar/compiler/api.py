@@ -224,7 +224,7 @@ class MeshPlan:
     mesh: object
     planner: object
     assignment: Assignment
-    via: dict                 # optimizer level1: value id -> layout read through (or None)
+    reduced_to: dict                 # optimizer level1: value id -> layout read through (or None)
     updates: dict             # argument position -> layout its update runs in
     out_layouts: tuple        # per result: state keeps its argument's layout, else None
     comm: dict                # node id -> seconds of the redistributions feeding it
@@ -255,13 +255,13 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         else:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
-    via, updates = None, {}
+    reduced_to, updates = None, {}
     if config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
                           [p for _, p in req.names], mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
-        assignment, via = Assignment(su.choice, su.in_layouts, assignment.cost), su.via
-        updates = su.updates
+        assignment = Assignment(su.choice, su.in_layouts, assignment.cost)
+        reduced_to, updates = su.reduced_to, su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,
     # as the searches assume; the backends put the blocks together for the caller
     out_layouts = [None] * len(graph.outputs)
@@ -269,12 +269,12 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         out_layouts[j] = assignment.inputs[i]
     if pipelined:
         comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
-                           out_layouts, via).comm
-        return MeshPlan(mesh, planner, assignment, via, updates, tuple(out_layouts), comm)
+                           out_layouts, reduced_to).comm
+        return MeshPlan(mesh, planner, assignment, reduced_to, updates, tuple(out_layouts), comm)
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
-                                    out_layouts, via)
-    return MeshPlan(mesh, planner, assignment, via, updates, tuple(out_layouts), comm, program,
-                    out_comm)
+                                    out_layouts, reduced_to)
+    return MeshPlan(mesh, planner, assignment, reduced_to, updates, tuple(out_layouts), comm,
+                    program, out_comm)
 
 
 def _check_request(config, strategy, pipelined):
@@ -323,17 +323,17 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         node_plan = [per_stage[s] for s in program.node_stages]
         out_comm = 0.0
     else:
-        mp = on_mesh(full)
+        mesh_plan = on_mesh(full)
         t_search = time.monotonic()
-        program, out_comm, per_stage = mp.program, mp.out_comm, (mp,)
-        node_plan = [mp] * len(graph.nodes)
+        program, out_comm, per_stage = mesh_plan.program, mesh_plan.out_comm, (mesh_plan,)
+        node_plan = [mesh_plan] * len(graph.nodes)
     first = per_stage[0]
     inputs = _input_strategies(graph, names, program, per_stage, pipelined)
     stage_of = program.node_stages if pipelined else (0,) * len(graph.nodes)
-    ops = op_strategies(graph, names, [mp.assignment.choice[n.id] for n, mp in
+    ops = op_strategies(graph, names, [mesh_plan.assignment.choice[n.id] for n, mesh_plan in
                                        zip(graph.nodes, node_plan)],
-                        [mp.comm[n.id] for n, mp in zip(graph.nodes, node_plan)],
-                        [mp.mesh for mp in node_plan], stage_of)
+                        [mesh_plan.comm[n.id] for n, mesh_plan in zip(graph.nodes, node_plan)],
+                        [mesh_plan.mesh for mesh_plan in node_plan], stage_of)
     timeline = () if pipelined else memory_timeline(program)
     peak, peak_op, peak_where = _peak(program, graph, pipelined, timeline)
     cap = config.max_device_memory
@@ -364,9 +364,9 @@ def _input_strategies(graph, names, program, per_stage, pipelined) -> list:
             readers.setdefault(i, st.index)
     inputs = []
     for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
-        mp = per_stage[readers.get(k, 0)]
-        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mp.assignment.inputs[k], p,
-                                    mp.updates.get(k)))
+        mesh_plan = per_stage[readers.get(k, 0)]
+        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mesh_plan.assignment.inputs[k], p,
+                                    mesh_plan.updates.get(k)))
     return inputs
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..pipeline_program import PipelineProgram, Transfer
+from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
 from ..strategies.cost_model import compute_time, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
@@ -75,11 +75,12 @@ def comm_records(program, planner) -> tuple:
     out = []
     for stage, ins, phase in body:
         if isinstance(ins, Transfer):
+            way = "to" if ins.kind == TransferKind.SEND else "from"
             out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
                                     str(np.dtype(ins.dtype)), ins.bytes,
                                     level.alpha + level.beta * ins.bytes,
-                                    f"stage {stage} {'to' if ins.kind == 'send' else 'from'} "
-                                    f"stage {ins.peer}", stage, micro if ins.micro else 1))
+                                    f"stage {stage} {way} stage {ins.peer}", stage,
+                                    micro if ins.micro else 1))
         elif isinstance(ins, Collective):
             out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
                                     str(np.dtype(ins.dtype)), ins.bytes,

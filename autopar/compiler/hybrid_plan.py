@@ -38,11 +38,12 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
     names = leaf_names(args)
     t0 = time.monotonic()
     leaves = jax.tree.leaves(args)
-    shell = types.SimpleNamespace(inputs=[       # global shapes, for arg_layouts
+    graph_inputs = types.SimpleNamespace(inputs=[   # global shapes, for arg_layouts
         Value(j, tuple(np.shape(x)), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
         for j, x in enumerate(leaves)])
-    given = arg_layouts(config, mesh, shell, args, batch_argnums, in_strategy, names)
-    in_layouts = [given.get(j, Layout.replicated(len(v.shape))) for j, v in enumerate(shell.inputs)]
+    given = arg_layouts(config, mesh, graph_inputs, args, batch_argnums, in_strategy, names)
+    in_layouts = [given.get(j, Layout.replicated(len(v.shape)))
+                  for j, v in enumerate(graph_inputs.inputs)]
     in_specs = [l.to_partition_spec() for l in in_layouts]
     shapes = trace_per_device(fn, args, mesh, in_specs)  # the results' structure and shapes
     out_layouts = [Layout.replicated(len(v.shape)) for v in shapes.outputs]
@@ -67,7 +68,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                               f"than max_device_memory={cap}. Raise max_device_memory, split more "
                               "of the arguments (in_strategy) or use a smaller batch.")
     inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
-                   for (nm, p), v, l in zip(names, shell.inputs, in_layouts))
+                   for (nm, p), v, l in zip(names, graph_inputs.inputs, in_layouts))
     strat = assemble_strategy(
         mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
         program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap, timeline=timeline,

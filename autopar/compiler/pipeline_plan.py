@@ -3,8 +3,8 @@
 In: a ParallelConfig with ``pipeline_stages`` / ``micro_batches`` (and
 ``pipeline_stage_devices``), the traced Graph, the full mesh, ``on_mesh(mesh) -> MeshPlan``
 (the layout search and lowering of the whole step on one stage mesh, made by
-autopar.compiler.api), the example arguments, ``batch_argnums``, argument names and state pairs. Out: the
-``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
+autopar.compiler.api), the example arguments, ``batch_argnums``, argument names and state
+pairs. Out: the ``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
 
 Stage meshes: with equal stages (``pipeline_stage_devices="equal"``, or counts all equal to the
 first mesh axis's share) a stage's mesh is the full mesh without its first axis; a stage of
@@ -73,66 +73,102 @@ def _batch_inputs(graph, args, batch_argnums, pairs):
             if leaf_arg[j] in batch_argnums and v.shape and j not in state}
 
 
-def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
-    """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
-    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler
-    batch = _batch_inputs(graph, args, batch_argnums, pairs)
-    fixed = None
-    if S == 1:
-        fixed = Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
-    elif any(STAGE_SCOPE in n.scope for n in graph.nodes):
-        fixed = assign_stages(graph, S)
-    given = config.pipeline_stage_devices
-    if given is None:                    # the planner's choice where it cuts the stages
-        given = "equal" if fixed is not None else "auto"
+def _micro_batch_error(graph, mesh_plan, batch, M, names, k):
+    """None when every batch argument's rows, as ``mesh_plan`` splits them, divide into ``M``
+    micro-batches; else the ConfigError that says which argument does not."""
+    for j in sorted(batch):
+        split = math.prod(mesh_plan.mesh.axis_size(a)
+                          for a in mesh_plan.assignment.inputs[j].dims[0])
+        rows = graph.inputs[j].shape[0]
+        if rows % (M * split):
+            return ConfigError(
+                f"micro_batches={M}: batch argument {names[j][0]} has dimension 0 of size "
+                f"{rows}, which does not split into {M} micro-batches of "
+                f"{split}-way split rows (on a stage of {k} devices); use a batch size that is "
+                f"a multiple of {M * split} (or pass batch_argnums naming only the batch).")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _SizeOption:
+    """A stage size the stage planner may use: the layouts of the step on a stage mesh of that
+    size, their micro-batch plan and the planner of that micro-batch mesh."""
+    mesh_plan: object             # MeshPlan (autopar.compiler.api)
+    planner: MicroPlanner
+    option: StageOption
+
+
+def _size_options(graph, full, on_mesh, S, M, given, batch, names) -> dict:
+    """Stage size -> _SizeOption for every size ``stage_sizes`` allows. With ``"auto"`` a size
+    whose layouts cannot split the batch is left out (the first refusal is raised when no size
+    is left); with given sizes any refusal is raised."""
     auto = given == "auto"
-    options, by_size, refused = {}, {}, []
+    out, refused = {}, []
     for k in stage_sizes(S, given, full):
         try:
-            mp = on_mesh(stage_mesh(full, S, k))
+            mesh_plan = on_mesh(stage_mesh(full, S, k))
         except (ConfigError, LayoutError) as e:    # "auto": a size the batch cannot use
             if not auto:
                 raise
             refused.append(e)
             continue
-        rows = [(j, math.prod(mp.mesh.axis_size(a) for a in mp.assignment.inputs[j].dims[0]))
-                for j in sorted(batch)]
-        bad = [(j, split) for j, split in rows if graph.inputs[j].shape[0] % (M * split)]
-        if bad:
-            j, split = bad[0]
-            refused.append(ConfigError(
-                f"micro_batches={M}: batch argument {names[j][0]} has dimension 0 of size "
-                f"{graph.inputs[j].shape[0]}, which does not split into {M} micro-batches of "
-                f"{split}-way split rows (on a stage of {k} devices); use a batch size that is "
-                f"a multiple of {M * split} (or pass batch_argnums naming only the batch)."))
+        error = _micro_batch_error(graph, mesh_plan, batch, M, names, k)
+        if error is not None:
+            refused.append(error)
             continue
-        planner = MicroPlanner(micro_mesh(mp.mesh, M))
-        plan = add_micro_axis(graph, mp.assignment.choice, mp.assignment.inputs, batch, M,
-                              mp.mesh, reshard_cost(planner))
-        by_size[k] = (mp, planner)
-        options[k] = StageOption(mp.mesh, mp.assignment.choice, mp.assignment.inputs, mp.comm,
-                                 plan)
-    if refused and (not auto or not options):
+        planner = MicroPlanner(micro_mesh(mesh_plan.mesh, M))
+        inputs = mesh_plan.assignment.inputs
+        plan = add_micro_axis(graph, mesh_plan.assignment.choice, inputs, batch, M,
+                              mesh_plan.mesh, reshard_cost(planner))
+        out[k] = _SizeOption(mesh_plan, planner, StageOption(
+            mesh_plan.mesh, mesh_plan.assignment.choice, inputs, mesh_plan.comm, plan))
+    if refused and (not auto or not out):
         raise refused[0]
-    sizes = given if isinstance(given, tuple) else (full.size // S,) * S if not auto else None
+    return out
+
+
+def _pipeline_mesh(full, S, sizes):
+    """The mesh every stage's devices lie on: ``full`` with the stage axis first when the
+    stages are equal, else one axis of every device."""
+    if len(set(sizes)) == 1 and full.shape[0] == S and S > 1:
+        return full
+    name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
+    return LogicalMesh((name,), (full.size,), full.topology)
+
+
+def _fixed_stages(graph, S):
+    """The stages the user fixed (one stage, or ``ap.pipeline_stage`` annotations), else None."""
+    if S == 1:
+        return Stages(1, (0,) * len(graph.nodes), (tuple(range(len(graph.inputs))),))
+    if any(STAGE_SCOPE in n.scope for n in graph.nodes):
+        return assign_stages(graph, S)
+    return None
+
+
+def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
+    """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
+    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler
+    batch = _batch_inputs(graph, args, batch_argnums, pairs)
+    fixed = _fixed_stages(graph, S)
+    given = config.pipeline_stage_devices
+    if given is None:                    # the planner's choice where it cuts the stages
+        given = "equal" if fixed is not None else "auto"
+    by_size = _size_options(graph, full, on_mesh, S, M, given, batch, names)
+    sizes = (given if isinstance(given, tuple) else None if given == "auto"
+             else (full.size // S,) * S)
     link = full.level(full.axis_names[0])
-    sp = plan_stages(graph, S, M, sched, options, batch, link, full.size,
-                     config.max_device_memory, sizes, fixed)
-    if len(set(sp.sizes)) == 1 and full.shape[0] == S and S > 1:
-        whole = full                               # equal stages: the stage axis first
-    else:
-        name = next(n for n in ("stage", "pp", "pipe") if n not in full.axis_names)
-        whole = LogicalMesh((name,), (full.size,), full.topology)
-    offsets = [sum(sp.sizes[:s]) for s in range(S)]
-    devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, sp.sizes))
-    lowerings = []
-    for k in dict.fromkeys(sp.sizes):
-        mp, planner = by_size[k]
-        lowerings.append(StageLowering(tuple(s for s in range(S) if sp.sizes[s] == k), mp.mesh,
-                                       options[k].plan, planner, tuple(mp.out_layouts), mp.via))
-    program = split_stages(graph, sp.stages, lowerings, devices, sched, whole,
-                           whole.axis_names[0])
+    stage_plan = plan_stages(graph, S, M, sched, {k: o.option for k, o in by_size.items()},
+                             batch, link, full.size, config.max_device_memory, sizes, fixed)
+    pipeline_mesh = _pipeline_mesh(full, S, stage_plan.sizes)
+    offsets = [sum(stage_plan.sizes[:s]) for s in range(S)]
+    devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, stage_plan.sizes))
+    lowerings = [StageLowering(tuple(s for s in range(S) if stage_plan.sizes[s] == k),
+                               o.mesh_plan.mesh, o.option.plan, o.planner,
+                               tuple(o.mesh_plan.out_layouts), o.mesh_plan.reduced_to)
+                 for k, o in ((k, by_size[k]) for k in dict.fromkeys(stage_plan.sizes))]
+    program = split_stages(graph, stage_plan.stages, lowerings, devices, sched, pipeline_mesh,
+                           pipeline_mesh.axis_names[0])
     program = dataclasses.replace(program, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b)
-        for st, t, b in zip(program.stages, sp.seconds, sp.memory)))
-    return program, tuple(by_size[k][0] for k in sp.sizes)
+        for st, t, b in zip(program.stages, stage_plan.seconds, stage_plan.memory)))
+    return program, tuple(by_size[k].mesh_plan for k in stage_plan.sizes)

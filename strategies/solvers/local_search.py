@@ -294,11 +294,11 @@ class _Search:
     # ------------------------------------------------------------------ Lagrangian phase
     def lagrangian(self, until: float):
         st, r = self.st, self.st.r
-        mp = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
+        passing = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
         lam = np.zeros(len(st.slack))
         step, stale = 1.0, 0
         while time.monotonic() < until and self.time_left() > 0:
-            x = mp.sweep(st.price(lam), self.opts.lagrangian_sweeps)
+            x = passing.sweep(st.price(lam), self.opts.lagrangian_sweeps)
             st.load(x)
             g = -st.slack.astype(np.float64)            # usage - capacity
             priced = st.total() + float(lam @ g)
@@ -435,18 +435,18 @@ class _Search:
                 self.remember()
         self.report("start")
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
-        whole = everything <= self.opts.whole_mip_columns
+        one_mip = everything <= self.opts.whole_mip_columns
         left = self.time_left()
-        share = min(0.15 * left, 10.0) if whole else self.opts.lagrangian_share * left
-        if st.has_memory.any() or not whole:
+        share = min(0.15 * left, 10.0) if one_mip else self.opts.lagrangian_share * left
+        if st.has_memory.any() or not one_mip:
             self.lagrangian(time.monotonic() + share)
         if self.best is not None:
             self.restore()
         unsure = ()
-        if not whole and self.best is not None:
+        if not one_mip and self.best is not None:
             unsure = self.merge(self.opts.merge_share * self.time_left())
             self.restore()
-        if whole:
+        if one_mip:
             res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
                                    0.0 if everything < 20_000 else 1e-6)
             self.report("whole MIP")
