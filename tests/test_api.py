@@ -40,6 +40,22 @@ def test_data_parallel_mlp_golden(mesh):
     assert all(i.layout.dims[0] for i in c.strategy.inputs if not i.is_param)
 
 
+def test_on_workers_needs_native_workers():
+    """``on_workers`` says why it cannot run: before the first call on the native backend, and
+    on the jax backend at all; ``close`` and ``with`` leave a step that still runs."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    native = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(
+        parallel_mode="data_parallel", device_num=2, progress=False))
+    with pytest.raises(ap.ConfigError, match="call it once first"):
+        native.on_workers(print)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=2)
+    with ap.compile(m.mlp_sgd_step, p, b, config=cfg) as c:
+        assert_same(c(p, b), m.mlp_sgd_step(p, b))
+        with pytest.raises(ap.ConfigError, match="backend='jax'"):
+            c.on_workers(print)
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+
+
 def test_data_parallel_adam_mlp():
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     s = m.adam_init(p)

@@ -140,7 +140,7 @@ def test_nnx_transformer_native_backend(nnx_case):
     try:
         assert_same(c(*args), want)
     finally:
-        c._runner.close()
+        c.close()
 
 
 # ---------------------------------------------------------------- Equinox
@@ -237,7 +237,7 @@ def test_equinox_native_backend(eqx_attention):
     try:
         assert_same(c(*args), want)
     finally:
-        c._runner.close()
+        c.close()
 
 
 # ---------------------------------------------------------------- convolutions and pooling

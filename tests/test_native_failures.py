@@ -55,6 +55,15 @@ def gone(procs):
     return all(p.poll() is not None and not os.path.exists(f"/proc/{p.pid}") for p in procs)
 
 
+def worker_pid(comm):
+    return os.getpid()
+
+
+def pids_gone(pids):
+    """No /proc entry is left for any of the pids: every process exited and was reaped."""
+    return not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
 def autopar_threads():
     return {t for t in threading.enumerate() if t.is_alive() and t is not threading.main_thread()}
 
@@ -127,19 +136,19 @@ def test_a_compiled_step_on_the_default_backend_restarts_after_a_rank_stops_answ
     assert cfg.backend is ap.Backend.NATIVE
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
-    job = c._runner.job
-    os.kill(job.procs[1].pid, signal.SIGSTOP)
+    pids = c.on_workers(worker_pid)
+    os.kill(pids[1], signal.SIGSTOP)
     start = time.monotonic()
     with pytest.raises(CollectiveError) as err:
         c(p, b)
     assert time.monotonic() - start < BOUND
     assert "rank 1" in str(err.value)
-    assert job.closed and gone(job.procs)                   # closed at once, nothing left
-    assert_same(c(p, b), m.mlp_sgd_step(p, b))              # a new job
-    assert c._runner.job is not job and c._runner.job.failure is None
-    new = c._runner.job
-    c._runner.close()
-    assert gone(new.procs)
+    assert pids_gone(pids)                                  # stopped at once, nothing left
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))              # new workers
+    new = c.on_workers(worker_pid)
+    assert not set(new) & set(pids)
+    c.close()
+    assert pids_gone(new)
 
 
 def test_a_worker_that_imported_another_autopar_fails_the_start_with_that_cause(monkeypatch):

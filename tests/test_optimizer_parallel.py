@@ -129,8 +129,8 @@ def test_native_backend_runs_the_sharded_update(level):
     c = ap.compile(fn, *args, config=config(level, backend="native"), batch_argnums=(2,))
     assert_same(c(*args), fn(*args))
     assert_same(c(*args), fn(*args))                 # sharded state comes back whole, twice
-    per_rank = c._runner.job.call(worker_inputs, [()] * 4)
-    c._runner.close()
+    per_rank = c.on_workers(worker_inputs)
+    c.close()
     leaves = [i.name for i in c.strategy.inputs]
     state = [k for k, name in enumerate(leaves) if name.startswith("arg1")]
     full = sum(x.nbytes for x in jax.tree.leaves(args[1]))        # the velocity

@@ -117,7 +117,7 @@ def test_gpt_four_blocks_on_four_native_ranks(scheduler):
     want = m.gpt_pipeline_step(p, b)
     assert_same(c(p, b), want)
     assert_same(c(p, b), want)               # workers stay loaded: a second step, same values
-    c._runner.close()
+    c.close()
 
 
 @pytest.mark.parametrize("devices,backend", [
@@ -138,7 +138,7 @@ def test_stages_on_meshes_of_different_sizes_match_single_device(devices, backen
     assert_same(c(p, b), want)
     if backend == "native":
         assert_same(c(p, b), want)
-        c._runner.close()
+        c.close()
 
 
 def test_annotated_stages_on_given_device_counts():

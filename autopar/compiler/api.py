@@ -51,6 +51,32 @@ class Compiled:
     def collectives(self):
         return self.program.collectives()
 
+    def close(self):
+        """Stop the runtime this step started (the native backend's worker processes); calling
+        the step again starts a new one. Also ``with ap.compile(...) as step:``."""
+        runner, self._runner = self._runner, None
+        if runner is not None and hasattr(runner, "close"):
+            runner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def on_workers(self, fn) -> list:
+        """``fn(comm)`` run in every native worker process, in rank order (diagnostics, tests
+        and benchmarks: ``autopar.runtime.native_backend.stats`` gives each rank's counters).
+        ``fn`` must be importable by the workers (a module-level function). Raises ConfigError
+        on the jax backend or before the first call."""
+        if self._runner is None or not hasattr(self._runner, "job"):
+            raise ConfigError("on_workers: this step has no native workers"
+                              + (" yet; call it once first." if self._runner is None and
+                                 self.config.backend is Backend.NATIVE else
+                                 f" (backend={self.config.backend.value!r}, "
+                                 f"{self.program.mesh.size} device(s))."))
+        return self._runner.job.call(fn, [()] * self.program.mesh.size)
+
     @property
     def timings(self) -> dict:
         """Seconds of each compile phase (trace, search, lower) and, after the first call,
