@@ -3,12 +3,18 @@
 In: keyword fields (MindSpore's names where MindSpore has one). Out: a validated, frozen
 ``ParallelConfig``; ``config.mesh()`` builds the ``LogicalMesh`` it describes. Enums list the
 valid choices; an invalid value raises ``ConfigError`` listing them.
+
+The fields fall into option groups, one per component, each a frozen dataclass that validates
+its own fields (``ModeOptions``, ``SearchOptions``, ``ExecutionOptions``, ``OptimizerOptions``,
+``PipelineOptions``, ``DeviceOptions``); ``ParallelConfig`` builds them from its flat fields and
+returns them as ``config.mode``, ``.search``, ``.execution``, ``.optimizer``, ``.pipeline`` and
+``.devices``.
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import InitVar, dataclass, fields, replace
 from enum import Enum
 from typing import Optional
 
@@ -69,6 +75,189 @@ def parse_bytes(value, field: str = "max_device_memory") -> Optional[int]:
     return int(float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "" else ""])
 
 
+def _set(obj, **values):
+    """Normalise fields of a frozen dataclass in its __post_init__."""
+    for k, v in values.items():
+        object.__setattr__(obj, k, v)
+
+
+def _count(value, field: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{field}={value!r} must be an integer >= 1.")
+
+
+# --- option groups --------------------------------------------------------------------------
+# ParallelConfig's fields, one group per component; each group's fields have ParallelConfig's
+# names (their meaning is documented there), and each group validates and normalises its own.
+# ParallelConfig builds them from its flat fields; ``config.pipeline`` etc. return them.
+
+@dataclass(frozen=True)
+class ModeOptions:
+    """How the step is parallelised, and how the batch and the gradients are treated.
+    ``check_devices`` checks the mode against the devices."""
+    parallel_mode: ParallelMode = ParallelMode.STAND_ALONE
+    gradients_mean: bool = True
+    dataset_strategy: object = None
+
+    def __post_init__(self):
+        _set(self, parallel_mode=_enum(ParallelMode, self.parallel_mode, "parallel_mode"))
+        ds = self.dataset_strategy
+        if isinstance(ds, (list, tuple)):
+            ds = tuple(tuple(s) if isinstance(s, (list, tuple)) else s for s in ds)
+            if not all(isinstance(s, tuple) and all(isinstance(c, int) and not isinstance(c, bool)
+                                                   and c >= 1 for c in s) for s in ds):
+                raise ConfigError(f"dataset_strategy={self.dataset_strategy!r}: give one tuple of "
+                                  "split counts per batch argument leaf, e.g. ((4, 1), (4, 1)).")
+            _set(self, dataset_strategy=ds)
+        elif ds not in (None, "data_parallel", "full_batch"):
+            raise ConfigError(f"dataset_strategy={ds!r} is not valid; choose 'data_parallel', "
+                              "'full_batch' or a tuple of split-count tuples, one per batch leaf.")
+
+    def check_devices(self, devices: "DeviceOptions") -> None:
+        n = devices.device_num
+        if self.parallel_mode is ParallelMode.STAND_ALONE and n != 1:
+            raise ConfigError(f"parallel_mode='stand_alone' runs on one device but device_num={n}; "
+                              "use data_parallel or semi_auto_parallel for several devices.")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Where a strategy comes from: the solver, its time and memory limits, its progress
+    report, and the strategy files compile loads or saves."""
+    search_mode: SearchMode = SearchMode.SHARDING_PROPAGATION
+    search_time: Optional[float] = None
+    max_device_memory: Optional[int] = None
+    progress: bool = True
+    strategy_ckpt_load_file: Optional[str] = None
+    strategy_ckpt_save_file: Optional[str] = None
+
+    def __post_init__(self):
+        _set(self, search_mode=_enum(SearchMode, self.search_mode, "search_mode"),
+             max_device_memory=parse_bytes(self.max_device_memory))
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """Where and how compiled steps run: the backend, and the native runtime's collective
+    timeout and all-reduce bucket size."""
+    backend: Backend = Backend.NATIVE
+    collective_timeout: float = 10.0
+    allreduce_fusion_bytes: int = 25 << 20
+
+    def __post_init__(self):
+        _set(self, backend=_enum(Backend, self.backend, "backend"))
+        _set(self, allreduce_fusion_bytes=parse_bytes(self.allreduce_fusion_bytes or 0,
+                                                      "allreduce_fusion_bytes"))
+        try:
+            timeout = float(self.collective_timeout)
+        except (TypeError, ValueError):
+            timeout = -1.0
+        if not timeout > 0:
+            raise ConfigError(f"collective_timeout={self.collective_timeout!r} must be a positive "
+                              "number of seconds.")
+        _set(self, collective_timeout=timeout)
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    """The sharded parameter update (ZeRO): on or off, its level and its size threshold."""
+    enable_parallel_optimizer: bool = False
+    optimizer_level: OptimizerLevel = OptimizerLevel.LEVEL1
+    parallel_optimizer_threshold: int = 64
+
+    def __post_init__(self):
+        _set(self, optimizer_level=_enum(OptimizerLevel, self.optimizer_level, "optimizer_level"))
+        if not (isinstance(self.parallel_optimizer_threshold, (int, float))
+                and self.parallel_optimizer_threshold >= 0):
+            raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
+                              "must be a number of KB >= 0 (0 shards every parameter's update).")
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """The pipeline: stages, their devices, micro-batches and schedule. A device-count tuple
+    is checked against the devices by ``for_devices``, which returns it as a tuple."""
+    pipeline_stages: int = 1
+    pipeline_stage_devices: object = None
+    micro_batches: int = 1
+    pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B
+
+    def __post_init__(self):
+        _set(self, pipeline_scheduler=_enum(PipelineScheduler, self.pipeline_scheduler,
+                                            "pipeline_scheduler"))
+        _count(self.pipeline_stages, "pipeline_stages")
+        _count(self.micro_batches, "micro_batches")
+        given = self.pipeline_stage_devices
+        if not isinstance(given, (list, tuple)) and given not in (None, "auto", "equal"):
+            raise ConfigError(f"pipeline_stage_devices={given!r} is not valid; give 'equal', "
+                              "'auto', None or a tuple of device counts, one per stage.")
+
+    def for_devices(self, devices: "DeviceOptions") -> "PipelineOptions":
+        """These options checked against the devices and their mesh (the stage devices add up,
+        the stages split the first mesh axis), with the stage device counts as a tuple."""
+        n, shape = devices.device_num, devices.mesh_shape
+        stages, given = self.pipeline_stages, self.pipeline_stage_devices
+        if isinstance(given, (list, tuple)):
+            given = tuple(given)
+            if len(given) != stages or sum(given) != n or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in given):
+                raise ConfigError(f"pipeline_stage_devices={self.pipeline_stage_devices!r} must "
+                                  f"give {stages} device counts >= 1 (one per stage) summing to "
+                                  f"device_num={n}, e.g. {(1,) * (stages - 1) + (n - stages + 1,)}.")
+        elif given == "auto" and n < stages:
+            raise ConfigError(f"pipeline_stages={stages} needs at least that many devices; "
+                              f"device_num is {n}.")
+        if given in (None, "equal") and stages > 1 and shape[0] != stages:
+            raise ConfigError(f"pipeline_stages={stages} splits the devices along the first mesh "
+                              f"axis, but mesh_shape={shape} starts with {shape[0]}; use a "
+                              f"mesh_shape that starts with {stages}, e.g. {(stages, n // stages)}"
+                              if n % stages == 0 else
+                              f"pipeline_stages={stages} does not divide device_num={n}; use a "
+                              "stage count that divides the devices, or give "
+                              "pipeline_stage_devices (a count per stage, or 'auto').")
+        return self if given is self.pipeline_stage_devices else replace(
+            self, pipeline_stage_devices=given)
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """The devices and their logical mesh, defaults resolved: ``device_num`` from
+    ``mesh_shape`` (else 1), ``mesh_shape`` from ``device_num`` -- (stages, rest) when
+    ``pipeline_stages`` (given to the constructor, not kept) divides it, else one axis.
+    ``mesh()`` builds the ``LogicalMesh``."""
+    device_num: Optional[int] = None
+    mesh_shape: Optional[tuple] = None
+    mesh_axis_names: Optional[tuple] = None
+    topology: Optional[Topology] = None
+    pipeline_stages: InitVar[int] = 1
+
+    def __post_init__(self, pipeline_stages):
+        n = self.device_num
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"device_num={n!r} must be an integer >= 1.")
+        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
+        if shape is None:
+            n = 1 if n is None else int(n)
+            shape = (n,)
+            if pipeline_stages > 1 and n % pipeline_stages == 0:
+                shape = (pipeline_stages, n // pipeline_stages)   # the stage axis, then one axis
+        elif n is None:
+            n = math.prod(shape)
+        if n < 1 or math.prod(shape) != n:
+            raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
+                              "devices; make them agree.")
+        _set(self, device_num=n, mesh_shape=shape)
+        if self.mesh_axis_names is not None:
+            _set(self, mesh_axis_names=tuple(self.mesh_axis_names))
+        if self.topology is not None and self.topology.num_devices != n:
+            raise ConfigError(f"topology {self.topology} has {self.topology.num_devices} devices, "
+                              f"device_num is {n}.")
+
+    def mesh(self) -> LogicalMesh:
+        return LogicalMesh.create(self.mesh_shape, self.mesh_axis_names,
+                                  self.topology or Topology.local(self.device_num))
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     parallel_mode: ParallelMode = ParallelMode.STAND_ALONE   # how the step is parallelised
@@ -116,97 +305,49 @@ class ParallelConfig:
     strategy_ckpt_save_file: Optional[str] = None   # compile saves its strategy there (autopar JSON)
 
     def __post_init__(self):
-        """Every field validated and normalised (names to enums, "25MB" to bytes). Long
-        because it is a table, one check per field in the fields' order, so a new field's
-        check goes beside it."""
-        set_ = lambda k, v: object.__setattr__(self, k, v)
-        set_("parallel_mode", _enum(ParallelMode, self.parallel_mode, "parallel_mode"))
-        set_("search_mode", _enum(SearchMode, self.search_mode, "search_mode"))
-        set_("backend", _enum(Backend, self.backend, "backend"))
-        set_("optimizer_level", _enum(OptimizerLevel, self.optimizer_level, "optimizer_level"))
-        set_("pipeline_scheduler", _enum(PipelineScheduler, self.pipeline_scheduler,
-                                         "pipeline_scheduler"))
-        for key in ("pipeline_stages", "micro_batches"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{key}={v!r} must be an integer >= 1.")
-        if not (isinstance(self.parallel_optimizer_threshold, (int, float))
-                and self.parallel_optimizer_threshold >= 0):
-            raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
-                              "must be a number of KB >= 0 (0 shards every parameter's update).")
-        ds = self.dataset_strategy
-        if isinstance(ds, (list, tuple)):
-            ds = tuple(tuple(s) if isinstance(s, (list, tuple)) else s for s in ds)
-            if not all(isinstance(s, tuple) and all(isinstance(c, int) and not isinstance(c, bool)
-                                                   and c >= 1 for c in s) for s in ds):
-                raise ConfigError(f"dataset_strategy={self.dataset_strategy!r}: give one tuple of "
-                                  "split counts per batch argument leaf, e.g. ((4, 1), (4, 1)).")
-            set_("dataset_strategy", ds)
-        elif ds not in (None, "data_parallel", "full_batch"):
-            raise ConfigError(f"dataset_strategy={ds!r} is not valid; choose 'data_parallel', "
-                              "'full_batch' or a tuple of split-count tuples, one per batch leaf.")
-        set_("max_device_memory", parse_bytes(self.max_device_memory))
-        set_("allreduce_fusion_bytes", parse_bytes(self.allreduce_fusion_bytes or 0,
-                                                   "allreduce_fusion_bytes"))
-        try:
-            timeout = float(self.collective_timeout)
-        except (TypeError, ValueError):
-            timeout = -1.0
-        if not timeout > 0:
-            raise ConfigError(f"collective_timeout={self.collective_timeout!r} must be a positive "
-                              "number of seconds.")
-        set_("collective_timeout", timeout)
-        n = self.device_num
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"device_num={n!r} must be an integer >= 1.")
-        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
-        if shape is None:
-            n = 1 if n is None else int(n)
-            shape = (n,)
-        elif n is None:
-            n = math.prod(shape)
-        stages, given = self.pipeline_stages, self.pipeline_stage_devices
-        if self.mesh_shape is None and stages > 1 and n % stages == 0:
-            shape = (stages, n // stages)          # default: the stage axis, then one axis
-        if n < 1 or math.prod(shape) != n:
-            raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
-                              "devices; make them agree.")
-        if isinstance(given, (list, tuple)):
-            given = tuple(given)
-            if len(given) != stages or sum(given) != n or not all(
-                    isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in given):
-                raise ConfigError(f"pipeline_stage_devices={self.pipeline_stage_devices!r} must "
-                                  f"give {stages} device counts >= 1 (one per stage) summing to "
-                                  f"device_num={n}, e.g. {(1,) * (stages - 1) + (n - stages + 1,)}.")
-            set_("pipeline_stage_devices", given)
-        elif given not in (None, "auto", "equal"):
-            raise ConfigError(f"pipeline_stage_devices={given!r} is not valid; give 'equal', "
-                              "'auto', None or a tuple of device counts, one per stage.")
-        elif given == "auto" and n < stages:
-            raise ConfigError(f"pipeline_stages={stages} needs at least that many devices; "
-                              f"device_num is {n}.")
-        if given in (None, "equal") and stages > 1 and shape[0] != stages:
-            raise ConfigError(f"pipeline_stages={stages} splits the devices along the first mesh "
-                              f"axis, but mesh_shape={shape} starts with {shape[0]}; use a "
-                              f"mesh_shape that starts with {stages}, e.g. {(stages, n // stages)}"
-                              if n % stages == 0 else
-                              f"pipeline_stages={stages} does not divide device_num={n}; use a "
-                              "stage count that divides the devices, or give "
-                              "pipeline_stage_devices (a count per stage, or 'auto').")
-        if self.parallel_mode is ParallelMode.STAND_ALONE and n != 1:
-            raise ConfigError(f"parallel_mode='stand_alone' runs on one device but device_num={n}; "
-                              "use data_parallel or semi_auto_parallel for several devices.")
-        set_("device_num", n)
-        set_("mesh_shape", shape)
-        if self.mesh_axis_names is not None:
-            set_("mesh_axis_names", tuple(self.mesh_axis_names))
-        if self.topology is not None and self.topology.num_devices != n:
-            raise ConfigError(f"topology {self.topology} has {self.topology.num_devices} devices, "
-                              f"device_num is {n}.")
+        """Every field validated and normalised (names to enums, "25MB" to bytes, defaults
+        resolved) by its group (``ModeOptions`` ... ``DeviceOptions`` above, each checking its
+        own fields), then the groups against each other; the flat fields take the groups'
+        values."""
+        mode, search, execution, optimizer, pipeline = (self._group(cls) for cls in (
+            ModeOptions, SearchOptions, ExecutionOptions, OptimizerOptions, PipelineOptions))
+        devices = self._group(DeviceOptions, pipeline_stages=pipeline.pipeline_stages)
+        pipeline = pipeline.for_devices(devices)
+        mode.check_devices(devices)
+        for group in (mode, search, execution, optimizer, pipeline, devices):
+            _set(self, **{f.name: getattr(group, f.name) for f in fields(group)})
+
+    def _group(self, cls, **extra):
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)}, **extra)
+
+    # the option groups, for the components that take one (validated already: these rebuild
+    # them from the normalised fields)
+    @property
+    def mode(self) -> ModeOptions:
+        return self._group(ModeOptions)
+
+    @property
+    def search(self) -> SearchOptions:
+        return self._group(SearchOptions)
+
+    @property
+    def execution(self) -> ExecutionOptions:
+        return self._group(ExecutionOptions)
+
+    @property
+    def optimizer(self) -> OptimizerOptions:
+        return self._group(OptimizerOptions)
+
+    @property
+    def pipeline(self) -> PipelineOptions:
+        return self._group(PipelineOptions)
+
+    @property
+    def devices(self) -> DeviceOptions:
+        return self._group(DeviceOptions)
 
     def mesh(self) -> LogicalMesh:
-        return LogicalMesh.create(self.mesh_shape, self.mesh_axis_names,
-                                  self.topology or Topology.local(self.device_num))
+        return self.devices.mesh()
 
     def replace(self, **changes) -> "ParallelConfig":
         return replace(self, **changes)

@@ -2,7 +2,9 @@
 
 In: the number of ranks, optional host ids per rank (the 2D algorithms' hierarchy; with
 ``inter_host="tcp"`` ranks of different host ids talk over TCP, emulating several hosts on this
-one), the collective timeout. Out: a ``Job``: ``job.call(fn, per_rank_args)`` runs the
+one), the collective timeout, whether large shared-memory messages may be read single-copy
+from the sender's memory (``direct``, ``RuntimeOptions.direct``; on only where every rank can
+reach the others' memory). Out: a ``Job``: ``job.call(fn, per_rank_args)`` runs the
 module-level function ``fn(comm, *args)`` on every rank (``comm`` an ``autopar._native.Comm``)
 and returns the per-rank results; ``job.close()`` stops the workers.
 
@@ -71,7 +73,8 @@ def _worker_command() -> list[str]:
 
 
 class Job:
-    def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm"):
+    def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
+                 direct: bool = True):
         from autopar import _native
         if nranks < 1:
             raise ConfigError(f"a native job needs at least one rank, not {nranks}.")
@@ -93,7 +96,7 @@ class Job:
         self.procs = [subprocess.Popen(
             [*command, address, str(r), str(nranks),
              str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
-             "1" if inter_host == "tcp" else "0", rendezvous],
+             "1" if inter_host == "tcp" else "0", rendezvous, "1" if direct else "0"],
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False

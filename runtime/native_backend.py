@@ -57,15 +57,25 @@ def _check_algorithm(name: str) -> None:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How the native runtime runs a program, shipped with it. ``overlap``: all-reduce buckets
-    run while the compute after them does (False: each is awaited as issued, to measure what
-    the overlap gains). ``from_env`` reads ``AUTOPAR_OVERLAP=0`` in the caller, so a benchmark
-    may still set it."""
+    """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
+    ``direct`` to the job's workers as they build their ``Comm``). ``from_env`` reads
+    ``AUTOPAR_OVERLAP=0`` and ``AUTOPAR_DIRECT=0`` in the caller, so a benchmark may still set
+    them; nothing below reads the environment."""
+    # all-reduce buckets run while the compute after them does (False: each is awaited as
+    # issued, to measure what the overlap gains)
     overlap: bool = True
+    # single-copy transfers between ranks on shared memory, through process_vm_readv/writev: a
+    # message of 1 MiB or more is read by the receiver straight from the sender's memory, and
+    # the "direct" all-reduce and the large all-gathers, all-to-alls and broadcasts read their
+    # peers' buffers themselves. On only where every rank of the job can reach the others'
+    # memory. False: everything goes through the shared-memory slots (two copies; the
+    # "direct" all-reduce runs the ring) -- to measure what single-copy gains
+    direct: bool = True
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
-        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0")
+        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
+                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,14 +149,16 @@ def shippable(instructions) -> tuple:
 
 class WorkerRunner:
     """A job of worker processes with a program loaded in every rank, restarted on the next
-    call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout`` and
-    ``_loads()`` -> (worker function, per-rank arguments)."""
+    call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout``, ``options`` (a
+    ``RuntimeOptions``; its ``direct`` goes to the job) and ``_loads()`` -> (worker function,
+    per-rank arguments)."""
 
     def _start(self):
         """A new job with the program loaded (first use, and after a failed or closed one).
         The workers share an XLA compilation cache, private to the job and removed with it."""
         from .launcher import Job
-        self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout)
+        self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout,
+                       direct=self.options.direct)
         cache = tempfile.mkdtemp(prefix="autopar-xla-")
         job = self.job
 
@@ -182,13 +194,14 @@ class NativeRunner(WorkerRunner):
 
     def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
+        self.options = RuntimeOptions.from_env()
         instructions = shippable(program.instructions)
         split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
         self._payload = ProgramPayload(
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
             outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
-            options=RuntimeOptions.from_env())
+            options=self.options)
         self._start()
 
     def _loads(self):

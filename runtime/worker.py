@@ -2,7 +2,8 @@
 
 In (argv): the folder of the caller's ``autopar`` package (checked against the one imported
 here), the caller's control socket, rank, size, the inherited segment descriptor, host ids,
-timeout, whether ranks of different hosts use TCP, the TCP rendezvous address; the job token
+timeout, whether ranks of different hosts use TCP, the TCP rendezvous address, whether large
+messages may go single-copy ("1"/"0", the Comm's ``direct``); the job token
 in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
 up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
 traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
@@ -74,7 +75,7 @@ def _imported_elsewhere(package: str) -> str | None:
 
 
 def main(argv):
-    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous = argv
+    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous, direct = argv
     rank, size, fd = int(rank), int(size), int(fd)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         tune_malloc()
@@ -88,7 +89,7 @@ def main(argv):
             raise ImportError(elsewhere)
         from autopar import _native
         comm = _native.Comm(rank, size, fd, [int(h) for h in hosts.split(",")], float(timeout),
-                            tcp == "1")
+                            tcp == "1", direct == "1")
         os.close(fd)
         if rendezvous:
             comm.connect_tcp(rendezvous, token)

@@ -245,18 +245,20 @@ def directness(comm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("direct", ["1", "0"])
+@pytest.mark.parametrize("direct", [True, False])
 def test_large_messages_single_copy_and_through_the_slots(monkeypatch, direct):
     # From 1 MB a send is read by the receiver straight from the sender's memory
-    # (process_vm_readv) unless AUTOPAR_DIRECT=0; both paths give numpy's values.
-    monkeypatch.setenv("AUTOPAR_DIRECT", direct)
+    # (process_vm_readv) unless the job is started with direct=False (RuntimeOptions.direct);
+    # both paths give numpy's values. The workers' environment says the opposite: the native
+    # Comm takes only its argument.
+    monkeypatch.setenv("AUTOPAR_DIRECT", "0" if direct else "1")
     count = 262_147                     # float32: 1 MB + 12 bytes per rank
     cases = [(a, "float32", n, n * count, "sum") for a in sorted(_native.ALLREDUCE_ALGORITHMS)
              for n in (3, 8)]
     others = [(k, name, n, count) for k in ("reduce_scatter", "all_gather", "all_to_all", "broadcast",
                                             "send_recv") for name in ("float32", "float64") for n in (2, 3, 8)]
-    with Job(8, hosts=[0, 0, 0, 0, 1, 1, 1, 1], timeout=20.0) as j:
-        assert j.call(directness, [()] * 8) == [direct == "1"] * 8
+    with Job(8, hosts=[0, 0, 0, 0, 1, 1, 1, 1], timeout=20.0, direct=direct) as j:
+        assert j.call(directness, [()] * 8) == [direct] * 8
         reduced = j.call(run_all_reduce, [(cases,)] * 8)
         rest = j.call(run_others, [(others,)] * 8)
     for i, (algo, name, n, c, _) in enumerate(cases):

@@ -1,5 +1,7 @@
 """backend="native": the compiler-core training steps on 4 worker processes give the
 single-device values, and a compiled object keeps its workers between calls."""
+import os
+
 import numpy as np
 import pytest
 
@@ -24,13 +26,13 @@ def test_mlp_step_on_four_ranks(mode, mesh, strategy):
                             progress=False, collective_timeout=5)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=strategy)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
-    job = c._runner.job
-    assert job.timeout == 5.0
+    pids = c.on_workers(worker_pid)
+    assert c.on_workers(comm_timeout) == [5.0] * 4
     b2 = m.mlp_batch(batch=16, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
-    assert c._runner.job is job and all(pr.poll() is None for pr in job.procs)
-    c._runner.close()
-    assert all(pr.poll() is not None for pr in job.procs)
+    assert c.on_workers(worker_pid) == pids
+    c.close()
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)   # exited and reaped
 
 
 def test_gpt_block_on_four_ranks():
@@ -41,7 +43,7 @@ def test_gpt_block_on_four_ranks():
     kinds = {x.kind for x in c.collectives()}
     assert kinds                                  # the plan communicates
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
-    c._runner.close()
+    c.close()
 
 
 @pytest.mark.parametrize("bad", [0, -1, "soon"])
@@ -55,6 +57,39 @@ def worker_stats(comm):
     return stats(comm)
 
 
+def directness(comm):
+    return comm.direct
+
+
+def worker_pid(comm):
+    return os.getpid()
+
+
+def comm_timeout(comm):
+    return comm.timeout
+
+
+def test_runtime_options_read_the_callers_environment_only(monkeypatch):
+    from autopar.runtime.native_backend import RuntimeOptions
+    monkeypatch.delenv("AUTOPAR_OVERLAP", raising=False)
+    monkeypatch.delenv("AUTOPAR_DIRECT", raising=False)
+    assert RuntimeOptions.from_env() == RuntimeOptions(overlap=True, direct=True)
+    monkeypatch.setenv("AUTOPAR_DIRECT", "0")
+    assert RuntimeOptions.from_env() == RuntimeOptions(overlap=True, direct=False)
+
+
+def test_direct_off_reaches_the_workers_comm(monkeypatch):
+    """AUTOPAR_DIRECT=0 in the caller becomes RuntimeOptions.direct=False, which the runner's
+    job hands every worker's Comm: no single-copy transfers, the same values."""
+    monkeypatch.setenv("AUTOPAR_DIRECT", "0")
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False)
+    with ap.compile(m.mlp_sgd_step, p, b, config=cfg) as c:
+        assert_same(c(p, b), m.mlp_sgd_step(p, b))
+        assert c.on_workers(directness) == [False, False]
+
+
 def test_gradient_all_reduces_are_fused_into_buckets():
     """data_parallel's loss and gradient all-reduces of a GPT block: one call per all-reduce
     without fusion, fewer with the default buckets; the values are the same."""
@@ -65,8 +100,8 @@ def test_gradient_all_reduces_are_fused_into_buckets():
                                 allreduce_fusion_bytes=fusion)
         c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
         assert_same(c(p, b), m.gpt_sgd_step(p, b))
-        calls[fusion] = c._runner.job.call(worker_stats, [()] * 2)[0]["all_reduce_calls"]
-        c._runner.close()
+        calls[fusion] = c.on_workers(worker_stats)[0]["all_reduce_calls"]
+        c.close()
     n = sum(x.kind == "all_reduce" for x in c.collectives())
     assert calls[0] == n and calls["25MB"] < n
 
@@ -84,8 +119,8 @@ def test_two_level_topology_gives_hosts_and_buckets_get_their_own_algorithm():
                             topology=hosts)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
-    got = c._runner.job.call(worker_stats, [()] * 4)
-    c._runner.close()
+    got = c.on_workers(worker_stats)
+    c.close()
     assert [s["host"] for s in got] == [0, 0, 1, 1]
     fused = [(nbytes, algo) for k, nbytes, algo in got[0]["buckets"] if k > 1]
     assert fused and all(s["buckets"] == got[0]["buckets"] for s in got)
@@ -108,12 +143,12 @@ def test_planned_memory_is_within_15_percent_of_each_ranks_measured_peak(monkeyp
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False, **extra)
     c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg, batch_argnums=(2,))
     c(p, s, b)
-    assert c._runner.job.call(measure_memory, [()] * 2) == [True, True]
+    assert c.on_workers(measure_memory) == [True, True]
     peaks = []
     for _ in range(5):
         c(p, s, b)
-        peaks.append([w["step_peak_bytes"] for w in c._runner.job.call(worker_stats, [()] * 2)])
-    c._runner.close()
+        peaks.append([w["step_peak_bytes"] for w in c.on_workers(worker_stats)])
+    c.close()
     est = c.strategy.peak_memory
     got = np.median(peaks, axis=0)
     assert all(0.85 <= est / g <= 1.15 for g in got), (est, peaks)

@@ -133,13 +133,15 @@ def measure(comm, cases, dtype):
     return out
 
 
-def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None):
-    """Measure on a fresh job of `ranks` processes; the list of result rows (dicts)."""
+def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None,
+        direct=True):
+    """Measure on a fresh job of `ranks` processes; the list of result rows (dicts).
+    ``direct=False`` turns single-copy reads off (``RuntimeOptions.direct``)."""
     from autopar.runtime.launcher import Job
     from autopar.tools import bench as me      # the workers resolve this module by name
     cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
              for algo in algorithms_of(op, algorithms, nbytes, ranks)]
-    with Job(ranks, hosts=hosts, timeout=60.0) as job:
+    with Job(ranks, hosts=hosts, timeout=60.0, direct=direct) as job:
         per_rank = job.call(me.measure, [(cases, dtype)] * ranks)
     rows = []
     for (op, nbytes, algo) in cases:
@@ -166,10 +168,13 @@ def main(argv=None, prog="python -m autopar.tools.bench"):
     p.add_argument("--dtype", default="float32",
                    choices=["float32", "float64", "float16", "bfloat16", "int32", "int64"])
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--no-direct", dest="direct", action="store_false",
+                   help="no single-copy reads from peers' memory: every message through the "
+                        "shared-memory slots (what single-copy gains)")
     args = p.parse_args(argv)
     ops = OPS if "all" in args.op else tuple(dict.fromkeys(args.op))
     rows = run(ops, args.ranks, [parse_size(s) for s in args.size], args.algorithm or ["ring"],
-               args.dtype)
+               args.dtype, direct=args.direct)
     if args.json:
         for r in rows:
             print(json.dumps(r), flush=True)

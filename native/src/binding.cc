@@ -66,9 +66,10 @@ const char* readable(const py::array& a, const char* what) {
 
 class PyComm {
  public:
-  PyComm(int rank, int size, int fd, std::vector<int> hosts, double timeout, bool shm_within_hosts)
+  PyComm(int rank, int size, int fd, std::vector<int> hosts, double timeout, bool shm_within_hosts,
+         bool direct)
       : comm_(rank, size, fd >= 0 ? ShmSegment::attach(fd) : nullptr, std::move(hosts), timeout,
-              shm_within_hosts) {}
+              shm_within_hosts, direct) {}
 
   Group group(const std::vector<int>& ranks) {
     for (size_t i = 0; i < ranks.size(); ++i)
@@ -215,9 +216,10 @@ PYBIND11_MODULE(_native, m) {
       .def("abort_reason", &ShmSegment::abort_reason);
 
   py::class_<PyComm>(m, "Comm")
-      .def(py::init<int, int, int, std::vector<int>, double, bool>(), py::arg("rank"),
+      .def(py::init<int, int, int, std::vector<int>, double, bool, bool>(), py::arg("rank"),
            py::arg("size"), py::arg("fd"), py::arg("hosts") = std::vector<int>(),
-           py::arg("timeout") = 10.0, py::arg("shm_within_hosts") = false)
+           py::arg("timeout") = 10.0, py::arg("shm_within_hosts") = false,
+           py::arg("direct") = true)
       .def_property_readonly("rank", [](PyComm& c) { return c.comm().rank(); })
       .def_property_readonly("size", [](PyComm& c) { return c.comm().size(); })
       .def_property_readonly("host", [](PyComm& c) { return c.comm().host_of(c.comm().rank()); },
@@ -225,6 +227,8 @@ PYBIND11_MODULE(_native, m) {
       .def("link_kind", [](PyComm& c, int peer) { return c.comm().link_kind(peer); })
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")
+      .def_property_readonly("timeout", [](PyComm& c) { return c.comm().timeout(); },
+                             "seconds a collective waits for a peer before failing")
       .def("all_reduce", &PyComm::all_reduce, py::arg("array"), py::arg("ranks"),
            py::arg("op") = "sum", py::arg("algorithm") = "ring")
       .def("reduce_scatter", &PyComm::reduce_scatter, py::arg("input"), py::arg("output"),

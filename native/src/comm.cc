@@ -36,7 +36,7 @@ bool alive(int pid) {
 }  // namespace
 
 Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
-           double timeout_s, bool shm_within_hosts)
+           double timeout_s, bool shm_within_hosts, bool direct)
     : rank_(rank), size_(size), shm_(std::move(shm)), links_(size), hosts_(std::move(hosts)),
       timeout_s_(timeout_s) {
   if (hosts_.empty()) hosts_.assign(size, 0);
@@ -46,7 +46,7 @@ Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int>
     for (int p = 0; p < size; ++p)
       if (p != rank && (!shm_within_hosts || hosts_[p] == hosts_[rank]))
         links_[p] = shm_->link(rank, p);
-    if (size > 1) shm_->agree_direct(rank, timeout_s);
+    if (size > 1) shm_->agree_direct(rank, timeout_s, direct);
   }
 }
 

@@ -34,8 +34,10 @@ class Comm {
   // hosts[r]: the host id of rank r (the 2D algorithms' hierarchy). Every rank in the segment
   // gets a shared-memory link, unless shm_within_hosts: then only ranks of the same host id
   // do, and the others need TCP (connect_tcp_links) -- a multi-host job on one machine.
+  // direct: whether this rank offers single-copy sends (ShmSegment::agree_direct; they are on
+  // only when every rank of the job offers them and can reach the others' memory).
   Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
-       double timeout_s, bool shm_within_hosts = false);
+       double timeout_s, bool shm_within_hosts, bool direct);
 
   int rank() const { return rank_; }
   int size() const { return size_; }

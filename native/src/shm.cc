@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -259,13 +258,11 @@ std::string ShmSegment::abort_reason() const {
   return h->abort_rank >= 0 ? std::string(h->abort_msg) : std::string("aborted");
 }
 
-bool ShmSegment::agree_direct(int me, double timeout_s) {
+bool ShmSegment::agree_direct(int me, double timeout_s, bool wanted) {
   static uint64_t probe;                 // lives as long as the process
   ShmHeader* h = header();
   int n = h->nranks;
   probe = kMagic ^ uint64_t(uint32_t(getpid()));
-  const char* env = std::getenv("AUTOPAR_DIRECT");
-  bool wanted = !(env && std::string(env) == "0");
   h->probe_addr[me].store(wanted ? reinterpret_cast<uint64_t>(&probe) : 0, std::memory_order_release);
   // 1. read every peer's probe word once it is published
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

@@ -36,9 +36,10 @@ class ShmSegment {
   std::string abort_reason() const;
   // Called by every rank once, right after set_pid: publish a probe word, read every other
   // rank's with process_vm_readv and enable single-copy sends from this rank only when all of
-  // them could read each other (waits up to timeout_s for the others; off when the
-  // environment sets AUTOPAR_DIRECT=0). Returns whether they are enabled.
-  bool agree_direct(int me, double timeout_s);
+  // them could read each other (waits up to timeout_s for the others). A rank that is not
+  // `wanted` (the job's runtime options turned direct collectives off) publishes no probe, which
+  // turns them off for every rank. Returns whether they are enabled.
+  bool agree_direct(int me, double timeout_s, bool wanted);
   bool direct(int me) const;
   // Copy n bytes between this process and rank peer's memory at addr (Linux cross-memory
   // attach): read them into `to`, or write `from` there. Throws std::runtime_error when the
