@@ -23,7 +23,7 @@ FORMAT = "autopar-strategy"
 VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputStrategy:
     name: str            # pytree path of the argument leaf, e.g. "params.h0.w1"
     shape: tuple
@@ -33,7 +33,7 @@ class InputStrategy:
     update: Optional[Layout] = None   # the parallel optimizer's layout of its update, if sharded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpStrategy:
     name: str            # "<primitive>.<node index>"
     prim: str
@@ -50,7 +50,7 @@ class OpStrategy:
                              # argument ("params.w1") or "" for a literal
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StageStrategy:
     index: int
     devices: tuple       # global device ranks of the stage
@@ -60,7 +60,7 @@ class StageStrategy:
     axis_names: tuple = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CommStrategy:
     kind: str            # a collective kind ("all_reduce", ...), or "send"/"recv" between stages
     axes: tuple          # mesh axis names it runs over
@@ -73,7 +73,7 @@ class CommStrategy:
     count: int = 1       # times per step (a transfer per micro-batch runs micro_batches times)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Strategy:
     mode: str
     search: str
@@ -196,27 +196,36 @@ class Strategy:
             raise LayoutError("not an autopar strategy file (no \"format\": \"autopar-strategy\"); "
                               "MindSpore checkpoints are written by autopar but not read back.")
         return Strategy(
-            d["mode"], d["search"], tuple(d["mesh"]["shape"]), tuple(d["mesh"]["axis_names"]),
-            tuple(InputStrategy(i["name"], tuple(i["shape"]), i["dtype"], Layout.parse(i["layout"]),
-                                i["is_param"], Layout.parse(i["update"]) if "update" in i else None)
-                  for i in d["inputs"]),
-            tuple(OpStrategy(o["name"], o["prim"], o["source"],
-                             tuple(tuple(s) for s in o["in_shapes"]),
-                             tuple(tuple(s) for s in o["out_shapes"]),
-                             tuple(Layout.parse(l) for l in o["in"]),
-                             tuple(Layout.parse(l) for l in o["out"]), o["comm_time"],
-                             o["compute_time"], o["out_bytes"], o.get("stage", 0),
-                             tuple(o.get("operands", ())))
-                  for o in d["ops"]), d["output_comm_time"], d["peak_memory"], d["peak_op"],
-            d["memory_limit"],
-            tuple(StageStrategy(st["index"], tuple(st["devices"]), st["seconds"], st["memory"],
-                                tuple(st.get("mesh", {}).get("shape", ())),
-                                tuple(st.get("mesh", {}).get("axis_names", ())))
-                  for st in d.get("stages", ())), d.get("micro_batches", 1), d.get("scheduler", ""),
-            tuple(CommStrategy(c["kind"], tuple(c["axes"]), tuple(c["shape"]), c["dtype"],
-                               c["bytes"], c["seconds"], c.get("reason", ""), c.get("stage", 0),
-                               c.get("count", 1)) for c in d.get("collectives", ())),
-            tuple((name, b) for name, b in d.get("memory_timeline", ())))
+            mode=d["mode"], search=d["search"], mesh_shape=tuple(d["mesh"]["shape"]),
+            axis_names=tuple(d["mesh"]["axis_names"]),
+            inputs=tuple(InputStrategy(
+                name=i["name"], shape=tuple(i["shape"]), dtype=i["dtype"],
+                layout=Layout.parse(i["layout"]), is_param=i["is_param"],
+                update=Layout.parse(i["update"]) if "update" in i else None)
+                for i in d["inputs"]),
+            ops=tuple(OpStrategy(
+                name=o["name"], prim=o["prim"], source=o["source"],
+                in_shapes=tuple(tuple(s) for s in o["in_shapes"]),
+                out_shapes=tuple(tuple(s) for s in o["out_shapes"]),
+                in_layouts=tuple(Layout.parse(l) for l in o["in"]),
+                out_layouts=tuple(Layout.parse(l) for l in o["out"]), comm_time=o["comm_time"],
+                compute_time=o["compute_time"], out_bytes=o["out_bytes"],
+                stage=o.get("stage", 0), operands=tuple(o.get("operands", ())))
+                for o in d["ops"]),
+            output_comm_time=d["output_comm_time"], peak_memory=d["peak_memory"],
+            peak_op=d["peak_op"], memory_limit=d["memory_limit"],
+            stages=tuple(StageStrategy(
+                index=st["index"], devices=tuple(st["devices"]), seconds=st["seconds"],
+                memory=st["memory"], mesh_shape=tuple(st.get("mesh", {}).get("shape", ())),
+                axis_names=tuple(st.get("mesh", {}).get("axis_names", ())))
+                for st in d.get("stages", ())),
+            micro_batches=d.get("micro_batches", 1), scheduler=d.get("scheduler", ""),
+            collectives=tuple(CommStrategy(
+                kind=c["kind"], axes=tuple(c["axes"]), shape=tuple(c["shape"]), dtype=c["dtype"],
+                bytes=c["bytes"], seconds=c["seconds"], reason=c.get("reason", ""),
+                stage=c.get("stage", 0), count=c.get("count", 1))
+                for c in d.get("collectives", ())),
+            memory_timeline=tuple((name, b) for name, b in d.get("memory_timeline", ())))
 
     @staticmethod
     def load(path) -> "Strategy":

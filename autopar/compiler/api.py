@@ -391,8 +391,9 @@ def _input_strategies(graph, names, program, per_stage, pipelined) -> list:
     inputs = []
     for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
         mesh_plan = per_stage[readers.get(k, 0)]
-        inputs.append(InputStrategy(n, v.shape, str(v.dtype), mesh_plan.assignment.inputs[k], p,
-                                    mesh_plan.updates.get(k)))
+        inputs.append(InputStrategy(name=n, shape=v.shape, dtype=str(v.dtype),
+                                    layout=mesh_plan.assignment.inputs[k], is_param=p,
+                                    update=mesh_plan.updates.get(k)))
     return inputs
 
 

@@ -25,14 +25,19 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
     (``memory_timeline``; empty for a pipeline); a PipelineProgram adds its stages,
     micro-batches and scheduler."""
     pipelined = isinstance(program, PipelineProgram)
-    stages = tuple(StageStrategy(st.index, st.devices, st.seconds, st.memory,
-                                 tuple(st.mesh.shape), tuple(st.mesh.axis_names))
+    stages = tuple(StageStrategy(index=st.index, devices=st.devices, seconds=st.seconds,
+                                 memory=st.memory, mesh_shape=tuple(st.mesh.shape),
+                                 axis_names=tuple(st.mesh.axis_names))
                    for st in program.stages) if pipelined else ()
-    return Strategy(mode, search, tuple(mesh.shape), tuple(mesh.axis_names), tuple(inputs),
-                    tuple(ops), output_comm, peak, peak_op, cap, stages,
-                    micro_batches if pipelined else 1, scheduler if pipelined else "",
-                    comm_records(program, planner),
-                    tuple((label(ins), b) for ins, b in timeline), phase_seconds)
+    return Strategy(mode=mode, search=search, mesh_shape=tuple(mesh.shape),
+                    axis_names=tuple(mesh.axis_names), inputs=tuple(inputs), ops=tuple(ops),
+                    output_comm_time=output_comm, peak_memory=peak, peak_op=peak_op,
+                    memory_limit=cap, stages=stages,
+                    micro_batches=micro_batches if pipelined else 1,
+                    scheduler=scheduler if pipelined else "",
+                    collectives=comm_records(program, planner),
+                    memory_timeline=tuple((label(ins), b) for ins, b in timeline),
+                    phase_seconds=phase_seconds)
 
 
 def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset()) -> tuple:
@@ -40,10 +45,12 @@ def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozen
     redistributions feeding it ``comm[k]``, its compute time and output bytes on ``meshes[k]``
     (none for a primitive in ``no_compute``) and its pipeline stage ``stages[k]``."""
     return tuple(
-        OpStrategy(n.name, n.prim, n.source, tuple(tuple(x.shape) for x in n.inputs),
-                   tuple(v.shape for v in n.outputs), c.in_layouts, c.out_layouts, t,
-                   0.0 if n.prim in no_compute else compute_time(n, c, m),
-                   output_bytes(n, c, m), s, made_by)
+        OpStrategy(name=n.name, prim=n.prim, source=n.source,
+                   in_shapes=tuple(tuple(x.shape) for x in n.inputs),
+                   out_shapes=tuple(v.shape for v in n.outputs), in_layouts=c.in_layouts,
+                   out_layouts=c.out_layouts, comm_time=t,
+                   compute_time=0.0 if n.prim in no_compute else compute_time(n, c, m),
+                   out_bytes=output_bytes(n, c, m), stage=s, operands=made_by)
         for n, c, t, m, s, made_by in zip(graph.nodes, choices, comm, meshes, stages,
                                           operands(graph, names)))
 
@@ -74,20 +81,19 @@ def comm_records(program, planner) -> tuple:
         body = [(0, ins, "") for ins in program.instructions]
     out = []
     for stage, ins, phase in body:
+        if not isinstance(ins, (Transfer, Collective)):
+            continue
+        common = dict(kind=str(ins.kind), axes=tuple(ins.axes), shape=tuple(ins.shape),
+                      dtype=str(np.dtype(ins.dtype)), bytes=ins.bytes, stage=stage)
         if isinstance(ins, Transfer):
             way = "to" if ins.kind == TransferKind.SEND else "from"
-            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
-                                    str(np.dtype(ins.dtype)), ins.bytes,
-                                    level.alpha + level.beta * ins.bytes,
-                                    f"stage {stage} {way} stage {ins.peer}", stage,
-                                    micro if ins.micro else 1))
-        elif isinstance(ins, Collective):
-            out.append(CommStrategy(ins.kind, tuple(ins.axes), tuple(ins.shape),
-                                    str(np.dtype(ins.dtype)), ins.bytes,
-                                    planners.get(stage, planner).step_time(
-                                        ins.kind, ins.axes, ins.bytes)[0],
-                                    ins.reason, stage,
-                                    micro if phase in ("forward", "backward") else 1))
+            out.append(CommStrategy(**common, seconds=level.alpha + level.beta * ins.bytes,
+                                    reason=f"stage {stage} {way} stage {ins.peer}",
+                                    count=micro if ins.micro else 1))
+        else:
+            seconds = planners.get(stage, planner).step_time(ins.kind, ins.axes, ins.bytes)[0]
+            out.append(CommStrategy(**common, seconds=seconds, reason=ins.reason,
+                                    count=micro if phase in ("forward", "backward") else 1))
     return tuple(out)
 
 

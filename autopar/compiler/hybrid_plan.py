@@ -67,7 +67,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
         raise InfeasibleError(f"hybrid_parallel needs {peak} bytes per device at {peak_op}, more "
                               f"than max_device_memory={cap}. Raise max_device_memory, split more "
                               "of the arguments (in_strategy) or use a smaller batch.")
-    inputs = tuple(InputStrategy(nm, v.shape, str(v.dtype), l, p)
+    inputs = tuple(InputStrategy(name=nm, shape=v.shape, dtype=str(v.dtype), layout=l, is_param=p)
                    for (nm, p), v, l in zip(names, graph_inputs.inputs, in_layouts))
     strat = assemble_strategy(
         mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
