@@ -14,6 +14,7 @@ import math
 import jax
 import numpy as np
 
+from .annotate import shard_p
 from .config import ParallelMode
 from .errors import ConfigError, LayoutError
 from .graph import type_str
@@ -139,7 +140,7 @@ def fixed_layouts(config, mesh, graph) -> dict:
         return {}
     return {n.id: spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
                                f"ap.shard at {n.source or n.name}")
-            for n in graph.nodes if n.prim == "autopar_shard"}
+            for n in graph.nodes if n.prim == shard_p.name}
 
 
 def state_pairs(graph) -> tuple:

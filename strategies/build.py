@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.annotate import shard_p
 from autopar.graph import Value, type_str
 from autopar.layout import Layout
 
@@ -136,7 +137,7 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
     writes = []                               # per chain: the layouts its head may write
     for k, n in enumerate(graph.nodes):
         c, cs = None, cands[n.id]
-        if len(n.outputs) == 1 and n.prim != "autopar_shard":
+        if len(n.outputs) == 1 and n.prim != shard_p.name:
             xs = {x.id: x for x in n.inputs if isinstance(x, Value)}
             if len(xs) == 1:
                 (xid, x), = xs.items()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from jax import lax
 
 from autopar.graph import Const
 from autopar.program import Segment, reads, writes
@@ -34,11 +35,11 @@ def _size(shape) -> int:
 
 def flops(node) -> float:
     out = node.outputs[0]
-    if node.prim == "dot_general":
+    if node.prim == lax.dot_general_p.name:
         (lc, _), _ = node.params["dimension_numbers"]
         k = math.prod(node.inputs[0].shape[d] for d in lc)
         return 2.0 * _size(out.shape) * k
-    if node.prim.startswith("reduce_") or node.prim in ("argmax", "argmin"):
+    if node.prim.startswith("reduce_") or node.prim in (lax.argmax_p.name, lax.argmin_p.name):
         return float(_size(node.inputs[0].shape))
     return float(sum(_size(v.shape) for v in node.outputs))
 

@@ -27,6 +27,7 @@ dynamic_slice / dynamic_update_slice: a dimension taken (or overwritten) in full
 from __future__ import annotations
 
 import numpy as np
+from jax import lax
 from jax.lax import GatherScatterMode
 
 from autopar.graph import Const
@@ -148,7 +149,7 @@ def index_bounds(node) -> dict:
     node's integer inputs are not indices."""
     prim, p = node.prim, node.params
     shapes = [x.shape for x in node.inputs]
-    if prim == "gather":
+    if prim == lax.gather_p.name:
         dn = p["dimension_numbers"]
         return {1: tuple(shapes[0][d] - p["slice_sizes"][d] + 1 for d in dn.start_index_map)}
     if prim.startswith("scatter"):
@@ -158,9 +159,9 @@ def index_bounds(node) -> dict:
         sizes = dict(zip(window, (shapes[2][u] for u in dn.update_window_dims)))
         return {1: tuple(shapes[0][d] - sizes.get(d, 1) + 1
                          for d in dn.scatter_dims_to_operand_dims)}
-    if prim == "dynamic_slice":
+    if prim == lax.dynamic_slice_p.name:
         return {1 + i: (n - s + 1,) for i, (n, s) in enumerate(zip(shapes[0], p["slice_sizes"]))}
-    if prim == "dynamic_update_slice":
+    if prim == lax.dynamic_update_slice_p.name:
         return {2 + i: (n - u + 1,) for i, (n, u) in enumerate(zip(shapes[0], shapes[1]))}
     return {}
 

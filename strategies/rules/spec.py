@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from jax import lax
+
 Dims = tuple  # tuple[str | None, ...]
 
 
@@ -82,7 +84,7 @@ def default_local_params(node, in_shapes, out_shapes) -> dict:
         p["shape"] = tuple(out_shapes[0])
     if "new_sizes" in p:
         p["new_sizes"] = tuple(out_shapes[0])
-    if node.prim == "split":
+    if node.prim == lax.split_p.name:
         p["sizes"] = tuple(s[p["axis"]] for s in out_shapes)
     return p
 
