@@ -103,7 +103,7 @@ def planner(layers, stage_devices):
         t0 = time.perf_counter()
         out = real(*a, **k)
         timed["dp_s"] = time.perf_counter() - t0
-        timed["sizes"] = len(a[4])
+        timed["sizes"] = len(a[0].options)
         timed["estimate"] = out.step_time
         return out
     pipeline_plan.plan_stages = clocked

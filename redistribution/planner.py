@@ -40,7 +40,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -271,82 +271,108 @@ class Planner:
         path.reverse()
         return tuple(st for st, _ in path), sum(sec for _, sec in path)
 
-    def _moves(self, state, shape, itemsize):
-        """Every legal step from ``state = (dims, partial)``, as tuples ``(next state, seconds,
-        integer picoseconds, sort key, Step, reduced partial axes)``; only states whose
-        splits divide the shape are produced."""
+    def _moves(self, state, shape, itemsize) -> tuple[_Move, ...]:
+        """Every legal step from ``state = (dims, partial)`` -> ``_Move``s (next state, seconds,
+        integer picoseconds, sort key, Step, reduced partial axes); only states whose splits
+        divide the shape are produced. One-axis steps come first, then grouped ones."""
         dims, partial = state
-        size, order = self._size, self._order
-        rank = len(shape)
-        splits = [math.prod(size[a] for a in d) for d in dims]
+        splits = tuple(math.prod(self._size[a] for a in d) for d in dims)
         nbytes = itemsize * math.prod(s // c for s, c in zip(shape, splits))
+        at = _At(dims, partial, shape, splits, nbytes)
         used = {a for d in dims for a in d}
-        out = []
-
-        def put(d, a):
-            return dims[:d] + (dims[d] + (a,),) + dims[d + 1:]
-
-        for a in self.mesh.axis_names:
-            ai, n = order[a], size[a]
+        out: list[_Move] = []
+        for a in self.mesh.axis_names:      # one axis: reduce it if partial, slice it if unused
             if a in partial:
-                rest = tuple(p for p in partial if p != a)
-                sec = self.step_time(StepKind.ALL_REDUCE, a, nbytes)[0]
-                out.append(((dims, rest), sec, _ps(sec), (2, ai, -1, -1), Step(StepKind.ALL_REDUCE, (a,)),
-                            (a,)))
-                sec = self.step_time(StepKind.REDUCE_SCATTER, a, nbytes)[0]
-                for d in range(rank):
-                    if shape[d] % (splits[d] * n) == 0:
-                        out.append(((put(d, a), rest), sec, _ps(sec), (3, ai, d, -1),
-                                    Step(StepKind.REDUCE_SCATTER, (a,), d), (a,)))
+                out += self._reduce_moves(at, (a,))
             elif a not in used:
-                for d in range(rank):
-                    if shape[d] % (splits[d] * n) == 0:
-                        out.append(((put(d, a), partial), 0.0, 0, (0, ai, d, -1),
-                                    Step(StepKind.SLICE, (a,), d), ()))
-        for i in range(rank):
-            if not dims[i]:
-                continue
-            a = dims[i][-1]
-            ai, n = order[a], size[a]
-            gone = dims[:i] + (dims[i][:-1],) + dims[i + 1:]
-            sec = self.step_time(StepKind.ALL_GATHER, a, nbytes)[0]
-            out.append(((gone, partial), sec, _ps(sec), (1, ai, i, -1), Step(StepKind.ALL_GATHER, (a,), i),
-                        ()))
-            sec = self.step_time(StepKind.ALL_TO_ALL, a, nbytes)[0]
-            for j in range(rank):
-                if j != i and shape[j] % (splits[j] * n) == 0:
-                    nd = gone[:j] + (gone[j] + (a,),) + gone[j + 1:]
-                    out.append(((nd, partial), sec, _ps(sec), (4, ai, i, j),
-                                Step(StepKind.ALL_TO_ALL, (a,), i, j), ()))
+                out += self._slice_moves(at, a)
+        for i, d in enumerate(dims):        # one axis: a dimension's innermost one leaves it
+            if d:
+                out += self._gather_moves(at, i, 1)
         # grouped steps: several axes act as one combined axis (first axis major)
         for k in range(2, len(partial) + 1):        # all_reduce / reduce_scatter over partial axes
             for group in itertools.combinations(partial, k):
-                rest = tuple(p for p in partial if p not in group)
-                n = math.prod(size[g] for g in group)
-                sec = self.step_time(StepKind.ALL_REDUCE, group, nbytes)[0]
-                out.append(((dims, rest), sec, _ps(sec), (2, order[group[0]], k, -1),
-                            Step(StepKind.ALL_REDUCE, group), group))
-                sec = self.step_time(StepKind.REDUCE_SCATTER, group, nbytes)[0]
-                for d in range(rank):
-                    if shape[d] % (splits[d] * n) == 0:
-                        nd = dims[:d] + (dims[d] + group,) + dims[d + 1:]
-                        out.append(((nd, rest), sec, _ps(sec), (3, order[group[0]], d, k),
-                                    Step(StepKind.REDUCE_SCATTER, group, d), group))
-        for i in range(rank):                       # all_gather / all_to_all of an innermost run
-            for k in range(2, len(dims[i]) + 1):
-                group = dims[i][-k:]
-                n = math.prod(size[g] for g in group)
-                gone = dims[:i] + (dims[i][:-k],) + dims[i + 1:]
-                sec = self.step_time(StepKind.ALL_GATHER, group, nbytes)[0]
-                out.append(((gone, partial), sec, _ps(sec), (1, order[group[0]], i, k),
-                            Step(StepKind.ALL_GATHER, group, i), ()))
-                sec = self.step_time(StepKind.ALL_TO_ALL, group, nbytes)[0]
-                for j in range(rank):
-                    if j != i and shape[j] % (splits[j] * n) == 0:
-                        nd = gone[:j] + (gone[j] + group,) + gone[j + 1:]
-                        out.append(((nd, partial), sec, _ps(sec), (4, order[group[0]], i, j * 8 + k),
-                                    Step(StepKind.ALL_TO_ALL, group, i, j), ()))
+                out += self._reduce_moves(at, group)
+        for i, d in enumerate(dims):                # all_gather / all_to_all of an innermost run
+            for k in range(2, len(d) + 1):
+                out += self._gather_moves(at, i, k)
         return tuple(out)
+
+    def _slice_moves(self, at: _At, a: str) -> list[_Move]:
+        """From ``at``, unused axis ``a`` -> one free slice per dimension it divides."""
+        n, ai = self._size[a], self._order[a]
+        return [_Move.of((_put(at.dims, d, (a,)), at.partial), 0.0, (0, ai, d, -1),
+                         Step(StepKind.SLICE, (a,), d))
+                for d in range(len(at.dims)) if at.fits(d, n)]
+
+    def _reduce_moves(self, at: _At, group: tuple[str, ...]) -> list[_Move]:
+        """From ``at``, partial axes ``group`` (one or several) -> their all_reduce, then a
+        reduce_scatter onto each dimension the group divides."""
+        rest = tuple(p for p in at.partial if p not in group)
+        n = math.prod(self._size[g] for g in group)
+        head = self._order[group[0]]
+        k = len(group) if len(group) > 1 else -1   # the group size in the sort key, -1 for one
+        sec = self.step_time(StepKind.ALL_REDUCE, group, at.nbytes)[0]
+        out = [_Move.of((at.dims, rest), sec, (2, head, k, -1),
+                        Step(StepKind.ALL_REDUCE, group), group)]
+        sec = self.step_time(StepKind.REDUCE_SCATTER, group, at.nbytes)[0]
+        out += [_Move.of((_put(at.dims, d, group), rest), sec, (3, head, d, k),
+                         Step(StepKind.REDUCE_SCATTER, group, d), group)
+                for d in range(len(at.dims)) if at.fits(d, n)]
+        return out
+
+    def _gather_moves(self, at: _At, i: int, k: int) -> list[_Move]:
+        """From ``at``, the innermost ``k`` axes of dimension ``i`` -> their all_gather, then an
+        all_to_all onto each other dimension they divide."""
+        group = at.dims[i][-k:]
+        n = math.prod(self._size[g] for g in group)
+        head = self._order[group[0]]
+        gone = at.dims[:i] + (at.dims[i][:-k],) + at.dims[i + 1:]
+        sec = self.step_time(StepKind.ALL_GATHER, group, at.nbytes)[0]
+        out = [_Move.of((gone, at.partial), sec, (1, head, i, k if k > 1 else -1),
+                        Step(StepKind.ALL_GATHER, group, i))]
+        sec = self.step_time(StepKind.ALL_TO_ALL, group, at.nbytes)[0]
+        out += [_Move.of((_put(gone, j, group), at.partial), sec,
+                         (4, head, i, j * 8 + k if k > 1 else j),
+                         Step(StepKind.ALL_TO_ALL, group, i, j))
+                for j in range(len(at.dims)) if j != i and at.fits(j, n)]
+        return out
+
+
+@dataclass(frozen=True)
+class _At:
+    """The state a move starts from: its ``dims`` and ``partial`` axes, the global ``shape``,
+    the ways each dimension is split and the local bytes (every step's input)."""
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...]
+    shape: tuple[int, ...]
+    splits: tuple[int, ...]
+    nbytes: int
+
+    def fits(self, d: int, n: int) -> bool:
+        """Whether dimension ``d`` split ``n`` more ways still divides the shape."""
+        return self.shape[d] % (self.splits[d] * n) == 0
+
+
+class _Move(NamedTuple):
+    """One edge of the search: the next ``(dims, partial)`` state, the step's seconds and whole
+    picoseconds, its tie-order sort key, the ``Step`` and the partial axes it reduces."""
+    state: tuple
+    seconds: float
+    ps: int
+    key: tuple
+    step: Step
+    reduced: tuple[str, ...]
+
+    @staticmethod
+    def of(state, seconds: float, key: tuple, step: Step, reduced=()) -> "_Move":
+        """A move from its parts -> the ``_Move``, its picoseconds computed by ``_ps``."""
+        return _Move(state, seconds, _ps(seconds), key, step, tuple(reduced))
+
+
+def _put(dims, d: int, axes: tuple[str, ...]):
+    """``dims`` with ``axes`` appended (innermost) to dimension ``d``."""
+    return dims[:d] + (dims[d] + axes,) + dims[d + 1:]
 
 
 def _ps(seconds: float) -> int:

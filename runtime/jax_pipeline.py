@@ -13,6 +13,8 @@ over micro-batches) runs on the stage's devices between phases.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from autopar.errors import ConfigError, PipelineError
 from autopar.graph import Const
-from autopar.pipeline_program import Accumulate, MicroSlice, Transfer, schedule
+from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
+                                      Route, Transfer, TransferKind, schedule)
 from autopar.program import reads, writes
 
 from .jax_backend import const, execute
@@ -32,7 +35,7 @@ class _Phase:
     def __init__(self, body, exported, stage_mesh, jmesh, micro):
         made, ins = set(), []
         for i in body:
-            if isinstance(i, Transfer) and i.kind == "recv":
+            if isinstance(i, Transfer) and i.kind == TransferKind.RECV:
                 made.add(i.reg)
                 ins.append(i.reg)
                 continue
@@ -41,14 +44,15 @@ class _Phase:
                     ins.append(r)
             if not isinstance(i, Accumulate):      # its sum exists after the micro-batches
                 made.update(writes(i))
-        self.recv_keys = {i.reg: i.key for i in body if isinstance(i, Transfer) and i.kind == "recv"}
-        sent = [i.reg for i in body if isinstance(i, Transfer) and i.kind == "send"]
+        transfers = [i for i in body if isinstance(i, Transfer)]
+        self.recv_keys = {i.reg: i.key for i in transfers if i.kind == TransferKind.RECV}
+        sent = [i.reg for i in transfers if i.kind == TransferKind.SEND]
         acc = [i.src for i in body if isinstance(i, Accumulate)]
         self.inputs = tuple(ins)
         self.outputs = tuple(dict.fromkeys(
             [r for r in sent + acc if r in made] + [r for r in exported if r in made]))
         self.accumulates = [i for i in body if isinstance(i, Accumulate)]
-        self.sends = [i for i in body if isinstance(i, Transfer) and i.kind == "send"]
+        self.sends = [i for i in body if isinstance(i, Transfer) and i.kind == TransferKind.SEND]
         steps = [i for i in body if not isinstance(i, (Transfer, Accumulate))]
 
         def local(m, *blocks):
@@ -57,7 +61,7 @@ class _Phase:
             for st in steps:
                 if isinstance(st, MicroSlice):
                     x = get(st.src)
-                    if st.kind == "zero":
+                    if st.kind == MicroSliceKind.ZERO:
                         regs[st.out] = jnp.where(m == 0, x, jnp.zeros_like(x))
                     else:
                         n = x.shape[st.dim] // micro
@@ -72,6 +76,16 @@ class _Phase:
                                             out_specs=(spec,) * len(self.outputs), check_vma=False))
         else:
             self.fn = jax.jit(local)
+
+
+@dataclass(eq=False)
+class _Run:
+    """The state of one call: ``store`` maps (stage, register or tag, micro-batch or None) to a
+    stacked value; ``acc`` per stage, accumulation register -> its sum so far, or (dim, parts)
+    for a concatenation; ``nxt`` per stage, the index of its next task."""
+    store: dict
+    acc: list
+    nxt: list
 
 
 class PipelineRunner:
@@ -111,71 +125,101 @@ class PipelineRunner:
 
     def _sent(self, t, v):
         """What a send of stacked value ``v`` puts on the peer stage (see the module docstring)."""
-        if t.route == "block":
+        if t.route == Route.BLOCK:
             return v
         k = self.p.stages[t.peer].mesh.size
         return jnp.broadcast_to(v[0], (k,) + v.shape[1:])
 
     def __call__(self, flat_args):
-        p = self.p
-        store = {}                     # (stage, register or tag, micro-batch or None) -> stack
+        """Flat global arguments -> flat global results: each sweep runs the next task of every
+        stage whose inputs have arrived, until every stage has run all its tasks."""
+        run = _Run(self._arguments(flat_args), [{} for _ in self.p.stages],
+                   [0] * len(self.p.stages))
+        while any(n < len(t) for n, t in zip(run.nxt, self.tasks)):
+            progressed = False
+            for s in range(len(self.p.stages)):
+                if run.nxt[s] < len(self.tasks[s]) and self._run_next(run, s):
+                    progressed = True
+            if not progressed:
+                raise self._stuck(run)
+        return self._results(run.store)
+
+    def _arguments(self, flat_args) -> dict:
+        """Flat global arguments -> the initial store: each stage's argument registers, stacked
+        on its devices (per micro-batch for the micro-batched ones)."""
+        p, store = self.p, {}
         for st in p.stages:
             for i in st.inputs:
                 r = st.arg_regs[i]
                 for m in (range(p.micro_batches) if i in st.micro_inputs else [None]):
                     store.setdefault((st.index, r, m), self._stacked(flat_args[i], i, m, st.index))
-        acc = [{} for _ in p.stages]
-        nxt = [0] * len(p.stages)
-        while any(n < len(t) for n, t in zip(nxt, self.tasks)):
-            progressed = False
-            for s, st in enumerate(p.stages):
-                if nxt[s] == len(self.tasks[s]):
-                    continue
-                name, m = self.tasks[s][nxt[s]]
+        return store
+
+    def _run_next(self, run: _Run, s: int) -> bool:
+        """Run stage ``s``'s next task if its inputs are in ``run.store``, publishing what it
+        makes (``_publish``) -> whether it ran."""
+        name, m = self.tasks[s][run.nxt[s]]
+        ph = self.phases[s][name]
+        vals = self._gather(run.store, s, ph, m)
+        if vals is None:
+            return False
+        self._publish(run, s, ph, m, ph.fn(jnp.int32(m or 0), *vals))
+        if name == "backward":         # micro-batch m is done on this stage
+            for key in [k for k in run.store if k[0] == s and k[2] == m]:
+                del run.store[key]
+        run.nxt[s] += 1
+        if self.tasks[s][run.nxt[s]:] == [("post", None)]:    # the sums post reads
+            for a, v in run.acc[s].items():
+                run.store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
+                    if isinstance(v, tuple) else v
+        return True
+
+    def _gather(self, store, s: int, ph: _Phase, m):
+        """The inputs of phase ``ph`` of stage ``s`` for micro-batch ``m`` -> their stacks on the
+        stage's devices, or None while one has not arrived."""
+        vals = []
+        for r in ph.inputs:
+            v = self._find(store, s, ph.recv_keys.get(r, r), m)
+            if v is None:
+                return None
+            vals.append(jax.device_put(v, self.shardings[s]))
+        return vals
+
+    def _publish(self, run: _Run, s: int, ph: _Phase, m, outs) -> None:
+        """The outputs ``outs`` of phase ``ph`` of stage ``s`` on micro-batch ``m`` -> stored
+        (kept registers also for every micro-batch), accumulated, and sent to peer stages."""
+        st = self.p.stages[s]
+        for r, v in zip(ph.outputs, outs):
+            run.store[(s, r, m)] = v
+            if r in st.keep:
+                run.store[(s, r, None)] = v
+        for a in ph.accumulates:
+            v = run.store[(s, a.src, m)]
+            if a.kind == AccumulateKind.SUM:
+                run.acc[s][a.out] = v if a.out not in run.acc[s] else run.acc[s][a.out] + v
+            else:
+                run.acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
+        for t in ph.sends:
+            run.store[(t.peer, t.key, m if t.micro else None)] = \
+                self._sent(t, run.store[(s, t.reg, m)])
+
+    def _stuck(self, run: _Run) -> PipelineError:
+        """A sweep where no stage could run -> the error naming what each stage waits for."""
+        waits = []
+        for s in range(len(self.p.stages)):
+            if run.nxt[s] < len(self.tasks[s]):
+                name, m = self.tasks[s][run.nxt[s]]
                 ph = self.phases[s][name]
-                vals = []
-                for r in ph.inputs:
-                    v = self._find(store, s, ph.recv_keys.get(r, r), m)
-                    if v is None:
-                        break
-                    vals.append(jax.device_put(v, self.shardings[s]))
-                if len(vals) < len(ph.inputs):
-                    continue
-                outs = ph.fn(jnp.int32(m or 0), *vals)
-                for r, v in zip(ph.outputs, outs):
-                    store[(s, r, m)] = v
-                    if r in st.keep:
-                        store[(s, r, None)] = v
-                for a in ph.accumulates:
-                    v = store[(s, a.src, m)]
-                    if a.kind == "sum":
-                        acc[s][a.out] = v if a.out not in acc[s] else acc[s][a.out] + v
-                    else:
-                        acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
-                for t in ph.sends:
-                    store[(t.peer, t.key, m if t.micro else None)] = self._sent(t, store[(s, t.reg, m)])
-                if name == "backward":         # micro-batch m is done on this stage
-                    for key in [k for k in store if k[0] == s and k[2] == m]:
-                        del store[key]
-                nxt[s] += 1
-                progressed = True
-                if self.tasks[s][nxt[s]:] == [("post", None)]:    # the sums post reads
-                    for a, v in acc[s].items():
-                        store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
-                            if isinstance(v, tuple) else v
-            if not progressed:
-                waits = []
-                for s, st in enumerate(p.stages):
-                    if nxt[s] < len(self.tasks[s]):
-                        name, m = self.tasks[s][nxt[s]]
-                        ph = self.phases[s][name]
-                        miss = [r for r in ph.inputs
-                                if self._find(store, s, ph.recv_keys.get(r, r), m) is None]
-                        waits.append(f"stage {s} {name} {m} for %r{miss[0]}")
-                raise PipelineError("the pipeline's stages wait on each other: no stage can run "
-                                    f"its next task ({'; '.join(waits)}; an autopar bug, please "
-                                    "report it).")
-        out = []
+                miss = [r for r in ph.inputs
+                        if self._find(run.store, s, ph.recv_keys.get(r, r), m) is None]
+                waits.append(f"stage {s} {name} {m} for %r{miss[0]}")
+        return PipelineError("the pipeline's stages wait on each other: no stage can run "
+                             f"its next task ({'; '.join(waits)}; an autopar bug, please "
+                             "report it).")
+
+    def _results(self, store) -> list:
+        """The final store -> the flat global results, assembled from their stages' blocks."""
+        p, out = self.p, []
         for o, lay, s in zip(p.outputs, p.out_layouts, p.out_stages):
             if isinstance(o, Const):
                 out.append(o.value)

@@ -11,18 +11,21 @@ for all micro-batches. One pass in program order then carries the split along th
 node keeps its chosen layout on the stage axes and may add ``MB`` to a letter only where one of
 its inputs arrives split over ``MB`` (reading a value the same for every micro-batch as a partial
 sum over ``MB`` where the operator is linear in it: micro-batch 0 reads it, the others zeros;
-never reading a sum over micro-batches before it is complete), taking the option
-whose inputs are cheapest to read (ties: the most ``MB`` splits, then the earliest option). So a value is either the same for
-every micro-batch, split over them (computed per micro-batch), or a partial sum over them (a
-contraction over the batch: a gradient, a summed loss), which the lowering reduces over ``MB``
-before anything reads it: that all-reduce is the gradient accumulation
-(``redistribution.stage_split``). Lowered on this mesh, a rank's local shapes are those of one
-micro-batch.
+never reading a sum over micro-batches before it is complete), taking the option whose inputs
+are cheapest to read (ties: the most ``MB`` splits, then the earliest option). So a value is
+either the same for every micro-batch, split over them (computed per micro-batch), or a
+partial sum over them (a contraction over the batch: a gradient, a summed loss), which the
+lowering reduces over ``MB`` before anything reads it: that all-reduce is the gradient
+accumulation (``redistribution.stage_split``). A backward pass then computes split the values
+the same for every micro-batch that all their readers read split (``_backward``). Lowered on
+this mesh, a rank's local shapes are those of one micro-batch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from autopar.annotate import shard_p
 from autopar.graph import Const
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
@@ -58,7 +61,7 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
 
 def _options(node, cand, mesh):
     """``cand`` first, then the candidates of ``node`` on ``mesh`` that equal it off ``MB``."""
-    if node.prim == "autopar_shard":          # identity layouts: MB in front of any dimension
+    if node.prim == shard_p.name:          # identity layouts: MB in front of any dimension
         (layout,) = cand.out_layouts
         extra = [identity_candidate(Layout(layout.dims[:d] + ((MB,) + layout.dims[d],)
                                            + layout.dims[d + 1:], layout.partial))
@@ -78,76 +81,116 @@ def _options(node, cand, mesh):
     return out
 
 
+class _Pass(NamedTuple):
+    """One pass's result: the chosen candidate per node id and the layout of every value id
+    (graph inputs included) on the micro-batch mesh."""
+    choice: dict
+    layout: dict
+
+
 def add_micro_axis(graph, choice, in_layouts, batch_inputs, micro_batches, stage_mesh,
                    reshard_cost) -> MicroPlan:
     """See the module docstring. ``batch_inputs``: graph input positions split over micro-
     batches; ``reshard_cost(src, dst, shape, dtype) -> (seconds, collectives)`` on the result's
     mesh (``micro_mesh(stage_mesh, micro_batches)``)."""
     mesh = micro_mesh(stage_mesh, micro_batches)
-    args = {}
-    for i, (v, l) in enumerate(zip(graph.inputs, in_layouts)):
-        if i in batch_inputs:
-            args[i] = Layout(((MB,) + l.dims[0],) + l.dims[1:], l.partial)
-        else:
-            args[i] = l
+    args = tuple(Layout(((MB,) + l.dims[0],) + l.dims[1:], l.partial) if i in batch_inputs else l
+                 for i, (_, l) in enumerate(zip(graph.inputs, in_layouts)))
+    cands = _all_options(graph, choice, mesh)
+    forward = _forward(graph, cands, {v.id: args[i] for i, v in enumerate(graph.inputs)},
+                       reshard_cost)
+    return MicroPlan(mesh, _backward(graph, cands, forward, reshard_cost), args)
+
+
+def _all_options(graph, choice, mesh) -> dict:
+    """Each node's chosen candidate -> node id -> its ``_options`` on ``mesh`` (computed once
+    per node signature and candidate)."""
     memo, cands = {}, {}
     for n in graph.nodes:
         key = (n.signature, choice[n.id])
         if key not in memo:
             memo[key] = _options(n, choice[n.id], mesh)
         cands[n.id] = memo[key]
-    layout = {v.id: args[i] for i, v in enumerate(graph.inputs)}
-    choice = {}
+    return cands
+
+
+def _held(x, layout: dict) -> Layout:
+    """The layout an operand ``x`` is read from: ``layout[x.id]``, replicated for a constant."""
+    return Layout.replicated(len(x.shape)) if isinstance(x, Const) else layout[x.id]
+
+
+def _forward(graph, cands, in_layout: dict, reshard_cost) -> _Pass:
+    """The options per node and the inputs' layouts (by value id) -> the program-order pass of
+    the module docstring: per node the cheapest option (``_option_key``) among its chosen
+    candidate and those that follow the MB splits of its inputs (``_follows``, ``_summand``)."""
+    layout, choice = dict(in_layout), {}
     for n in graph.nodes:
         opts = cands[n.id]
-        spec = None if n.prim == "autopar_shard" else rule_for(n).spec(n)
-        have = [Layout.replicated(len(x.shape)) if isinstance(x, Const) else layout[x.id]
-                for x in n.inputs]
-
-        def follows(c):
-            """Every letter ``c`` splits over MB arrives split over MB in some input."""
-            if spec is None:
-                mb = {d for d, axes in enumerate(c.out_layouts[0].dims) if MB in axes}
-            else:
-                mb = {letter for letter, axes in c.assign if MB in axes}
-            return all(any(MB in h.dims[e] and _letter(spec, j, e) == letter
-                           for j, h in enumerate(have) for e in range(h.rank)) for letter in mb)
-
-        def cost(c):
-            secs = count = 0
-            for x, h, want in zip(n.inputs, have, c.in_layouts):
-                s_, k_ = reshard_cost(h, want, x.shape, x.dtype)
-                secs, count = secs + s_, count + k_
-            splits = sum(MB in d for l in c.out_layouts for d in l.dims) + sum(
-                MB in l.partial for l in c.out_layouts)
-            return round(secs, 12), count, -splits
-        def summand(c):
-            """An input read as a partial sum over MB is one the same for every micro-batch
-            (the zeros a scatter-add starts from: micro-batch 0 reads it, the others zeros),
-            beside an input split over MB."""
-            zeros = [h for h, w in zip(have, c.in_layouts) if MB in w.partial]
-            return not zeros or (all(MB not in h.axes | h.partial for h in zeros) and
-                                 any(MB in h.axes for h in have))
-        best = min((c for c in opts if c is opts[0] or (follows(c) and summand(c))), key=cost)
+        spec = None if n.prim == shard_p.name else rule_for(n).spec(n)
+        have = [_held(x, layout) for x in n.inputs]
+        best = min((c for c in opts if c is opts[0] or
+                    (_follows(c, spec, have) and _summand(c, have))),
+                   key=lambda c: _option_key(n, c, have, reshard_cost))
         choice[n.id] = best
         for v, l in zip(n.outputs, best.out_layouts):
             layout[v.id] = l
-    # backwards: values the same for every micro-batch that all their readers read split over
-    # MB (a broadcast constant, a mask, the loss's cotangent) are computed split, where that
-    # makes every read cheaper: first only where a node's own inputs read for free, then also
-    # through chains of such values (the zeros and updates of a cross-entropy's scatter-add)
+    return _Pass(choice, layout)
+
+
+def _follows(c, spec, have) -> bool:
+    """Candidate ``c``, the node's spec (None: identity op) and its inputs' layouts ``have`` ->
+    whether every letter ``c`` splits over MB arrives split over MB in some input."""
+    if spec is None:
+        mb = {d for d, axes in enumerate(c.out_layouts[0].dims) if MB in axes}
+    else:
+        mb = {letter for letter, axes in c.assign if MB in axes}
+    return all(any(MB in h.dims[e] and _letter(spec, j, e) == letter
+                   for j, h in enumerate(have) for e in range(h.rank)) for letter in mb)
+
+
+def _summand(c, have) -> bool:
+    """Candidate ``c`` and its inputs' layouts ``have`` -> whether every input ``c`` reads as a
+    partial sum over MB is one the same for every micro-batch (the zeros a scatter-add starts
+    from: micro-batch 0 reads it, the others zeros), beside an input split over MB."""
+    zeros = [h for h, w in zip(have, c.in_layouts) if MB in w.partial]
+    return not zeros or (all(MB not in h.axes | h.partial for h in zeros) and
+                         any(MB in h.axes for h in have))
+
+
+def _option_key(n, c, have, reshard_cost) -> tuple:
+    """Candidate ``c`` of node ``n`` with inputs held in ``have`` -> its sort key: seconds
+    (to the picosecond) and count of the collectives reading its inputs, then minus its MB
+    splits (more splits first)."""
+    secs = count = 0
+    for x, h, want in zip(n.inputs, have, c.in_layouts):
+        s_, k_ = reshard_cost(h, want, x.shape, x.dtype)
+        secs, count = secs + s_, count + k_
+    splits = sum(MB in d for l in c.out_layouts for d in l.dims) + sum(
+        MB in l.partial for l in c.out_layouts)
+    return round(secs, 12), count, -splits
+
+
+def _backward(graph, cands, forward: _Pass, reshard_cost) -> dict:
+    """The forward pass -> its choice after the backward pass: values the same for every
+    micro-batch that all their readers read split over MB (a broadcast constant, a mask, the
+    loss's cotangent) are computed split, where that makes every read cheaper: first only where
+    a node's own inputs read for free, then also through chains of such values (the zeros and
+    updates of a cross-entropy's scatter-add); the variant with the cheaper reads wins."""
     results = {o.id for o in graph.outputs if not isinstance(o, Const)}
     best = None
     for relaxed in (False, True):
-        ch, lay = dict(choice), dict(layout)
+        ch, lay = dict(forward.choice), dict(forward.layout)
         _split_invariants(graph, cands, ch, lay, reshard_cost, results, relaxed)
-        total = sum(reshard_cost(Layout.replicated(len(x.shape)) if isinstance(x, Const)
-                                 else lay[x.id], want, x.shape, x.dtype)[0]
-                    for n in graph.nodes for x, want in zip(n.inputs, ch[n.id].in_layouts))
+        total = _read_seconds(graph, _Pass(ch, lay), reshard_cost)
         if best is None or total < best[0]:
             best = (total, ch)
-    choice = best[1]
-    return MicroPlan(mesh, choice, tuple(args[i] for i in range(len(graph.inputs))))
+    return best[1]
+
+
+def _read_seconds(graph, plan: _Pass, reshard_cost) -> float:
+    """A pass -> the seconds of every collective its nodes' inputs are read through."""
+    return sum(reshard_cost(_held(x, plan.layout), want, x.shape, x.dtype)[0]
+               for n in graph.nodes for x, want in zip(n.inputs, plan.choice[n.id].in_layouts))
 
 
 def _letter(spec, operand, dim):

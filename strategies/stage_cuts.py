@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -77,25 +78,58 @@ class StagePlan:
     cuts: tuple           # forward positions after which a stage ends (empty: fixed stages)
 
 
-def _layers(graph, batch_inputs):
-    """Forward node indices, the valid cut positions among them, each node's anchor and which
-    nodes are derivatives (or read one)."""
+class _Forward(NamedTuple):
+    """What ``_layers`` finds: the forward node indices in program order (``fwd``), the valid
+    cut positions among them (``cuts``: i = a cut before forward node i), each node's anchor
+    (the forward position its cost goes to) and which nodes are derivatives or read one
+    (``back``)."""
+    fwd: list
+    cuts: list
+    anchor: list
+    back: list
+
+
+def _layers(graph, batch_inputs) -> _Forward:
+    """A graph and its batch input positions -> the forward nodes, the cut positions among them,
+    each node's anchor and which nodes are derivatives (module docstring, points 1 and 2)."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
+    back = _derivatives(graph, index)
+    varies = _batch_dependent(graph, batch_inputs)
+    fwd = [k for k, n in enumerate(graph.nodes)
+           if not back[k] and any(varies[o.id] for o in n.outputs)]
+    pos = {k: i for i, k in enumerate(fwd)}
+    cuts = _cuts(graph, index, fwd, pos)
+    last_use = _last_use(graph, fwd, pos, back)
+    return _Forward(fwd, cuts, _anchors(graph, index, pos, back, last_use), back)
+
+
+def _derivatives(graph, index) -> list:
+    """A graph and its node index by id -> per node, whether it is a derivative (JAX's
+    ``transpose(...)`` scope) or reads the result of one."""
     back = [False] * len(graph.nodes)
     for k, n in enumerate(graph.nodes):
         back[k] = n.backward or any(
             isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
             for x in n.inputs)
+    return back
+
+
+def _batch_dependent(graph, batch_inputs) -> dict:
+    """A graph and its batch input positions -> value id (node outputs) -> whether it depends
+    on the batch."""
     batch_ids = {graph.inputs[i].id for i in batch_inputs}
-    varies = {}                                   # value id -> depends on the batch
+    varies = {}
     for n in graph.nodes:
         v = any(isinstance(x, Value) and (x.id in batch_ids or varies.get(x.id, False))
                 for x in n.inputs)
         for o in n.outputs:
             varies[o.id] = v
-    fwd = [k for k, n in enumerate(graph.nodes)
-           if not back[k] and any(varies[o.id] for o in n.outputs)]
-    pos = {k: i for i, k in enumerate(fwd)}
+    return varies
+
+
+def _cuts(graph, index, fwd, pos) -> list:
+    """The forward node indices ``fwd`` (``pos``: index -> forward position) -> the positions i
+    such that exactly one batch value crosses a cut before forward node i."""
     crossing = np.zeros(len(fwd) + 1, np.int64)   # batch values alive across each cut
     for i, k in enumerate(fwd):
         for o in graph.nodes[k].outputs:
@@ -105,23 +139,34 @@ def _layers(graph, batch_inputs):
                 crossing[i + 1] += 1
                 crossing[last + 1] -= 1
     crossing = np.cumsum(crossing)
-    cuts = [i for i in range(1, len(fwd)) if crossing[i] == 1]   # cut before forward node i
-    # where a value is used: its last forward reader (a tied embedding: the LM head; the
-    # activation crossing a cut: the layer after it), else its producer
+    return [i for i in range(1, len(fwd)) if crossing[i] == 1]
+
+
+def _last_use(graph, fwd, pos, back) -> dict:
+    """The forward nodes -> value id -> the forward position where it is used: its last forward
+    reader (a tied embedding: the LM head; the activation crossing a cut: the layer after it),
+    else its producer; through invariant operators (a broadcast bias), where their results
+    are used."""
     last_use = {x.id: i for i, k in enumerate(fwd) for x in graph.nodes[k].inputs
                 if isinstance(x, Value)}
     for k in fwd:
         for o in graph.nodes[k].outputs:
             last_use.setdefault(o.id, pos[k])
-    for k in reversed(range(len(graph.nodes))):   # through invariant operators (a broadcast
-        n = graph.nodes[k]                         # bias): where their results are used
+    for k in reversed(range(len(graph.nodes))):
+        n = graph.nodes[k]
         if k in pos or back[k]:
             continue
         at = [last_use[o.id] for o in n.outputs if o.id in last_use]
         for x in n.inputs if at else ():
             if isinstance(x, Value):
                 last_use[x.id] = max(last_use.get(x.id, -1), max(at))
-    anchor = [None] * len(graph.nodes)           # forward position each node's cost goes to
+    return last_use
+
+
+def _anchors(graph, index, pos, back, last_use) -> list:
+    """Forward positions ``pos``, derivative flags and where values are used -> per node the
+    forward position its cost goes to (module docstring, point 2)."""
+    anchor = [None] * len(graph.nodes)
     for k, n in enumerate(graph.nodes):
         if k in pos:
             anchor[k] = pos[k]
@@ -143,18 +188,33 @@ def _layers(graph, batch_inputs):
             users = [anchor[index[u.id]] for v in graph.nodes[k].outputs
                      for u, _ in graph.users.get(v.id, ()) if anchor[index[u.id]] is not None]
             anchor[k] = min(users) if users else 0
-    return fwd, cuts, anchor, back
+    return anchor
 
 
-def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, devices, cap=None,
-                sizes=None, stages=None) -> StagePlan:
-    """See the module docstring. ``options``: size -> StageOption; ``link``: the topology
-    Level between stages; ``devices``: how many there are; ``sizes``: fixed devices per stage
-    (None: choose among ``options``); ``stages``: fixed Stages (None: cut the forward pass).
-    The passes: the layers (``_layer_groups``), the device counts each stage may take, the
-    per-size cost tables of every run of layers (``_tables``), the fitting runs, the DP under
-    the least feasible bound on the slowest stage (``_StageDP``, ``_best_split``), and the
-    chosen stages tallied as they are (``_stage_plan``)."""
+@dataclass(frozen=True, kw_only=True)
+class StageRequest:
+    """What the stage DP plans (see the module docstring)."""
+    graph: object
+    count: int                    # pipeline stages S
+    micro: int                    # micro-batches M
+    scheduler: object             # PipelineScheduler
+    options: dict                 # stage size k -> StageOption
+    batch_inputs: frozenset       # graph input positions split over micro-batches
+    link: object                  # the topology Level between stages
+    devices: int                  # how many devices the stages share
+    cap: Optional[int] = None     # bytes per device (None: no cap)
+    sizes: Optional[tuple] = None  # fixed devices per stage (None: choose among ``options``)
+    stages: Optional[Stages] = None  # fixed Stages (None: cut the forward pass)
+
+
+def plan_stages(req: StageRequest) -> StagePlan:
+    """See the module docstring. The passes: the layers (``_layer_groups``), the device counts
+    each stage may take, the per-size cost tables of every run of layers (``_tables``), the
+    fitting runs, the DP under the least feasible bound on the slowest stage (``_StageDP``,
+    ``_best_split``), and the chosen stages tallied as they are (``_stage_plan``)."""
+    graph, count, micro, scheduler = req.graph, req.count, req.micro, req.scheduler
+    options, batch_inputs, link, devices = req.options, req.batch_inputs, req.link, req.devices
+    cap, sizes, stages = req.cap, req.sizes, req.stages
     fwd, cuts, anchor, back = _layers(graph, batch_inputs)
     layers = _layer_groups(graph, count, stages, fwd, cuts, anchor)
     allowed = [tuple(options) if sizes is None else (sizes[s],) for s in range(count)]
@@ -187,8 +247,7 @@ def plan_stages(graph, count, micro, scheduler, options, batch_inputs, link, dev
             "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer.")
     floor = np.min([np.diff(tables[k].per_layer) for k in options], axis=0).sum()
     value, picked = _best_split(dp, bounds, floor, micro)
-    return _stage_plan(graph, count, micro, scheduler, options, batch_inputs, back, layers,
-                       stages, value, picked)
+    return _stage_plan(req, back, layers, value, picked)
 
 
 @dataclass(frozen=True)
@@ -329,10 +388,10 @@ def _best_split(dp: _StageDP, bounds, floor, micro):
     return best
 
 
-def _stage_plan(graph, count, micro, scheduler, options, batch_inputs, back, layers, stages,
-                value, picked) -> StagePlan:
+def _stage_plan(req: StageRequest, back, layers, value, picked) -> StagePlan:
     """The chosen split as Stages, each stage's seconds and memory tallied as it is (an
     argument read in two stages is held in both)."""
+    graph, count, micro, stages = req.graph, req.count, req.micro, req.stages
     cut_at = ()
     if stages is None:
         layer_stage = [s for s, (j, i, _) in enumerate(picked) for _ in range(j, i)]
@@ -341,13 +400,13 @@ def _stage_plan(graph, count, micro, scheduler, options, batch_inputs, back, lay
     readers = [[s for s in range(count) if i in stages.inputs[s]] for i in range(len(graph.inputs))]
     secs, mems, memo = [], [], {}
     for s, (_, _, k) in enumerate(picked):
-        o = options[k]
+        o = req.options[k]
         if k not in memo:
             memo[k] = _tally(graph, stages.of_node, readers, count, o.choice, o.in_layouts,
-                             o.comm, batch_inputs, o.mesh, o.plan, back)
+                             o.comm, req.batch_inputs, o.mesh, o.plan, back)
         t, act, big, state = memo[k]
         secs.append(float(t[s] / micro))
-        mems.append(int(state[s] + in_flight(scheduler, count, micro, s) * act[s] + big[s]))
+        mems.append(int(state[s] + in_flight(req.scheduler, count, micro, s) * act[s] + big[s]))
     return StagePlan(stages, tuple(k for _, _, k in picked), tuple(secs), tuple(mems),
                      float(value), cut_at)
 

@@ -1,5 +1,7 @@
 """Pipeline parallel and micro-batches: the plan (stages, transfers, accumulation), the
 schedules, and the step run by both backends equal to the single-device step."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,12 +176,11 @@ def test_stage_device_choice_is_the_best_fixed_split(monkeypatch):
     p, b = m.gpt_params(layers=6, abstract=True), m.gpt_batch(batch=8, abstract=True)
     ap.plan(m.gpt_sgd_step, p, b, config=config(
         n=6, stages=3, micro=4, parallel_mode="auto_parallel", pipeline_stage_devices="auto"))
-    (graph, S, M, sched, options, batch, link, n, cap, sizes, fixed), _ = seen[0]
-    assert sizes is None and fixed is None and set(options) == {1, 2, 3, 4}
-    chosen = real(graph, S, M, sched, options, batch, link, n, cap)
-    splits = [c for c in product(options, repeat=S) if sum(c) == n]
-    each = {c: real(graph, S, M, sched, options, batch, link, n, cap, c).step_time
-            for c in splits}
+    (req,), _ = seen[0]
+    assert req.sizes is None and req.stages is None and set(req.options) == {1, 2, 3, 4}
+    chosen = real(req)
+    splits = [c for c in product(req.options, repeat=req.count) if sum(c) == req.devices]
+    each = {c: real(dataclasses.replace(req, sizes=c)).step_time for c in splits}
     assert chosen.step_time == pytest.approx(min(each.values()), rel=1e-9)
     assert each[chosen.sizes] == pytest.approx(chosen.step_time, rel=1e-9)
 

@@ -28,7 +28,7 @@ from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
 from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stages
 from ..strategies.microbatch import add_micro_axis, micro_mesh
-from ..strategies.stage_cuts import StageOption, plan_stages
+from ..strategies.stage_cuts import StageOption, StageRequest, plan_stages
 from ..strategies.stage_assign import Stages, assign_stages
 
 
@@ -156,9 +156,11 @@ def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, p
     by_size = _size_options(graph, full, on_mesh, S, M, given, batch, names)
     sizes = (given if isinstance(given, tuple) else None if given == "auto"
              else (full.size // S,) * S)
-    link = full.level(full.axis_names[0])
-    stage_plan = plan_stages(graph, S, M, sched, {k: o.option for k, o in by_size.items()},
-                             batch, link, full.size, config.max_device_memory, sizes, fixed)
+    stage_plan = plan_stages(StageRequest(
+        graph=graph, count=S, micro=M, scheduler=sched,
+        options={k: o.option for k, o in by_size.items()}, batch_inputs=frozenset(batch),
+        link=full.level(full.axis_names[0]), devices=full.size, cap=config.max_device_memory,
+        sizes=sizes, stages=fixed))
     pipeline_mesh = _pipeline_mesh(full, S, stage_plan.sizes)
     offsets = [sum(stage_plan.sizes[:s]) for s in range(S)]
     devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, stage_plan.sizes))

@@ -48,7 +48,7 @@ import heapq
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -93,12 +93,14 @@ class Reduction:
 
 
 class _Graph:
-    """The mutable working graph of one elimination run (local to ``eliminate``)."""
+    """The mutable working graph of one elimination run (local to ``eliminate``): node costs,
+    neighbours, edge matrices, which nodes are still alive and the count of each rule applied."""
 
     def __init__(self, problem: SearchProblem, costs):
         self.cost = [np.array(c, np.float64) for c in costs]
         self.nbr: list = [dict() for _ in self.cost]      # i -> {j: True if edge i->j first}
         self.mats: dict = {}
+        self.alive = np.ones(len(self.cost), bool)         # not eliminated yet
         self.counts = {k: 0 for k in ("edge", "merge", "contract", "node", "triangle", "star")}
         for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
             if u == v:
@@ -120,10 +122,30 @@ class _Graph:
             self.nbr[j][i] = False
 
     def drop(self, v: int) -> None:
+        """Eliminate node ``v``: its edges go and it is no longer alive."""
         for w in self.nbr[v]:
             del self.nbr[w][v]
             self.mats.pop((min(v, w), max(v, w)))
         self.nbr[v] = {}
+        self.alive[v] = False
+
+
+@dataclass(eq=False)
+class _Work:
+    """What elimination still has to look at: ``queue``, nodes that may have one or two
+    neighbours (for the exact rules), and ``heap``, star centres ``(degree, strategies,
+    node)`` kept lazily (``_pop_centre`` drops or re-pushes stale entries)."""
+    queue: deque
+    heap: list = field(default_factory=list)
+
+    def touched(self, g: _Graph, nodes, star: bool) -> None:
+        """Nodes whose neighbours changed -> queued when they have at most two, else (with
+        ``star``) pushed as star centres."""
+        for w in nodes:
+            if len(g.nbr[w]) <= 2:
+                self.queue.append(w)
+            elif star:
+                heapq.heappush(self.heap, (len(g.nbr[w]), len(g.cost[w]), w))
 
 
 def _node_table(a_v: np.ndarray, c_v: np.ndarray, v_b: np.ndarray):
@@ -166,12 +188,25 @@ def _components(roots, nbr) -> list:
     return out
 
 
-def _pop_centre(heap: list, g: _Graph, alive: np.ndarray, frozen: np.ndarray):
+def _freeze_small(g: _Graph, frozen: np.ndarray, enumeration_limit: int) -> list:
+    """Alive, unfrozen components of ``g`` -> those whose strategy product is at most
+    ``enumeration_limit`` marked in ``frozen`` (left for exact solving); returns the nodes of
+    the others, in component order."""
+    big = []
+    for comp in _components(np.flatnonzero(g.alive & ~frozen).tolist(), g.nbr):
+        if math.prod(len(g.cost[i]) for i in comp) <= enumeration_limit:
+            frozen[comp] = True
+        else:
+            big += comp
+    return big
+
+
+def _pop_centre(heap: list, g: _Graph, frozen: np.ndarray):
     """The next star centre: least degree (>= 3), then fewest strategies, then lowest index;
     stale heap entries are dropped or re-pushed with the current degree."""
     while heap:
         d, s, i = heapq.heappop(heap)
-        if not alive[i] or frozen[i] or len(g.nbr[i]) < 3:
+        if not g.alive[i] or frozen[i] or len(g.nbr[i]) < 3:
             continue
         if len(g.nbr[i]) == d:
             return i
@@ -199,77 +234,77 @@ def _star(g: _Graph, v: int, records: list) -> list:
     return nbrs
 
 
+def _leaf(g: _Graph, v: int, records: list) -> tuple:
+    """Merge or contract elimination of ``v``, which has one neighbour w (module docstring),
+    recorded in ``records``; returns the anchors ``(w,)``."""
+    (w, first), = g.nbr[v].items()
+    t = g.cost[v][:, None] + g.mat(v, w)
+    arg = t.argmin(axis=0)
+    g.cost[w] = g.cost[w] + t[arg, np.arange(t.shape[1])]
+    kind = "contract" if first else "merge"
+    records.append(Elimination(kind, v, (w,), arg))
+    g.drop(v)
+    g.counts[kind] += 1
+    return (w,)
+
+
+def _series(g: _Graph, v: int, records: list) -> tuple:
+    """Node or triangle elimination of ``v``, which has two neighbours a < b (module
+    docstring), recorded in ``records``; returns the anchors ``(a, b)``."""
+    a, b = sorted(g.nbr[v])
+    best, arg = _node_table(g.mat(a, v), g.cost[v], g.mat(v, b))
+    kind = "triangle" if b in g.nbr[a] else "node"
+    records.append(Elimination(kind, v, (a, b), arg))
+    g.drop(v)
+    g.add(a, b, best)
+    if kind == "triangle":
+        g.counts["edge"] -= 1          # counted as the triangle, not an edge merge
+    g.counts[kind] += 1
+    return (a, b)
+
+
+def _exact_rules(g: _Graph, work: _Work, records: list, star: bool) -> None:
+    """Apply the exact rules (merge, contract, node, triangle) to queued nodes of ``g`` until
+    the queue is empty, recording each in ``records`` and rescheduling its anchors."""
+    while work.queue:
+        v = work.queue.popleft()
+        deg = len(g.nbr[v])
+        if g.alive[v] and deg in (1, 2):
+            anchors = (_leaf if deg == 1 else _series)(g, v, records)
+            work.touched(g, anchors, star)
+
+
 def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
               enumeration_limit: int = ENUMERATION_LIMIT) -> Reduction:
     """Apply the rules of the module docstring to ``problem`` with node costs ``costs``
-    (default: the problem's)."""
+    (default: the problem's) -> the ``Reduction``. The exact rules run until stuck; then, with
+    ``star``, one star elimination in a component too big to enumerate, and so on. Which
+    components are small enough to leave is rechecked after max(1, big nodes // 8) star
+    eliminations, and before giving up when no centre is left."""
     g = _Graph(problem, problem.node_costs if costs is None else costs)
-    n = len(g.cost)
-    alive = np.ones(n, bool)
-    frozen = np.zeros(n, bool)          # in a residual component left for exact solving
+    frozen = np.zeros(len(g.cost), bool)  # in a residual component left for exact solving
     records: list = []
-    heap: list = []                      # star centres: (degree, strategies, node), lazily
+    work = _Work(deque(i for i in range(len(g.cost)) if len(g.nbr[i]) <= 2))
     since_check, check_every = 0, 0
-    queue = deque(i for i in range(n) if len(g.nbr[i]) <= 2)
     while True:
-        while queue:
-            v = queue.popleft()
-            deg = len(g.nbr[v])
-            if not alive[v] or deg == 0 or deg > 2:
-                continue
-            if deg == 1:
-                (w, first), = g.nbr[v].items()
-                t = g.cost[v][:, None] + g.mat(v, w)
-                arg = t.argmin(axis=0)
-                g.cost[w] = g.cost[w] + t[arg, np.arange(t.shape[1])]
-                kind = "contract" if first else "merge"
-                records.append(Elimination(kind, v, (w,), arg))
-                g.drop(v)
-                anchors = (w,)
-            else:
-                a, b = sorted(g.nbr[v])
-                best, arg = _node_table(g.mat(a, v), g.cost[v], g.mat(v, b))
-                kind = "triangle" if b in g.nbr[a] else "node"
-                records.append(Elimination(kind, v, (a, b), arg))
-                g.drop(v)
-                g.add(a, b, best)
-                if kind == "triangle":
-                    g.counts["edge"] -= 1          # counted as the triangle, not an edge merge
-                anchors = (a, b)
-            g.counts[kind] += 1
-            alive[v] = False
-            for w in anchors:
-                if len(g.nbr[w]) <= 2:
-                    queue.append(w)
-                elif star:
-                    heapq.heappush(heap, (len(g.nbr[w]), len(g.cost[w]), w))
+        _exact_rules(g, work, records, star)
         if not g.mats or not star:
             break
         if since_check >= check_every:            # freeze components small enough to solve
-            big = []
-            for comp in _components(np.flatnonzero(alive & ~frozen).tolist(), g.nbr):
-                if math.prod(len(g.cost[i]) for i in comp) <= enumeration_limit:
-                    frozen[comp] = True
-                else:
-                    big += comp
-            heap = [(len(g.nbr[i]), len(g.cost[i]), i) for i in big if len(g.nbr[i]) >= 3]
-            heapq.heapify(heap)
+            big = _freeze_small(g, frozen, enumeration_limit)
+            work.heap = [(len(g.nbr[i]), len(g.cost[i]), i) for i in big if len(g.nbr[i]) >= 3]
+            heapq.heapify(work.heap)
             since_check, check_every = 0, max(1, len(big) // 8)
-        v = _pop_centre(heap, g, alive, frozen)
+        v = _pop_centre(work.heap, g, frozen)
         if v is None:
             if since_check == 0:
                 break
             since_check = check_every
             continue
-        nbrs = _star(g, v, records)
-        alive[v] = False
+        work.touched(g, _star(g, v, records), star)
         since_check += 1
-        queue.extend(w for w in nbrs if len(g.nbr[w]) <= 2)
-        for w in nbrs:
-            if len(g.nbr[w]) >= 3:
-                heapq.heappush(heap, (len(g.nbr[w]), len(g.cost[w]), w))
     return Reduction(tuple(records), tuple(g.cost), dict(g.mats),
-                     tuple(np.flatnonzero(alive).tolist()), dict(g.counts))
+                     tuple(np.flatnonzero(g.alive).tolist()), dict(g.counts))
 
 
 def _solve_residual(red: Reduction, enumeration_limit: int, deadline: float):

@@ -4,8 +4,9 @@ In: a ``ReducedProblem``, the current choice and its memory ``slack`` (capacity 
 step), the region's nodes and a time limit. Out: a ``RegionResult``: the region's new
 strategies (None when HiGHS found nothing in time), whether HiGHS proved them optimal for the
 region, and the model size. ``solve`` runs the MIP; ``relax`` the LP relaxation, rounded to
-each node's largest value, and names the nodes whose values were fractional. The caller checks memory exactly and keeps the answer only if it
-is better; a region of every node is the whole problem.
+each node's largest value, and names the nodes whose values were fractional. The caller checks
+memory exactly and keeps the answer only if it is better; a region of every node is the whole
+problem.
 
 Model (the local polytope of the pairwise cost, exact because ``x`` is binary):
     x[i, s] in {0, 1},              sum_s x[i, s] = 1                      (i in region)
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import scipy.sparse as sparse
@@ -59,6 +60,27 @@ class _Model:
                         np.int64)
 
 
+@dataclass(frozen=True, eq=False)
+class _Region:
+    """A region's indexing: its sorted ``nodes``, ``local`` (problem node -> position in the
+    region, -1 outside), their strategy counts (``sizes``), the first x column of each node
+    (``xoff``, one past the end last) and the number of x columns ``nx``."""
+    nodes: np.ndarray
+    local: np.ndarray
+    sizes: np.ndarray
+    xoff: np.ndarray
+    nx: int
+
+
+class _Rows(NamedTuple):
+    """Sparse constraint rows as coordinate triplets: arrays of row indices, column indices
+    and values (entry k of each list goes together), and the number of rows."""
+    rows: list
+    cols: list
+    vals: list
+    count: int
+
+
 class RegionMip:
     """Per-problem indexes (terms and edges by node) shared by every region solve."""
 
@@ -82,48 +104,19 @@ class RegionMip:
         return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
 
     def build(self, choice, slack, nodes) -> "_Model":
-        """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``)."""
-        r = self.r
-        nodes = np.asarray(sorted(set(int(x) for x in nodes)), np.int64)
-        local = np.full(r.num_nodes, -1, np.int64)
-        local[nodes] = np.arange(len(nodes))
-        sizes = self.sizes[nodes]
-        xoff = np.concatenate([[0], np.cumsum(sizes)])
-        nx = int(xoff[-1])
-        unary = [r.node_costs[x].astype(np.float64).copy() for x in nodes]
-        inner = []
-        for x in nodes:
-            for e in self.incident[x]:
-                u, v = r.edges[e]
-                if local[u] >= 0 and local[v] >= 0:
-                    if u == x:
-                        inner.append(e)
-                elif u == x:
-                    unary[local[x]] += r.edge_costs[e][:, choice[v]]
-                else:
-                    unary[local[x]] += r.edge_costs[e][choice[u], :]
-        mats = [r.edge_costs[e] for e in inner]
+        """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``): the
+        x and y columns with their equality rows, then the memory's U columns and rows."""
+        reg = self._region(nodes)
+        unary, inner = self._split_edges(reg, choice)
+        mats = [self.r.edge_costs[e] for e in inner]
         ysz = np.array([m.size for m in mats], np.int64)
-        yoff = nx + np.concatenate([[0], np.cumsum(ysz)])
-        rows, cols, vals = [], [], []
-        # one strategy per node
-        rows.append(np.repeat(np.arange(len(nodes)), sizes))
-        cols.append(np.arange(nx))
-        vals.append(np.ones(nx))
-        nrow = len(nodes)
-        for e, m, y0 in zip(inner, mats, yoff[:-1]):
-            u, v = local[r.edges[e]]
-            su, sv = m.shape
-            ys = y0 + np.arange(su * sv)
-            rows += [nrow + np.repeat(np.arange(su), sv), nrow + np.arange(su),
-                     nrow + su + np.tile(np.arange(sv), su), nrow + su + np.arange(sv)]
-            cols += [ys, xoff[u] + np.arange(su), ys, xoff[v] + np.arange(sv)]
-            vals += [np.ones(su * sv), -np.ones(su), np.ones(su * sv), -np.ones(sv)]
-            nrow += su + sv
+        yoff = reg.nx + np.concatenate([[0], np.cumsum(ysz)])
+        eq = self._polytope_rows(reg, inner, mats, yoff)
+        rows, cols, vals, nrow = list(eq.rows), list(eq.cols), list(eq.vals), eq.count
         rhs = np.zeros(nrow)
-        rhs[:len(nodes)] = 1.0
+        rhs[:len(reg.nodes)] = 1.0
         ncol = int(yoff[-1])
-        mem = self._memory(choice, slack, nodes, xoff, local, nrow, ncol)
+        mem = self._memory(choice, slack, reg.nodes, reg.xoff, reg.local, nrow, ncol)
         cost = np.concatenate(unary + [m.ravel() for m in mats])
         lb, ub = np.zeros(ncol), np.ones(ncol)
         if mem is not None:
@@ -145,7 +138,53 @@ class RegionMip:
                               shape=(nrow, ncol))
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
-        return _Model(nodes, xoff, cost / scale, a, rhs, lb, ub, nx)
+        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx)
+
+    def _region(self, nodes) -> _Region:
+        """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
+        nodes = np.asarray(sorted(set(int(x) for x in nodes)), np.int64)
+        local = np.full(self.r.num_nodes, -1, np.int64)
+        local[nodes] = np.arange(len(nodes))
+        sizes = self.sizes[nodes]
+        xoff = np.concatenate([[0], np.cumsum(sizes)])
+        return _Region(nodes, local, sizes, xoff, int(xoff[-1]))
+
+    def _split_edges(self, reg: _Region, choice) -> tuple[list, list]:
+        """A region and the current choice -> (per region node its ``unary`` costs, the edges
+        to fixed neighbours folded in at their current strategy; the edges inside the region,
+        each listed once)."""
+        r = self.r
+        unary = [r.node_costs[x].astype(np.float64).copy() for x in reg.nodes]
+        inner = []
+        for x in reg.nodes:
+            for e in self.incident[x]:
+                u, v = r.edges[e]
+                if reg.local[u] >= 0 and reg.local[v] >= 0:
+                    if u == x:
+                        inner.append(e)
+                elif u == x:
+                    unary[reg.local[x]] += r.edge_costs[e][:, choice[v]]
+                else:
+                    unary[reg.local[x]] += r.edge_costs[e][choice[u], :]
+        return unary, inner
+
+    def _polytope_rows(self, reg: _Region, inner, mats, yoff) -> _Rows:
+        """The equality rows of the local polytope: one strategy per region node, then per
+        inside edge (matrix ``mats[k]``, y columns from ``yoff[k]``) its two marginals."""
+        rows = [np.repeat(np.arange(len(reg.nodes)), reg.sizes)]
+        cols = [np.arange(reg.nx)]
+        vals = [np.ones(reg.nx)]
+        nrow = len(reg.nodes)
+        for e, m, y0 in zip(inner, mats, yoff[:-1]):
+            u, v = reg.local[self.r.edges[e]]
+            su, sv = m.shape
+            ys = y0 + np.arange(su * sv)
+            rows += [nrow + np.repeat(np.arange(su), sv), nrow + np.arange(su),
+                     nrow + su + np.tile(np.arange(sv), su), nrow + su + np.arange(sv)]
+            cols += [ys, reg.xoff[u] + np.arange(su), ys, reg.xoff[v] + np.arange(sv)]
+            vals += [np.ones(su * sv), -np.ones(su), np.ones(su * sv), -np.ones(sv)]
+            nrow += su + sv
+        return _Rows(rows, cols, vals, nrow)
 
     def solve(self, choice, slack, nodes, time_limit: float,
               gap: float = 1e-6) -> RegionResult:
