@@ -155,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="local (default), cluster:HOSTSxPER_HOST or a topology "
                                       "file written by autopar calibrate")
     p.add_argument("--max-memory", help="per-device memory cap, e.g. 16GB")
-    p.add_argument("--search", default="sharding_propagation", choices=values(SearchMode),
-                   help="auto_parallel's solver (default sharding_propagation)")
+    p.add_argument("--search", choices=values(SearchMode),
+                   help="auto_parallel's solver (default: dynamic_programming on meshes of up to "
+                        "two axes, recursive_programming on more)")
     p.add_argument("--search-time", type=float, help="seconds the solver may take")
     p.add_argument("--stages", type=int, default=1, help="pipeline stages (default 1)")
     p.add_argument("--stage-devices", type=_stage_devices,

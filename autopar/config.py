@@ -124,7 +124,7 @@ class ModeOptions:
 class SearchOptions:
     """Where a strategy comes from: the solver, its time and memory limits, its progress
     report, and the strategy files compile loads or saves."""
-    search_mode: SearchMode = SearchMode.SHARDING_PROPAGATION
+    search_mode: Optional[SearchMode] = None
     search_time: Optional[float] = None
     max_device_memory: Optional[int] = None
     progress: bool = True
@@ -132,7 +132,8 @@ class SearchOptions:
     strategy_ckpt_save_file: Optional[str] = None
 
     def __post_init__(self):
-        _set(self, search_mode=_enum(SearchMode, self.search_mode, "search_mode"),
+        _set(self, search_mode=None if self.search_mode is None else
+             _enum(SearchMode, self.search_mode, "search_mode"),
              max_device_memory=parse_bytes(self.max_device_memory))
 
 
@@ -265,7 +266,8 @@ class ParallelConfig:
     mesh_shape: Optional[tuple] = None        # logical mesh; default: (device_num,)
     mesh_axis_names: Optional[tuple] = None   # default: x / x,y / x,y,z
     topology: Optional[Topology] = None       # default: Topology.local(device_num)
-    search_mode: SearchMode = SearchMode.SHARDING_PROPAGATION  # solver for auto_parallel
+    search_mode: Optional[SearchMode] = None  # auto_parallel's solver; None: autopar picks by
+                                              # the mesh (compiler.api.default_search_mode)
     max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap
     gradients_mean: bool = True               # data_parallel: replica gradients are averaged, so
                                               # the step equals the single-device one (False: see README)

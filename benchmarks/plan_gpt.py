@@ -1,6 +1,6 @@
 """Search time and estimated step time of auto_parallel on GPT-style training graphs.
 
-Run: python benchmarks/plan_gpt.py --layers 12 --hidden 768 --devices 8 \
+Run: python benchmarks/plan_gpt.py --layers 12 --hidden 768 --devices 8 [--mesh 2x2x2] \
          --solvers sharding_propagation dynamic_programming [--time 60]
 Plans (never runs) the SGD training step of a GPT with the given layers and hidden size on
 ``abstract`` parameters (nothing is allocated), once with data_parallel (the baseline) and once
@@ -54,6 +54,8 @@ def main():
     ap_.add_argument("--layers", type=int, default=12)
     ap_.add_argument("--hidden", type=int, default=768)
     ap_.add_argument("--devices", type=int, default=8)
+    ap_.add_argument("--mesh", help="logical mesh, e.g. 2x2x2 (default: (devices,) up to 8, "
+                                    "else (devices / 8, 8))")
     ap_.add_argument("--batch", type=int, default=16)
     ap_.add_argument("--seq", type=int, default=1024)
     ap_.add_argument("--vocab", type=int, default=50304)
@@ -66,6 +68,8 @@ def main():
     autopar.compiler.api.build_problem = autopar.strategies.recursive.build_problem = _counting(not args.no_merge)
     n = args.devices
     topo, mesh = (ap.Topology.local(n), None) if n <= 8 else (ap.Topology.cluster(n // 8, 8), (n // 8, 8))
+    if args.mesh:
+        mesh = tuple(int(x) for x in args.mesh.split("x"))
     base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=n, mesh_shape=mesh,
                              topology=topo)
     rows = [("data_parallel", measure(args, base), None)]

@@ -103,6 +103,22 @@ def test_compiled_reports_phase_timings():
     assert t["start"] <= t["first_call"] <= t2 - t1      # the first call includes the start
 
 
+@pytest.mark.parametrize("mesh,solver", [((4,), "dynamic_programming"),
+                                         ((2, 2), "dynamic_programming"),
+                                         ((2, 2, 2), "recursive_programming")])
+def test_default_search_mode_follows_the_mesh(mesh, solver):
+    """No search_mode: dynamic programming up to two mesh axes, recursive programming beyond,
+    as README's rule says; the strategy names the solver that ran, and it is the plan that
+    solver gives when asked by name."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", mesh_shape=mesh, progress=False)
+    assert cfg.search_mode is None
+    got = ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+    named = ap.plan(m.mlp_sgd_step, p, b, config=cfg.replace(search_mode=solver))
+    assert got.search == solver == named.search
+    assert [o.in_layouts for o in got.ops] == [o.in_layouts for o in named.ops]
+
+
 @pytest.mark.slow
 def test_recursive_programming_cuts_each_axis_and_matches_single_device():
     """One cut per mesh axis on a (2, 2, 2) mesh: the plan runs, gives the single-device values

@@ -135,6 +135,17 @@ def _progress(name, solver, config):
                     PROGRESS_AFTER)
 
 
+def default_search_mode(mesh) -> SearchMode:
+    """auto_parallel's solver when ``search_mode`` is None: ``dynamic_programming`` on meshes
+    of at most two axes of size > 1 (exact on series-parallel graphs; the best plan of every
+    solver on every GPT in BENCHMARKS.md, up to 96 layers on 1024 devices), else
+    ``recursive_programming``: with a third axis a node's candidates and edge matrices grow
+    5x, and dynamic programming took 25x the time for no better plan (BENCHMARKS.md)."""
+    if sum(1 for size in mesh.shape if size > 1) <= 2:
+        return SearchMode.DYNAMIC_PROGRAMMING
+    return SearchMode.RECURSIVE_PROGRAMMING
+
+
 def _search_name(config) -> str:
     mode = config.parallel_mode
     if mode is ParallelMode.AUTO_PARALLEL:
@@ -335,6 +346,10 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     t0 = time.monotonic()
     graph = trace(fn, *args)
     t_trace = time.monotonic()
+    if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
+        config = config.replace(search_mode=default_search_mode(full))
+        logger.info("auto_parallel: search_mode %s for %d operators on %s",
+                    config.search_mode.value, len(graph.nodes), full)
     names = leaf_names(args)
     name = getattr(fn, "__name__", "step")
     pairs = state_pairs(graph)
