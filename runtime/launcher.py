@@ -121,11 +121,25 @@ class Job:
         while accept.is_alive() and time.monotonic() < deadline and not self._dead():
             accept.join(0.05)
         if any(c is None for c in self.conns):
-            raise CollectiveError(self._dead() or "the workers did not start in time")
+            accept.join(0.5)        # a rank that reported and exited may still be being accepted
+            raise CollectiveError(self._start_failure() or self._dead()
+                                  or "the workers did not start in time")
         for c in self.conns:                     # each rank reports after connecting links
             reply = c.recv()
             if reply[0] != "ready":
                 raise CollectiveError(f"rank {reply[1]} failed to start: {reply[2]}")
+
+    def _start_failure(self) -> str | None:
+        """The first failure a connected rank reported before the start gave up (a rank that
+        reports it exits, and another rank may fail only because of that), or None."""
+        for c in self.conns:
+            try:
+                reply = c.recv() if c is not None and c.poll(0) else None
+            except (EOFError, OSError):
+                continue
+            if reply and reply[0] == "failed":
+                return f"rank {reply[1]} failed to start: {reply[2]}"
+        return None
 
     def _accept(self, listener):
         for _ in range(self.nranks):

@@ -22,8 +22,17 @@ os.environ.setdefault("JAX_ENABLE_X64", "0")
 sys.path.insert(0, os.path.dirname(__file__))   # tests/models.py
 
 
+# test modules whose tests start processes of their own (native workers, examples, installs):
+# under pytest-xdist (``-n``) they run one at a time in one group, beside the in-process tests
+_PROCESS_MODULES = {"test_examples.py", "test_install.py", "test_cli.py"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Leave the benchmark tier out unless the marker expression names it."""
+    """Put the tests that start processes into one xdist group; leave the benchmark tier out
+    unless the marker expression names it."""
+    for item in items:
+        if item.get_closest_marker("native") or item.path.name in _PROCESS_MODULES:
+            item.add_marker(pytest.mark.xdist_group("processes"))
     if "benchmark" in (config.getoption("markexpr") or ""):
         return
     keep = [i for i in items if i.get_closest_marker("benchmark") is None]
