@@ -154,7 +154,7 @@ class StageLowering:
     plan: object                  # MicroPlan: choice and argument layouts on micro_mesh(mesh)
     planner: object               # MicroPlanner on plan.mesh
     out_layouts: tuple = None     # per result (None: replicated), on plan.mesh
-    reduced_to: dict = None              # optimizer level1: value id -> layout read through
+    reduced_to: dict = None       # value id -> layout it is converted to before its reads
 
 
 def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage"):

@@ -34,11 +34,24 @@ from .problem import SearchProblem
 # Seconds charged when a returned state leaf (a new parameter, new optimizer state) is produced
 # in a layout other than its argument's (the next step would have to reshard it), and when an
 # operator reads a state argument through a collective (gathering a parameter before use).
-# Both are optimizer parallelism (ZeRO / FSDP, issue 5), not plain auto_parallel: state is
-# stored as its operators read it, as MindSpore does without its parallel optimizer. A soft
-# constraint: a plan breaks it only when nothing else fits the memory cap. Returned state keeps
-# its argument's layout (no gather); every other result is charged its gather to replicated.
+# Both are optimizer parallelism (ZeRO / FSDP), not plain auto_parallel: state is stored as its
+# operators read it, as MindSpore does without its parallel optimizer. A soft constraint: a
+# plan breaks it only when nothing else fits the memory cap. With the parallel optimizer on,
+# ``StatePricing`` names the state priced at its real cost instead: the search then chooses
+# ZeRO per parameter (a sharded update: the gradient reduce-scattered into it, the new value
+# all-gathered back; a parameter stored sharded: gathered where it is read). Returned state
+# keeps its argument's layout; every other result is charged its gather to replicated.
 STATE_PENALTY = 1e6
+
+
+@dataclass(frozen=True)
+class StatePricing:
+    """Which state arguments (graph input positions) the problem prices at their real cost
+    instead of ``STATE_PENALTY``: ``returned``: producing the new value in another layout than
+    the argument's (it is redistributed to the argument's layout as the step returns it);
+    ``read``: reading the argument through a collective."""
+    returned: frozenset = frozenset()
+    read: frozenset = frozenset()
 
 
 def _state_read(seconds: float) -> float:
@@ -159,18 +172,19 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
 
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
                   name="autopar", arg_names=None, arg_options=None, state_pairs=(),
-                  merge=True) -> Built:
+                  merge=True, state_pricing=StatePricing()) -> Built:
     """The SearchProblem of ``graph`` (see the module docstring). ``arg_options`` (per graph
     input, its candidate layouts) overrides the fixed/every-layout default. ``state_pairs``:
     (graph input, graph output) positions of state the step threads through (new parameters,
-    new optimizer state): see ``STATE_PENALTY``. ``merge``: fold elementwise followers into
-    their producers (``followers``). Costs, usages and edge matrices are computed once per
+    new optimizer state): see ``STATE_PENALTY`` and ``state_pricing``. ``merge``: fold
+    elementwise followers into their producers (``followers``). Costs, usages and edge matrices are computed once per
     distinct (operator signatures, candidate lists) and shared, read-only, by every node and
     edge that repeats them (the layers of a deep model)."""
     if arg_options is None:
         arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
                             for i, v in enumerate(graph.inputs))
-    b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge)
+    b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
+                 state_pricing)
     for i, v in enumerate(graph.inputs):
         b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
     groups = tuple(b.add_chain(chain) for chain in b.chains)
@@ -191,8 +205,10 @@ class _Builder:
     and choice) and edges (``edges``, ``ecosts``), filled by ``add_argument``, ``add_chain``,
     ``add_reads`` and ``add_state_edge``; ``shared`` computes each distinct array once."""
 
-    def __init__(self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge):
+    def __init__(self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
+                 state_pricing):
         self.graph, self.mesh, self.cands = graph, mesh, cands
+        self.pricing = state_pricing
         self.reshard_cost, self.arg_options = reshard_cost, arg_options
         self.in_iv, self.node_iv = live_intervals(graph)
         result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
@@ -263,7 +279,7 @@ class _Builder:
                 continue
             u_idx, m, j = self.where[x.id]
             src, dst = self.out_layouts[u_idx][m][j], self.cands[n.id]
-            state = u_idx in self.state_args
+            state = u_idx in self.state_args and u_idx not in self.pricing.read
             price = lambda s, d: self.reshard_cost(s, d, x.shape, x.dtype)
             self.edges.append((u_idx, v_idx))
             self.ecosts.append(self.shared(
@@ -272,15 +288,18 @@ class _Builder:
                                 (lambda s, d: _state_read(price(s, d))) if state else price)))
 
     def add_state_edge(self, i, o):
-        """Argument ``i``'s new value ``o`` should keep its layout (``STATE_PENALTY``)."""
+        """Argument ``i``'s new value ``o`` should keep its layout (``STATE_PENALTY``), or pays
+        its redistribution to it (``state_pricing.returned``)."""
         if not isinstance(o, Value) or self.where.get(o.id, (0,))[0] < len(self.graph.inputs):
             return                         # a constant, or the argument returned unchanged
         v_idx, m, k = self.where[o.id]
+        priced = i in self.pricing.returned
+        price = ((lambda a, b: self.reshard_cost(b, a, o.shape, o.dtype)) if priced else
+                 (lambda a, b: 0.0 if a == b else STATE_PENALTY))
         self.edges.append((i, v_idx))
         self.ecosts.append(self.shared(
-            ("state", self.src_keys[i], self.src_keys[v_idx], m, k),
-            lambda: _matrix(self.arg_options[i], self.out_layouts[v_idx][m][k],
-                            lambda a, b: 0.0 if a == b else STATE_PENALTY)))
+            ("state", self.src_keys[i], self.src_keys[v_idx], m, k, priced),
+            lambda: _matrix(self.arg_options[i], self.out_layouts[v_idx][m][k], price)))
 
 
 def _chain(nodes, cands, mesh, result_ids, to_replicated):

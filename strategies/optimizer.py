@@ -4,8 +4,8 @@ update over the mesh axes that hold a parameter replicated.
 In: a Graph, the chosen candidate of every node and layout of every input (from any mode or
 search), the state pairs (graph input leaf, graph output leaf) the step threads through (new
 parameters, new optimizer state), which input leaves are parameters, the mesh, the level and
-the size threshold. Out: a ``ShardedUpdate``: the new choice and input layouts, and the values
-to reduce in full before they are sliced (level1). The caller returns each state output in its
+the size threshold. Out: a ``ShardedUpdate``: the new choice and input layouts, and the layout
+of each sharded parameter's update. The caller returns each state output in its
 input's layout, so the state keeps its layout from step to step. Applying it to its own result
 (a reloaded strategy) changes nothing.
 
@@ -16,12 +16,18 @@ dropping nodes read outside the region. Each connected group of region nodes bel
 parameter shape; its layout ``T`` adds the parameter's free axes (mesh axes of size > 1 it is
 not split over) to the first dimension they divide. Then, per group:
 
-| level  | update, optimizer state | gradient into the update   | parameter in / out      |
-|--------|-------------------------|----------------------------|-------------------------|
-| level1 | ``T``                   | reduced to the parameter's layout, then sliced | as chosen / all-gather |
-| level2 | ``T``                   | reduce-scatter             | as chosen / all-gather  |
-| level3 | ``T``                   | reduce-scatter             | ``T`` / ``T``; gathered where read |
+| level        | update, optimizer state | gradient into the update | parameter in / out      |
+|--------------|-------------------------|--------------------------|-------------------------|
+| level1, 2    | ``T``                   | reduce-scatter           | as chosen / all-gather  |
+| level3       | ``T``                   | reduce-scatter           | ``T`` / ``T``; gathered where read |
 
+So the parallel optimizer moves what data parallelism moves: a reduce-scatter and an
+all-gather of a tensor cost the ring what its all-reduce costs (MindSpore and ZeRO do the
+same). The gradient's reduce-scatter is the redistribution planner's cheapest path from the
+partial sum to ``T``: for a gradient small enough that an all-reduce's fewer messages win
+(recursive doubling, below ~16 KB on 4 devices of this host), it all-reduces and slices.
+Levels 1 and 2 differ in MindSpore only under gradient accumulation (level2 keeps the
+accumulated gradient sharded); autopar accumulates micro-batch gradients whole at both.
 Groups whose parameter is below ``threshold`` bytes, or with no dimension the free axes
 divide, keep their replicated update (MindSpore does the same).
 """
@@ -43,7 +49,6 @@ from .rules.primitives import primitives
 class ShardedUpdate:
     choice: dict                  # node id -> Candidate
     in_layouts: tuple             # per graph input
-    reduced_to: dict              # value id -> Layout it is reduced to before other reads
     updates: dict = None          # parameter input position -> Layout of its sharded update
 
 
@@ -153,7 +158,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
     """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
     bytes, ``level`` one of "level1", "level2", "level3"."""
     choice, in_layouts = dict(choice), list(in_layouts)
-    reduced_to, updates = {}, {}
+    updates = {}
     pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
     by_id = {n.id: n for n in graph.nodes}
     for group in update_region(graph, state_pairs):
@@ -180,8 +185,24 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
         for i, _ in states:
             if level == "level3" or not is_param[i]:   # optimizer state always kept sharded
                 in_layouts[i] = t
-        if level == "level1":                      # the gradients: reduced in full, then sliced
-            for vid, x in read.items():
-                if vid not in made and vid not in pair_of and x.shape == shape:
-                    reduced_to[vid] = in_layouts[p_in]
-    return ShardedUpdate(choice, tuple(in_layouts), reduced_to, updates)
+    return ShardedUpdate(choice, tuple(in_layouts), updates)
+
+
+def sharded_updates(graph, choice, in_layouts, state_pairs, is_param) -> dict:
+    """Parameter input position -> the layout its update runs in, for each parameter whose
+    update a search sharded (ZeRO chosen inside auto_parallel): the new value is made in a
+    layout splitting more than any layout the operators outside the update region read the
+    parameter in."""
+    region = set().union(*update_region(graph, state_pairs))
+    out = {}
+    for i, j in state_pairs:
+        new = graph.outputs[j]
+        if not is_param[i] or not isinstance(new, Value) or new.id not in graph.producer:
+            continue
+        n = graph.producer[new.id]
+        made = choice[n.id].out_layouts[n.outputs.index(new)]
+        read = [choice[u.id].in_layouts[k] for u, k in graph.users[graph.inputs[i].id]
+                if u.id not in region]
+        if made not in read and all(len(made.axes) > len(l.axes) for l in read):
+            out[i] = made
+    return out

@@ -4,7 +4,7 @@ In: a Graph, a LogicalMesh, ``fixed`` (node id -> its one Candidate, from ``ap.s
 ``arg_fixed`` (graph input index -> Layout), a ``reshard_cost(src, dst, shape, dtype) ->
 seconds`` function (the redistribution planner's), the per-device memory limit, and ``solve``
 (a solver from strategies/solvers, by default dynamic programming) for each cut's problem;
-``state_pairs`` as in build.py.
+``state_pairs`` and ``state_pricing`` as in build.py.
 Out: an ``Assignment`` (node id -> Candidate on the whole mesh, a Layout per graph input).
 
 Algorithm (after MindSpore's recursive programming): the mesh axes of size > 1 are taken
@@ -28,14 +28,15 @@ from typing import NamedTuple
 
 from autopar.errors import InfeasibleError
 
-from .build import arg_layouts, build_problem
+from .build import StatePricing, arg_layouts, build_problem
 from .candidates import axis_choices, enumerate_candidates
 from .propagation import Assignment
 from .rules import rule_for
 
 
 def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, time_limit=None,
-           progress=None, name="autopar", arg_names=None, state_pairs=()) -> Assignment:
+           progress=None, name="autopar", arg_names=None, state_pairs=(),
+           state_pricing=StatePricing()) -> Assignment:
     """See the module docstring: one cut per mesh axis of size > 1 (one cut when there is
     none), each a SearchProblem over the options the earlier cuts' answers leave, solved by
     ``solve``; the last cut's solution, as an ``Assignment``."""
@@ -49,7 +50,8 @@ def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, t
         limit = None if usage_limit is None else usage_limit * later
         built = build_problem(graph, mesh, options.for_nodes(k, decided.nodes), {}, reshard_cost,
                               limit, f"{name} cut {k + 1}/{len(axes)}", arg_names,
-                              options.for_inputs(k, decided.inputs), state_pairs)
+                              options.for_inputs(k, decided.inputs), state_pairs,
+                              state_pricing=state_pricing)
         solution = _solve_cut(built.problem, solve, axes, k, deadline, progress)
         choice, inputs = built.assignment(solution.choice)
         cost = solution.cost

@@ -15,17 +15,17 @@ import time
 
 import jax
 
-from ..config import Backend, ParallelConfig, ParallelMode, SearchMode
+from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
-from ..strategies.build import build_problem
+from ..strategies.build import StatePricing, build_problem
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
-from ..strategies.optimizer import shard_update
+from ..strategies.optimizer import shard_update, sharded_updates
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.strategy import InputStrategy, Strategy
 from ..redistribution.lower import lower, lower_steps, plan_steps
@@ -172,13 +172,27 @@ class CompileRequest:
         return arg_layouts(self.config, mesh, self.graph, self.args, self.batch_argnums,
                            self.in_strategy, self.names)
 
+    def state_pricing(self) -> StatePricing:
+        """ZeRO inside auto_parallel's search: with the parallel optimizer on, state leaves of
+        at least ``parallel_optimizer_threshold`` KB are priced at their real cost when their
+        new value is made in another layout (levels 1-3), optimizer state also when it is read
+        through a collective, and parameters too at level 3 (gathered where read)."""
+        config = self.config
+        if not config.enable_parallel_optimizer:
+            return StatePricing()
+        big = frozenset(i for i, _ in self.pairs
+                        if self.graph.inputs[i].nbytes >= config.parallel_optimizer_threshold * 1024)
+        if config.optimizer_level is OptimizerLevel.LEVEL3:
+            return StatePricing(returned=big, read=big)
+        return StatePricing(returned=big, read=frozenset(i for i in big if not self.names[i][1]))
+
 
 def _search(req: CompileRequest, config, mesh, planner, cands):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     built = build_problem(req.graph, mesh, cands, req.arg_layouts(mesh), seconds,
                           config.max_device_memory, req.name, [n for n, _ in req.names],
-                          state_pairs=req.pairs)
+                          state_pairs=req.pairs, state_pricing=req.state_pricing())
     progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(
@@ -200,7 +214,7 @@ def _recursive(req: CompileRequest, config, mesh, planner, fixed):
             req.arg_layouts(mesh), seconds, config.max_device_memory,
             solvers.get("dynamic_programming"), time_limit=config.search_time,
             progress=progress, name=req.name, arg_names=[n for n, _ in req.names],
-            state_pairs=req.pairs)
+            state_pairs=req.pairs, state_pricing=req.state_pricing())
     finally:
         progress.close()
 
@@ -261,7 +275,7 @@ class MeshPlan:
     mesh: object
     planner: object
     assignment: Assignment
-    reduced_to: dict                 # optimizer level1: value id -> layout read through (or None)
+    reduced_to: dict          # value id -> layout it is converted to before its reads (or None)
     updates: dict             # argument position -> layout its update runs in
     out_layouts: tuple        # per result: state keeps its argument's layout, else None
     comm: dict                # node id -> seconds of the redistributions feeding it
@@ -293,12 +307,15 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
     reduced_to, updates = None, {}
-    if config.enable_parallel_optimizer and mesh.size > 1:
+    is_param = [p for _, p in req.names]
+    if config.enable_parallel_optimizer and mode is ParallelMode.AUTO_PARALLEL:
+        updates = sharded_updates(graph, assignment.choice, assignment.inputs, pairs, is_param)
+    elif config.enable_parallel_optimizer and mesh.size > 1:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
-                          [p for _, p in req.names], mesh, config.optimizer_level.value,
+                          is_param, mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
         assignment = Assignment(su.choice, su.in_layouts, assignment.cost)
-        reduced_to, updates = su.reduced_to, su.updates
+        updates = su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,
     # as the searches assume; the backends put the blocks together for the caller
     out_layouts = [None] * len(graph.outputs)
