@@ -121,18 +121,28 @@ def arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) ->
         j = 0
         for a, spec in zip(args, in_strategy):
             try:   # spec is a prefix of the argument: one entry covers a whole subtree
-                per_leaf = jax.tree.map(lambda s, sub: [s] * len(jax.tree.leaves(sub)), spec, a,
-                                        is_leaf=is_leaf)
+                per_leaf = jax.tree.map(lambda s, sub: _Covers(s, len(jax.tree.leaves(sub))),
+                                        spec, a, is_leaf=is_leaf)
             except ValueError as e:
                 raise LayoutError(f"in_strategy entry {spec!r} does not match the structure of "
                                   f"its argument: {e}") from None
-            specs = [s for group in jax.tree.leaves(per_leaf, is_leaf=lambda x: isinstance(x, list))
-                     for s in group]
+            specs = [s for group in jax.tree.leaves(per_leaf) for s in group.specs()]
             for s in specs:
                 if s is not None:
                     layouts[j] = spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")
                 j += 1
     return layouts
+
+
+class _Covers:
+    """One in_strategy entry and how many argument leaves it covers (a pytree leaf: lists in
+    the arguments, a model's list of layers, stay structure)."""
+
+    def __init__(self, spec, count):
+        self.spec, self.count = spec, count
+
+    def specs(self) -> list:
+        return [self.spec] * self.count
 
 
 def fixed_layouts(config, mesh, graph) -> dict:

@@ -225,6 +225,31 @@ def test_in_strategy_prefix_covers_subtrees():
         ap.compile(m.gpt_sgd_step, p, b, config=cfg, in_strategy=({"wte": (1, 2)}, None))
 
 
+def test_in_strategy_for_a_list_of_layers():
+    """Models keep their layers in lists (Flax/Equinox style); an in_strategy mirrors the
+    list, entry by entry, and None covers a whole layer."""
+    r = np.random.default_rng(0)
+    w = lambda *s: jnp.asarray(r.normal(0, 0.3, s), jnp.float32)
+    params = {"layers": [{"w": w(8, 16), "b": w(16)}, {"w": w(16, 8), "b": w(8)}]}
+    x, y = w(16, 8), w(16, 8)
+
+    def step(params, batch):
+        def loss(params):
+            h = batch[0]
+            for layer in params["layers"]:
+                h = jnp.tanh(h @ layer["w"] + layer["b"])
+            return jnp.mean((h - batch[1]) ** 2)
+        l, g = jax.value_and_grad(loss)(params)
+        return l, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+
+    spec = {"layers": [{"w": (1, 2), "b": (2,)}, None]}
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel", device_num=2)
+    c = ap.compile(step, params, (x, y), config=cfg, in_strategy=(spec, None))
+    lay = {i.name: str(i.layout) for i in c.strategy.inputs}
+    assert lay["layers.0.w"] == "[_,x]" and lay["layers.0.b"] == "[x]"
+    assert_same(c(params, (x, y)), step(params, (x, y)))
+
+
 def test_numpy_float64_and_python_scalar_arguments():
     r = np.random.default_rng(0)
     p, x = {"w": r.normal(size=(16, 8))}, r.normal(size=(16, 16))       # float64 numpy
