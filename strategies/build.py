@@ -3,18 +3,25 @@
 In: a Graph, a LogicalMesh, the candidate lists of its nodes, fixed argument layouts and a
 ``reshard_cost(src, dst, shape, dtype) -> seconds`` function (the redistribution planner's),
 the per-device memory limit and optional argument names. Out: ``Built``: the ``SearchProblem``
-plus what is needed to read a Solution back (``assignment``).
+plus what is needed to read a Solution back (``assignment``, ``held``).
 
 Problem nodes are the graph inputs (arguments; their candidates are the layouts they may be
-kept in: a fixed one, or every non-partial layout) and the operator chains of the graph: an
-operator with its elementwise followers merged in (``followers``; the followers' layouts are
-functions of the head's candidate, so a chain has its head's candidates). Node cost = compute
-time of the chain's members (cost_model) plus, for a graph result, the time to make it
-replicated. Usage = the local bytes of the outputs; the live interval runs from the producing
-step to the last reading step (arguments and results: the whole step). Edge (u, v) per operand
-of v's head: cost matrix ``reshard(out layout of u's candidate -> in layout v's candidate
-reads)``, computed once per distinct layout pair; per state pair (argument, producer of its
-new value): 0 where the layouts agree, ``STATE_PENALTY`` elsewhere.
+kept in: a fixed one, or every non-partial layout), the operator chains of the graph (an
+operator with its elementwise followers merged in: ``followers``; the followers' layouts are
+functions of the head's candidate, so a chain has its head's candidates) and one *hub* per
+value that several operators read (``add_hub``: its candidates are the layouts the value is
+made or read in; its choice is the one layout it is converted to, once, before every read).
+Node cost = compute time of the chain's members (cost_model) plus, for a graph result, the
+time to make it replicated (hubs: 0). Usage = the local bytes of the outputs; the live interval
+runs from the producing step to the last reading step (arguments and results: the whole step;
+a value with a hub: its maker holds it one step, the hub from then to the last read). Edge
+(u, v) per operand of v's head, from the operand's hub if it has one: cost matrix
+``reshard(out layout of u's candidate -> in layout v's candidate reads)``, computed once per
+distinct layout pair; maker -> hub: the conversion; per state pair (argument, producer of its
+new value): 0 where the layouts agree, ``STATE_PENALTY`` elsewhere (or the real cost,
+``StatePricing``). So moving a value into a layout is priced once however many operators read
+it there, and carrying a partial sum through linear operators wins only when it is cheaper
+counted that way.
 """
 from __future__ import annotations
 
@@ -101,6 +108,7 @@ class Built:
     arg_options: tuple        # per graph input: its candidate layouts
     cands: dict               # node id -> candidate list
     groups: tuple = ()        # per operator problem node: ((node id, per head choice: index), ...)
+    hubs: tuple = ()          # per hub problem node (after the operators): (value id, layouts)
 
     def assignment(self, choice):
         """(node id -> Candidate, input layouts) for a Solution's choice."""
@@ -109,6 +117,19 @@ class Built:
         nodes = {nid: self.cands[nid][idx[c]] for group, c in zip(self.groups, choice[n_in:])
                  for nid, idx in group}
         return nodes, inputs
+
+    def held(self, choice, nodes) -> dict:
+        """Value id -> the layout a Solution's choice converts it to before its readers read
+        it (its hub's layout), for the hubs whose layout is not the one the value is made in
+        (``nodes``: ``assignment``'s node choice)."""
+        first = len(self.graph.inputs) + len(self.groups)
+        out = {}
+        for (vid, layouts), c in zip(self.hubs, choice[first:]):
+            n = self.graph.producer[vid]
+            made = nodes[n.id].out_layouts[[v.id for v in n.outputs].index(vid)]
+            if layouts[c] != made:
+                out[vid] = layouts[c]
+        return out
 
 
 # A follower is merged only when its own output lives at most this many steps (it feeds the
@@ -188,6 +209,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     for i, v in enumerate(graph.inputs):
         b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
     groups = tuple(b.add_chain(chain) for chain in b.chains)
+    hubs = tuple(b.add_hub(vid, reads) for vid, reads in b.hub_reads.items())
     for g, chain in enumerate(b.chains):
         b.add_reads(len(graph.inputs) + g, graph.nodes[chain[0]])
     for i, j in state_pairs:
@@ -196,7 +218,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
                             np.array(b.intervals, np.int64).reshape(-1, 2),
                             np.array(b.edges, np.int64).reshape(-1, 2), tuple(b.ecosts),
                             usage_limit, name, tuple(b.names))
-    return Built(problem, graph, arg_options, dict(cands), groups)
+    return Built(problem, graph, arg_options, dict(cands), groups, hubs)
 
 
 class _Builder:
@@ -224,6 +246,11 @@ class _Builder:
                 for j, v in enumerate(graph.nodes[k].outputs):
                     self.where[v.id] = (n_in + g, m, j)
         self.state_args = {i for i, _ in state_pairs}
+        self.step = {n.id: k for k, n in enumerate(graph.nodes)}
+        self.hub_reads = _hub_reads(graph, self.chains, result_ids)
+        for vid in self.hub_reads:       # the value lives on in its hub: its maker holds it
+            k = self.step[graph.producer[vid].id]        # only while it is converted
+            self.node_iv[k] = (k + 1, k + 2)
         self.memo: dict = {}
         self.costs, self.usages, self.intervals, self.names = [], [], [], []
         self.src_keys, self.out_layouts = [], []
@@ -272,6 +299,36 @@ class _Builder:
                    + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""), key, outs)
         return tuple((n.id, i) for n, i in zip(nodes, idx))
 
+    def add_hub(self, vid, reads) -> tuple:
+        """A problem node for value ``vid`` read by several operators (``reads``: (reading
+        node, operand position), ...): its candidates are the layouts the value is made or
+        read in, its choice the one layout the value is converted to once, before every
+        read; the readers' edges start from it. Cost 0, usage the value's local bytes in that
+        layout from the step after its making (its maker holds it until then) to its last
+        read. Returns (value id, its layouts)."""
+        graph, n_in = self.graph, len(self.graph.inputs)
+        u_idx, m, j = self.where[vid]
+        v = graph.nodes[self.chains[u_idx - n_in][m]].outputs[j]
+        made = self.out_layouts[u_idx][m][j]
+        key = ("hub", self.src_keys[u_idx], m, j,
+               tuple((r.signature, id(self.cands[r.id]), pos) for r, pos in reads))
+        layouts = self.shared(key + ("layouts",), lambda: tuple(sorted(
+            set(made) | {c.in_layouts[pos] for r, pos in reads for c in self.cands[r.id]},
+            key=str)))
+        k = self.step[graph.producer[vid].id]
+        last = max(self.step[r.id] for r, _ in reads) + 1
+        self._node(self.shared(key + ("cost",), lambda: np.zeros(len(layouts))),
+                   self.shared(key + ("usage",), lambda: np.array(
+                       [local_bytes(l, v, self.mesh) for l in layouts], np.int64)),
+                   (k + 2, last + 1), f"{v} (converted once for {len(reads)} readers)", key,
+                   [[layouts]])
+        hub = len(self.costs) - 1
+        self.edges.append((u_idx, hub))
+        self.ecosts.append(self.shared(key + ("made",), lambda: _matrix(
+            made, layouts, lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype))))
+        self.where[vid] = (hub, 0, 0)
+        return vid, layouts
+
     def add_reads(self, v_idx, n):
         """An edge per operand of chain head ``n`` (only a chain's head reads other nodes)."""
         for pos, x in enumerate(n.inputs):
@@ -300,6 +357,23 @@ class _Builder:
         self.ecosts.append(self.shared(
             ("state", self.src_keys[i], self.src_keys[v_idx], m, k, priced),
             lambda: _matrix(self.arg_options[i], self.out_layouts[v_idx][m][k], price)))
+
+
+def _hub_reads(graph, chains, result_ids) -> dict:
+    """Value id -> its reads ((reading node, operand position), ...) for every value that
+    gets a hub: made by a single-output operator, not a result of the step, and read by two
+    or more operator reads (chain heads; a chain's followers read only inside it)."""
+    heads = {graph.nodes[chain[0]].id for chain in chains}
+    reads: dict = {}
+    for n in graph.nodes:
+        if n.id not in heads:
+            continue
+        for pos, x in enumerate(n.inputs):
+            if isinstance(x, Value):
+                reads.setdefault(x.id, []).append((n, pos))
+    return {vid: tuple(r) for vid, r in reads.items()
+            if len(r) > 1 and vid in graph.producer and vid not in result_ids
+            and len(graph.producer[vid].outputs) == 1}
 
 
 def _chain(nodes, cands, mesh, result_ids, to_replicated):

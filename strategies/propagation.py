@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.errors import LayoutError
 from autopar.graph import Const, Value
@@ -42,6 +42,8 @@ class Assignment:
     choice: dict          # node id -> Candidate
     inputs: tuple         # Layout per graph input
     cost: float           # total resharding seconds counted by the search
+    held: dict = field(default_factory=dict)   # value id -> the layout it is converted to
+                                               # once, before its readers read it (hubs)
 
 
 _ZERO = (0.0, 0)

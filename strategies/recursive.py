@@ -44,7 +44,7 @@ def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, t
     options = _OptionLists(graph, mesh, axes, {nid: [c] for nid, c in fixed.items()}, arg_fixed)
     decided = _Decided({n.id: ((), None) for n in graph.nodes}, [()] * len(graph.inputs))
     deadline = None if time_limit is None else time.monotonic() + time_limit
-    choice, inputs, cost = {}, (), 0.0
+    choice, inputs, cost, held = {}, (), 0.0, {}
     for k in range(max(len(axes), 1)):
         later = math.prod(mesh.axis_size(a) for a in axes[k + 1:])
         limit = None if usage_limit is None else usage_limit * later
@@ -54,9 +54,9 @@ def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, t
                               state_pricing=state_pricing)
         solution = _solve_cut(built.problem, solve, axes, k, deadline, progress)
         choice, inputs = built.assignment(solution.choice)
-        cost = solution.cost
+        cost, held = solution.cost, built.held(solution.choice, choice)
         decided = _decided(graph, choice, inputs, axes[:k + 1])
-    return Assignment(choice, inputs, cost)
+    return Assignment(choice, inputs, cost, held)
 
 
 class _Decided(NamedTuple):

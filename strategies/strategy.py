@@ -48,6 +48,8 @@ class OpStrategy:
     stage: int = 0           # pipeline stage that runs it
     operands: tuple = ()     # per operand: the operator making it ("dot_general.3"), the
                              # argument ("params.w1") or "" for a literal
+    converted: tuple = ()    # per output: the Layout it is converted to once before its
+                             # readers read it (None: read as made); empty: none converted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,7 +172,9 @@ class Strategy:
                      "out_shapes": [list(s) for s in o.out_shapes],
                      "in": [str(l) for l in o.in_layouts], "out": [str(l) for l in o.out_layouts],
                      "comm_time": o.comm_time, "compute_time": o.compute_time,
-                     "out_bytes": o.out_bytes, "stage": o.stage, "operands": list(o.operands)}
+                     "out_bytes": o.out_bytes, "stage": o.stage, "operands": list(o.operands),
+                     **({"converted": [None if l is None else str(l) for l in o.converted]}
+                        if o.converted else {})}
                     for o in self.ops],
             "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
                         "memory": st.memory, "mesh": {"shape": list(st.mesh_shape),
@@ -210,7 +214,9 @@ class Strategy:
                 in_layouts=tuple(Layout.parse(l) for l in o["in"]),
                 out_layouts=tuple(Layout.parse(l) for l in o["out"]), comm_time=o["comm_time"],
                 compute_time=o["compute_time"], out_bytes=o["out_bytes"],
-                stage=o.get("stage", 0), operands=tuple(o.get("operands", ())))
+                stage=o.get("stage", 0), operands=tuple(o.get("operands", ())),
+                converted=tuple(None if l is None else Layout.parse(l)
+                                for l in o.get("converted", ())))
                 for o in d["ops"]),
             output_comm_time=d["output_comm_time"], peak_memory=d["peak_memory"],
             peak_op=d["peak_op"], memory_limit=d["memory_limit"],

@@ -2,6 +2,7 @@
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -101,6 +102,28 @@ def test_compiled_reports_phase_timings():
     assert all(v > 0 for v in t.values()), t
     assert t["trace"] + t["search"] + t["lower"] <= t1 - t0
     assert t["start"] <= t["first_call"] <= t2 - t1      # the first call includes the start
+
+
+def test_a_value_read_by_several_operators_is_converted_once():
+    """h = x @ w with w's rows split is a partial sum read by three non-linear operators: the
+    search prices converting h once for all three (a hub node), so it reduces h once (here a
+    reduce-scatter, the readers working on halves) rather than gathering w (w / 2 per device),
+    which a price per reader (three reductions of h) would prefer; the lowering converts
+    once too."""
+    def f(w, x):
+        h = x @ ap.shard(w, (2, 1))
+        return jnp.sum(jnp.exp(h)) + jnp.sum(jnp.tanh(h)) + jnp.sum(jnp.sin(h))
+
+    r = np.random.default_rng(0)
+    w = jnp.asarray(r.normal(0, 0.05, (768, 256)), jnp.float32)
+    x = jnp.asarray(r.normal(0, 0.05, (256, 768)), jnp.float32)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=2,
+                            progress=False)
+    c = ap.compile(f, w, x, config=cfg, batch_argnums=())
+    big = [x_ for x_ in c.collectives() if x_.bytes > 1024]
+    assert len(big) == 1 and big[0].bytes == 256 * 256 * 4
+    assert big[0].kind in ("all_reduce", "reduce_scatter")
+    np.testing.assert_allclose(np.asarray(c(w, x)), np.asarray(f(w, x)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("mesh,solver", [((4,), "dynamic_programming"),

@@ -200,7 +200,7 @@ def _search(req: CompileRequest, config, mesh, planner, cands):
     finally:
         progress.close()
     choice, inputs = built.assignment(solution.choice)
-    return Assignment(choice, inputs, solution.cost)
+    return Assignment(choice, inputs, solution.cost, built.held(solution.choice, choice))
 
 
 def _recursive(req: CompileRequest, config, mesh, planner, fixed):
@@ -235,7 +235,9 @@ def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
             raise LayoutError(f"strategy entry {op.name} ({op.prim}) does not fit {node.name} of "
                               "this function; it was saved for a different function or shapes.")
         choice[node.id] = match[0]
-    return Assignment(choice, tuple(i.layout for i in strategy.inputs), 0.0)
+    held = {v.id: l for node, op in zip(graph.nodes, strategy.ops)
+            for v, l in zip(node.outputs, op.converted) if l is not None}
+    return Assignment(choice, tuple(i.layout for i in strategy.inputs), 0.0, held)
 
 
 def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
@@ -306,7 +308,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         else:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
-    reduced_to, updates = None, {}
+    reduced_to, updates = assignment.held, {}
     is_param = [p for _, p in req.names]
     if config.enable_parallel_optimizer and mode is ParallelMode.AUTO_PARALLEL:
         updates = sharded_updates(graph, assignment.choice, assignment.inputs, pairs, is_param)
@@ -314,7 +316,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
                           is_param, mesh, config.optimizer_level.value,
                           config.parallel_optimizer_threshold * 1024)
-        assignment = Assignment(su.choice, su.in_layouts, assignment.cost)
+        assignment = Assignment(su.choice, su.in_layouts, assignment.cost, assignment.held)
         updates = su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,
     # as the searches assume; the backends put the blocks together for the caller
@@ -365,8 +367,6 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     t_trace = time.monotonic()
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
         config = config.replace(search_mode=default_search_mode(full))
-        logger.info("auto_parallel: search_mode %s for %d operators on %s",
-                    config.search_mode.value, len(graph.nodes), full)
     names = leaf_names(args)
     name = getattr(fn, "__name__", "step")
     pairs = state_pairs(graph)
@@ -387,11 +387,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         node_plan = [mesh_plan] * len(graph.nodes)
     first = per_stage[0]
     inputs = _input_strategies(graph, names, program, per_stage, pipelined)
-    stage_of = program.node_stages if pipelined else (0,) * len(graph.nodes)
-    ops = op_strategies(graph, names, [mesh_plan.assignment.choice[n.id] for n, mesh_plan in
-                                       zip(graph.nodes, node_plan)],
-                        [mesh_plan.comm[n.id] for n, mesh_plan in zip(graph.nodes, node_plan)],
-                        [mesh_plan.mesh for mesh_plan in node_plan], stage_of)
+    ops = _op_strategies(graph, names, node_plan,
+                         program.node_stages if pipelined else (0,) * len(graph.nodes))
     timeline = () if pipelined else memory_timeline(program)
     peak, peak_op, peak_where = _peak(program, graph, pipelined, timeline)
     cap = config.max_device_memory
@@ -412,6 +409,16 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
                        ("lower", time.monotonic() - t_search)))
     return graph, strat, program
+
+
+def _op_strategies(graph, names, node_plan, stage_of) -> tuple:
+    """The OpStrategy of every node from the MeshPlan of its stage (``node_plan``)."""
+    return op_strategies(
+        graph, names, [plan.assignment.choice[n.id] for n, plan in zip(graph.nodes, node_plan)],
+        [plan.comm[n.id] for n, plan in zip(graph.nodes, node_plan)],
+        [plan.mesh for plan in node_plan], stage_of,
+        held={v.id: plan.assignment.held[v.id] for n, plan in zip(graph.nodes, node_plan)
+              for v in n.outputs if v.id in plan.assignment.held})
 
 
 def _input_strategies(graph, names, program, per_stage, pipelined) -> list:

@@ -40,19 +40,24 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     phase_seconds=phase_seconds)
 
 
-def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset()) -> tuple:
+def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset(),
+                  held=None) -> tuple:
     """An OpStrategy per graph node ``k``: its Candidate ``choices[k]``, the seconds of the
     redistributions feeding it ``comm[k]``, its compute time and output bytes on ``meshes[k]``
-    (none for a primitive in ``no_compute``) and its pipeline stage ``stages[k]``."""
+    (none for a primitive in ``no_compute``), its pipeline stage ``stages[k]`` and the layouts
+    its outputs are converted to once before they are read (``held``: value id -> Layout)."""
+    held = held or {}
+    converted = [tuple(held.get(v.id) for v in n.outputs) for n in graph.nodes]
     return tuple(
         OpStrategy(name=n.name, prim=n.prim, source=n.source,
                    in_shapes=tuple(tuple(x.shape) for x in n.inputs),
                    out_shapes=tuple(v.shape for v in n.outputs), in_layouts=c.in_layouts,
                    out_layouts=c.out_layouts, comm_time=t,
                    compute_time=0.0 if n.prim in no_compute else compute_time(n, c, m),
-                   out_bytes=output_bytes(n, c, m), stage=s, operands=made_by)
-        for n, c, t, m, s, made_by in zip(graph.nodes, choices, comm, meshes, stages,
-                                          operands(graph, names)))
+                   out_bytes=output_bytes(n, c, m), stage=s, operands=made_by,
+                   converted=conv if any(l is not None for l in conv) else ())
+        for n, c, t, m, s, made_by, conv in zip(graph.nodes, choices, comm, meshes, stages,
+                                                operands(graph, names), converted))
 
 
 def label(ins) -> str:
