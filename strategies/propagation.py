@@ -21,6 +21,11 @@ the one splitting more dimensions (it follows its split neighbours), then to the
 fewer pending partial sums, then to the lower enumeration index, so results are deterministic. Inputs without a fixed layout are fed replicated-then-sliced (free),
 so they are not seeds; afterwards each takes the layout all its consumers agree on (else
 replicated).
+A partial sum read by several operators is read reduced by all of them: reduced once, as
+Megatron-LM does after a row-parallel matmul, not carried through each linear reader and
+reduced again for each non-linear one further on. A last pass (``carry_shared_partials``) tries
+carrying each such value and keeps it only where that is cheaper with every value counted
+once per layout it is moved into.
 """
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assi
     run.flood(fixed)
     run.fill_unreached()
     run.refine(fixed)
+    run.carry_shared_partials(fixed)
     return run.assignment()
 
 
@@ -90,6 +96,7 @@ class _Propagation:
         self.avail: dict = {}
         self.informed: set = set()      # nodes next to a split or partial decided neighbour
         self.heap: list = []            # (undecided inputs, node id) of informed nodes
+        self.carried: set = set()       # shared partial sums let through their readers
 
     # ---------------------------------------------------------------- passes
     def fix(self, fixed):
@@ -141,6 +148,75 @@ class _Propagation:
                 changed |= self.choice[node.id] is not old
             if not changed:
                 break
+
+    def carry_shared_partials(self, fixed):
+        """A partial sum read by several operators is read reduced by all of them (``decide``:
+        reduced once, before every read, rather than carried through each linear reader and
+        reduced separately further on). This pass tries the other way for each such value, in
+        program order: its readers may read it partial again, and the operators downstream
+        re-decide until their layouts settle; the change stays when the values it touches
+        cost less, each value counted once per layout it is moved into (``value_cost``)."""
+        for node in self.graph.nodes:
+            for v in node.outputs:
+                if self.shared_partial(v):
+                    self._try_carry(v, fixed)
+
+    def shared_partial(self, x) -> bool:
+        """``x`` is made as a partial sum, read by several operators, and not yet let through."""
+        if not isinstance(x, Value) or x.id in self.carried:
+            return False
+        have = self.produced(x)
+        return (have is not None and bool(have.partial)
+                and len({u.id for u, _ in self.graph.users[x.id]}) > 1)
+
+    def _try_carry(self, v, fixed):
+        """One trial of ``carry_shared_partials`` for value ``v``; kept only if cheaper."""
+        old = (dict(self.choice), {k: Counter(c) for k, c in self.avail.items()})
+        self.carried.add(v.id)
+        index = {n.id: k for k, n in enumerate(self.graph.nodes)}
+        heap = [(index[u.id], u.id) for u, _ in self.graph.users[v.id] if u.id not in fixed]
+        heapq.heapify(heap)
+        changed, seen = set(), set()
+        while heap:                       # downstream, in program order, until layouts settle
+            _, nid = heapq.heappop(heap)
+            if nid in seen:
+                continue
+            seen.add(nid)
+            node = self.graph.nodes[index[nid]]
+            before = self.choice[nid]
+            self.undecide(node)
+            self.decide(node)
+            if self.choice[nid] is before:
+                continue
+            changed.add(nid)
+            if self.choice[nid].out_layouts != before.out_layouts:
+                for out in node.outputs:
+                    heap += [(index[w.id], w.id) for w, _ in self.graph.users[out.id]
+                             if w.id not in fixed and w.id not in seen]
+                heapq.heapify(heap)
+        values = {x.id: x for nid in changed for n in [self.graph.nodes[index[nid]]]
+                  for x in list(n.inputs) + list(n.outputs) if isinstance(x, Value)}
+        after = sum(self.value_cost(x) for x in values.values())
+        new = (self.choice, self.avail)
+        self.choice, self.avail = old
+        self.carried.discard(v.id)
+        if _quantize(after) < _quantize(sum(self.value_cost(x) for x in values.values())):
+            self.choice, self.avail = new
+            self.carried.add(v.id)
+
+    def value_cost(self, v) -> float:
+        """Seconds to lay value ``v`` out for its decided readers (and as a result): each
+        distinct layout they read it in is made once, from the cheapest layout it already
+        exists in (as the lowering does)."""
+        have = self.produced(v)
+        if have is None:
+            return 0.0
+        price = lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype)[0]
+        held, total = [have], 0.0
+        for want in sorted(self.wanted(v) - {have}, key=lambda w: (price(have, w), str(w))):
+            total += min(price(h, want) for h in held)
+            held.append(want)
+        return total
 
     def assignment(self) -> Assignment:
         """Each free argument takes the layout all its consumers agree on (else replicated);
@@ -233,8 +309,12 @@ class _Propagation:
         return True
 
     def decide(self, node):
+        """Take the best-scoring supported candidate; a shared partial sum (``shared_partial``)
+        is read reduced."""
+        shared = [k for k, x in enumerate(node.inputs) if self.shared_partial(x)]
         opts = [(i, c) for i, c in enumerate(self.cands[node.id])
-                if i == 0 or self.supported(node, c)]
+                if (i == 0 or self.supported(node, c))
+                and not any(c.in_layouts[k].partial for k in shared)]
 
         def key(ic):
             i, c = ic

@@ -104,6 +104,32 @@ def test_compiled_reports_phase_timings():
     assert t["start"] <= t["first_call"] <= t2 - t1      # the first call includes the start
 
 
+@pytest.mark.parametrize("mesh", [(4,), (2, 2)])
+def test_megatron_annotations_give_megatrons_all_reduces(mesh):
+    """A user-written GPT (separate q/k/v, a layer norm computing x - mean twice) with
+    Megatron's weight splits over the last mesh axis, semi_auto_parallel: per block exactly
+    Megatron's two forward and two backward all-reduces of an activation over that axis (a
+    partial sum read by several operators is reduced once, not carried through each linear
+    reader), no weight is gathered, and the step equals the single-device one. On (2, 2) the
+    batch is split over the other axis, whose only traffic is the gradients' all-reduces."""
+    import user_gpt
+    p, b = user_gpt.init(layers=2), user_gpt.batch(B=8)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel",
+                            mesh_shape=mesh, progress=False)
+    tp_axis = cfg.mesh().axis_names[-1]
+    in_strategy = (user_gpt.megatron(p, tp_axis), None if len(mesh) == 1 else "[x,_]")
+    c = ap.compile(user_gpt.step, p, b, config=cfg, in_strategy=in_strategy)
+    nodes = {n.name: n for n in c.graph.nodes}
+    activation = 8 // (2 if len(mesh) == 2 else 1) * 16 * 64 * 4
+    over_tp = [x for x in c.strategy.collectives if x.axes == (tp_axis,)]
+    assert all(x.kind == "all_reduce" and x.bytes == activation for x in over_tp), over_tp
+    backward = [nodes[x.reason.split(" input")[0]].backward for x in over_tp]
+    assert backward.count(False) == 2 * 2 and backward.count(True) == 2 * 2
+    others = [x for x in c.strategy.collectives if x.axes != (tp_axis,)]
+    assert all(x.kind == "all_reduce" and x.axes == ("x",) for x in others)
+    assert_same(c(p, b), user_gpt.step(p, b))
+
+
 def test_a_value_read_by_several_operators_is_converted_once():
     """h = x @ w with w's rows split is a partial sum read by three non-linear operators: the
     search prices converting h once for all three (a hub node), so it reduces h once (here a
@@ -235,9 +261,10 @@ def test_small_batch_wide_mlp_is_tensor_parallel():
 
 def test_gpt_block_over_the_cap_fits_and_beats_megatron():
     """Replicated weights plus gradients exceed the cap: the plan fits it (Megatron tensor
-    parallelism does not: 9.5 MB against a 6.4 MB cap), its estimated step time is below
-    Megatron's on the same block and its communication about the same (12.0 vs 19.0 ms, 1.18
-    vs 1.14 ms of communication with the direct all-reduce in the cost table)."""
+    parallelism does not: 8.6 MB against a 6.4 MB cap) and its estimated step time is below
+    Megatron's on the same block (11.6 vs 17.1 ms). Megatron's plan communicates less (0.85 vs
+    1.14 ms: since a shared partial sum is reduced once it has exactly Megatron's all-reduces;
+    the fused qkv weight's columns do not split by heads, so it also gathers q, k and v)."""
     p, b = m.gpt_params(d=256, vocab=256, seq=32), m.gpt_batch(batch=8, seq=32, vocab=256)
     weights = sum(x.nbytes for x in jax.tree.leaves(p))
     dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(parallel_mode="data_parallel",
@@ -256,7 +283,6 @@ def test_gpt_block_over_the_cap_fits_and_beats_megatron():
     megatron = ap.compile(m.gpt_sgd_step, p, b, config=cfg.replace(
         parallel_mode="semi_auto_parallel", max_device_memory=None), in_strategy=(tp, None))
     assert megatron.strategy.peak_memory > cap
-    assert c.strategy.comm_time <= 1.05 * megatron.strategy.comm_time
     assert c.strategy.step_time <= megatron.strategy.step_time
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
 
