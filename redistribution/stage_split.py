@@ -154,7 +154,6 @@ class StageLowering:
     plan: object                  # MicroPlan: choice and argument layouts on micro_mesh(mesh)
     planner: object               # MicroPlanner on plan.mesh
     out_layouts: tuple = None     # per result (None: replicated), on plan.mesh
-    reduced_to: dict = None       # value id -> layout it is converted to before its reads
 
 
 def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage"):
@@ -203,7 +202,7 @@ def _split_one(graph, stages, low, devices, stage_axis):
     in the passes of the module docstring."""
     plan, planner = low.plan, low.planner
     lowered = lower_steps(graph, plan.choice, plan.in_layouts, plan.mesh, planner,
-                          low.out_layouts, low.reduced_to)
+                          low.out_layouts)
     lowering, outputs, out_lays = lowered.lowering, lowered.outputs, lowered.out_layouts
     steps, avals = _micro_steps(lowering, planner, plan.mesh.axis_size(MB))
     flow = _flow(graph, stages, steps, lowering.inputs, plan.in_layouts)

@@ -122,19 +122,27 @@ def _held(x, layout: dict) -> Layout:
 def _forward(graph, cands, in_layout: dict, reshard_cost) -> _Pass:
     """The options per node and the inputs' layouts (by value id) -> the program-order pass of
     the module docstring: per node the cheapest option (``_option_key``) among its chosen
-    candidate and those that follow the MB splits of its inputs (``_follows``, ``_summand``)."""
+    candidate and those that follow the MB splits of its inputs (``_follows``, ``_summand``);
+    an option that keeps every input split over MB as it arrives (``_keeps_micro``) goes
+    before one that gathers an input over the micro-batches, which would need the whole
+    batch before the operator could run."""
     layout, choice = dict(in_layout), {}
     for n in graph.nodes:
         opts = cands[n.id]
         spec = None if n.prim == shard_p.name else rule_for(n).spec(n)
         have = [_held(x, layout) for x in n.inputs]
-        best = min((c for c in opts if c is opts[0] or
-                    (_follows(c, spec, have) and _summand(c, have))),
-                   key=lambda c: _option_key(n, c, have, reshard_cost))
+        ok = [c for c in opts if c is opts[0] or (_follows(c, spec, have) and _summand(c, have))]
+        ok = [c for c in ok if _keeps_micro(c, have)] or ok
+        best = min(ok, key=lambda c: _option_key(n, c, have, reshard_cost))
         choice[n.id] = best
         for v, l in zip(n.outputs, best.out_layouts):
             layout[v.id] = l
     return _Pass(choice, layout)
+
+
+def _keeps_micro(c, have) -> bool:
+    """Candidate ``c`` reads every input that arrives split over MB (``have``) split over MB."""
+    return all(MB in w.axes for h, w in zip(have, c.in_layouts) if MB in h.axes)
 
 
 def _follows(c, spec, have) -> bool:

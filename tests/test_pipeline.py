@@ -278,3 +278,18 @@ def test_memory_cap_forces_a_pipeline_that_data_parallel_cannot_fit():
     c = ap.compile(m.gpt_sgd_step, p, b, config=config(micro=4, max_device_memory=cap))
     assert c.strategy.peak_memory <= cap
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+@pytest.mark.parametrize("micro", [2, 4])
+@pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
+def test_two_stages_of_four_devices(mode, micro):
+    """2 stages x 4 devices, the batch split 4 ways inside each stage and into 2 or 4
+    micro-batches (one or two rows per device per micro-batch): every operator keeps the
+    micro-batch split it is given (the attention's mask broadcast included), so nothing waits
+    for the whole batch, and the step equals the single-device one."""
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=4 * micro * 2)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode=mode, device_num=8, pipeline_stages=2,
+                            micro_batches=micro, progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert [st.mesh.size for st in c.program.stages] == [4, 4]
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))

@@ -277,7 +277,6 @@ class MeshPlan:
     mesh: object
     planner: object
     assignment: Assignment
-    reduced_to: dict          # value id -> layout it is converted to before its reads (or None)
     updates: dict             # argument position -> layout its update runs in
     out_layouts: tuple        # per result: state keeps its argument's layout, else None
     comm: dict                # node id -> seconds of the redistributions feeding it
@@ -308,7 +307,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         else:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
-    reduced_to, updates = assignment.held, {}
+    updates = {}
     is_param = [p for _, p in req.names]
     if config.enable_parallel_optimizer and mode is ParallelMode.AUTO_PARALLEL:
         updates = sharded_updates(graph, assignment.choice, assignment.inputs, pairs, is_param)
@@ -325,11 +324,11 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         out_layouts[j] = assignment.inputs[i]
     if pipelined:
         comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
-                           out_layouts, reduced_to).comm
-        return MeshPlan(mesh, planner, assignment, reduced_to, updates, tuple(out_layouts), comm)
+                           out_layouts).comm
+        return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm)
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
-                                    out_layouts, reduced_to)
-    return MeshPlan(mesh, planner, assignment, reduced_to, updates, tuple(out_layouts), comm,
+                                    out_layouts, assignment.held)
+    return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm,
                     program, out_comm)
 
 
@@ -388,7 +387,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     first = per_stage[0]
     inputs = _input_strategies(graph, names, program, per_stage, pipelined)
     ops = _op_strategies(graph, names, node_plan,
-                         program.node_stages if pipelined else (0,) * len(graph.nodes))
+                         program.node_stages if pipelined else (0,) * len(graph.nodes),
+                         converts=not pipelined)
     timeline = () if pipelined else memory_timeline(program)
     peak, peak_op, peak_where = _peak(program, graph, pipelined, timeline)
     cap = config.max_device_memory
@@ -411,14 +411,16 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     return graph, strat, program
 
 
-def _op_strategies(graph, names, node_plan, stage_of) -> tuple:
-    """The OpStrategy of every node from the MeshPlan of its stage (``node_plan``)."""
+def _op_strategies(graph, names, node_plan, stage_of, converts=True) -> tuple:
+    """The OpStrategy of every node from the MeshPlan of its stage (``node_plan``), with the
+    layouts values are converted to once (``converts``; a pipeline's micro-batch lowering
+    converts per reading layout instead: its layouts carry the micro-batch axis)."""
     return op_strategies(
         graph, names, [plan.assignment.choice[n.id] for n, plan in zip(graph.nodes, node_plan)],
         [plan.comm[n.id] for n, plan in zip(graph.nodes, node_plan)],
         [plan.mesh for plan in node_plan], stage_of,
         held={v.id: plan.assignment.held[v.id] for n, plan in zip(graph.nodes, node_plan)
-              for v in n.outputs if v.id in plan.assignment.held})
+              for v in n.outputs if converts and v.id in plan.assignment.held})
 
 
 def _input_strategies(graph, names, program, per_stage, pipelined) -> list:

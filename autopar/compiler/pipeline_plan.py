@@ -166,7 +166,7 @@ def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, p
     devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, stage_plan.sizes))
     lowerings = [StageLowering(tuple(s for s in range(S) if stage_plan.sizes[s] == k),
                                o.mesh_plan.mesh, o.option.plan, o.planner,
-                               tuple(o.mesh_plan.out_layouts), o.mesh_plan.reduced_to)
+                               tuple(o.mesh_plan.out_layouts))
                  for k, o in ((k, by_size[k]) for k in dict.fromkeys(stage_plan.sizes))]
     program = split_stages(graph, stage_plan.stages, lowerings, devices, sched, pipeline_mesh,
                            pipeline_mesh.axis_names[0])
