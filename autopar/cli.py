@@ -44,6 +44,15 @@ def _load_function(target: str):
     return getattr(mod, name)
 
 
+def _count_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count or auto") from None
+
+
 def _stage_devices(text: str):
     if text in ("auto", "equal"):
         return text
@@ -78,8 +87,9 @@ def _plan(args) -> int:
         optimizer_level=args.optimizer_level or "level1")
     start = time.monotonic()
     strategy = ap.plan(step, *example, config=config, **options)
-    print("\n".join(strategy.table().splitlines()[:2 + len(strategy.stages) +
-                                                   (1 if strategy.stages else 0)]))
+    head = 2 + len(strategy.stages) + (1 if strategy.stages else 0)
+    head += len(strategy.pipeline_choices) + (1 if strategy.pipeline_choices else 0)
+    print("\n".join(strategy.table().splitlines()[:head]))
     print(f"planned in {time.monotonic() - start:.1f} s: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in strategy.phase_seconds))
     strategy.save(args.output, format=args.format)
@@ -159,12 +169,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto_parallel's solver (default: dynamic_programming on meshes of up to "
                         "two axes, recursive_programming on more)")
     p.add_argument("--search-time", type=float, help="seconds the solver may take")
-    p.add_argument("--stages", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--stages", type=_count_or_auto, default=1,
+                   help="pipeline stages, or auto: the planner chooses stages and micro-batches "
+                        "and the plan lists every pair it tried (default 1)")
     p.add_argument("--stage-devices", type=_stage_devices,
                    help="devices per stage: auto (the planner chooses), equal, or counts, "
                         "e.g. 1,3 (default: auto where the planner cuts the stages, equal for "
                         "annotated ones)")
-    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches (default 1)")
+    p.add_argument("--micro-batches", type=_count_or_auto, default=1,
+                   help="micro-batches, or auto (default 1)")
     p.add_argument("--scheduler", default="1f1b", choices=values(PipelineScheduler),
                    help="pipeline scheduler (default 1f1b)")
     p.add_argument("--optimizer-level", choices=values(OptimizerLevel),

@@ -81,9 +81,10 @@ def _set(obj, **values):
         object.__setattr__(obj, k, v)
 
 
-def _count(value, field: str) -> None:
+def _count(value, field: str, alternative: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{field}={value!r} must be an integer >= 1.")
+        raise ConfigError(f"{field}={value!r} must be an integer >= 1"
+                          + (f" {alternative}." if alternative else "."))
 
 
 # --- option groups --------------------------------------------------------------------------
@@ -177,27 +178,40 @@ class OptimizerOptions:
 @dataclass(frozen=True)
 class PipelineOptions:
     """The pipeline: stages, their devices, micro-batches and schedule. A device-count tuple
-    is checked against the devices by ``for_devices``, which returns it as a tuple."""
-    pipeline_stages: int = 1
+    is checked against the devices by ``for_devices``, which returns it as a tuple. Stages and
+    micro-batches may be ``"auto"``: the planner chooses them (``auto``)."""
+    pipeline_stages: object = 1
     pipeline_stage_devices: object = None
-    micro_batches: int = 1
+    micro_batches: object = 1
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B
 
     def __post_init__(self):
         _set(self, pipeline_scheduler=_enum(PipelineScheduler, self.pipeline_scheduler,
                                             "pipeline_scheduler"))
-        _count(self.pipeline_stages, "pipeline_stages")
-        _count(self.micro_batches, "micro_batches")
+        for field_ in ("pipeline_stages", "micro_batches"):
+            if getattr(self, field_) != "auto":
+                _count(getattr(self, field_), field_, "or 'auto'")
         given = self.pipeline_stage_devices
         if not isinstance(given, (list, tuple)) and given not in (None, "auto", "equal"):
             raise ConfigError(f"pipeline_stage_devices={given!r} is not valid; give 'equal', "
                               "'auto', None or a tuple of device counts, one per stage.")
+        if self.auto and given not in (None, "equal"):
+            raise ConfigError(f"pipeline_stage_devices={given!r} with pipeline_stages or "
+                              "micro_batches 'auto': the planner gives every stage an equal "
+                              "share; leave pipeline_stage_devices unset.")
+
+    @property
+    def auto(self) -> bool:
+        """The planner chooses the stages or the micro-batches."""
+        return "auto" in (self.pipeline_stages, self.micro_batches)
 
     def for_devices(self, devices: "DeviceOptions") -> "PipelineOptions":
         """These options checked against the devices and their mesh (the stage devices add up,
         the stages split the first mesh axis), with the stage device counts as a tuple."""
         n, shape = devices.device_num, devices.mesh_shape
         stages, given = self.pipeline_stages, self.pipeline_stage_devices
+        if self.auto:
+            return self
         if isinstance(given, (list, tuple)):
             given = tuple(given)
             if len(given) != stages or sum(given) != n or not all(
@@ -240,7 +254,7 @@ class DeviceOptions:
         if shape is None:
             n = 1 if n is None else int(n)
             shape = (n,)
-            if pipeline_stages > 1 and n % pipeline_stages == 0:
+            if pipeline_stages != "auto" and pipeline_stages > 1 and n % pipeline_stages == 0:
                 shape = (pipeline_stages, n // pipeline_stages)   # the stage axis, then one axis
         elif n is None:
             n = math.prod(shape)
@@ -287,16 +301,18 @@ class ParallelConfig:
                                               # parallel_optimizer_config["optimizer_level"]
     parallel_optimizer_threshold: int = 64    # KB: smaller parameters keep a replicated update
                                               # (MindSpore's default, also in KB)
-    pipeline_stages: int = 1                  # stages the devices are split into (the first mesh
-                                              # axis; each stage runs its layers on the rest)
+    pipeline_stages: object = 1               # stages the devices are split into (the first mesh
+                                              # axis; each stage runs its layers on the rest);
+                                              # "auto": the planner chooses (with micro_batches)
     pipeline_stage_devices: object = None     # devices per stage: "equal" (the first mesh
                                               # axis), "auto" (the stage planner chooses them
                                               # with the cuts), a tuple (one count per stage,
                                               # summing to device_num; a stage mesh of another
                                               # size is one axis), or None: "auto" where the
                                               # planner cuts the stages, else "equal"
-    micro_batches: int = 1                    # pipeline: the batch is split into this many
+    micro_batches: object = 1                 # pipeline: the batch is split into this many
                                               # micro-batches; gradients accumulate over them
+                                              # ("auto": the planner chooses)
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B   # "gpipe" or "1f1b"
     dataset_strategy: object = None           # layouts of the batch arguments: "data_parallel"
                                               # (dim 0 split over every device), "full_batch"

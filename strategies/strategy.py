@@ -63,6 +63,22 @@ class StageStrategy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PipelineChoice:
+    """One pipeline the planner tried for ``pipeline_stages``/``micro_batches`` "auto"."""
+    stages: int
+    micro_batches: int
+    seconds: Optional[float] = None   # its estimated step (None: it could not be planned)
+    peak_memory: Optional[int] = None
+    note: str = ""                    # why it could not be planned, or "chosen"
+
+    def __str__(self) -> str:
+        what = (f"{self.seconds * 1e6:.1f} us, peak {format_bytes(self.peak_memory)}"
+                if self.seconds is not None else self.note)
+        chosen = "  <- chosen" if self.note == "chosen" else ""
+        return f"{self.stages} stage(s) x {self.micro_batches} micro-batch(es): {what}{chosen}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class CommStrategy:
     kind: str            # a collective kind ("all_reduce", ...), or "send"/"recv" between stages
     axes: tuple          # mesh axis names it runs over
@@ -93,6 +109,7 @@ class Strategy:
     collectives: tuple = ()         # CommStrategy per communication step of the program
     memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
                                     # execution order (empty for a pipeline: see stages)
+    pipeline_choices: tuple = ()    # PipelineChoice per pipeline tried ("auto"; else empty)
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
@@ -137,6 +154,10 @@ class Strategy:
                         if st.mesh_shape else "")
                      + f", {st.seconds * 1e6:.1f} us, peak {format_bytes(st.memory)} per device"
                      for st in self.stages]
+        if self.pipeline_choices:
+            head.append("pipelines considered (pipeline_stages / micro_batches 'auto'; the "
+                        "least estimated step within the cap is chosen):")
+            head += [f"  {c}" for c in self.pipeline_choices]
         staged = bool(self.stages)
         rows = [("argument", "shape", "layout", "", "", "", "", "")]
         rows += [(i.name, type_str(i.shape, i.dtype), str(i.layout) + (
@@ -186,6 +207,10 @@ class Strategy:
                              "reason": c.reason, "stage": c.stage, "count": c.count}
                             for c in self.collectives],
             "memory_timeline": [[name, b] for name, b in self.memory_timeline],
+            **({"pipeline_choices": [
+                {"stages": c.stages, "micro_batches": c.micro_batches, "seconds": c.seconds,
+                 "peak_memory": c.peak_memory, "note": c.note} for c in self.pipeline_choices]}
+               if self.pipeline_choices else {}),
             "output_comm_time": self.output_comm_time, "peak_memory": self.peak_memory,
             "peak_op": self.peak_op, "memory_limit": self.memory_limit,
         }
@@ -231,7 +256,8 @@ class Strategy:
                 bytes=c["bytes"], seconds=c["seconds"], reason=c.get("reason", ""),
                 stage=c.get("stage", 0), count=c.get("count", 1))
                 for c in d.get("collectives", ())),
-            memory_timeline=tuple((name, b) for name, b in d.get("memory_timeline", ())))
+            memory_timeline=tuple((name, b) for name, b in d.get("memory_timeline", ())),
+            pipeline_choices=tuple(PipelineChoice(**c) for c in d.get("pipeline_choices", ())))
 
     @staticmethod
     def load(path) -> "Strategy":

@@ -293,3 +293,31 @@ def test_two_stages_of_four_devices(mode, micro):
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert [st.mesh.size for st in c.program.stages] == [4, 4]
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_auto_stages_and_micro_batches_take_the_least_estimate():
+    """pipeline_stages and micro_batches "auto": every pair tried is listed with its estimate
+    (or why it could not be planned), the chosen one has the least estimate of them and is
+    the plan compiled, the same as planning that pair directly, and the step equals the
+    single-device one."""
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=16)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=8,
+                            pipeline_stages="auto", micro_batches="auto", progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    tried = c.strategy.pipeline_choices
+    assert {(t.stages, t.micro_batches) for t in tried} >= {(1, 1), (2, 2), (4, 4)}
+    chosen = [t for t in tried if t.note == "chosen"]
+    assert len(chosen) == 1
+    planned = [t.seconds for t in tried if t.seconds is not None]
+    assert chosen[0].seconds == min(planned)
+    assert all(t.note for t in tried if t.seconds is None)          # why it was refused
+    assert (len(c.strategy.stages) or 1, c.strategy.micro_batches) == \
+        (chosen[0].stages, chosen[0].micro_batches)
+    again = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(
+        pipeline_stages=chosen[0].stages, micro_batches=chosen[0].micro_batches,
+        pipeline_stage_devices=None if chosen[0].stages == 1 else "equal",
+        mesh_shape=None if chosen[0].stages == 1 else (chosen[0].stages, 8 // chosen[0].stages)))
+    estimate = again.pipeline_time if again.stages else again.step_time
+    assert estimate == pytest.approx(chosen[0].seconds)
+    assert "pipelines considered" in c.strategy.table()
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))

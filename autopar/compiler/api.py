@@ -34,7 +34,7 @@ from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import assemble_strategy, op_strategies
 from .hybrid_plan import plan_hybrid
-from .pipeline_plan import pipeline_program, reshard_cost
+from .pipeline_plan import auto_pipeline, pipeline_program, reshard_cost
 from ..progress import Progress, logger
 
 
@@ -351,13 +351,16 @@ def _check_request(config, strategy, pipelined):
 
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     """``(graph, Strategy, Program or PipelineProgram)``: trace, plan on the mesh (or the
-    pipeline's stage meshes), check the memory cap, assemble the Strategy."""
+    pipeline's stage meshes; with stages or micro-batches "auto", every pipeline
+    ``auto_pipeline`` considers), check the memory cap, assemble the Strategy."""
     config = config or context_config()
     mode = config.parallel_mode
     batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
         [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
-    pipelined = config.pipeline_stages > 1 or config.micro_batches > 1
-    _check_request(config, strategy, pipelined)
+    if strategy is not None and config.pipeline.auto:          # the loaded plan's pipeline
+        config = config.replace(pipeline_stages=max(len(strategy.stages), 1),
+                                micro_batches=strategy.micro_batches)
+    _check_request(config, strategy, _pipelined(config))
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     full = config.mesh()
@@ -367,15 +370,33 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
         config = config.replace(search_mode=default_search_mode(full))
     names = leaf_names(args)
-    name = getattr(fn, "__name__", "step")
-    pairs = state_pairs(graph)
     req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
-                         in_strategy=in_strategy, strategy=strategy, names=tuple(names), name=name,
-                         pairs=tuple(pairs), pipelined=pipelined)
-    on_mesh = lambda mesh: _on_mesh(req, mesh)
+                         in_strategy=in_strategy, strategy=strategy, names=tuple(names),
+                         name=getattr(fn, "__name__", "step"), pairs=tuple(state_pairs(graph)),
+                         pipelined=_pipelined(config))
+    if config.pipeline.auto:
+        return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache))
+    return _plan_traced(req, full, t0, t_trace)
+
+
+def _pipelined(config) -> bool:
+    return config.pipeline_stages != 1 or config.micro_batches != 1
+
+
+def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
+    """``_plan`` after tracing: the layouts (``cache``: (mesh, pipelined) -> MeshPlan, shared
+    by the pipelines ``auto_pipeline`` tries), the cap, the Strategy."""
+    config, graph, names, pipelined = req.config, req.graph, req.names, req.pipelined
+    cache = {} if cache is None else cache
+
+    def on_mesh(mesh):
+        if (mesh, pipelined) not in cache:
+            cache[mesh, pipelined] = _on_mesh(req, mesh)
+        return cache[mesh, pipelined]
+
     if pipelined:
-        program, per_stage = pipeline_program(config, graph, full, on_mesh, args, batch_argnums,
-                                              names, pairs)
+        program, per_stage = pipeline_program(config, graph, full, on_mesh, req.args,
+                                              req.batch_argnums, names, req.pairs)
         t_search = time.monotonic()
         node_plan = [per_stage[s] for s in program.node_stages]
         out_comm = 0.0
@@ -398,11 +419,13 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
         hint = "" if config.enable_parallel_optimizer else (
             ", or set enable_parallel_optimizer=True to shard the optimizer state and update")
         raise InfeasibleError(
-            f"{mode.value} needs {peak} bytes per device at {peak_op} ({peak_where}), more "
-            f"than max_device_memory={cap}. Raise max_device_memory, use more devices"
-            f"{', pipeline stages or micro-batches' if pipelined else ''} or a smaller batch{hint}.")
+            f"{config.parallel_mode.value} needs {peak} bytes per device at {peak_op} "
+            f"({peak_where}), more than max_device_memory={cap}. Raise max_device_memory, use "
+            f"more devices{', pipeline stages or micro-batches' if pipelined else ''} or a "
+            f"smaller batch{hint}.")
     strat = assemble_strategy(
-        mode=mode.value, search="loaded" if strategy is not None else _search_name(config),
+        mode=config.parallel_mode.value,
+        search="loaded" if req.strategy is not None else _search_name(config),
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
         peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,

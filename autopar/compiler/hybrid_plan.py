@@ -30,7 +30,7 @@ from ..trace import trace_per_device
 
 
 def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
-    if config.pipeline_stages > 1 or config.micro_batches > 1 or config.enable_parallel_optimizer:
+    if config.pipeline_stages != 1 or config.micro_batches != 1 or config.enable_parallel_optimizer:
         raise ConfigError("parallel_mode='hybrid_parallel' runs the step's own collectives as "
                           "written; pipeline stages, micro-batches and the parallel optimizer "
                           "are planned by the other modes. Unset them or use auto_parallel.")

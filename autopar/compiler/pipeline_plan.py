@@ -22,7 +22,7 @@ import math
 import jax
 
 from ..annotate import STAGE_SCOPE
-from ..errors import ConfigError, LayoutError
+from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..mesh import LogicalMesh
 from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
@@ -30,6 +30,7 @@ from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stag
 from ..strategies.microbatch import add_micro_axis, micro_mesh
 from ..strategies.stage_cuts import StageOption, StageRequest, plan_stages
 from ..strategies.stage_assign import Stages, assign_stages
+from ..strategies.strategy import PipelineChoice
 
 
 def reshard_cost(planner):
@@ -174,3 +175,55 @@ def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, p
         dataclasses.replace(st, seconds=t, memory=b)
         for st, t, b in zip(program.stages, stage_plan.seconds, stage_plan.memory)))
     return program, tuple(by_size[k].mesh_plan for k in stage_plan.sizes)
+
+
+def pipeline_options(config, full, batch_rows: int) -> list:
+    """The (stages, micro-batches) pairs ``auto_pipeline`` tries: the given count where one
+    is given, else stages 1, 2, 4, ... dividing the devices, and micro-batches 1, 2, 4 without
+    a pipeline (they only save memory), S, 2 S, 4 S with S stages (fewer leave stages idle),
+    each dividing the batch rows."""
+    n = full.size
+    given_s, given_m = config.pipeline_stages, config.micro_batches
+    stages = [given_s] if given_s != "auto" else [s for s in (1, 2, 4, 8, 16, 32, 64)
+                                                  if s <= n and n % s == 0]
+    out = []
+    for S in stages:
+        micro = [given_m] if given_m != "auto" else ([1, 2, 4] if S == 1 else [S, 2 * S, 4 * S])
+        out += [(S, M) for M in micro if batch_rows % M == 0]
+    return out
+
+
+def auto_pipeline(req, full, plan_one):
+    """Stages and micro-batches chosen with the layouts (``pipeline_stages`` or
+    ``micro_batches`` "auto"): every pair ``pipeline_options`` gives is planned
+    (``plan_one(request, cache) -> (graph, Strategy, program)``, stages of equal size, the
+    layout searches shared through ``cache``), and the least estimated step within the cap wins
+    (GPipe and 1F1B estimate the same; 1F1B, the configured default, holds fewer activations).
+    The Strategy lists every pair with its estimate or why it could not be planned. Raises the
+    first pair's error when none can be planned."""
+    rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
+                 if j in _batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
+    cache, tried, best, first_error = {}, [], None, None
+    for S, M in pipeline_options(req.config, full, rows):
+        config = req.config.replace(
+            pipeline_stages=S, micro_batches=M,
+            pipeline_stage_devices=None if S == 1 else (full.size // S,) * S)
+        try:
+            got = plan_one(dataclasses.replace(req, config=config,
+                                               pipelined=S > 1 or M > 1), cache)
+        except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
+            first_error = first_error or e
+            tried.append(PipelineChoice(stages=S, micro_batches=M,
+                                        note=f"{type(e).__name__}: {str(e).split(';')[0]}"))
+            continue
+        strat = got[1]
+        seconds = strat.pipeline_time if strat.stages else strat.step_time
+        tried.append(PipelineChoice(stages=S, micro_batches=M, seconds=seconds,
+                                    peak_memory=strat.peak_memory))
+        if best is None or seconds < best[0]:
+            best = (seconds, len(tried) - 1, got)
+    if best is None:
+        raise first_error
+    _, k, (graph, strat, program) = best
+    tried[k] = dataclasses.replace(tried[k], note="chosen")
+    return graph, dataclasses.replace(strat, pipeline_choices=tuple(tried)), program
