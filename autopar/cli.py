@@ -8,7 +8,7 @@ Subcommands (``autopar COMMAND --help`` describes each):
   (arguments may be ``jax.ShapeDtypeStruct``s), print the summary and save the strategy;
 - ``show STRATEGY``: the strategy table; ``report STRATEGY -o report.html``: the HTML report;
 - ``solve PROBLEM TIMEOUT``: an IOPDDL problem, the chosen strategy indices last on stdout;
-- ``calibrate``: this machine's compute and link constants into a topology file;
+- ``calibrate``: measure this machine's cost-model constants again (the cache plans use);
 - ``bench``: the native collectives' latency and bus bandwidth (``autopar.tools.bench``).
 """
 from __future__ import annotations
@@ -129,17 +129,23 @@ def _solve(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from .tools.calibrate import calibrate
-    topo, got = calibrate(args.ranks)
-    print(f"compute: {got['flops'] / 1e9:.1f} GFLOP/s (float32 matmul), memory "
-          f"{got['mem_bandwidth'] / 1e9:.2f} GB/s (copy)")
-    for r in got["all_gather"]:
-        print(f"all_gather {r['ranks']} ranks {r['bytes']:>9} B: {r['latency_us']:9.1f} us")
-    print(f"links: alpha {got['alpha'] * 1e6:.2f} us, beta {got['beta'] * 1e9:.3f} ns/B "
-          f"({1e-9 / got['beta']:.2f} GB/s)")
-    topo.save(args.output)
-    print(f"saved {args.output}: {topo} (use it with autopar plan --topology {args.output}, or "
-          f"ap.Topology.preset({args.output!r}, devices))")
+    from .tools.calibrate import cache_path, calibrate, save
+    if args.devices < 2:
+        raise ConfigError(f"--devices {args.devices}: calibrate needs at least 2 devices to "
+                          "measure the links.")
+    flag = f"--xla_force_host_platform_device_count={args.devices}"
+    if args.backend == "jax" and "device_count" not in os.environ.get("XLA_FLAGS", ""):
+        # CPU-only machines: fake the devices (read when JAX first starts its backend)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+    topo, got = calibrate(args.backend, args.devices)
+    for k, v in got.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    path = args.output or cache_path(args.backend, args.devices)
+    save(topo, path)
+    print(f"saved {path}: {topo}" + ("" if args.output else
+          " (plans on this machine without a topology use it)") +
+          f"; autopar plan --topology {path} or ap.Topology.preset({str(path)!r}, devices) "
+          "name it explicitly")
     return 0
 
 
@@ -212,14 +218,16 @@ def _parser() -> argparse.ArgumentParser:
                         "local_search or brute_force")
     p.set_defaults(run=_solve)
 
-    p = sub.add_parser("calibrate", help="measure this machine into a topology file",
-                       description="Measure float32 matmul FLOP/s, memory-copy bandwidth and the "
-                                   "native runtime's link latency (alpha) and inverse bandwidth "
-                                   "(beta) with a ring all-gather at 4 KB to 8 MB, and save them "
-                                   "as a topology file for autopar plan --topology.")
-    p.add_argument("--ranks", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("-o", "--output", default="topology.json",
-                   help="topology file (default topology.json)")
+    p = sub.add_parser("calibrate", help="measure this machine again for the cost model",
+                       description="Time small steps on the backend with every device busy "
+                                   "(per-call overhead, host transfer, matmul FLOP/s, all-reduce "
+                                   "launch and bandwidth; elementwise bandwidth in-process) and "
+                                   "save them as this machine's topology, which plans without "
+                                   "one use (compile measures it on first use).")
+    p.add_argument("--backend", choices=("native", "jax"), default="native",
+                   help="the runtime to measure (default native)")
+    p.add_argument("--devices", type=int, default=2, help="devices (default 2)")
+    p.add_argument("-o", "--output", help="write a topology file here instead of the cache")
     p.set_defaults(run=_calibrate)
 
     p = sub.add_parser("bench", help="benchmark the native collectives", add_help=False,

@@ -279,7 +279,8 @@ class ParallelConfig:
     device_num: Optional[int] = None          # devices used; default: product of mesh_shape, else 1
     mesh_shape: Optional[tuple] = None        # logical mesh; default: (device_num,)
     mesh_axis_names: Optional[tuple] = None   # default: x / x,y / x,y,z
-    topology: Optional[Topology] = None       # default: Topology.local(device_num)
+    topology: Optional[Topology] = None       # default: this machine as measured for the
+                                              # backend (tools.calibrate.machine_topology)
     search_mode: Optional[SearchMode] = None  # auto_parallel's solver; None: autopar picks by
                                               # the mesh (compiler.api.default_search_mode)
     max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap

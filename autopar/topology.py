@@ -30,10 +30,15 @@ class Level:
 
 @dataclass(frozen=True)
 class Topology:
-    """The device hierarchy, outermost level first, plus per-device compute throughput."""
+    """The device hierarchy, outermost level first, plus per-device compute throughput and
+    what one call of a compiled step costs on top of its operators: ``step_overhead`` seconds
+    (dispatch, the runtime's bookkeeping) and ``host_beta`` seconds per byte of arguments in and
+    results out (the caller's arrays placed on the devices and fetched back)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
+    step_overhead: float = 0.0    # seconds per call of the step
+    host_beta: float = 0.0        # seconds per byte of the step's arguments and results
 
     def __post_init__(self):
         if not self.levels:
@@ -42,6 +47,10 @@ class Topology:
             if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0 or lv.launch < 0:
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
                                   "launch >= 0.")
+        if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
+                and self.host_beta >= 0):
+            raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0, step_overhead >= 0 "
+                              "and host_beta >= 0.")
 
     @property
     def num_devices(self) -> int:
@@ -62,17 +71,15 @@ class Topology:
         if n != k:
             raise ConfigError(f"{k} devices per pipeline stage do not fill whole inner levels of "
                               f"{self}; choose pipeline_stages so that they do.")
-        return Topology(tuple(lv for lv in levels if lv.size > 1) or (levels[-1],), self.flops,
-                        self.mem_bandwidth)
+        return replace(self, levels=tuple(lv for lv in levels if lv.size > 1) or (levels[-1],))
 
     @staticmethod
     def local(n: int) -> "Topology":
         """This machine: ``n`` ranks sharing one host's memory (constants from ../shared/PEERS.md:
         a few microseconds per hand-off, a few GB/s of shared-memory bus bandwidth).
-        ``launch`` stays 0 in the presets: PEERS.md suggests ~25 us per call at 4 ranks
-        (Open MPI's 4 KB all-reduce takes 57 us, its six ring hand-offs 30), but the search
-        charges a redistribution once per reading edge, so a per-call cost would be counted
-        once per consumer and push plans away from data parallelism."""
+        A fixed preset (``launch``, ``step_overhead`` and ``host_beta`` 0): plans on this
+        machine use its measurement instead (``autopar.tools.calibrate``) unless a topology is
+        given or ``AUTOPAR_TOPOLOGY`` names this preset."""
         return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
 
     @staticmethod
@@ -114,7 +121,8 @@ class Topology:
 
     def to_dict(self) -> dict:
         return {"format": "autopar-topology", "flops": self.flops,
-                "mem_bandwidth": self.mem_bandwidth,
+                "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
+                "host_beta": self.host_beta,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
                             "launch": lv.launch} for lv in self.levels]}
 
@@ -131,7 +139,13 @@ class Topology:
         if d.get("format") != "autopar-topology":
             raise ConfigError(f"{path} is not an autopar topology file (autopar calibrate "
                               "writes one).")
-        return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"], d["mem_bandwidth"])
+        try:
+            return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
+                            d["mem_bandwidth"], d.get("step_overhead", 0.0),
+                            d.get("host_beta", 0.0))
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"{path} is a damaged autopar topology file ({e!r}); write it "
+                              "again with autopar calibrate.") from None
 
     def __str__(self) -> str:
         return "Topology(" + " x ".join(str(lv) for lv in self.levels) + ")"

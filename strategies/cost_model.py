@@ -12,7 +12,11 @@ Out: seconds and bytes, per device:
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
-  instruction of a lowered ``Program``, as XLA fuses its segments, and the peak.
+  instruction of a lowered ``Program``, as XLA fuses its segments, and the peak;
+- ``call_overhead(program, host_bytes, bucket_bytes)``: what one call of the lowered step costs
+  besides its operators and collectives: the topology's ``step_overhead``, ``host_beta`` per
+  byte of arguments and results, less the per-call ``launch`` of the all-reduces the native
+  runtime fuses into another's bucket (each collective was priced as a call of its own).
 Communication time between candidates comes from the redistribution planner.
 """
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 from jax import lax
 
 from autopar.graph import Const
-from autopar.program import Segment, reads, writes
+from autopar.program import Collective, Segment, StepKind, reads, writes
 
 from .rules.elementwise import RULES as ELEMENTWISE
 from .rules.primitives import primitives
@@ -140,3 +144,35 @@ def memory_timeline(program) -> list:
         cur += made - sum(size[r] for r in set(reads(ins)) | set(writes(ins))
                           if last.get(r, k) <= k)
     return timeline
+
+
+# ---------------------------------------------------------------- per-call costs of a Program
+
+def fused_all_reduces(program, bucket_bytes: int) -> list:
+    """The all-reduces of ``program`` that ride in an earlier one's call: the native runtime
+    (``CommScheduler``) fuses consecutive all-reduces over the same axes, dtype and op until
+    the bucket holds ``bucket_bytes`` or an instruction reads one of them."""
+    fused, bucket, key, size = [], set(), None, 0
+    for ins in getattr(program, "instructions", ()):
+        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
+            k = (ins.axes, np.dtype(ins.dtype), ins.op)
+            if bucket and k == key:
+                fused.append(ins)
+            else:
+                bucket, size = set(), 0
+            bucket.add(ins.out)
+            key, size = k, size + ins.bytes
+            if size >= bucket_bytes:
+                bucket, size = set(), 0
+        elif bucket and (isinstance(ins, Collective) or set(reads(ins)) & bucket):
+            bucket, size = set(), 0
+    return fused
+
+
+def call_overhead(program, host_bytes: int, bucket_bytes: int) -> float:
+    """Seconds one call of ``program`` costs besides its operators and collectives (see the
+    module docstring); ``host_bytes``: the bytes of its arguments and results."""
+    topo = program.mesh.topology
+    saved = sum(max(program.mesh.level(a).launch for a in ins.axes)
+                for ins in fused_all_reduces(program, bucket_bytes))
+    return topo.step_overhead + topo.host_beta * host_bytes - saved

@@ -100,6 +100,8 @@ class Strategy:
     inputs: tuple        # InputStrategy per flattened argument leaf
     ops: tuple           # OpStrategy per graph node, in graph order
     output_comm_time: float = 0.0   # estimated seconds to lay the results out as returned
+    overhead_time: float = 0.0      # estimated seconds per call besides operators and
+                                    # collectives (cost_model.call_overhead)
     peak_memory: int = 0            # estimated peak bytes live on one device
     peak_op: str = ""               # the operator running at the peak
     memory_limit: Optional[int] = None   # max_device_memory, if set
@@ -124,15 +126,18 @@ class Strategy:
 
     @property
     def step_time(self) -> float:
-        """Estimated step time: compute plus communication (no overlap assumed)."""
-        return self.compute_time + self.comm_time
+        """Estimated step time: compute plus communication (no overlap assumed) plus the
+        per-call overhead."""
+        return self.compute_time + self.comm_time + self.overhead_time
 
     @property
     def pipeline_time(self) -> float:
         """A pipeline's estimated step: every stage's time per micro-batch, plus micro_batches
-        - 1 times the slowest (transfers between stages not included); 0 without stages."""
+        - 1 times the slowest (transfers between stages not included), plus the per-call
+        overhead; 0 without stages."""
         secs = [st.seconds for st in self.stages]
-        return sum(secs) + (self.micro_batches - 1) * max(secs) if secs else 0.0
+        return (sum(secs) + (self.micro_batches - 1) * max(secs) + self.overhead_time
+                if secs else 0.0)
 
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
@@ -143,7 +148,9 @@ class Strategy:
         cap = "no cap" if self.memory_limit is None else f"cap {format_bytes(self.memory_limit)}"
         head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh})",
                 f"estimated step {self.step_time * 1e6:.1f} us = compute "
-                f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us; "
+                f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us"
+                + (f" + per call {self.overhead_time * 1e6:.1f} us" if self.overhead_time else "")
+                + "; "
                 f"peak memory {format_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
         if self.stages:
             head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
@@ -211,8 +218,8 @@ class Strategy:
                 {"stages": c.stages, "micro_batches": c.micro_batches, "seconds": c.seconds,
                  "peak_memory": c.peak_memory, "note": c.note} for c in self.pipeline_choices]}
                if self.pipeline_choices else {}),
-            "output_comm_time": self.output_comm_time, "peak_memory": self.peak_memory,
-            "peak_op": self.peak_op, "memory_limit": self.memory_limit,
+            "output_comm_time": self.output_comm_time, "overhead_time": self.overhead_time,
+            "peak_memory": self.peak_memory, "peak_op": self.peak_op, "memory_limit": self.memory_limit,
         }
 
     def to_json(self) -> str:
@@ -243,7 +250,8 @@ class Strategy:
                 converted=tuple(None if l is None else Layout.parse(l)
                                 for l in o.get("converted", ())))
                 for o in d["ops"]),
-            output_comm_time=d["output_comm_time"], peak_memory=d["peak_memory"],
+            output_comm_time=d["output_comm_time"], overhead_time=d.get("overhead_time", 0.0),
+            peak_memory=d["peak_memory"],
             peak_op=d["peak_op"], memory_limit=d["memory_limit"],
             stages=tuple(StageStrategy(
                 index=st["index"], devices=tuple(st["devices"]), seconds=st["seconds"],

@@ -11,11 +11,12 @@ EXAMPLE = os.path.join(TESTS, "data", "iopddl", "example.json")
 AUTOPAR = os.path.join(os.path.dirname(sys.executable), "autopar")   # the installed console script
 
 
-def run(*args, cwd=None):
+def run(*args, cwd=None, env=None):
     """``autopar ARGS`` as a user runs it: the console script that installing autopar put
     beside this Python."""
     assert os.path.exists(AUTOPAR), f"no autopar console script at {AUTOPAR}: pip install -e ."
-    return subprocess.run([AUTOPAR, *args], capture_output=True, text=True, timeout=180, cwd=cwd)
+    return subprocess.run([AUTOPAR, *args], capture_output=True, text=True, timeout=180, cwd=cwd,
+                          env=env)
 MODEL = f"""
 import sys
 sys.path.insert(0, {TESTS!r})
@@ -89,15 +90,32 @@ def test_every_command_has_complete_help():
     assert "--algorithm" in run("bench", "--help").stdout
 
 
-def test_calibrate_writes_a_topology_the_planner_reads(tmp_path):
+def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
+    """``autopar calibrate`` writes this machine's constants into the cache, and a plan
+    without a topology prices on them (tests otherwise pin the ``local`` preset)."""
     import autopar as ap
-    r = run("calibrate", "--ranks", "2", "-o", str(tmp_path / "t.json"))
+    import models as m
+    env = {k: v for k, v in os.environ.items() if k != "AUTOPAR_TOPOLOGY"}
+    env["AUTOPAR_CACHE_DIR"] = str(tmp_path)
+    r = run("calibrate", "--backend", "jax", "--devices", "2", env=env)
     assert r.returncode == 0, r.stderr
-    topo = ap.Topology.load(tmp_path / "t.json")
+    (path,) = tmp_path.glob("topology-*-jax-2.json")
+    topo = ap.Topology.load(path)
     (lv,) = topo.levels
-    assert lv.size == 2 and 0 <= lv.alpha < 1e-2 and 0 < lv.beta < 1e-7
-    assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8
-    assert "GFLOP/s" in r.stdout and "alpha" in r.stdout
+    assert lv.size == 2 and lv.launch >= 0 and 0 < lv.beta < 1e-7
+    assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8 and topo.step_overhead > 0
+    assert "launch_us" in r.stdout and str(path) in r.stdout
+    p, b = m.mlp_params(sizes=(64, 128, 64)), m.mlp_batch(batch=16, sizes=(64, 128, 64))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+                            progress=False)
+    preset = ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+    monkeypatch.delenv("AUTOPAR_TOPOLOGY")
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path))
+    here = ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+    assert preset.overhead_time == 0 and here.overhead_time >= topo.step_overhead
+    assert here.compute_time != preset.compute_time
+    monkeypatch.setenv("AUTOPAR_TOPOLOGY", "local")           # an explicit preset still wins
+    assert ap.plan(m.mlp_sgd_step, p, b, config=cfg).step_time == preset.step_time
 
 
 def test_bench_prints_json_rows():

@@ -32,9 +32,10 @@ from ..redistribution.lower import lower, lower_steps, plan_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
-from .dump import assemble_strategy, op_strategies
+from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .pipeline_plan import auto_pipeline, pipeline_program, reshard_cost
+from ..tools.calibrate import machine_topology
 from ..progress import Progress, logger
 
 
@@ -252,7 +253,8 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     config = config or context_config()
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
-    graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy)
+    graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
+                                  measure=True)
     logger.info("compiled %s (%s, %s): %d operators, %d collectives; %s",
                 getattr(fn, "__name__", "step"), strat.mode, strat.search, len(graph.nodes),
                 len(program.collectives()),
@@ -349,11 +351,16 @@ def _check_request(config, strategy, pipelined):
                           "instead of loading it.")
 
 
-def _plan(fn, args, config, batch_argnums, in_strategy, strategy):
+def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False):
     """``(graph, Strategy, Program or PipelineProgram)``: trace, plan on the mesh (or the
     pipeline's stage meshes; with stages or micro-batches "auto", every pipeline
-    ``auto_pipeline`` considers), check the memory cap, assemble the Strategy."""
+    ``auto_pipeline`` considers), check the memory cap, assemble the Strategy. Without a
+    topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
+    measured first when ``measure``, as ``compile`` does before running here)."""
     config = config or context_config()
+    if config.topology is None:
+        config = config.replace(topology=machine_topology(config.backend.value,
+                                                          config.devices.device_num, measure))
     mode = config.parallel_mode
     batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
         [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
@@ -428,6 +435,7 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         search="loaded" if req.strategy is not None else _search_name(config),
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
         peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
+        host_bytes=host_bytes(graph, program), bucket_bytes=bucket_bytes(config),
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
                        ("lower", time.monotonic() - t_search)))

@@ -2,7 +2,9 @@
 
 In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its mesh (a pipeline's
 first stage's; other stage meshes get their own), the traced Graph and its argument names.
-Out: ``assemble_strategy`` (the one place a ``Strategy`` is built from a plan),
+Out: ``assemble_strategy`` (the one place a ``Strategy`` is built from a plan; its per-call
+overhead from ``cost_model.call_overhead`` with ``host_bytes``, the bytes of the arguments and
+results, and the runtime's all-reduce ``bucket_bytes``),
 ``op_strategies`` (an ``OpStrategy`` per node), ``comm_records`` (a ``CommStrategy`` per
 communication step, priced), ``label`` (how the memory timeline names an instruction) and
 ``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
@@ -13,13 +15,14 @@ import numpy as np
 
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
-from ..strategies.cost_model import compute_time, output_bytes
+from ..graph import Const
+from ..strategies.cost_model import call_overhead, compute_time, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
 
 
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
-                      timeline=(), output_comm=0.0, micro_batches=1, scheduler="",
-                      phase_seconds=()) -> Strategy:
+                      timeline=(), output_comm=0.0, host_bytes=0, bucket_bytes=0,
+                      micro_batches=1, scheduler="", phase_seconds=()) -> Strategy:
     """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
     (``op_strategies``), the program's priced communication steps and its memory ``timeline``
     (``memory_timeline``; empty for a pipeline); a PipelineProgram adds its stages,
@@ -31,13 +34,35 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                    for st in program.stages) if pipelined else ()
     return Strategy(mode=mode, search=search, mesh_shape=tuple(mesh.shape),
                     axis_names=tuple(mesh.axis_names), inputs=tuple(inputs), ops=tuple(ops),
-                    output_comm_time=output_comm, peak_memory=peak, peak_op=peak_op,
+                    output_comm_time=output_comm,
+                    overhead_time=call_overhead(program, host_bytes, bucket_bytes),
+                    peak_memory=peak, peak_op=peak_op,
                     memory_limit=cap, stages=stages,
                     micro_batches=micro_batches if pipelined else 1,
                     scheduler=scheduler if pipelined else "",
                     collectives=comm_records(program, planner),
                     memory_timeline=tuple((label(ins), b) for ins, b in timeline),
                     phase_seconds=phase_seconds)
+
+
+def host_bytes(graph, program) -> int:
+    """Bytes a call moves between the caller and the devices: each device's block of every
+    argument (a replicated one goes to every device), and every device's block of a split
+    result (a replicated result comes back once)."""
+    size = lambda v: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+    if isinstance(program, PipelineProgram):     # each stage's arguments go to its devices
+        return sum(size(v) for v in (*graph.inputs, *graph.outputs) if not isinstance(v, Const))
+    mesh, n = program.mesh, program.mesh.size
+    local = lambda v, l: int(np.prod(l.local_shape(v.shape, mesh))) * np.dtype(v.dtype).itemsize
+    moved = sum(local(v, l) * n for v, l in zip(graph.inputs, program.in_layouts))
+    return moved + sum(size(v) if l.is_replicated() else local(v, l) * n
+                       for v, l in zip(graph.outputs, program.out_layouts)
+                       if not isinstance(v, Const))
+
+
+def bucket_bytes(config) -> int:
+    """The all-reduce bucket the runtime fuses into (0: the jax backend, which fuses none)."""
+    return config.allreduce_fusion_bytes if config.backend.value == "native" else 0
 
 
 def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozenset(),

@@ -1,66 +1,196 @@
-"""Measure this machine's constants into a ``Topology``: what ``autopar calibrate`` runs.
+"""Measure this machine, as one backend runs steps on it, into a ``Topology``; keep it per machine.
 
-In: the number of ranks to measure the links with (worker processes of the native runtime) and
-the message sizes. Out: a one-level ``Topology`` ("host") with
-- ``flops``: float32 FLOP/s of one jitted JAX matmul (1024 x 1024) on the CPU, best of 5;
-- ``mem_bandwidth``: bytes/s of a 64 MB array copy (read plus write), best of 5;
-- ``alpha``/``beta``: the line through the native ring all-gather's time at the smallest and
-  the largest size (``tools.bench``'s conventions), read through its model ``(n-1) alpha + (n-1)/n
-  bytes beta`` (strategies/comm_cost.py; the all-gather adds no reduction term).
-Also the measurements themselves, for the caller to print.
+In: a backend (``"native"``: one worker process per device; ``"jax"``: shard_map over this
+process's JAX devices) and a device count. Out:
+- ``calibrate(backend, n)``: ``(Topology, measurements)``. Every constant comes from timing small
+  compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
+  median of several calls), so contention for this machine's cores is in the figures:
+  ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on a
+  4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 256x512 @
+  512x512 matmuls), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in this process,
+  read plus write, best of 10, times the share of this machine's cores a device gets: XLA fuses
+  chains of such operators inside a step, so a chain measures fusion, not bandwidth), and the one level's ``launch`` (what an all-reduce
+  of 1 KB costs beyond the cost model's alpha: the call, the segment it splits, the wait for
+  the peers) and ``beta`` (fitted so the cost model's ring all-reduce of 4 MB takes what it
+  measured).
+- ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
+  ``AUTOPAR_TOPOLOGY`` preset or file if that is set (tests set ``local``), else this machine's
+  calibration for (backend, n) from the cache (``$AUTOPAR_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/autopar``, else ``~/.cache/autopar``), measured and saved there first if
+  ``measure`` (``compile``, which runs on these devices); else ``Topology.local(n)``. More
+  devices than this machine has cores are measured on as many devices as cores and
+  ``stretch``ed: each device's compute divided among them, the per-call overhead multiplied.
+- ``cache_path(backend, n)``: where that calibration lives (one file per host name, backend
+  and device count); ``autopar calibrate`` refreshes it.
 """
 from __future__ import annotations
 
+import os
+import socket
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
+from autopar.errors import ConfigError
 from autopar.topology import Level, Topology
 
-SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
+SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
+ROWS, DIM, CHAIN = 256, 512, 8    # the matmul chain: CHAIN x (ROWS x DIM @ DIM x DIM)
 
 
-def _best(fn, reps=5) -> float:
-    fn()
-    out = []
+def cache_dir() -> Path:
+    root = os.environ.get("AUTOPAR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "autopar")
+    return Path(root)
+
+
+def cache_path(backend: str, n: int) -> Path:
+    return cache_dir() / f"topology-{socket.gethostname()}-{backend}-{n}.json"
+
+
+def machine_topology(backend: str, n: int, measure: bool) -> Topology:
+    preset = os.environ.get("AUTOPAR_TOPOLOGY")
+    if preset:
+        return Topology.preset(preset, n)
+    if n < 2:
+        return Topology.local(n)
+    m = min(n, max(2, os.cpu_count() or 1))       # more devices than cores: measured at m
+    path = cache_path(backend, m)
+    topo = None
+    if path.is_file():
+        try:
+            topo = Topology.load(path)
+        except (ConfigError, ValueError, OSError):
+            topo = None                            # damaged: measure again below
+    if topo is None:
+        if not measure:
+            return Topology.local(n)
+        print(f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
+              f"(cached in {path}; `autopar calibrate` measures again) ...", file=sys.stderr,
+              flush=True)
+        topo, _ = calibrate(backend, m)
+        save(topo, path)
+    return stretch(topo, n)
+
+
+def stretch(topo: Topology, n: int) -> Topology:
+    """``topo`` (one level, measured on m devices) for ``n`` devices of the same machine: with
+    n > m each device gets m/n of the compute the m had, and a call serves n/m as many."""
+    m = topo.num_devices
+    if n == m:
+        return topo
+    f = m / n
+    return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
+                   mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f)
+
+
+def save(topo: Topology, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    topo.save(tmp)
+    os.replace(tmp, path)                          # concurrent first calls never see half a file
+
+
+def _median_call(compiled, args, reps: int) -> float:
+    import jax
+    jax.block_until_ready(compiled(*args))
+    times = []
     for _ in range(reps):
         t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return min(out)
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
-def compute_rates() -> tuple[float, float]:
-    """(FLOP/s, memory bytes/s) of this process."""
+def _time_step(step, args, backend, n, reps=7) -> float:
+    """Median seconds of a call of ``step`` compiled as hybrid_parallel, arguments replicated."""
+    from autopar.compiler.api import compile as ap_compile
+    from autopar.config import ParallelConfig
+    cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
+                         progress=False, topology=Topology.local(n))
+    layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
+    with ap_compile(step, *args, config=cfg, in_strategy=layouts) as c:
+        return _median_call(c, args, reps)
+
+
+def _elementwise_bandwidth(x) -> float:
     import jax
-    import jax.numpy as jnp
-    n = 1024
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-    mm = jax.jit(lambda x: x @ x)
-    flops = 2 * n ** 3 / _best(lambda: mm(a).block_until_ready())
-    src = np.ones(16 << 20, np.float32)
-    dst = np.empty_like(src)
-    bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src))
-    return flops, bandwidth
+    scale = jax.jit(lambda v: v * 1.0001)
+    x = jax.device_put(x, jax.devices()[0])
+    scale(x).block_until_ready()
+    best = float("inf")
+    for _ in range(10):
+        t = time.perf_counter()
+        scale(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * x.nbytes / best
 
 
-def link_constants(ranks: int = 2, sizes=SIZES) -> tuple[float, float, list]:
-    """(alpha seconds, beta seconds per byte, bench rows) of the native ring all-gather."""
-    from . import bench
-    rows = bench.run(("all_gather",), ranks, list(sizes))
-    x = np.array([r["bytes"] for r in rows], float) * (ranks - 1) / ranks
-    y = np.array([r["latency_us"] for r in rows]) * 1e-6
-    slope = (y[-1] - y[0]) / (x[-1] - x[0])         # the line through the smallest and the
-    intercept = y[0] - slope * x[0]                  # largest size: a least-squares line would
-    return max(intercept / (ranks - 1), 0.0), max(slope, 1e-15), rows   # fit the large ones only
+def _steps():
+    from jax import lax
+
+    from autopar import comm
+
+    def add_one(x):
+        return x + 1.0
+
+    def matmuls(x, w):
+        for _ in range(CHAIN):
+            x = x @ w
+        return x
+
+    def all_reduces(x):
+        for _ in range(CHAIN):
+            x = comm.all_reduce(lax.optimization_barrier(x * 0.5), "x")
+        return x
+
+    def no_reduces(x):
+        for _ in range(CHAIN):
+            x = lax.optimization_barrier(x * 0.5)
+        return x
+    return add_one, matmuls, all_reduces, no_reduces
 
 
-def calibrate(ranks: int = 2, sizes=SIZES) -> tuple[Topology, dict]:
-    if ranks < 2:
-        raise ValueError("calibrate needs at least 2 ranks to measure the links.")
-    flops, bandwidth = compute_rates()
-    alpha, beta, rows = link_constants(ranks, sizes)
-    topo = Topology((Level("host", ranks, alpha=float(alpha), beta=float(beta)),),
-                    flops=float(flops), mem_bandwidth=float(bandwidth))
-    return topo, {"flops": flops, "mem_bandwidth": bandwidth, "alpha": alpha, "beta": beta,
-                  "all_gather": rows}
+def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
+    from autopar.redistribution.planner import Planner
+    from autopar.mesh import LogicalMesh
+    if n < 2:
+        raise ConfigError("calibrate needs at least 2 devices to measure the links.")
+    add_one, matmuls, all_reduces, no_reduces = _steps()
+    rng = np.random.default_rng(0)
+    small = np.ones(SMALL, np.float32)
+    big = rng.random(BIG, dtype=np.float32)
+    w = (rng.standard_normal((DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
+    x = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    t0 = _time_step(add_one, (small,), backend, n)
+    t_mm = _time_step(matmuls, (x, w), backend, n)
+    t_host = _time_step(add_one, (big,), backend, n)
+    t_ar = {k: _time_step(all_reduces, (a,), backend, n) - _time_step(no_reduces, (a,), backend, n)
+            for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
+    moved = (n * x.nbytes + w.nbytes * n + x.nbytes)       # the matmul step's own arguments
+    mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
+    host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
+    flops = CHAIN * 2 * ROWS * DIM * DIM / max(t_mm - t0 - host_beta * moved, 1e-6)
+    level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
+    topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
+                    step_overhead=float(t0), host_beta=float(host_beta))
+
+    def model(beta, nbytes):
+        mesh = LogicalMesh.create((n,), None, replace(topo, levels=(replace(level, beta=beta),)))
+        return Planner(mesh).step_time("all_reduce", ("x",), nbytes)[0]
+    per_small, per_big = t_ar["small"] / CHAIN, t_ar["big"] / CHAIN
+    # the model is affine in beta at a fixed size: fit beta on the difference big - small
+    d1, d2 = (model(b, big.nbytes) - model(b, 1024) for b in (1e-10, 2e-10))
+    slope = (d2 - d1) / 1e-10
+    beta = max((per_big - per_small - (d1 - slope * 1e-10)) / slope, 1e-12)
+    launch = max(per_small - model(beta, 1024), 0.0)
+    topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
+    return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
+                  "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
+                  "matmul_GFLOPs": flops * 1e-9, "elementwise_GBps": mem_bw * 1e-9,
+                  "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
+                  "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta}

@@ -1,0 +1,112 @@
+"""Plans against their runs: each plan's estimated step beside its measured median, and
+auto_parallel's measured step beside the best of data parallel and Megatron-style semi_auto.
+
+Run: python benchmarks/plan_truth.py [--models mlp-small mlp-large gpt-small gpt-large]
+     [--devices 2 4] [--backends native jax] [--iters 10]
+
+Cases: every model x device count x backend. Models: an MLP (tests/models.py, SGD step) and a
+GPT written as users write one (tests/user_gpt.py: a list of blocks, separate q/k/v, a layer
+norm computing x - mean twice, tied embeddings), each in two sizes. Each case plans
+data_parallel, semi_auto_parallel with Megatron's splits (MLP: first weight column-split,
+second row-split; GPT: ``user_gpt.megatron``) and auto_parallel (default search), all priced
+on this machine's calibrated topology for that backend (``autopar calibrate``; measured first
+when not cached). Each compiled step is called from host arrays to host results; after 2
+warm-up calls per plan the three plans' calls are interleaved round-robin for ``--iters``
+rounds, so the machine's load drifts over them alike, and each plan's median is kept.
+Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
+ratio, and ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
+two. A case with more devices than this machine has cores is marked ``oversubscribed``.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+DEVICES = 4
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count={DEVICES}")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests")]
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import autopar as ap  # noqa: E402
+import models as m  # noqa: E402
+import user_gpt as ug  # noqa: E402
+
+MODELS = {
+    "mlp-small": ("mlp", dict(sizes=(256, 1024, 256), batch=256)),
+    "mlp-large": ("mlp", dict(sizes=(1024, 4096, 1024), batch=512)),
+    "gpt-small": ("gpt", dict(layers=2, d=128, seq=64, batch=16, vocab=512)),
+    "gpt-large": ("gpt", dict(layers=2, d=256, seq=128, batch=16, vocab=1024)),
+}
+PLANS = ("data_parallel", "semi_auto_parallel", "auto_parallel")
+
+
+def model(name):
+    """(step, params, batch, megatron in_strategy builder) of a model, host arrays."""
+    kind, c = MODELS[name]
+    host = lambda t: jax.tree.map(np.asarray, t)
+    if kind == "mlp":
+        p, b = host(m.mlp_params(c["sizes"])), host(m.mlp_batch(c["batch"], c["sizes"]))
+        return m.mlp_sgd_step, p, b, lambda axis: (
+            {"w1": f"[_,{axis}]", "b1": f"[{axis}]", "w2": f"[{axis},_]", "b2": None}, None)
+    p = host(ug.init(c["layers"], c["d"], c["vocab"]))
+    b = host(ug.batch(c["batch"], c["seq"], c["vocab"]))
+    return ug.step, p, b, lambda axis: (ug.megatron(p, axis), None)
+
+
+def measure(name, devices, backend, iters):
+    step, p, b, megatron = model(name)
+    compiled = {}
+    try:
+        for mode in PLANS:
+            cfg = ap.ParallelConfig(parallel_mode=mode, device_num=devices, backend=backend,
+                                    progress=False)
+            kw = ({"in_strategy": megatron(cfg.mesh().axis_names[-1])}
+                  if mode == "semi_auto_parallel" else {})
+            compiled[mode] = ap.compile(step, p, b, config=cfg, **kw)
+        call = lambda c: jax.tree.map(np.asarray, jax.block_until_ready(c(p, b)))
+        for c in compiled.values():
+            for _ in range(2):
+                call(c)
+        times = {mode: [] for mode in PLANS}
+        for _ in range(iters):
+            for mode, c in compiled.items():
+                t = time.perf_counter()
+                call(c)
+                times[mode].append(time.perf_counter() - t)
+        out = {"model": name, "devices": devices, "backend": backend,
+               "oversubscribed": devices > (os.cpu_count() or 1)}
+        for mode, c in compiled.items():
+            est, got = c.strategy.step_time * 1e3, float(np.median(times[mode])) * 1e3
+            out[mode] = {"estimate_ms": round(est, 2), "measured_ms": round(got, 2),
+                         "estimate_over_measured": round(est / got, 3),
+                         "search": c.strategy.search, "collectives": len(c.collectives())}
+        best = min(out[mode]["measured_ms"] for mode in PLANS[:2])
+        out["auto_vs_best"] = round(out["auto_parallel"]["measured_ms"] / best, 3)
+        return out
+    finally:
+        for c in compiled.values():
+            c.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--devices", nargs="+", type=int, default=[2, 4])
+    p.add_argument("--backends", nargs="+", default=["native", "jax"], choices=["native", "jax"])
+    p.add_argument("--iters", type=int, default=10)
+    args = p.parse_args()
+    if max(args.devices) > DEVICES:
+        p.error(f"at most {DEVICES} devices (this script fakes {DEVICES} JAX CPU devices)")
+    for name in args.models:
+        for devices in args.devices:
+            for backend in args.backends:
+                print(json.dumps(measure(name, devices, backend, args.iters)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
