@@ -76,12 +76,12 @@ def measure(name, model, extra, ranks, calls=5):
     cfg = ap.ParallelConfig(device_num=ranks, **kw)
     c = ap.compile(step, *a, config=cfg, batch_argnums=batch_argnums)
     c(*a)
-    c._runner.job.call(measure_memory, [()] * ranks)
+    c.on_workers(measure_memory)
     peaks = []                       # per call, per rank
     for _ in range(calls):
         c(*a)
-        peaks.append([w["step_peak_bytes"] for w in c._runner.job.call(stats, [()] * ranks)])
-    c._runner.close()
+        peaks.append([w["step_peak_bytes"] for w in c.on_workers(stats)])
+    c.close()
     got = [int(x) for x in np.median(peaks, axis=0)]
     worst = [int(x) for x in np.max(peaks, axis=0)]
     est = c.strategy.peak_memory

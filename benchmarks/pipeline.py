@@ -54,10 +54,10 @@ def schedules(layers, micros, iters):
                 t0 = time.perf_counter()
                 c(p, b)
                 times.append(time.perf_counter() - t0)
-                got = c._runner.job.call(stats, [()] * 4)
+                got = c.on_workers(stats)
                 bubbles.append(statistics.mean(g["pipeline"]["wait_s"] / g["pipeline"]["step_s"]
                                                for g in got))
-            c._runner.close()
+            c.close()
             row = {"bench": "schedule", "layers": layers, "stages": 2, "micro_batches": micro,
                    "scheduler": sched, "step_ms": 1e3 * statistics.median(times),
                    "bubble": statistics.median(bubbles), "ideal_bubble": 1 / (micro + 1),
@@ -83,7 +83,7 @@ def stage_devices(iters):
             t0 = time.perf_counter()
             c(p, b)
             times.append(time.perf_counter() - t0)
-        c._runner.close()
+        c.close()
         row = {"bench": "stage_devices", "stage_devices": str(devs),
                "chosen": [len(st.devices) for st in c.strategy.stages],
                "stage_us": [round(st.seconds * 1e6) for st in c.strategy.stages],

@@ -69,8 +69,7 @@ def measure(name, mode, iters):
         os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
-        if compiled._runner is not None and hasattr(compiled._runner, "close"):
-            compiled._runner.close()
+        compiled.close()
     os.environ.pop("AUTOPAR_OVERLAP")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(compiled.program.mesh.shape),
                              compiled.program.mesh.axis_names)

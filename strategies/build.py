@@ -118,6 +118,33 @@ class Built:
                  for nid, idx in group}
         return nodes, inputs
 
+    def choice_of(self, nodes, inputs, held):
+        """The problem's choice for an assignment made elsewhere (node id -> Candidate, input
+        layouts, held layouts: ``propagation.Assignment``), or None when the problem cannot
+        express it. Where the assignment converts between a chain's head and its follower
+        (a partial sum reduced before an elementwise operator) the chain keeps the head's
+        choice and the follower its head's layout, which the lowering converts after it."""
+        choice = []
+        for opts, l in zip(self.arg_options, inputs):
+            if l not in opts:
+                return None
+            choice.append(opts.index(l))
+        for group in self.groups:
+            (hid, hidx), n = group[0], len(group[0][1])
+            exact = [c for c in range(n)
+                     if all(self.cands[nid][idx[c]] == nodes[nid] for nid, idx in group)]
+            heads = exact or [c for c in range(n) if self.cands[hid][hidx[c]] == nodes[hid]]
+            if not heads:
+                return None
+            choice.append(heads[0])
+        for vid, layouts in self.hubs:
+            n = self.graph.producer[vid]
+            lay = held.get(vid) or nodes[n.id].out_layouts[[v.id for v in n.outputs].index(vid)]
+            if lay not in layouts:
+                return None
+            choice.append(layouts.index(lay))
+        return choice
+
     def held(self, choice, nodes) -> dict:
         """Value id -> the layout a Solution's choice converts it to before its readers read
         it (its hub's layout), for the hubs whose layout is not the one the value is made in

@@ -320,3 +320,26 @@ def test_elementwise_followers_merge_into_their_producers():
     chain = [n for n in graph.nodes if n.prim in ("tanh", "mul", "neg", "exp")]
     chain.append(next(n for n in graph.nodes if n.inputs[0] is chain[-1].outputs[0]))
     assert len({choice[n.id].out_layouts[0] for n in chain}) == 1
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_auto_parallel_is_never_estimated_slower_than_data_parallel(baseline, monkeypatch):
+    """On a user-written GPT priced on a machine's measured constants, the dynamic-programming
+    solver's answer costs more than data parallelism's plan (the problem is not a tree);
+    auto_parallel then keeps data parallelism's plan, so its estimate is never the worse."""
+    import user_gpt
+    from autopar.compiler import api
+    if not baseline:                          # what the solver alone finds
+        monkeypatch.setattr(api, "BASELINE_OPERATORS", 0)
+    topo = ap.Topology((Level("host", 2, alpha=5e-6, beta=5.1e-10, launch=1.86e-5),),
+                       flops=4.6e10, mem_bandwidth=4.55e10, step_overhead=4.3e-4,
+                       host_beta=4.9e-10)
+    p, b = user_gpt.init(2, 256, 1024), user_gpt.batch(16, 128, 1024)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+                            topology=topo, progress=False)
+    dp = ap.plan(user_gpt.step, p, b, config=cfg)
+    auto = ap.plan(user_gpt.step, p, b, config=cfg.replace(parallel_mode="auto_parallel"))
+    if baseline:
+        assert auto.step_time <= dp.step_time * (1 + 1e-9)
+    else:
+        assert auto.step_time > dp.step_time

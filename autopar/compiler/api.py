@@ -200,8 +200,35 @@ def _search(req: CompileRequest, config, mesh, planner, cands):
             built.problem, time_limit=config.search_time, progress=progress)
     finally:
         progress.close()
-    choice, inputs = built.assignment(solution.choice)
-    return Assignment(choice, inputs, solution.cost, built.held(solution.choice, choice))
+    best = list(solution.choice)
+    baseline = _data_parallel_choice(req, config, mesh, planner, cands, built)
+    if baseline is not None and built.problem.feasible(baseline) and \
+            built.problem.cost(baseline) < built.problem.cost(best):
+        best = baseline
+    choice, inputs = built.assignment(best)
+    return Assignment(choice, inputs, built.problem.cost(best), built.held(best, choice))
+
+
+BASELINE_OPERATORS = 4000
+
+
+def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, built):
+    """data_parallel's plan of the step as a choice of ``built``'s problem (None when the
+    problem cannot express it: arguments pinned otherwise by in_strategy): auto_parallel keeps it when the
+    solver's answer costs more (the solvers are heuristic on graphs that are not trees), so
+    its plan is never estimated slower than data parallelism's. Only on graphs of up to
+    ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a millisecond per
+    operator, as much as the search itself on the large graphs."""
+    if len(req.graph.nodes) > BASELINE_OPERATORS:
+        return None
+    dp = config.replace(parallel_mode=ParallelMode.DATA_PARALLEL, enable_parallel_optimizer=False)
+    if mesh.size < 2:
+        return None
+    dp_req = dataclasses.replace(req, config=dp)
+    fixed = fixed_layouts(dp, mesh, req.graph)
+    got = propagate(req.graph, mesh, fixed, dp_req.arg_layouts(mesh), reshard_cost(planner),
+                    cands)
+    return built.choice_of(got.choice, got.inputs, got.held)
 
 
 def _recursive(req: CompileRequest, config, mesh, planner, fixed):
