@@ -33,12 +33,14 @@ class Topology:
     """The device hierarchy, outermost level first, plus per-device compute throughput and
     what one call of a compiled step costs on top of its operators: ``step_overhead`` seconds
     (dispatch, the runtime's bookkeeping) and ``host_beta`` seconds per byte of arguments in and
-    results out (the caller's arrays placed on the devices and fetched back)."""
+    results out (the caller's arrays placed on the devices and fetched back); a matmul costs
+    ``dot_overhead`` plus its FLOPs at ``flops`` (small matmuls run below the peak rate)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
     step_overhead: float = 0.0    # seconds per call of the step
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
+    dot_overhead: float = 0.0     # seconds each matmul kernel costs on top of its FLOPs
 
     def __post_init__(self):
         if not self.levels:
@@ -48,9 +50,9 @@ class Topology:
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
                                   "launch >= 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
-                and self.host_beta >= 0):
-            raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0, step_overhead >= 0 "
-                              "and host_beta >= 0.")
+                and self.host_beta >= 0 and self.dot_overhead >= 0):
+            raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
+                              "host_beta, dot_overhead >= 0.")
 
     @property
     def num_devices(self) -> int:
@@ -122,7 +124,7 @@ class Topology:
     def to_dict(self) -> dict:
         return {"format": "autopar-topology", "flops": self.flops,
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
-                "host_beta": self.host_beta,
+                "host_beta": self.host_beta, "dot_overhead": self.dot_overhead,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
                             "launch": lv.launch} for lv in self.levels]}
 
@@ -142,7 +144,7 @@ class Topology:
         try:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
-                            d.get("host_beta", 0.0))
+                            d.get("host_beta", 0.0), d.get("dot_overhead", 0.0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{path} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None

@@ -14,8 +14,9 @@ when not cached). Each compiled step is called from host arrays to host results;
 warm-up calls per plan the three plans' calls are interleaved round-robin for ``--iters``
 rounds, so the machine's load drifts over them alike, and each plan's median is kept.
 Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
-ratio, and ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
-two. A case with more devices than this machine has cores is marked ``oversubscribed``.
+ratio, ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
+two, and ``auto_same_as``: the other plan auto_parallel's is the same as (``same_as``), if
+any; then their measured difference is the machine's noise. A case with more devices than this machine has cores is marked ``oversubscribed``.
 """
 import argparse
 import json
@@ -87,10 +88,22 @@ def measure(name, devices, backend, iters):
                          "search": c.strategy.search, "collectives": len(c.collectives())}
         best = min(out[mode]["measured_ms"] for mode in PLANS[:2])
         out["auto_vs_best"] = round(out["auto_parallel"]["measured_ms"] / best, 3)
+        out["auto_same_as"] = same_as(out)
         return out
     finally:
         for c in compiled.values():
             c.close()
+
+
+def same_as(row):
+    """The other plan auto_parallel's is the same as, by the estimate (within 0.5%) and the
+    number of collectives, or None. (auto_parallel may take data_parallel's plan in the
+    search's own terms, converting a partial sum after an elementwise operator rather than
+    before: layouts differ by that, the program's cost does not.)"""
+    a = row["auto_parallel"]
+    return next((mode for mode in PLANS[:2]
+                 if abs(row[mode]["estimate_ms"] - a["estimate_ms"]) <= 0.005 * a["estimate_ms"]
+                 and row[mode]["collectives"] == a["collectives"]), None)
 
 
 def main():

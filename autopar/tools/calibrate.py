@@ -6,8 +6,8 @@ process's JAX devices) and a device count. Out:
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
   median of several calls), so contention for this machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on a
-  4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 256x512 @
-  512x512 matmuls), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in this process,
+  4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 1024x1024 @ 1024x1024 matmuls) and
+  ``dot_overhead`` (what one chained 256x512 @ 512x512 matmul takes beyond its FLOPs at that rate), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in this process,
   read plus write, best of 10, times the share of this machine's cores a device gets: XLA fuses
   chains of such operators inside a step, so a chain measures fusion, not bandwidth), and the one level's ``launch`` (what an all-reduce
   of 1 KB costs beyond the cost model's alpha: the call, the segment it splits, the wait for
@@ -38,7 +38,8 @@ from autopar.errors import ConfigError
 from autopar.topology import Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
-ROWS, DIM, CHAIN = 256, 512, 8    # the matmul chain: CHAIN x (ROWS x DIM @ DIM x DIM)
+CHAIN = 8                         # operators chained in a timed step
+MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim)
 
 
 def cache_dir() -> Path:
@@ -85,7 +86,8 @@ def stretch(topo: Topology, n: int) -> Topology:
         return topo
     f = m / n
     return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
-                   mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f)
+                   mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
+                   dot_overhead=topo.dot_overhead / f)
 
 
 def save(topo: Topology, path: Path) -> None:
@@ -107,7 +109,8 @@ def _median_call(compiled, args, reps: int) -> float:
 
 
 def _time_step(step, args, backend, n, reps=7) -> float:
-    """Median seconds of a call of ``step`` compiled as hybrid_parallel, arguments replicated."""
+    """Median seconds of a call of ``step`` compiled as hybrid_parallel, arguments replicated
+    (as plans are timed: the machine's load is part of what a step costs here)."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
     cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
@@ -164,20 +167,29 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     rng = np.random.default_rng(0)
     small = np.ones(SMALL, np.float32)
     big = rng.random(BIG, dtype=np.float32)
-    w = (rng.standard_normal((DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
-    x = rng.standard_normal((ROWS, DIM)).astype(np.float32)
     t0 = _time_step(add_one, (small,), backend, n)
-    t_mm = _time_step(matmuls, (x, w), backend, n)
+    per_call = []                                # (flops, seconds) of one matmul per size
+    for rows, dim in MATMULS:
+        w = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
+        x = rng.standard_normal((rows, dim)).astype(np.float32)
+        moved = (n + 1) * x.nbytes + n * w.nbytes     # the step's own arguments and result
+        per_call.append((2 * rows * dim * dim, (x, w, moved)))
+    t_mm = [(f, _time_step(matmuls, xw[:2], backend, n), xw[2]) for f, xw in per_call]
     t_host = _time_step(add_one, (big,), backend, n)
     t_ar = {k: _time_step(all_reduces, (a,), backend, n) - _time_step(no_reduces, (a,), backend, n)
             for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
-    moved = (n * x.nbytes + w.nbytes * n + x.nbytes)       # the matmul step's own arguments
     mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
-    flops = CHAIN * 2 * ROWS * DIM * DIM / max(t_mm - t0 - host_beta * moved, 1e-6)
+    # one matmul takes dot_overhead + flops / F: F from the large one, the overhead what the
+    # small one takes beyond it (a line fitted through both swings with the machine's noise)
+    (f1, s1), (f2, s2) = ((f, max(t - t0 - host_beta * moved, 1e-9) / CHAIN)
+                          for f, t, moved in t_mm)
+    flops = f2 / s2
+    dot_overhead = max(s1 - f1 / flops, 0.0)
     level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
     topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
-                    step_overhead=float(t0), host_beta=float(host_beta))
+                    step_overhead=float(t0), host_beta=float(host_beta),
+                    dot_overhead=float(dot_overhead))
 
     def model(beta, nbytes):
         mesh = LogicalMesh.create((n,), None, replace(topo, levels=(replace(level, beta=beta),)))
@@ -191,6 +203,6 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
-                  "matmul_GFLOPs": flops * 1e-9, "elementwise_GBps": mem_bw * 1e-9,
+                  "matmul_GFLOPs": flops * 1e-9, "matmul_overhead_us": dot_overhead * 1e6, "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta}
