@@ -214,16 +214,14 @@ BASELINE_OPERATORS = 4000
 
 def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, built):
     """data_parallel's plan of the step as a choice of ``built``'s problem (None when the
-    problem cannot express it: arguments pinned otherwise by in_strategy): auto_parallel keeps it when the
-    solver's answer costs more (the solvers are heuristic on graphs that are not trees), so
-    its plan is never estimated slower than data parallelism's. Only on graphs of up to
-    ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a millisecond per
-    operator, as much as the search itself on the large graphs."""
-    if len(req.graph.nodes) > BASELINE_OPERATORS:
+    problem cannot express it, e.g. arguments pinned otherwise by in_strategy): auto_parallel
+    keeps it when the solver's answer costs more (the solvers are heuristic on graphs that are
+    not trees), so its plan is never estimated slower than data parallelism's. Only on graphs
+    of up to ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a
+    millisecond per operator, as much as the search itself on the large graphs."""
+    if mesh.size < 2 or len(req.graph.nodes) > BASELINE_OPERATORS:
         return None
     dp = config.replace(parallel_mode=ParallelMode.DATA_PARALLEL, enable_parallel_optimizer=False)
-    if mesh.size < 2:
-        return None
     dp_req = dataclasses.replace(req, config=dp)
     fixed = fixed_layouts(dp, mesh, req.graph)
     got = propagate(req.graph, mesh, fixed, dp_req.arg_layouts(mesh), reshard_cost(planner),

@@ -5,14 +5,15 @@ process's JAX devices) and a device count. Out:
 - ``calibrate(backend, n)``: ``(Topology, measurements)``. Every constant comes from timing small
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
   median of several calls), so contention for this machine's cores is in the figures:
-  ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on a
-  4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 1024x1024 @ 1024x1024 matmuls) and
-  ``dot_overhead`` (what one chained 256x512 @ 512x512 matmul takes beyond its FLOPs at that rate), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in this process,
-  read plus write, best of 10, times the share of this machine's cores a device gets: XLA fuses
-  chains of such operators inside a step, so a chain measures fusion, not bandwidth), and the one level's ``launch`` (what an all-reduce
-  of 1 KB costs beyond the cost model's alpha: the call, the segment it splits, the wait for
-  the peers) and ``beta`` (fitted so the cost model's ring all-reduce of 4 MB takes what it
-  measured).
+  ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
+  a 4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 1024x1024
+  @ 1024x1024 matmuls), ``dot_overhead`` (what one chained 256x512 @ 512x512 matmul takes
+  beyond its FLOPs at that rate), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
+  this process, read plus write, best of 10, times the share of this machine's cores a device
+  gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
+  bandwidth), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
+  model's alpha: the call, the segment it splits, the wait for the peers) and ``beta`` (fitted
+  so the cost model's ring all-reduce of 4 MB takes what it measured).
 - ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
   ``AUTOPAR_TOPOLOGY`` preset or file if that is set (tests set ``local``), else this machine's
   calibration for (backend, n) from the cache (``$AUTOPAR_CACHE_DIR``, else
