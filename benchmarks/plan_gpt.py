@@ -9,7 +9,9 @@ devices, mesh, graph operators, seconds of each compile phase (trace, search = c
 problem + solver, lower), estimated step seconds (compute + communication), ratio to data
 parallel, and peak memory per device. Up to 8 devices: this machine (``Topology.local``, one
 mesh axis); more: ``Topology.cluster`` hosts of 8 GPUs, mesh (devices / 8, 8). The batch is
-max(16, devices) sequences, so data parallelism splits it evenly; no memory cap.
+max(16, devices) sequences, so data parallelism splits it evenly; no memory cap unless
+``--max-memory``; ``--stages``/``--micro-batches`` (counts or ``auto``) and
+``--parallel-optimizer`` set the pipeline and ZeRO for every plan.
 ``problem_nodes`` is the size of the (last) SearchProblem the solver saw; ``--no-merge`` builds
 it with one node per operator, the ablation of elementwise-follower merging.
 """
@@ -61,6 +63,13 @@ def main():
     ap_.add_argument("--vocab", type=int, default=50304)
     ap_.add_argument("--time", type=float, default=60.0, help="solver time limit, seconds")
     ap_.add_argument("--solvers", nargs="+", default=["sharding_propagation", "dynamic_programming"])
+    count = lambda v: v if v == "auto" else int(v)
+    ap_.add_argument("--stages", type=count, default=1, help="pipeline_stages (a count or auto)")
+    ap_.add_argument("--micro-batches", type=count, default=1,
+                     help="micro_batches (a count or auto)")
+    ap_.add_argument("--max-memory", help="max_device_memory, e.g. 80GB (default: no cap)")
+    ap_.add_argument("--parallel-optimizer", action="store_true",
+                     help="enable_parallel_optimizer (ZeRO, chosen per parameter by the search)")
     ap_.add_argument("--no-merge", action="store_true",
                      help="ablation: one problem node per operator (no elementwise followers merged)")
     args = ap_.parse_args()
@@ -71,7 +80,10 @@ def main():
     if args.mesh:
         mesh = tuple(int(x) for x in args.mesh.split("x"))
     base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=n, mesh_shape=mesh,
-                             topology=topo)
+                             topology=topo, pipeline_stages=args.stages,
+                             micro_batches=args.micro_batches,
+                             max_device_memory=args.max_memory,
+                             enable_parallel_optimizer=args.parallel_optimizer)
     rows = [("data_parallel", measure(args, base), None)]
     for solver in args.solvers:
         cfg = base.replace(parallel_mode="auto_parallel", search_mode=solver,
@@ -85,6 +97,8 @@ def main():
                           "problem_nodes": nodes,
                           **phases, "step_s": round(s.step_time, 6),
                           "vs_data_parallel": round(s.step_time / dp.step_time, 4),
+                          **({"stages": len(s.stages), "micro_batches": s.micro_batches,
+                              "pipeline_step_s": round(s.pipeline_time, 6)} if s.stages else {}),
                           "peak_gb": round(s.peak_memory / 2 ** 30, 3)}), flush=True)
 
 

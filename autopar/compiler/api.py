@@ -17,7 +17,7 @@ import jax
 
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
-from ..errors import ConfigError, InfeasibleError, LayoutError
+from ..errors import AutoparError, ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
@@ -214,7 +214,8 @@ BASELINE_OPERATORS = 4000
 
 def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, built):
     """data_parallel's plan of the step as a choice of ``built``'s problem (None when the
-    problem cannot express it, e.g. arguments pinned otherwise by in_strategy): auto_parallel
+    problem cannot express it, e.g. arguments pinned otherwise by in_strategy, or when there is
+    no data-parallel plan, e.g. a batch the mesh does not divide): auto_parallel
     keeps it when the solver's answer costs more (the solvers are heuristic on graphs that are
     not trees), so its plan is never estimated slower than data parallelism's. Only on graphs
     of up to ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a
@@ -223,9 +224,12 @@ def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, bui
         return None
     dp = config.replace(parallel_mode=ParallelMode.DATA_PARALLEL, enable_parallel_optimizer=False)
     dp_req = dataclasses.replace(req, config=dp)
-    fixed = fixed_layouts(dp, mesh, req.graph)
-    got = propagate(req.graph, mesh, fixed, dp_req.arg_layouts(mesh), reshard_cost(planner),
-                    cands)
+    try:
+        fixed = fixed_layouts(dp, mesh, req.graph)
+        args = dp_req.arg_layouts(mesh)
+    except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
+        return None
+    got = propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands)
     return built.choice_of(got.choice, got.inputs, got.held)
 
 
