@@ -12,6 +12,10 @@ from dataclasses import dataclass, replace
 from .errors import ConfigError
 
 
+SMALL_DOT = 2 * 256 * 512 * 512     # FLOPs of the reference matmuls (tools/calibrate.py)
+LARGE_DOT = 2 * 1024 ** 3
+
+
 @dataclass(frozen=True)
 class Level:
     """One level of the hierarchy: ``size`` children joined by links of latency ``alpha``
@@ -33,14 +37,16 @@ class Topology:
     """The device hierarchy, outermost level first, plus per-device compute throughput and
     what one call of a compiled step costs on top of its operators: ``step_overhead`` seconds
     (dispatch, the runtime's bookkeeping) and ``host_beta`` seconds per byte of arguments in and
-    results out (the caller's arrays placed on the devices and fetched back); a matmul costs
-    ``dot_overhead`` plus its FLOPs at ``flops`` (small matmuls run below the peak rate)."""
+    results out (the caller's arrays placed on the devices and fetched back). ``flops`` is the
+    rate of a matmul of ``LARGE_DOT`` FLOPs or more, ``small_dot_flops`` (0: the same) that of
+    one of ``SMALL_DOT`` or fewer; ``matmul_rate`` interpolates between them (small matmuls run
+    below the peak rate)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
     step_overhead: float = 0.0    # seconds per call of the step
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
-    dot_overhead: float = 0.0     # seconds each matmul kernel costs on top of its FLOPs
+    small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
 
     def __post_init__(self):
         if not self.levels:
@@ -50,9 +56,19 @@ class Topology:
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
                                   "launch >= 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
-                and self.host_beta >= 0 and self.dot_overhead >= 0):
+                and self.host_beta >= 0 and self.small_dot_flops >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
-                              "host_beta, dot_overhead >= 0.")
+                              "host_beta, small_dot_flops >= 0.")
+
+    def matmul_rate(self, flops: float) -> float:
+        """FLOP/s of one matmul of ``flops`` FLOPs on a device: ``small_dot_flops`` up to
+        ``SMALL_DOT``, ``flops`` from ``LARGE_DOT``, linear in log(FLOPs) between."""
+        if not self.small_dot_flops or flops >= LARGE_DOT:
+            return self.flops
+        if flops <= SMALL_DOT:
+            return self.small_dot_flops
+        w = math.log(flops / SMALL_DOT) / math.log(LARGE_DOT / SMALL_DOT)
+        return self.small_dot_flops + w * (self.flops - self.small_dot_flops)
 
     @property
     def num_devices(self) -> int:
@@ -124,7 +140,7 @@ class Topology:
     def to_dict(self) -> dict:
         return {"format": "autopar-topology", "flops": self.flops,
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
-                "host_beta": self.host_beta, "dot_overhead": self.dot_overhead,
+                "host_beta": self.host_beta, "small_dot_flops": self.small_dot_flops,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
                             "launch": lv.launch} for lv in self.levels]}
 
@@ -144,7 +160,7 @@ class Topology:
         try:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
-                            d.get("host_beta", 0.0), d.get("dot_overhead", 0.0))
+                            d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{path} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None

@@ -6,8 +6,8 @@ Out: seconds and bytes, per device:
 - ``flops(node)``: floating-point operations of the whole (unsharded) operator: a contraction
   is 2 x output elements x contracted size, a reduction one op per input element, everything
   else one op per output element;
-- ``compute_time``: roofline on the local shapes, ``max(flops / S / F (+ the topology's
-  dot_overhead for a matmul), bytes_moved / BW)`` where
+- ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
+  a matmul's rate for its size, ``Topology.matmul_rate``) where
   S is how many ways the candidate splits the work (output splits times split contractions) and
   ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
@@ -69,10 +69,9 @@ def compute_time(node, cand, mesh) -> float:
     moved = sum(local_bytes(l, x, mesh) for x, l in zip(node.inputs, cand.in_layouts)
                 if not isinstance(x, Const))
     moved += sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
-    seconds = flops(node) / split_factor(cand, mesh) / topo.flops
-    if node.prim == lax.dot_general_p.name:
-        seconds += topo.dot_overhead
-    return max(seconds, moved / topo.mem_bandwidth)
+    work = flops(node) / split_factor(cand, mesh)
+    rate = topo.matmul_rate(work) if node.prim == lax.dot_general_p.name else topo.flops
+    return max(work / rate, moved / topo.mem_bandwidth)
 
 
 def output_bytes(node, cand, mesh) -> int:

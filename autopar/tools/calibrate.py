@@ -6,9 +6,9 @@ process's JAX devices) and a device count. Out:
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
   median of several calls), so contention for this machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
-  a 4 MB argument: per byte sent to the devices and fetched back), ``flops`` (chained 1024x1024
-  @ 1024x1024 matmuls), ``dot_overhead`` (what one chained 256x512 @ 512x512 matmul takes
-  beyond its FLOPs at that rate), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
+  a 4 MB argument: per byte sent to the devices and fetched back), ``flops`` and ``small_dot_flops``
+  (chained 1024x1024 @ 1024x1024 and 256x512 @ 512x512 matmuls: Topology.matmul_rate
+  interpolates between the two), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
   this process, read plus write, best of 10, times the share of this machine's cores a device
   gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
   bandwidth), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
@@ -40,7 +40,8 @@ from autopar.topology import Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
 CHAIN = 8                         # operators chained in a timed step
-MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim)
+MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
+                                       # topology.SMALL_DOT and LARGE_DOT FLOPs each
 
 
 def cache_dir() -> Path:
@@ -88,7 +89,7 @@ def stretch(topo: Topology, n: int) -> Topology:
     f = m / n
     return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
                    mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
-                   dot_overhead=topo.dot_overhead / f)
+                   small_dot_flops=topo.small_dot_flops * f)
 
 
 def save(topo: Topology, path: Path) -> None:
@@ -181,16 +182,13 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
             for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
     mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
-    # one matmul takes dot_overhead + flops / F: F from the large one, the overhead what the
-    # small one takes beyond it (a line fitted through both swings with the machine's noise)
-    (f1, s1), (f2, s2) = ((f, max(t - t0 - host_beta * moved, 1e-9) / CHAIN)
-                          for f, t, moved in t_mm)
-    flops = f2 / s2
-    dot_overhead = max(s1 - f1 / flops, 0.0)
+    # the rate of one matmul at each reference size (topology.SMALL_DOT, LARGE_DOT)
+    small_rate, flops = (f / max((t - t0 - host_beta * moved) / CHAIN, 1e-9)
+                         for f, t, moved in t_mm)
     level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
     topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
                     step_overhead=float(t0), host_beta=float(host_beta),
-                    dot_overhead=float(dot_overhead))
+                    small_dot_flops=float(min(small_rate, flops)))
 
     def model(beta, nbytes):
         mesh = LogicalMesh.create((n,), None, replace(topo, levels=(replace(level, beta=beta),)))
@@ -204,6 +202,6 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
-                  "matmul_GFLOPs": flops * 1e-9, "matmul_overhead_us": dot_overhead * 1e6, "elementwise_GBps": mem_bw * 1e-9,
+                  "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9, "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta}
