@@ -131,12 +131,12 @@ class Built:
             choice.append(opts.index(l))
         for group in self.groups:
             (hid, hidx), n = group[0], len(group[0][1])
-            exact = [c for c in range(n)
-                     if all(self.cands[nid][idx[c]] == nodes[nid] for nid, idx in group)]
-            heads = exact or [c for c in range(n) if self.cands[hid][hidx[c]] == nodes[hid]]
-            if not heads:
+            c = next((c for c in range(n)
+                      if all(self.cands[nid][idx[c]] == nodes[nid] for nid, idx in group)),
+                     next((c for c in range(n) if self.cands[hid][hidx[c]] == nodes[hid]), None))
+            if c is None:
                 return None
-            choice.append(heads[0])
+            choice.append(c)
         for vid, layouts in self.hubs:
             n = self.graph.producer[vid]
             lay = held.get(vid) or nodes[n.id].out_layouts[[v.id for v in n.outputs].index(vid)]
