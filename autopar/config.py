@@ -207,7 +207,7 @@ class PipelineOptions:
 
     def for_devices(self, devices: "DeviceOptions") -> "PipelineOptions":
         """These options checked against the devices and their mesh (the stage devices add up,
-        the stages split the first mesh axis), with the stage device counts as a tuple."""
+        the stages divide the first mesh axis), with the stage device counts as a tuple."""
         n, shape = devices.device_num, devices.mesh_shape
         stages, given = self.pipeline_stages, self.pipeline_stage_devices
         if self.auto:
@@ -222,10 +222,11 @@ class PipelineOptions:
         elif given == "auto" and n < stages:
             raise ConfigError(f"pipeline_stages={stages} needs at least that many devices; "
                               f"device_num is {n}.")
-        if given in (None, "equal") and stages > 1 and shape[0] != stages:
+        if given in (None, "equal") and stages > 1 and shape[0] % stages:
             raise ConfigError(f"pipeline_stages={stages} splits the devices along the first mesh "
-                              f"axis, but mesh_shape={shape} starts with {shape[0]}; use a "
-                              f"mesh_shape that starts with {stages}, e.g. {(stages, n // stages)}"
+                              f"axis, but mesh_shape={shape} starts with {shape[0]}, which "
+                              f"{stages} does not divide; use a mesh_shape whose first axis "
+                              f"{stages} divides, e.g. {(stages, n // stages)}"
                               if n % stages == 0 else
                               f"pipeline_stages={stages} does not divide device_num={n}; use a "
                               "stage count that divides the devices, or give "

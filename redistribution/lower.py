@@ -47,11 +47,16 @@ class ZeroStep:
 
 def plan_steps(planner, src: Layout, dst: Layout, shape, dtype):
     """``(steps, seconds)`` from ``src`` to ``dst``. Partial axes the destination has and the
-    source lacks are created last, locally (``ZeroStep``); the rest is the planner's path."""
-    extra = dst.partial - src.partial
-    plan = planner.plan(src, Layout(dst.dims, dst.partial - extra), shape, dtype)
-    zeros = tuple(ZeroStep((a,)) for a in sorted(extra, key=planner.mesh.axis_names.index))
-    return tuple(plan.steps) + zeros, plan.cost
+    source lacks are created last, locally (``ZeroStep``); the rest is the planner's path.
+    Answers are kept in ``planner.steps_memo`` (searches ask the same pairs millions of times)."""
+    key = (src, dst, tuple(shape), dtype)
+    hit = planner.steps_memo.get(key)
+    if hit is None:
+        extra = dst.partial - src.partial
+        plan = planner.plan(src, Layout(dst.dims, dst.partial - extra), shape, dtype)
+        zeros = tuple(ZeroStep((a,)) for a in sorted(extra, key=planner.mesh.axis_names.index))
+        hit = planner.steps_memo[key] = (tuple(plan.steps) + zeros, plan.cost)
+    return hit
 
 
 def _nbytes(shape, dtype) -> int:

@@ -124,6 +124,7 @@ class Planner:
         self._intra = {a for a in mesh.axis_names if mesh.level(a) == mesh.topology.levels[-1]}
         self._gamma = 1 / mesh.topology.mem_bandwidth     # a reduction streams at memory speed
         self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
+        self.steps_memo: dict = {}   # lower.plan_steps' answers, by the same key
         self._searches: dict = {}    # (src state, kept partial, shape, itemsize) -> _Search
         self._edges: dict = {}       # (shape, itemsize) -> {state: moves}
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from autopar.annotate import shard_p
-from autopar.graph import Const
+from autopar.graph import Const, Value
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
 from autopar.topology import Level, Topology
@@ -57,6 +57,72 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
     level = Level("micro", micro_batches, alpha=inner.alpha, beta=inner.beta)
     return LogicalMesh((MB,) + stage_mesh.axis_names, (micro_batches,) + stage_mesh.shape,
                        Topology((level,) + topo.levels, topo.flops, topo.mem_bandwidth))
+
+
+def batch_dims(graph, batch_inputs) -> dict:
+    """Value id -> the dimensions of that value that carry batch rows: dimension 0 of the batch
+    arguments, then every output dimension labelled with a letter an input's batch dimension
+    has in the operator's spec (a contraction over the batch, a weight gradient, carries none)."""
+    dims = {graph.inputs[i].id: frozenset({0}) for i in batch_inputs if graph.inputs[i].shape}
+    for n in graph.nodes:
+        held = [(j, dims[x.id]) for j, x in enumerate(n.inputs)
+                if isinstance(x, Value) and x.id in dims]
+        if not held:
+            continue
+        if n.prim == shard_p.name:
+            dims[n.outputs[0].id] = held[0][1]
+            continue
+        spec = rule_for(n).spec(n)
+        letters = {spec.inputs[j][d] for j, ds in held for d in ds} - {None}
+        for v, out in zip(n.outputs, spec.outputs):
+            ds = frozenset(d for d, letter in enumerate(out) if letter in letters)
+            if ds:
+                dims[v.id] = ds
+    return dims
+
+
+class MicroFit:
+    """The layouts a pipeline's stage search may choose: those whose batch dimensions
+    (``batch_dims``) split into ``micro`` micro-batches after the mesh's split (a batch split
+    512 ways on 1536 rows leaves 3, which 2 micro-batches cannot share), so ``add_micro_axis``
+    finds MB a place on every batch dimension. Filtered lists are shared per (list, batch
+    dimensions), as the search shares work per list."""
+
+    def __init__(self, graph, batch_inputs, micro: int, mesh):
+        self.dims, self.micro, self.mesh = batch_dims(graph, batch_inputs), micro, mesh
+        self._memo = {}
+
+    def _fits(self, layout, shape, dims) -> bool:
+        splits = layout.splits(self.mesh)
+        return all(shape[d] % (self.micro * splits[d]) == 0 for d in dims)
+
+    def _keep(self, key, options, fits):
+        hit = self._memo.get(key)
+        if hit is None:            # the list is kept in the memo, so its id stays unique
+            hit = self._memo[key] = (options, [o for o in options if fits(o)] or options)
+        return hit[1]
+
+    def node(self, node, options) -> list:
+        """A node's candidate list -> those every batch dimension of which splits (all of them
+        when none does: the micro-batch plan then says why)."""
+        values = [x for x in node.inputs] + list(node.outputs)
+        dims = tuple(self.dims.get(x.id, ()) if isinstance(x, Value) else () for x in values)
+        if not any(dims) or self.micro == 1:
+            return options
+        return self._keep((id(options), dims), options, lambda c: all(
+            self._fits(l, x.shape, d) for l, x, d in zip(c.in_layouts + c.out_layouts, values, dims)
+            if d))
+
+    def nodes(self, graph, cands: dict) -> dict:
+        return {n.id: self.node(n, cands[n.id]) for n in graph.nodes}
+
+    def argument(self, value, options) -> list:
+        """A graph input's layout options -> those splitting its batch rows (as ``node``)."""
+        dims = self.dims.get(value.id, ())
+        if not dims or self.micro == 1:
+            return options
+        return self._keep((id(options), dims), options,
+                          lambda l: self._fits(l, value.shape, dims))
 
 
 def _options(node, cand, mesh):

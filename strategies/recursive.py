@@ -36,12 +36,14 @@ from .rules import rule_for
 
 def search(graph, mesh, fixed, arg_fixed, reshard_cost, usage_limit, solve, *, time_limit=None,
            progress=None, name="autopar", arg_names=None, state_pairs=(),
-           state_pricing=StatePricing()) -> Assignment:
+           state_pricing=StatePricing(), fit=None) -> Assignment:
     """See the module docstring: one cut per mesh axis of size > 1 (one cut when there is
     none), each a SearchProblem over the options the earlier cuts' answers leave, solved by
-    ``solve``; the last cut's solution, as an ``Assignment``."""
+    ``solve``; the last cut's solution, as an ``Assignment``. ``fit``: a MicroFit
+    (strategies.microbatch) the options must pass, or None."""
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
-    options = _OptionLists(graph, mesh, axes, {nid: [c] for nid, c in fixed.items()}, arg_fixed)
+    options = _OptionLists(graph, mesh, axes, {nid: [c] for nid, c in fixed.items()}, arg_fixed,
+                           fit)
     decided = _Decided({n.id: ((), None) for n in graph.nodes}, [()] * len(graph.inputs))
     deadline = None if time_limit is None else time.monotonic() + time_limit
     choice, inputs, cost, held = {}, (), 0.0, {}
@@ -87,6 +89,7 @@ class _OptionLists:
     axes: list                  # the mesh axes of size > 1, one cut each, outermost first
     fixed: dict                 # node id -> [its one Candidate]
     arg_fixed: dict             # graph input index -> its Layout
+    fit: object                 # MicroFit the options must pass, or None
     lists: dict = field(default_factory=dict)   # key -> option list, see the methods
     specs: dict = field(default_factory=dict)   # node signature -> its rule's spec
 
@@ -111,7 +114,8 @@ class _OptionLists:
                 now = [None, *spec.letters, "+"] if self.axes else []
                 picks = [done + (c,) + rest for c in now] if self.axes else [()]
                 self.lists[key] = enumerate_candidates(n, spec, self.mesh, picks, group)
-            cands[n.id] = self.lists[key]
+            cands[n.id] = self.lists[key] if self.fit is None else \
+                self.fit.node(n, self.lists[key])
         return cands
 
     def for_inputs(self, k: int, decided: list) -> tuple:
@@ -127,7 +131,8 @@ class _OptionLists:
                 now = [None, *range(len(v.shape))]
                 picks = [decided[i] + (d,) + rest for d in now] if self.axes else [()]
                 self.lists[key] = arg_layouts(v, self.mesh, picks)
-            out.append(self.lists[key])
+            out.append(self.lists[key] if self.fit is None else
+                       self.fit.argument(v, self.lists[key]))
         return tuple(out)
 
 

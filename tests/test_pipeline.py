@@ -1,6 +1,7 @@
 """Pipeline parallel and micro-batches: the plan (stages, transfers, accumulation), the
 schedules, and the step run by both backends equal to the single-device step."""
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -186,8 +187,8 @@ def test_stage_device_choice_is_the_best_fixed_split(monkeypatch):
 
 
 def test_bad_pipeline_configs_say_how_to_fix():
-    with pytest.raises(ap.ConfigError, match="mesh_shape that starts with 2"):
-        ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, mesh_shape=(4,),
+    with pytest.raises(ap.ConfigError, match="first axis 2 divides"):
+        ap.ParallelConfig(parallel_mode="data_parallel", device_num=6, mesh_shape=(3, 2),
                           pipeline_stages=2)
     with pytest.raises(ap.ConfigError, match="does not divide device_num=3"):
         ap.ParallelConfig(parallel_mode="data_parallel", device_num=3, pipeline_stages=2)
@@ -292,6 +293,36 @@ def test_two_stages_of_four_devices(mode, micro):
                             micro_batches=micro, progress=False)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert [st.mesh.size for st in c.program.stages] == [4, 4]
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_stages_divide_the_first_mesh_axis():
+    """pipeline_stages=2 on mesh (4, 2): each stage keeps both axes, the first halved (as
+    Megatron's pipeline x data x tensor on a (hosts, GPUs) mesh), and the step equals the
+    single-device one."""
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=8,
+                            mesh_shape=(4, 2), pipeline_stages=2, micro_batches=2,
+                            progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert [st.mesh.shape for st in c.program.stages] == [(2, 2), (2, 2)]
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+def test_stage_layouts_leave_rows_for_every_micro_batch():
+    """auto_parallel with 4 micro-batches of a 16-row batch on 8 devices: a layout splitting
+    the batch 8 ways would leave 2 rows, which 4 micro-batches cannot share (the micro-batch
+    plan would have to move the split to another dimension, which no pipeline runs); the
+    stage search keeps only layouts whose batch dimensions split into the micro-batches, and
+    the step equals the single-device one."""
+    p, b = m.gpt_params(layers=1), m.gpt_batch(batch=16)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=8,
+                            micro_batches=4, progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    size = dict(zip(c.strategy.axis_names, c.strategy.mesh_shape))
+    for leaf in c.strategy.inputs:
+        if not leaf.is_param:          # the batch: at most 16 / 4 = 4 ways
+            assert math.prod(size[a] for a in leaf.layout.dims[0]) <= 4, leaf
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
 
 

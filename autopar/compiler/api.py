@@ -22,10 +22,12 @@ from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
 from ..strategies.build import StatePricing, build_problem
+from ..strategies.build import arg_layouts as value_layouts
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
 from ..strategies.optimizer import shard_update, sharded_updates
+from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.strategy import InputStrategy, Strategy
 from ..redistribution.lower import lower, lower_steps, plan_steps
@@ -34,7 +36,7 @@ from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
-from .pipeline_plan import auto_pipeline, pipeline_program, reshard_cost
+from .pipeline_plan import auto_pipeline, batch_inputs, pipeline_program, reshard_cost
 from ..tools.calibrate import machine_topology
 from ..progress import Progress, logger
 
@@ -168,6 +170,15 @@ class CompileRequest:
     name: str                 # the step function's name, for progress and messages
     pairs: tuple              # (argument, result) positions of the carried state
     pipelined: bool
+    micro: int = 1            # micro-batches every layout must leave the batch rows for
+
+    def micro_fit(self, mesh):
+        """The MicroFit of ``micro`` on ``mesh`` (strategies.microbatch), or None without
+        micro-batches."""
+        if self.micro == 1:
+            return None
+        batch = batch_inputs(self.graph, self.args, self.batch_argnums, self.pairs)
+        return MicroFit(self.graph, batch, self.micro, mesh)
 
     def arg_layouts(self, mesh) -> dict:
         return arg_layouts(self.config, mesh, self.graph, self.args, self.batch_argnums,
@@ -188,12 +199,18 @@ class CompileRequest:
         return StatePricing(returned=big, read=frozenset(i for i in big if not self.names[i][1]))
 
 
-def _search(req: CompileRequest, config, mesh, planner, cands):
-    """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``."""
+def _search(req: CompileRequest, config, mesh, planner, cands, fit):
+    """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
+    (``fit``: the MicroFit its layouts must pass, or None)."""
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    built = build_problem(req.graph, mesh, cands, req.arg_layouts(mesh), seconds,
+    fixed = req.arg_layouts(mesh)
+    options = None if fit is None else tuple(
+        [fixed[i]] if i in fixed else fit.argument(v, value_layouts(v, mesh))
+        for i, v in enumerate(req.graph.inputs))
+    built = build_problem(req.graph, mesh, cands, fixed, seconds,
                           config.max_device_memory, req.name, [n for n, _ in req.names],
-                          state_pairs=req.pairs, state_pricing=req.state_pricing())
+                          arg_options=options, state_pairs=req.pairs,
+                          state_pricing=req.state_pricing())
     progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(
@@ -233,7 +250,7 @@ def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, bui
     return built.choice_of(got.choice, got.inputs, got.held)
 
 
-def _recursive(req: CompileRequest, config, mesh, planner, fixed):
+def _recursive(req: CompileRequest, config, mesh, planner, fixed, fit):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
     solved by dynamic programming (strategies/recursive.py)."""
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
@@ -244,7 +261,7 @@ def _recursive(req: CompileRequest, config, mesh, planner, fixed):
             req.arg_layouts(mesh), seconds, config.max_device_memory,
             solvers.get("dynamic_programming"), time_limit=config.search_time,
             progress=progress, name=req.name, arg_names=[n for n, _ in req.names],
-            state_pairs=req.pairs, state_pricing=req.state_pricing())
+            state_pairs=req.pairs, state_pricing=req.state_pricing(), fit=fit)
     finally:
         progress.close()
 
@@ -324,17 +341,20 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     fixed = fixed_layouts(config, mesh, graph)
     # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
     search_config = config.replace(max_device_memory=None) if pipelined else config
+    fit = req.micro_fit(mesh) if req.strategy is None else None
     if req.strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = _recursive(req, search_config, mesh, planner, fixed)
+        assignment = _recursive(req, search_config, mesh, planner, fixed, fit)
     else:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
             cands[nid] = [identity_candidate(layout)]
+        if fit is not None:
+            cands = fit.nodes(graph, cands)
         if req.strategy is not None:
             assignment = _from_strategy(req.strategy, graph, mesh, cands)
         elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = _search(req, search_config, mesh, planner, cands)
+            assignment = _search(req, search_config, mesh, planner, cands, fit)
         else:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
@@ -409,7 +429,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
                          in_strategy=in_strategy, strategy=strategy, names=tuple(names),
                          name=getattr(fn, "__name__", "step"), pairs=tuple(state_pairs(graph)),
-                         pipelined=_pipelined(config))
+                         pipelined=_pipelined(config),
+                         micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
     if config.pipeline.auto:
         return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache))
     return _plan_traced(req, full, t0, t_trace)
@@ -420,15 +441,16 @@ def _pipelined(config) -> bool:
 
 
 def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
-    """``_plan`` after tracing: the layouts (``cache``: (mesh, pipelined) -> MeshPlan, shared
-    by the pipelines ``auto_pipeline`` tries), the cap, the Strategy."""
+    """``_plan`` after tracing: the layouts (``cache``: (mesh, pipelined, micro) -> MeshPlan,
+    shared by the pipelines ``auto_pipeline`` tries), the cap, the Strategy."""
     config, graph, names, pipelined = req.config, req.graph, req.names, req.pipelined
     cache = {} if cache is None else cache
 
     def on_mesh(mesh):
-        if (mesh, pipelined) not in cache:
-            cache[mesh, pipelined] = _on_mesh(req, mesh)
-        return cache[mesh, pipelined]
+        key = (mesh, pipelined, req.micro)
+        if key not in cache:
+            cache[key] = _on_mesh(req, mesh)
+        return cache[key]
 
     if pipelined:
         program, per_stage = pipeline_program(config, graph, full, on_mesh, req.args,

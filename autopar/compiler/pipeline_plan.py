@@ -7,8 +7,10 @@ autopar.compiler.api), the example arguments, ``batch_argnums``, argument names 
 pairs. Out: the ``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
 
 Stage meshes: with equal stages (``pipeline_stage_devices="equal"``, or counts all equal to the
-first mesh axis's share) a stage's mesh is the full mesh without its first axis; a stage of
-another size k is one axis of k devices, named as the full mesh's last axis. Every mesh sits
+first mesh axis's share) a stage's mesh is the full mesh without its first axis when that axis
+has S devices, else the full mesh with its first axis divided by S (mesh (128, 8) in 8 stages:
+(16, 8)); a stage of another size k is one axis of k devices, named as the full mesh's last
+axis. Every mesh sits
 on the innermost topology levels holding its devices. ``"auto"`` (the default where the
 planner cuts the stages; annotated stages default to "equal") lets the stage planner choose
 each stage's size (``stage_sizes``; sizes whose layouts cannot split the batch into
@@ -48,6 +50,8 @@ def stage_mesh(full, stages: int, k: int):
     topo = full.topology.inner(k)
     if full.shape[0] == stages and k * stages == full.size:
         return LogicalMesh.create(full.shape[1:], full.axis_names[1:], topo)
+    if full.shape[0] % stages == 0 and k * stages == full.size:
+        return LogicalMesh.create((full.shape[0] // stages,) + full.shape[1:], full.axis_names, topo)
     return LogicalMesh.create((k,), full.axis_names[-1:], topo)
 
 
@@ -67,7 +71,9 @@ def stage_sizes(S, given, full) -> tuple:
                  or k * S == n)
 
 
-def _batch_inputs(graph, args, batch_argnums, pairs):
+def batch_inputs(graph, args, batch_argnums, pairs) -> set:
+    """The graph input positions holding the batch: array leaves of ``batch_argnums`` that are
+    not state the step threads through."""
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
     state = {i for i, _ in pairs}          # threaded through the step: never a batch
     return {j for j, v in enumerate(graph.inputs)
@@ -149,7 +155,7 @@ def _fixed_stages(graph, S):
 def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
     """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
     S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler
-    batch = _batch_inputs(graph, args, batch_argnums, pairs)
+    batch = batch_inputs(graph, args, batch_argnums, pairs)
     fixed = _fixed_stages(graph, S)
     given = config.pipeline_stage_devices
     if given is None:                    # the planner's choice where it cuts the stages
@@ -197,20 +203,24 @@ def auto_pipeline(req, full, plan_one):
     """Stages and micro-batches chosen with the layouts (``pipeline_stages`` or
     ``micro_batches`` "auto"): every pair ``pipeline_options`` gives is planned
     (``plan_one(request, cache) -> (graph, Strategy, program)``, stages of equal size, the
-    layout searches shared through ``cache``), and the least estimated step within the cap wins
+    layout searches shared through ``cache``: one per stage size, its layouts leaving the batch
+    rows for the most micro-batches tried with it), and the least estimated step within the cap
+    wins
     (GPipe and 1F1B estimate the same; 1F1B, the configured default, holds fewer activations).
     The Strategy lists every pair with its estimate or why it could not be planned. Raises the
     first pair's error when none can be planned."""
     rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
-                 if j in _batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
+                 if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
     cache, tried, best, first_error = {}, [], None, None
-    for S, M in pipeline_options(req.config, full, rows):
+    pairs = pipeline_options(req.config, full, rows)
+    most = {S: max(M for S_, M in pairs if S_ == S) for S, _ in pairs}
+    for S, M in pairs:
         config = req.config.replace(
             pipeline_stages=S, micro_batches=M,
             pipeline_stage_devices=None if S == 1 else (full.size // S,) * S)
         try:
-            got = plan_one(dataclasses.replace(req, config=config,
-                                               pipelined=S > 1 or M > 1), cache)
+            got = plan_one(dataclasses.replace(req, config=config, pipelined=S > 1 or M > 1,
+                                               micro=most[S] if S > 1 or M > 1 else 1), cache)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             first_error = first_error or e
             tried.append(PipelineChoice(stages=S, micro_batches=M,
