@@ -318,45 +318,56 @@ def _tables(graph, layers, option, micro, batch_inputs, link, back, fwd, cut) ->
 class _StageDP:
     """``solve(bound)``: the cheapest split of the layers into the stages, each stage a run of
     layers on one of its allowed sizes that fits and takes at most ``bound`` seconds, using
-    exactly every device: ``(sum + (micro - 1) x slowest, [(j, i, size) per stage])``, or None."""
+    exactly every device: ``(sum + (micro - 1) x slowest, [(j, i, size) per stage])``, or None.
+    Only device counts from which the remaining stages can still use every device are kept
+    (one per stage with fixed sizes), so a step is a few (layers x layers) minimisations."""
 
     def __init__(self, count, n_layers, devices, micro, allowed, tables, fits):
         self.count, self.n_layers, self.devices, self.micro = count, n_layers, devices, micro
         self.allowed, self.tables, self.fits = allowed, tables, fits
+        ahead = [{0}]                           # device counts the first s stages can use
+        for s in range(count):
+            ahead.append({d + k for d in ahead[-1] for k in allowed[s] if d + k <= devices})
+        behind = {devices}                      # ... from which the rest can use every device
+        self.ends = [None] * count
+        for s in reversed(range(count)):
+            self.ends[s] = ahead[s + 1] & behind
+            behind = {d - k for d in behind for k in allowed[s] if d - k >= 0}
 
     def solve(self, bound):
         L, N, inf = self.n_layers, self.devices, np.inf
-        best = np.full((L + 1, N + 1), inf)
-        best[0, 0] = 0.0
-        back_j, back_k = [], []
+        start = np.full(L + 1, inf)
+        start[0] = 0.0
+        best, back = {0: start}, []
         for s in range(self.count):
-            new = np.full((L + 1, N + 1), inf)
-            arg_j = np.zeros((L + 1, N + 1), np.int64)
-            arg_k = np.zeros((L + 1, N + 1), np.int64)
-            for k in self.allowed[s]:
-                if k > N:
-                    continue
-                sec = self.tables[k].sec
-                cost = np.where(self.fits[s, k] & (sec <= bound), sec, inf)
-                got = best[:, None, :N + 1 - k] + cost[:, :, None]      # [j, i, d - k]
-                m, a = got.min(axis=0), got.argmin(axis=0)
-                better = m < new[:, k:]
-                new[:, k:] = np.where(better, m, new[:, k:])
-                arg_j[:, k:] = np.where(better, a, arg_j[:, k:])
-                arg_k[:, k:] = np.where(better, k, arg_k[:, k:])
+            new, arg = {}, {}
+            for d, row in best.items():
+                for k in self.allowed[s]:
+                    if d + k not in self.ends[s]:
+                        continue
+                    sec = self.tables[k].sec
+                    got = row[:, None] + np.where(self.fits[s, k] & (sec <= bound), sec, inf)
+                    m, a = got.min(axis=0), got.argmin(axis=0)
+                    if d + k not in new:
+                        new[d + k], arg[d + k] = m, (a, np.full(L + 1, k))
+                        continue
+                    better = m < new[d + k]
+                    new[d + k] = np.where(better, m, new[d + k])
+                    aj, ak = arg[d + k]
+                    arg[d + k] = (np.where(better, a, aj), np.where(better, k, ak))
             best = new
-            back_j.append(arg_j)
-            back_k.append(arg_k)
-        if best[L, N] == inf:
+            back.append(arg)
+        if N not in best or best[N][L] == inf:
             return None
         out, i, d = [], L, N
         for s in reversed(range(self.count)):
-            j, k = int(back_j[s][i, d]), int(back_k[s][i, d])
+            aj, ak = back[s][d]
+            j, k = int(aj[i]), int(ak[i])
             out.append((j, i, k))
             i, d = j, d - k
         out.reverse()
         slowest = max(self.tables[k].sec[j, i] for j, i, k in out)
-        return float(best[L, N]) + (self.micro - 1) * slowest, out
+        return float(best[N][L]) + (self.micro - 1) * slowest, out
 
 
 def _best_split(dp: _StageDP, bounds, floor, micro):
