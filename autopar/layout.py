@@ -16,6 +16,7 @@ smallest. So on mesh ``(x=2, y=4)``: ``(2, 4)`` -> ``[x,y]``, ``(8, 1)`` -> ``[(
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -125,13 +126,10 @@ class Layout:
         return not self.axes and not self.partial
 
     def splits(self, mesh: LogicalMesh) -> tuple[int, ...]:
-        unknown = sorted(self.axes - set(mesh.axis_names))
-        if unknown:
-            raise LayoutError(f"layout {self} names axes {unknown}, not on {mesh}.")
-        return tuple(math.prod(mesh.axis_size(a) for a in d) for d in self.dims)
+        return _splits(self, mesh)
 
     def local_shape(self, shape, mesh: LogicalMesh) -> tuple[int, ...]:
-        return tuple(s // c for s, c in zip(shape, self.splits(mesh)))
+        return _local_shape(self, tuple(shape), mesh)
 
     def block(self, shape, coords, mesh: LogicalMesh) -> tuple[slice, ...]:
         """The slices of a ``shape`` tensor held by the device at ``coords`` (axis name ->
@@ -207,3 +205,16 @@ def _axes_for_count(c: int, free: list[int], mesh: LogicalMesh):
             if math.prod(mesh.shape[a] for a in combo) == c:
                 return combo
     return None
+
+
+@functools.lru_cache(maxsize=1 << 16)      # planning asks the same few pairs millions of times
+def _splits(layout: Layout, mesh: LogicalMesh) -> tuple[int, ...]:
+    unknown = sorted(layout.axes - set(mesh.axis_names))
+    if unknown:
+        raise LayoutError(f"layout {layout} names axes {unknown}, not on {mesh}.")
+    return tuple(math.prod(mesh.axis_size(a) for a in d) for d in layout.dims)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _local_shape(layout: Layout, shape: tuple, mesh: LogicalMesh) -> tuple[int, ...]:
+    return tuple(s // c for s, c in zip(shape, _splits(layout, mesh)))

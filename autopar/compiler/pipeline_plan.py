@@ -184,43 +184,63 @@ def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, p
 
 
 def pipeline_options(config, full, batch_rows: int) -> list:
-    """The (stages, micro-batches) pairs ``auto_pipeline`` tries: the given count where one
-    is given, else stages 1, 2, 4, ... dividing the devices, and micro-batches 1, 2, 4 without
-    a pipeline (they only save memory), S, 2 S, 4 S with S stages (fewer leave stages idle),
-    each dividing the batch rows."""
+    """The (stages, micro-batches) pairs ``auto_pipeline`` tries, stages ascending: the given
+    count where one is given, else stages 1, 2, 4, ... dividing the devices, and micro-batches
+    1, 2, 4 without a pipeline (they only save memory), S, 2 S, 4 S with S stages (fewer leave
+    stages idle) and the count giving one row per device of the stage mesh's first axis per
+    micro-batch (Megatron-LM's micro-batch of one sequence per data-parallel rank), each
+    dividing the batch rows."""
     n = full.size
     given_s, given_m = config.pipeline_stages, config.micro_batches
     stages = [given_s] if given_s != "auto" else [s for s in (1, 2, 4, 8, 16, 32, 64)
                                                   if s <= n and n % s == 0]
     out = []
     for S in stages:
-        micro = [given_m] if given_m != "auto" else ([1, 2, 4] if S == 1 else [S, 2 * S, 4 * S])
+        if given_m != "auto":
+            micro = [given_m]
+        elif S == 1:
+            micro = [1, 2, 4]
+        else:
+            first = (stage_mesh(full, S, n // S).shape or (1,))[0]
+            micro = sorted({S, 2 * S, 4 * S}
+                           | ({batch_rows // first} if batch_rows // first >= S else set()))
         out += [(S, M) for M in micro if batch_rows % M == 0]
     return out
 
 
+PATIENCE = 2     # stage counts planned past the best one before auto_pipeline stops
+
+
 def auto_pipeline(req, full, plan_one):
     """Stages and micro-batches chosen with the layouts (``pipeline_stages`` or
-    ``micro_batches`` "auto"): every pair ``pipeline_options`` gives is planned
+    ``micro_batches`` "auto"): the pairs ``pipeline_options`` gives are planned in order
     (``plan_one(request, cache) -> (graph, Strategy, program)``, stages of equal size, the
     layout searches shared through ``cache``: one per stage size, its layouts leaving the batch
-    rows for the most micro-batches tried with it), and the least estimated step within the cap
-    wins
-    (GPipe and 1F1B estimate the same; 1F1B, the configured default, holds fewer activations).
-    The Strategy lists every pair with its estimate or why it could not be planned. Raises the
-    first pair's error when none can be planned."""
+    rows for every micro-batch count tried with it: their least common multiple), and the
+    least estimated step within the cap
+    wins (GPipe and 1F1B estimate the same; 1F1B, the configured default, holds fewer
+    activations). Stage counts stop ``PATIENCE`` counts after the best so far (more stages
+    only lengthen the bubble once fewer, larger stages fit; a count none of whose pairs could
+    be planned does not count). The Strategy lists every pair with its estimate or why it was not planned. Raises
+    the first pair's error when none can be planned."""
     rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
                  if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
     cache, tried, best, first_error = {}, [], None, None
     pairs = pipeline_options(req.config, full, rows)
-    most = {S: max(M for S_, M in pairs if S_ == S) for S, _ in pairs}
+    every = {S: math.lcm(*(M for S_, M in pairs if S_ == S)) for S, _ in pairs}
+    best_s, started = None, set()      # stage counts with a plan
     for S, M in pairs:
+        if best_s is not None and len({s for s in started if best_s < s != S}) >= PATIENCE:
+            tried.append(PipelineChoice(stages=S, micro_batches=M,
+                                        note=f"not planned: {PATIENCE} stage counts past the "
+                                             f"best ({best_s}) were slower"))
+            continue
         config = req.config.replace(
             pipeline_stages=S, micro_batches=M,
             pipeline_stage_devices=None if S == 1 else (full.size // S,) * S)
         try:
             got = plan_one(dataclasses.replace(req, config=config, pipelined=S > 1 or M > 1,
-                                               micro=most[S] if S > 1 or M > 1 else 1), cache)
+                                               micro=every[S] if S > 1 or M > 1 else 1), cache)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             first_error = first_error or e
             tried.append(PipelineChoice(stages=S, micro_batches=M,
@@ -228,10 +248,11 @@ def auto_pipeline(req, full, plan_one):
             continue
         strat = got[1]
         seconds = strat.pipeline_time if strat.stages else strat.step_time
+        started.add(S)
         tried.append(PipelineChoice(stages=S, micro_batches=M, seconds=seconds,
                                     peak_memory=strat.peak_memory))
         if best is None or seconds < best[0]:
-            best = (seconds, len(tried) - 1, got)
+            best, best_s = (seconds, len(tried) - 1, got), S
     if best is None:
         raise first_error
     _, k, (graph, strat, program) = best
