@@ -352,3 +352,45 @@ def test_auto_stages_and_micro_batches_take_the_least_estimate():
     assert estimate == pytest.approx(chosen[0].seconds)
     assert "pipelines considered" in c.strategy.table()
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Estimate:
+    stages: tuple
+    pipeline_time: float
+    step_time: float
+    peak_memory: int = 0
+    pipeline_choices: tuple = ()
+
+
+def test_auto_pipeline_stops_two_stage_counts_past_the_best():
+    """Stage counts are planned in ascending order and stop once two counts past the best
+    were slower (counts that could not be planned do not count); every pair not planned is
+    listed with why, and when no pair plans, the error names each pair's reason."""
+    from types import SimpleNamespace
+    from autopar.compiler.api import CompileRequest
+    from autopar.compiler.pipeline_plan import auto_pipeline
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=64,
+                            pipeline_stages="auto", micro_batches=4, progress=False)
+    graph = SimpleNamespace(inputs=[SimpleNamespace(shape=(64, 8))])
+    req = CompileRequest(config=cfg, graph=graph, args=(np.zeros((64, 8)),), batch_argnums=(0,),
+                         in_strategy=None, strategy=None, names=(("b", False),), name="step",
+                         pairs=(), pipelined=True)
+    seconds = {1: 9.0, 2: 5.0, 4: 4.0, 8: 6.0, 16: None, 32: 7.0, 64: 1.0}   # None: fails
+    asked = []
+
+    def plan_one(r, cache):
+        S = r.config.pipeline_stages
+        asked.append(S)
+        if seconds[S] is None:
+            raise ap.InfeasibleError(f"{S} stages do not fit")
+        return None, _Estimate((0,) * S if S > 1 else (), seconds[S], seconds[S]), None
+
+    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one)
+    assert asked == [1, 2, 4, 8, 16, 32]           # 64 is past 8 and 32, both slower than 4
+    notes = {c.stages: c.note for c in strat.pipeline_choices}
+    assert notes[4] == "chosen" and "InfeasibleError" in notes[16]
+    assert "not planned" in notes[64]
+    seconds.update({S: None for S in seconds})
+    with pytest.raises(ap.InfeasibleError, match="Every .* pair tried failed: 1 stage.*64 stage"):
+        auto_pipeline(req, cfg.mesh(), plan_one)

@@ -253,8 +253,9 @@ def auto_pipeline(req, full, plan_one):
                                     peak_memory=strat.peak_memory))
         if best is None or seconds < best[0]:
             best, best_s = (seconds, len(tried) - 1, got), S
-    if best is None:
-        raise first_error
+    if best is None:              # the first pair's error, with why each other pair failed
+        raise type(first_error)(f"{first_error} Every (stages, micro-batches) pair tried failed: "
+                                + "; ".join(str(t) for t in tried)) from first_error
     _, k, (graph, strat, program) = best
     tried[k] = dataclasses.replace(tried[k], note="chosen")
     return graph, dataclasses.replace(strat, pipeline_choices=tuple(tried)), program
