@@ -9,7 +9,8 @@ plan of it fits 80 GB), on
 ``Topology.cluster(hosts, gpus)`` as mesh (hosts, gpus), with the parallel optimizer on and
 the memory cap, twice:
 - ``auto``: auto_parallel with ``pipeline_stages="auto"`` and ``micro_batches="auto"``: the
-  planner chooses stages, micro-batches, layouts and ZeRO together;
+  planner chooses stages, micro-batches, layouts and ZeRO together (``--stages``,
+  ``--micro-batches``: fixed counts instead, equal stages);
 - ``megatron``: semi_auto_parallel with Megatron-LM's GPT-3 175B configuration (Narayanan et
   al., 2021): tensor parallel 8 (column-parallel q, k, v and fc1, row-parallel out and fc2 over
   the GPU axis), pipeline 8 (stages of (hosts / 8, gpus)), data parallel 16 (the batch over the
@@ -65,21 +66,27 @@ def main():
     a.add_argument("--max-memory", default="80GB")
     a.add_argument("--dtype", default="bfloat16",
                    help="parameters and activations (Megatron-LM trains GPT-3 in half precision)")
+    count = lambda v: v if v == "auto" else int(v)
+    a.add_argument("--stages", type=count, default="auto", help="auto's pipeline_stages")
+    a.add_argument("--micro-batches", type=count, default="auto", help="auto's micro_batches")
     a.add_argument("--plans", nargs="+", default=["auto", "megatron"])
     args = a.parse_args()
     p = abstract_params(args.layers, args.hidden, args.vocab, jnp.dtype(args.dtype))
     b = (jax.ShapeDtypeStruct((args.batch, args.seq), jnp.int32),) * 2
     step = functools.partial(sgd_step, heads=args.heads)
     step.__name__ = "gpt_sgd_step"
-    base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=args.hosts * args.gpus, mesh_shape=(args.hosts, args.gpus),
+    base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=args.hosts * args.gpus,
+                             mesh_shape=(args.hosts, args.gpus),
                              topology=ap.Topology.cluster(args.hosts, args.gpus),
                              max_device_memory=args.max_memory or None,
                              enable_parallel_optimizer=True,
                              progress=False)
     stages = 8
     configs = {
-        "auto": (base.replace(parallel_mode="auto_parallel", pipeline_stages="auto",
-                              micro_batches="auto"), None),
+        "auto": (base.replace(parallel_mode="auto_parallel", pipeline_stages=args.stages,
+                              micro_batches=args.micro_batches,
+                              pipeline_stage_devices=None if args.stages == "auto" else "equal"),
+                 None),
         "megatron": (base.replace(parallel_mode="semi_auto_parallel", pipeline_stages=stages,
                                   micro_batches=args.batch // (args.hosts // stages)),
                      (ug.megatron(p, "y"), ("[x,_]", "[x,_]"))),
@@ -95,7 +102,8 @@ def main():
                "devices": args.hosts * args.gpus, "plan_s": round(seconds, 1),
                "stages": len(s.stages) or 1, "micro_batches": s.micro_batches,
                "stage_mesh": list(s.stages[0].mesh_shape) if s.stages else list(s.mesh_shape),
-               "dtype": args.dtype, "step_s": round(got[name], 4), "peak_gb": round(s.peak_memory / 2 ** 30, 2),
+               "dtype": args.dtype, "step_s": round(got[name], 4),
+               "peak_gb": round(s.peak_memory / 2 ** 30, 2),
                **dict((f"{k}_s", round(v, 1)) for k, v in s.phase_seconds)}
         if s.pipeline_choices:
             row["considered"] = [str(c) for c in s.pipeline_choices]

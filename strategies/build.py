@@ -101,6 +101,13 @@ def arg_layouts(value, mesh, picks=None) -> list[Layout]:
     return out
 
 
+def default_arg_options(graph, mesh, fixed_args) -> tuple:
+    """Per graph input, the layouts it may be kept in: its fixed one, else every non-partial
+    layout (``arg_layouts``)."""
+    return tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
+                 for i, v in enumerate(graph.inputs))
+
+
 @dataclass(frozen=True, eq=False)
 class Built:
     problem: SearchProblem
@@ -229,8 +236,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     distinct (operator signatures, candidate lists) and shared, read-only, by every node and
     edge that repeats them (the layers of a deep model)."""
     if arg_options is None:
-        arg_options = tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
-                            for i, v in enumerate(graph.inputs))
+        arg_options = default_arg_options(graph, mesh, fixed_args)
     b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
                  state_pricing)
     for i, v in enumerate(graph.inputs):

@@ -10,6 +10,7 @@ import pytest
 
 import autopar as ap
 import models as m
+import user_gpt as ug
 from autopar.pipeline_program import Accumulate, Transfer, in_flight, schedule
 from autopar.program import Collective
 from test_stages import two_stage_mlp_step
@@ -309,21 +310,26 @@ def test_stages_divide_the_first_mesh_axis():
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
 
 
-def test_stage_layouts_leave_rows_for_every_micro_batch():
+@pytest.mark.parametrize("model", ["tests", "user"])
+def test_stage_layouts_leave_rows_for_every_micro_batch(model):
     """auto_parallel with 4 micro-batches of a 16-row batch on 8 devices: a layout splitting
     the batch 8 ways would leave 2 rows, which 4 micro-batches cannot share (the micro-batch
     plan would have to move the split to another dimension, which no pipeline runs); the
     stage search keeps only layouts whose batch dimensions split into the micro-batches, and
-    the step equals the single-device one."""
-    p, b = m.gpt_params(layers=1), m.gpt_batch(batch=16)
+    the step equals the single-device one. On this suite's GPT and on one written as users
+    write it (tests/user_gpt.py)."""
+    if model == "tests":
+        step, p, b = m.gpt_sgd_step, m.gpt_params(layers=1), m.gpt_batch(batch=16)
+    else:
+        step, p, b = ug.step, ug.init(layers=1, d=32, vocab=64), ug.batch(16, 8, 64)
     cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=8,
                             micro_batches=4, progress=False)
-    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    c = ap.compile(step, p, b, config=cfg)
     size = dict(zip(c.strategy.axis_names, c.strategy.mesh_shape))
     for leaf in c.strategy.inputs:
         if not leaf.is_param:          # the batch: at most 16 / 4 = 4 ways
             assert math.prod(size[a] for a in leaf.layout.dims[0]) <= 4, leaf
-    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    assert_same(c(p, b), step(p, b))
 
 
 def test_auto_stages_and_micro_batches_take_the_least_estimate():

@@ -21,8 +21,7 @@ from ..errors import AutoparError, ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
-from ..strategies.build import StatePricing, build_problem
-from ..strategies.build import arg_layouts as value_layouts
+from ..strategies.build import StatePricing, build_problem, default_arg_options
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
@@ -205,8 +204,8 @@ def _search(req: CompileRequest, config, mesh, planner, cands, fit):
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     fixed = req.arg_layouts(mesh)
     options = None if fit is None else tuple(
-        [fixed[i]] if i in fixed else fit.argument(v, value_layouts(v, mesh))
-        for i, v in enumerate(req.graph.inputs))
+        fit.argument(v, opts)
+        for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed)))
     built = build_problem(req.graph, mesh, cands, fixed, seconds,
                           config.max_device_memory, req.name, [n for n, _ in req.names],
                           arg_options=options, state_pairs=req.pairs,

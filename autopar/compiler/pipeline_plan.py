@@ -48,11 +48,11 @@ def stage_mesh(full, stages: int, k: int):
     if stages == 1 and k == full.size:
         return full
     topo = full.topology.inner(k)
-    if full.shape[0] == stages and k * stages == full.size:
-        return LogicalMesh.create(full.shape[1:], full.axis_names[1:], topo)
-    if full.shape[0] % stages == 0 and k * stages == full.size:
-        return LogicalMesh.create((full.shape[0] // stages,) + full.shape[1:], full.axis_names, topo)
-    return LogicalMesh.create((k,), full.axis_names[-1:], topo)
+    if full.shape[0] % stages or k * stages != full.size:
+        return LogicalMesh.create((k,), full.axis_names[-1:], topo)
+    share = full.shape[0] // stages                 # the first axis left to each stage
+    drop = 1 if share == 1 else 0
+    return LogicalMesh.create(((share,) + full.shape[1:])[drop:], full.axis_names[drop:], topo)
 
 
 def stage_sizes(S, given, full) -> tuple:
@@ -217,12 +217,12 @@ def auto_pipeline(req, full, plan_one):
     (``plan_one(request, cache) -> (graph, Strategy, program)``, stages of equal size, the
     layout searches shared through ``cache``: one per stage size, its layouts leaving the batch
     rows for every micro-batch count tried with it: their least common multiple), and the
-    least estimated step within the cap
-    wins (GPipe and 1F1B estimate the same; 1F1B, the configured default, holds fewer
-    activations). Stage counts stop ``PATIENCE`` counts after the best so far (more stages
-    only lengthen the bubble once fewer, larger stages fit; a count none of whose pairs could
-    be planned does not count). The Strategy lists every pair with its estimate or why it was not planned. Raises
-    the first pair's error when none can be planned."""
+    least estimated step within the cap wins (GPipe and 1F1B estimate the same; 1F1B, the
+    configured default, holds fewer activations). Stage counts stop ``PATIENCE`` counts after
+    the best so far (more stages only lengthen the bubble once fewer, larger stages fit; a
+    count none of whose pairs could be planned does not count). The Strategy lists every pair
+    with its estimate or why it was not planned. When none can be planned, raises the first
+    pair's error, naming every pair's reason."""
     rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
                  if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
     cache, tried, best, first_error = {}, [], None, None

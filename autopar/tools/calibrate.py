@@ -202,6 +202,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
-                  "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9, "elementwise_GBps": mem_bw * 1e-9,
+                  "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
+                  "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta}
