@@ -5,9 +5,11 @@ Out: a ``Graph`` whose inputs are the flattened leaves and whose outputs are the
 results (``in_tree``/``out_tree`` keep the pytree structure). Nested ``jit``, ``closed_call``,
 ``remat``/``jax.checkpoint``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
 is traced the custom derivative rules have been applied, so their primal bodies are what runs.
+Operators whose results nothing reads are dropped.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -49,7 +51,7 @@ def _graph(jaxpr, consts, in_tree, out_tree) -> Graph:
     b = _Builder()
     inputs = [b.new_value(v.aval) for v in jaxpr.invars]
     outs = b.inline(jaxpr, consts, inputs, "", "")
-    return Graph.build(inputs, outs, b.nodes, in_tree, out_tree)
+    return Graph.build(inputs, outs, b.live_nodes(outs), in_tree, out_tree)
 
 
 def trace(fn, *args) -> Graph:
@@ -91,6 +93,20 @@ class _Builder:
     def __init__(self):
         self.nodes: list[Node] = []
         self.next_id = 0
+        self.effectful: set[int] = set()    # ids of nodes with side effects (callbacks)
+
+    def live_nodes(self, outs) -> list:
+        """The nodes whose results reach ``outs`` (or that have side effects), renumbered in
+        order. Inlining leaves dead operators behind (a custom_jvp's zeros, a jvp's unused
+        tangent): they would be planned, priced and held in memory, though nothing reads them."""
+        needed = {o.id for o in outs if isinstance(o, Value)}
+        keep = [False] * len(self.nodes)
+        for n in reversed(self.nodes):
+            if n.id in self.effectful or any(v.id in needed for v in n.outputs):
+                keep[n.id] = True
+                needed.update(x.id for x in n.inputs if isinstance(x, Value))
+        live = [n for n in self.nodes if keep[n.id]]
+        return [n if n.id == k else dataclasses.replace(n, id=k) for k, n in enumerate(live)]
 
     def new_value(self, aval, eqn=None) -> Value:
         try:
@@ -132,6 +148,8 @@ class _Builder:
                 outs = self.inline(sub, sub_consts, ins, src, scope)
             else:
                 outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
+                if eqn.effects:
+                    self.effectful.add(len(self.nodes))
                 self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
                                        dict(eqn.params), src, scope, "transpose(" in scope))
             for var, o in zip(eqn.outvars, outs):

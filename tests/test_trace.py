@@ -35,6 +35,22 @@ def test_inlines_jit_custom_jvp_and_vjp():
     assert [n.prim for n in fwd.nodes] == ["dot_general", "max", "mul", "reduce_sum"]
 
 
+def test_drops_operators_nothing_reads():
+    """The gradient of a masked softmax leaves a (B, H, T, T) zeros broadcast nobody reads; kept,
+    it was planned and held as the largest value of the first pipeline stage."""
+    def f(x):
+        _ = jnp.sin(x)                                       # dead in the user's own code
+        att = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), x, -1e9)
+        return jnp.sum(jax.nn.softmax(att, -1) ** 2)
+
+    g = trace(jax.value_and_grad(f), jnp.ones((2, 3, 4, 4)))
+    assert "sin" not in {n.prim for n in g.nodes}
+    outs = {o.id for o in g.outputs if hasattr(o, "id")}
+    for n in g.nodes:
+        assert any(g.users[v.id] or v.id in outs for v in n.outputs), n
+    assert [n.id for n in g.nodes] == list(range(len(g.nodes)))
+
+
 def test_printed_form_is_stable():
     def f(w, x):
         return jnp.tanh(x @ w) * 2.0
