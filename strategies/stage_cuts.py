@@ -11,7 +11,9 @@ seconds per micro-batch and peak bytes per device, the estimated step time and t
 
 1. Forward operators are those that depend on the batch and neither are nor read a
    derivative. A *cut* after forward operator i is a layer boundary when exactly one forward
-   value crosses it (the residual stream between blocks); layers are the runs between cuts.
+   value crosses it (the residual stream between blocks) and no batch value of the backward
+   pass would cross it forward (point 2's anchors: inside a block recomputed under
+   ``jax.checkpoint``); layers are the runs between cuts.
    Fixed stages are one layer each.
 2. A value is *used* at its last forward reader (through operators on arguments only, such as
    a broadcast bias; an argument read by the LM head too, a tied embedding, counts there; the
@@ -98,9 +100,11 @@ def _layers(graph, batch_inputs) -> _Forward:
     fwd = [k for k, n in enumerate(graph.nodes)
            if not back[k] and any(varies[o.id] for o in n.outputs)]
     pos = {k: i for i, k in enumerate(fwd)}
-    cuts = _cuts(graph, index, fwd, pos)
     last_use = _last_use(graph, fwd, pos, back)
-    return _Forward(fwd, cuts, _anchors(graph, index, pos, back, last_use), back)
+    anchor = _anchors(graph, index, pos, back, last_use)
+    split = _backward_splits(graph, index, back, varies, anchor, len(fwd))
+    cuts = [i for i in _cuts(graph, index, fwd, pos) if not split[i]]
+    return _Forward(fwd, cuts, anchor, back)
 
 
 def _derivatives(graph, index) -> list:
@@ -140,6 +144,25 @@ def _cuts(graph, index, fwd, pos) -> list:
                 crossing[last + 1] -= 1
     crossing = np.cumsum(crossing)
     return [i for i in range(1, len(fwd)) if crossing[i] == 1]
+
+
+def _backward_splits(graph, index, back, varies, anchor, n_fwd) -> np.ndarray:
+    """Per cut position, whether it would split the backward pass against the pipeline's
+    order: a batch value made by a derivative anchored before the cut and read by one anchored
+    after it (a block recomputed under ``jax.checkpoint``: its recomputation is anchored where
+    the block's input is used, so a cut inside the block would send recomputed values forward
+    in the backward pass, while later stages run their backward first)."""
+    split = np.zeros(n_fwd + 2, np.int64)
+    for k, n in enumerate(graph.nodes):
+        if not back[k]:
+            continue
+        for x in n.inputs:
+            if isinstance(x, Value) and varies.get(x.id) and x.id in graph.producer:
+                u = index[graph.producer[x.id].id]
+                if back[u] and anchor[u] < anchor[k]:
+                    split[anchor[u] + 1] += 1
+                    split[anchor[k] + 1] -= 1
+    return np.cumsum(split) > 0
 
 
 def _last_use(graph, fwd, pos, back) -> dict:

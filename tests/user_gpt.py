@@ -4,7 +4,7 @@ In: nothing. Out: ``init(layers, d, vocab)`` parameters (a dict holding a *list*
 separate query/key/value projections), ``step(params, batch)`` an SGD training step,
 ``megatron(params, axis)`` Megatron-LM's tensor-parallel split of those parameters over a
 mesh axis as an ``in_strategy`` entry (column-parallel q/k/v and fc1, row-parallel out and fc2), and
-``batch(B, T, vocab)``. The layer norm computes ``x - mean`` twice, as most hand-written ones
+``batch(B, T, vocab)``; ``loss(..., remat=True)`` wraps each block in ``jax.checkpoint``. The layer norm computes ``x - mean`` twice, as most hand-written ones
 do, and the LM head is tied to the embedding.
 """
 import jax
@@ -35,11 +35,14 @@ def block(x, p, heads):
     return x + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
 
 
-def loss(params, batch, heads=4):
+def loss(params, batch, heads=4, remat=False):
+    """``remat``: recompute each block in the backward pass (``jax.checkpoint``), as large
+    models are trained, instead of keeping its activations."""
     tokens, labels = batch
     x = params["wte"][tokens]
+    run = jax.checkpoint(block, static_argnums=(2,)) if remat else block
     for blk in params["blocks"]:
-        x = block(x, blk, heads)
+        x = run(x, blk, heads)
     logits = layer_norm(x, params["lnf_g"], params["lnf_b"]) @ params["wte"].T
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], -1))
