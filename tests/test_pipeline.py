@@ -370,9 +370,11 @@ class _Estimate:
 
 
 def test_auto_pipeline_stops_two_stage_counts_past_the_best():
-    """Stage counts are planned in ascending order and stop once two counts past the best
-    were slower (counts that could not be planned do not count); every pair not planned is
-    listed with why, and when no pair plans, the error names each pair's reason."""
+    """Stage counts are planned up to their stages in ascending order and stop once two counts
+    past the best were slower (counts that could not be planned do not count); pairs are cut
+    into programs in order of their stages' bound only while the bound can still beat the best
+    whole estimate. Every pair not planned or not cut is listed with why, and when no pair
+    plans, the error names each pair's reason."""
     from types import SimpleNamespace
     from autopar.compiler.api import CompileRequest
     from autopar.compiler.pipeline_plan import auto_pipeline
@@ -383,23 +385,33 @@ def test_auto_pipeline_stops_two_stage_counts_past_the_best():
                          in_strategy=None, strategy=None, names=(("b", False),), name="step",
                          pairs=(), pipelined=True)
     seconds = {1: 9.0, 2: 5.0, 4: 4.0, 8: 6.0, 16: None, 32: 7.0, 64: 1.0}   # None: fails
-    asked = []
+    overhead = {1: 0.5, 2: 0.5, 4: 1.5, 8: 0.5, 32: 0.5, 64: 0.5}   # on top of the bound
+    staged, cut = [], []
+
+    def stage_one(r, cache):
+        S = r.config.pipeline_stages
+        staged.append(S)
+        if seconds[S] is None:
+            raise ap.InfeasibleError(f"{S} stages do not fit")
+        cache["staged", S, r.config.micro_batches] = SimpleNamespace(
+            stage_plan=SimpleNamespace(memory=(S,)))
+        return SimpleNamespace(bound=lambda M: seconds[S])
 
     def plan_one(r, cache):
         S = r.config.pipeline_stages
-        asked.append(S)
-        if seconds[S] is None:
-            raise ap.InfeasibleError(f"{S} stages do not fit")
-        return None, _Estimate((0,) * S if S > 1 else (), seconds[S], seconds[S]), None
+        cut.append(S)
+        t = seconds[S] + overhead[S]
+        return None, _Estimate((0,) * S if S > 1 else (), t, t), None
 
-    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one)
-    assert asked == [1, 2, 4, 8, 16, 32]           # 64 is past 8 and 32, both slower than 4
+    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
+    assert staged == [1, 2, 4, 8, 16, 32]          # 64 is past 8 and 32, both slower than 4
+    assert cut == [4, 2]          # 4 (bound 4) takes 5.5 s whole, so 2 (bound 5) may beat it
     notes = {c.stages: c.note for c in strat.pipeline_choices}
-    assert notes[4] == "chosen" and "InfeasibleError" in notes[16]
-    assert "not planned" in notes[64]
+    assert notes[2] == "chosen" and "InfeasibleError" in notes[16]
+    assert "not planned" in notes[64] and all("not cut" in notes[S] for S in (1, 8, 32))
     seconds.update({S: None for S in seconds})
     with pytest.raises(ap.InfeasibleError, match="Every .* pair tried failed: 1 stage.*64 stage"):
-        auto_pipeline(req, cfg.mesh(), plan_one)
+        auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
 
 
 def test_blocks_recomputed_under_checkpoint_are_not_cut_inside():

@@ -35,7 +35,8 @@ from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
-from .pipeline_plan import auto_pipeline, batch_inputs, pipeline_program, reshard_cost
+from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
+                            reshard_cost)
 from ..tools.calibrate import machine_topology
 from ..progress import Progress, logger
 
@@ -431,7 +432,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
                          pipelined=_pipelined(config),
                          micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
     if config.pipeline.auto:
-        return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache))
+        return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
+                             lambda r, cache: _staged(r, full, cache))
     return _plan_traced(req, full, t0, t_trace)
 
 
@@ -444,21 +446,13 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
     shared by the pipelines ``auto_pipeline`` tries), the cap, the Strategy."""
     config, graph, names, pipelined = req.config, req.graph, req.names, req.pipelined
     cache = {} if cache is None else cache
-
-    def on_mesh(mesh):
-        key = (mesh, pipelined, req.micro)
-        if key not in cache:
-            cache[key] = _on_mesh(req, mesh)
-        return cache[key]
-
     if pipelined:
-        program, per_stage = pipeline_program(config, graph, full, on_mesh, req.args,
-                                              req.batch_argnums, names, req.pairs)
+        program, per_stage = pipeline_program(config, graph, full, _staged(req, full, cache))
         t_search = time.monotonic()
         node_plan = [per_stage[s] for s in program.node_stages]
         out_comm = 0.0
     else:
-        mesh_plan = on_mesh(full)
+        mesh_plan = _mesh_plans(req, cache)(full)
         t_search = time.monotonic()
         program, out_comm, per_stage = mesh_plan.program, mesh_plan.out_comm, (mesh_plan,)
         node_plan = [mesh_plan] * len(graph.nodes)
@@ -490,6 +484,29 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
                        ("lower", time.monotonic() - t_search)))
     return graph, strat, program
+
+
+def _mesh_plans(req: CompileRequest, cache):
+    """``mesh -> MeshPlan`` of ``req`` (``_on_mesh``), kept in ``cache`` by (mesh, pipelined,
+    micro)."""
+    def on_mesh(mesh):
+        key = (mesh, req.pipelined, req.micro)
+        if key not in cache:
+            cache[key] = _on_mesh(req, mesh)
+        return cache[key]
+    return on_mesh
+
+
+def _staged(req: CompileRequest, full, cache) -> Staged:
+    """The pipeline of ``req`` planned up to its stages (``plan_pipeline``), kept in ``cache``
+    by its stages and micro-batches, so ``auto_pipeline`` can rank pipelines by their stages
+    before cutting any into a program."""
+    config = req.config
+    key = ("staged", config.pipeline_stages, config.micro_batches)
+    if key not in cache:
+        cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
+                                   req.batch_argnums, req.names, req.pairs)
+    return cache[key]
 
 
 def _op_strategies(graph, names, node_plan, stage_of, converts=True) -> tuple:

@@ -4,7 +4,9 @@ In: a ParallelConfig with ``pipeline_stages`` / ``micro_batches`` (and
 ``pipeline_stage_devices``), the traced Graph, the full mesh, ``on_mesh(mesh) -> MeshPlan``
 (the layout search and lowering of the whole step on one stage mesh, made by
 autopar.compiler.api), the example arguments, ``batch_argnums``, argument names and state
-pairs. Out: the ``PipelineProgram`` and, per stage, the ``MeshPlan`` its layouts come from.
+pairs. Out: ``plan_pipeline``: the stage plan (``Staged``, whose ``bound`` ranks pipelines
+before any is cut); ``pipeline_program``: the ``PipelineProgram`` cut from it and, per stage,
+the ``MeshPlan`` its layouts come from.
 
 Stage meshes: with equal stages (``pipeline_stage_devices="equal"``, or counts all equal to the
 first mesh axis's share) a stage's mesh is the full mesh without its first axis when that axis
@@ -32,7 +34,7 @@ from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stag
 from ..strategies.microbatch import add_micro_axis, micro_mesh
 from ..strategies.stage_cuts import StageOption, StageRequest, plan_stages
 from ..strategies.stage_assign import Stages, assign_stages
-from ..strategies.strategy import PipelineChoice
+from ..strategies.strategy import PipelineChoice, format_bytes
 
 
 def reshard_cost(planner):
@@ -152,9 +154,23 @@ def _fixed_stages(graph, S):
     return None
 
 
-def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, pairs):
-    """See the module docstring: (PipelineProgram, MeshPlan per stage)."""
-    S, M, sched = config.pipeline_stages, config.micro_batches, config.pipeline_scheduler
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """A pipeline planned up to its stages, before it is cut into a program: the stage plan
+    and the stage sizes' layouts it was made from."""
+    stage_plan: object            # StagePlan (strategies.stage_cuts)
+    by_size: dict                 # stage size -> _SizeOption
+
+    def bound(self, micro: int) -> float:
+        """The pipeline's estimated step less its per-call overhead (which is never negative):
+        every stage's seconds per micro-batch plus ``micro - 1`` times the slowest."""
+        secs = self.stage_plan.seconds
+        return sum(secs) + (micro - 1) * max(secs)
+
+
+def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pairs) -> Staged:
+    """The layouts on every stage size and the stage plan (module docstring)."""
+    S, M = config.pipeline_stages, config.micro_batches
     batch = batch_inputs(graph, args, batch_argnums, pairs)
     fixed = _fixed_stages(graph, S)
     given = config.pipeline_stage_devices
@@ -163,11 +179,17 @@ def pipeline_program(config, graph, full, on_mesh, args, batch_argnums, names, p
     by_size = _size_options(graph, full, on_mesh, S, M, given, batch, names)
     sizes = (given if isinstance(given, tuple) else None if given == "auto"
              else (full.size // S,) * S)
-    stage_plan = plan_stages(StageRequest(
-        graph=graph, count=S, micro=M, scheduler=sched,
+    return Staged(plan_stages(StageRequest(
+        graph=graph, count=S, micro=M, scheduler=config.pipeline_scheduler,
         options={k: o.option for k, o in by_size.items()}, batch_inputs=frozenset(batch),
         link=full.level(full.axis_names[0]), devices=full.size, cap=config.max_device_memory,
-        sizes=sizes, stages=fixed))
+        sizes=sizes, stages=fixed)), by_size)
+
+
+def pipeline_program(config, graph, full, staged: Staged):
+    """``plan_pipeline``'s stages cut into the program: (PipelineProgram, MeshPlan per stage)."""
+    S, sched = config.pipeline_stages, config.pipeline_scheduler
+    stage_plan, by_size = staged.stage_plan, staged.by_size
     pipeline_mesh = _pipeline_mesh(full, S, stage_plan.sizes)
     offsets = [sum(stage_plan.sizes[:s]) for s in range(S)]
     devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, stage_plan.sizes))
@@ -211,24 +233,31 @@ def pipeline_options(config, full, batch_rows: int) -> list:
 PATIENCE = 2     # stage counts planned past the best one before auto_pipeline stops
 
 
-def auto_pipeline(req, full, plan_one):
+def auto_pipeline(req, full, plan_one, stage_one):
     """Stages and micro-batches chosen with the layouts (``pipeline_stages`` or
-    ``micro_batches`` "auto"): the pairs ``pipeline_options`` gives are planned in order
-    (``plan_one(request, cache) -> (graph, Strategy, program)``, stages of equal size, the
-    layout searches shared through ``cache``: one per stage size, its layouts leaving the batch
-    rows for every micro-batch count tried with it: their least common multiple), and the
-    least estimated step within the cap wins (GPipe and 1F1B estimate the same; 1F1B, the
-    configured default, holds fewer activations). Stage counts stop ``PATIENCE`` counts after
-    the best so far (more stages only lengthen the bubble once fewer, larger stages fit; a
-    count none of whose pairs could be planned does not count). The Strategy lists every pair
-    with its estimate or why it was not planned. When none can be planned, raises the first
-    pair's error, naming every pair's reason."""
+    ``micro_batches`` "auto"), in two passes over the pairs ``pipeline_options`` gives (stages
+    of equal size; the layout searches shared through ``cache``: one per stage size, its
+    layouts leaving the batch rows for every micro-batch count tried with it: their least
+    common multiple):
+    1. each pair is planned up to its stages (``stage_one(request, cache) -> Staged``; one stage
+       and one micro-batch, which has no stages, is planned whole by ``plan_one(request,
+       cache) -> (graph, Strategy, program)``), giving ``Staged.bound``, its estimate less the
+       per-call overhead. Stage counts stop ``PATIENCE`` counts after the one with the least
+       bound so far (more stages only lengthen the bubble once fewer, larger stages fit; a
+       count none of whose pairs could be planned does not count);
+    2. pairs are cut into programs by ``plan_one`` in order of their bounds until the next
+       bound is no less than the least estimate so far: that pair has the least estimated step
+       within the cap of all (GPipe and 1F1B estimate the same; 1F1B, the configured default,
+       holds fewer activations), without cutting the pairs that cannot beat it.
+    The Strategy lists every pair with its estimate, or its bound, or why it was not planned.
+    When none can be planned, raises the first pair's error, naming every pair's reason."""
     rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
                  if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
-    cache, tried, best, first_error = {}, [], None, None
+    cache, tried, first_error = {}, [], None
     pairs = pipeline_options(req.config, full, rows)
     every = {S: math.lcm(*(M for S_, M in pairs if S_ == S)) for S, _ in pairs}
-    best_s, started = None, set()      # stage counts with a plan
+    best_s, best_bound, started = None, math.inf, set()     # stage counts with a plan
+    bounded = []                       # (bound, index in tried, request, whole plan or None)
     for S, M in pairs:
         if best_s is not None and len({s for s in started if best_s < s != S}) >= PATIENCE:
             tried.append(PipelineChoice(stages=S, micro_batches=M,
@@ -238,21 +267,42 @@ def auto_pipeline(req, full, plan_one):
         config = req.config.replace(
             pipeline_stages=S, micro_batches=M,
             pipeline_stage_devices=None if S == 1 else (full.size // S,) * S)
+        one = dataclasses.replace(req, config=config, pipelined=S > 1 or M > 1,
+                                  micro=every[S] if S > 1 or M > 1 else 1)
         try:
-            got = plan_one(dataclasses.replace(req, config=config, pipelined=S > 1 or M > 1,
-                                               micro=every[S] if S > 1 or M > 1 else 1), cache)
+            whole = None if one.pipelined else plan_one(one, cache)
+            bound = whole[1].step_time if whole else stage_one(one, cache).bound(M)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             first_error = first_error or e
             tried.append(PipelineChoice(stages=S, micro_batches=M,
                                         note=f"{type(e).__name__}: {str(e).split(';')[0]}"))
             continue
+        started.add(S)
+        bounded.append((bound, len(tried), one, whole))
+        tried.append(PipelineChoice(stages=S, micro_batches=M))
+        if bound < best_bound:
+            best_bound, best_s = bound, S
+    best = None
+    for bound, k, one, whole in sorted(bounded, key=lambda b: (b[0], b[1])):
+        if best is not None and whole is None and (bound, k) > best[:2]:
+            peak = max(cache["staged", one.config.pipeline_stages,
+                             one.config.micro_batches].stage_plan.memory)
+            tried[k] = dataclasses.replace(tried[k], note=(
+                f"not cut: its stages alone take {bound * 1e6:.1f} us (peak "
+                f"{format_bytes(peak)}), no less than the chosen pipeline's whole step"))
+            continue
+        try:
+            got = whole or plan_one(one, cache)
+        except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
+            first_error = first_error or e
+            tried[k] = dataclasses.replace(tried[k], note=f"{type(e).__name__}: "
+                                                          f"{str(e).split(';')[0]}")
+            continue
         strat = got[1]
         seconds = strat.pipeline_time if strat.stages else strat.step_time
-        started.add(S)
-        tried.append(PipelineChoice(stages=S, micro_batches=M, seconds=seconds,
-                                    peak_memory=strat.peak_memory))
-        if best is None or seconds < best[0]:
-            best, best_s = (seconds, len(tried) - 1, got), S
+        tried[k] = dataclasses.replace(tried[k], seconds=seconds, peak_memory=strat.peak_memory)
+        if best is None or (seconds, k) < best[:2]:
+            best = (seconds, k, got)
     if best is None:              # the first pair's error, with why each other pair failed
         raise type(first_error)(f"{first_error} Every (stages, micro-batches) pair tried failed: "
                                 + "; ".join(str(t) for t in tried)) from first_error
