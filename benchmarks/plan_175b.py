@@ -4,8 +4,8 @@ Run: python benchmarks/plan_175b.py [--layers 96] [--hidden 12288] [--heads 96] 
          [--batch 1536] [--hosts 128] [--gpus 8] [--max-memory 80GB] [--plans auto megatron]
 Plans (never runs) the SGD training step of ``tests/user_gpt.py``'s GPT (separate q, k, v
 projections, tied embedding; 96 heads) on abstract bfloat16 parameters (``--dtype``; Megatron-LM
-trains it in half precision, and recomputes activations, which autopar does not: in float32 no
-plan of it fits 80 GB), on
+trains it in half precision), each block wrapped in ``jax.checkpoint`` (Megatron-LM recomputes
+activations too; ``--no-remat`` keeps them all), on
 ``Topology.cluster(hosts, gpus)`` as mesh (hosts, gpus), with the parallel optimizer on and
 the memory cap, twice:
 - ``auto``: auto_parallel with ``pipeline_stages="auto"`` and ``micro_batches="auto"``: the
@@ -48,8 +48,9 @@ def abstract_params(layers, d, vocab, dtype):
             "blocks": [blk() for _ in range(layers)]}
 
 
-def sgd_step(params, batch, heads):
-    value, grads = jax.value_and_grad(functools.partial(ug.loss, heads=heads))(params, batch)
+def sgd_step(params, batch, heads, remat):
+    loss = functools.partial(ug.loss, heads=heads, remat=remat)
+    value, grads = jax.value_and_grad(loss)(params, batch)
     return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
 
 
@@ -70,10 +71,13 @@ def main():
     a.add_argument("--stages", type=count, default="auto", help="auto's pipeline_stages")
     a.add_argument("--micro-batches", type=count, default="auto", help="auto's micro_batches")
     a.add_argument("--plans", nargs="+", default=["auto", "megatron"])
+    a.add_argument("--no-remat", dest="remat", action="store_false",
+                   help="keep every activation instead of recomputing each block in the backward "
+                        "pass (jax.checkpoint, as Megatron-LM recomputes them)")
     args = a.parse_args()
     p = abstract_params(args.layers, args.hidden, args.vocab, jnp.dtype(args.dtype))
     b = (jax.ShapeDtypeStruct((args.batch, args.seq), jnp.int32),) * 2
-    step = functools.partial(sgd_step, heads=args.heads)
+    step = functools.partial(sgd_step, heads=args.heads, remat=args.remat)
     step.__name__ = "gpt_sgd_step"
     base = ap.ParallelConfig(parallel_mode="data_parallel", device_num=args.hosts * args.gpus,
                              mesh_shape=(args.hosts, args.gpus),
@@ -102,7 +106,7 @@ def main():
                "devices": args.hosts * args.gpus, "plan_s": round(seconds, 1),
                "stages": len(s.stages) or 1, "micro_batches": s.micro_batches,
                "stage_mesh": list(s.stages[0].mesh_shape) if s.stages else list(s.mesh_shape),
-               "dtype": args.dtype, "step_s": round(got[name], 4),
+               "dtype": args.dtype, "remat": args.remat, "step_s": round(got[name], 4),
                "peak_gb": round(s.peak_memory / 2 ** 30, 2),
                **dict((f"{k}_s", round(v, 1)) for k, v in s.phase_seconds)}
         if s.pipeline_choices:
