@@ -393,9 +393,7 @@ def test_auto_pipeline_stops_two_stage_counts_past_the_best():
         staged.append(S)
         if seconds[S] is None:
             raise ap.InfeasibleError(f"{S} stages do not fit")
-        cache["staged", S, r.config.micro_batches] = SimpleNamespace(
-            stage_plan=SimpleNamespace(memory=(S,)))
-        return SimpleNamespace(bound=lambda M: seconds[S])
+        return SimpleNamespace(bound=lambda M: seconds[S], stage_plan=SimpleNamespace(memory=(S,)))
 
     def plan_one(r, cache):
         S = r.config.pipeline_stages

@@ -257,7 +257,7 @@ def auto_pipeline(req, full, plan_one, stage_one):
     pairs = pipeline_options(req.config, full, rows)
     every = {S: math.lcm(*(M for S_, M in pairs if S_ == S)) for S, _ in pairs}
     best_s, best_bound, started = None, math.inf, set()     # stage counts with a plan
-    bounded = []                       # (bound, index in tried, request, whole plan or None)
+    bounded = []          # (bound, index in tried, request, whole plan or None, Staged or None)
     for S, M in pairs:
         if best_s is not None and len({s for s in started if best_s < s != S}) >= PATIENCE:
             tried.append(PipelineChoice(stages=S, micro_batches=M,
@@ -271,22 +271,22 @@ def auto_pipeline(req, full, plan_one, stage_one):
                                   micro=every[S] if S > 1 or M > 1 else 1)
         try:
             whole = None if one.pipelined else plan_one(one, cache)
-            bound = whole[1].step_time if whole else stage_one(one, cache).bound(M)
+            staged = stage_one(one, cache) if one.pipelined else None
+            bound = whole[1].step_time if whole else staged.bound(M)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             first_error = first_error or e
             tried.append(PipelineChoice(stages=S, micro_batches=M,
                                         note=f"{type(e).__name__}: {str(e).split(';')[0]}"))
             continue
         started.add(S)
-        bounded.append((bound, len(tried), one, whole))
+        bounded.append((bound, len(tried), one, whole, staged))
         tried.append(PipelineChoice(stages=S, micro_batches=M))
         if bound < best_bound:
             best_bound, best_s = bound, S
     best = None
-    for bound, k, one, whole in sorted(bounded, key=lambda b: (b[0], b[1])):
+    for bound, k, one, whole, staged in sorted(bounded, key=lambda b: (b[0], b[1])):
         if best is not None and whole is None and (bound, k) > best[:2]:
-            peak = max(cache["staged", one.config.pipeline_stages,
-                             one.config.micro_batches].stage_plan.memory)
+            peak = max(staged.stage_plan.memory)
             tried[k] = dataclasses.replace(tried[k], note=(
                 f"not cut: its stages alone take {bound * 1e6:.1f} us (peak "
                 f"{format_bytes(peak)}), no less than the chosen pipeline's whole step"))
