@@ -103,9 +103,16 @@ def arg_layouts(value, mesh, picks=None) -> list[Layout]:
 
 def default_arg_options(graph, mesh, fixed_args) -> tuple:
     """Per graph input, the layouts it may be kept in: its fixed one, else every non-partial
-    layout (``arg_layouts``)."""
-    return tuple([fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
-                 for i, v in enumerate(graph.inputs))
+    layout (``arg_layouts``). Inputs of one shape and dtype held alike share one list object,
+    as ``candidates_of`` shares a list per signature: build.py prices per shared list, so the
+    parameters of a deep model's layers are priced once."""
+    memo = {}
+    def options(i, v):
+        key = (v.shape, str(v.dtype), fixed_args.get(i))
+        if key not in memo:
+            memo[key] = [fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
+        return memo[key]
+    return tuple(options(i, v) for i, v in enumerate(graph.inputs))
 
 
 @dataclass(frozen=True, eq=False)

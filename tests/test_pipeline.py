@@ -369,6 +369,50 @@ class _Estimate:
     pipeline_choices: tuple = ()
 
 
+def test_auto_pipeline_skips_fewer_micro_batches_once_the_stages_overflow():
+    """A stage count's pairs are planned from the most micro-batches down; once its stages
+    exceed the cap, fewer (larger) micro-batches are not planned, and say why. One stage and
+    one micro-batch is planned whole (other layouts), so it is still planned."""
+    from types import SimpleNamespace
+    from autopar.compiler.api import CompileRequest
+    from autopar.compiler.pipeline_plan import auto_pipeline, pipeline_options
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4,
+                            pipeline_stages="auto", micro_batches="auto", progress=False)
+    graph = SimpleNamespace(inputs=[SimpleNamespace(shape=(64, 8))])
+    req = CompileRequest(config=cfg, graph=graph, args=(np.zeros((64, 8)),), batch_argnums=(0,),
+                         in_strategy=None, strategy=None, names=(("b", False),), name="step",
+                         pairs=(), pipelined=True)
+    staged, whole = [], []
+
+    def stage_one(r, cache):
+        S, M = r.config.pipeline_stages, r.config.micro_batches
+        staged.append((S, M))
+        if S < 4:
+            raise ap.InfeasibleError(f"no split into {S} stages fits")
+        return SimpleNamespace(bound=lambda m: 1.0 / m, stage_plan=SimpleNamespace(memory=(S,)))
+
+    def plan_one(r, cache):
+        S, M = r.config.pipeline_stages, r.config.micro_batches
+        (whole if (S, M) == (1, 1) else staged).append((S, M))
+        t = 1.0 / M + 0.5
+        return None, _Estimate((0,) * S if S > 1 else (), t, t), None
+
+    pairs = pipeline_options(cfg, cfg.mesh(), 64)
+    most = {S: max(M for s, M in pairs if s == S) for S, _ in pairs}
+    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
+    assert whole == [(1, 1)]
+    assert [p for p in staged if p[0] < 4] == [(1, most[1]), (2, most[2])]
+    assert [c.micro_batches for c in strat.pipeline_choices if c.stages == 4] == \
+        sorted(M for S, M in pairs if S == 4)
+    notes = {(c.stages, c.micro_batches): c.note for c in strat.pipeline_choices}
+    assert list(notes) == pairs
+    for S in (1, 2):
+        assert "InfeasibleError" in notes[S, most[S]]
+        assert all(f"no split into {S} stage(s) fits the cap with {most[S]} micro-batches" in
+                   notes[S, M] for s, M in pairs if s == S and 1 < M < most[S])
+    assert notes[4, most[4]] == "chosen"
+
+
 def test_auto_pipeline_stops_two_stage_counts_past_the_best():
     """Stage counts are planned up to their stages in ascending order and stop once two counts
     past the best were slower (counts that could not be planned do not count); pairs are cut

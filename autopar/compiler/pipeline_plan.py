@@ -244,7 +244,10 @@ def auto_pipeline(req, full, plan_one, stage_one):
        cache) -> (graph, Strategy, program)``), giving ``Staged.bound``, its estimate less the
        per-call overhead. Stage counts stop ``PATIENCE`` counts after the one with the least
        bound so far (more stages only lengthen the bubble once fewer, larger stages fit; a
-       count none of whose pairs could be planned does not count);
+       count none of whose pairs could be planned does not count). Each stage count's pairs
+       are planned from the most micro-batches down: once the stage planner finds no split of
+       S stages within the cap, fewer micro-batches are not planned (each is larger, and no
+       fewer of them are in flight);
     2. pairs are cut into programs by ``plan_one`` in order of their bounds until the next
        bound is no less than the least estimate so far: that pair has the least estimated step
        within the cap of all (GPipe and 1F1B estimate the same; 1F1B, the configured default,
@@ -253,16 +256,23 @@ def auto_pipeline(req, full, plan_one, stage_one):
     When none can be planned, raises the first pair's error, naming every pair's reason."""
     rows = next((v.shape[0] for j, v in enumerate(req.graph.inputs)
                  if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
-    cache, tried, first_error = {}, [], None
+    cache, errors = {}, {}              # index in pairs -> why it could not be planned
     pairs = pipeline_options(req.config, full, rows)
+    tried = [PipelineChoice(stages=S, micro_batches=M) for S, M in pairs]
     every = {S: math.lcm(*(M for S_, M in pairs if S_ == S)) for S, _ in pairs}
     best_s, best_bound, started = None, math.inf, set()     # stage counts with a plan
+    overfull = {}         # stage count -> the most micro-batches whose stages exceed the cap
     bounded = []          # (bound, index in tried, request, whole plan or None, Staged or None)
-    for S, M in pairs:
+    for k in sorted(range(len(pairs)), key=lambda k: (pairs[k][0], -pairs[k][1])):
+        S, M = pairs[k]
         if best_s is not None and len({s for s in started if best_s < s != S}) >= PATIENCE:
-            tried.append(PipelineChoice(stages=S, micro_batches=M,
-                                        note=f"not planned: {PATIENCE} stage counts past the "
-                                             f"best ({best_s}) were slower"))
+            tried[k] = dataclasses.replace(tried[k], note=f"not planned: {PATIENCE} stage counts "
+                                                          f"past the best ({best_s}) were slower")
+            continue
+        if S in overfull and (S > 1 or M > 1):
+            tried[k] = dataclasses.replace(tried[k], note=(
+                f"not planned: no split into {S} stage(s) fits the cap with {overfull[S]} "
+                "micro-batches, and fewer hold more bytes per micro-batch"))
             continue
         config = req.config.replace(
             pipeline_stages=S, micro_batches=M,
@@ -274,13 +284,14 @@ def auto_pipeline(req, full, plan_one, stage_one):
             staged = stage_one(one, cache) if one.pipelined else None
             bound = whole[1].step_time if whole else staged.bound(M)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
-            first_error = first_error or e
-            tried.append(PipelineChoice(stages=S, micro_batches=M,
-                                        note=f"{type(e).__name__}: {str(e).split(';')[0]}"))
+            errors[k] = e
+            tried[k] = dataclasses.replace(tried[k], note=f"{type(e).__name__}: "
+                                                          f"{str(e).split(';')[0]}")
+            if isinstance(e, InfeasibleError) and one.pipelined:   # the stage planner's cap
+                overfull.setdefault(S, M)
             continue
         started.add(S)
-        bounded.append((bound, len(tried), one, whole, staged))
-        tried.append(PipelineChoice(stages=S, micro_batches=M))
+        bounded.append((bound, k, one, whole, staged))
         if bound < best_bound:
             best_bound, best_s = bound, S
     best = None
@@ -294,7 +305,7 @@ def auto_pipeline(req, full, plan_one, stage_one):
         try:
             got = whole or plan_one(one, cache)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
-            first_error = first_error or e
+            errors[k] = e
             tried[k] = dataclasses.replace(tried[k], note=f"{type(e).__name__}: "
                                                           f"{str(e).split(';')[0]}")
             continue
@@ -304,6 +315,7 @@ def auto_pipeline(req, full, plan_one, stage_one):
         if best is None or (seconds, k) < best[:2]:
             best = (seconds, k, got)
     if best is None:              # the first pair's error, with why each other pair failed
+        first_error = errors[min(errors)]
         raise type(first_error)(f"{first_error} Every (stages, micro-batches) pair tried failed: "
                                 + "; ".join(str(t) for t in tried)) from first_error
     _, k, (graph, strat, program) = best
