@@ -148,7 +148,7 @@ def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=Non
         sec = combine([r[(op, nbytes, algo)] for r in per_rank], nbytes)
         busbw = nbytes / sec * BUS_FACTOR[op](ranks) / 1e9 if sec > 0 else 0.0
         rows.append({"op": op, "ranks": ranks, "bytes": nbytes, "algorithm": algo, "dtype": dtype,
-                     "latency_us": round(sec * 1e6, 2), "busbw_gbs": round(busbw, 3)})
+                     "latency_us": round(sec * 1e6, 2), "busbw_gbs": float(f"{busbw:.4g}")})
     return rows
 
 

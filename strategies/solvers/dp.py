@@ -35,8 +35,10 @@ trees and series-parallel graphs are solved optimally.
 
 Memory: eliminations optimise cost only. If the cost-optimal choice breaks the limit, a
 Lagrangian multiplier lambda is added to the node costs of the nodes live at violated steps,
-c_i[s] + lambda * usage_i[s]; lambda is searched (exponentially, then by bisection) for the
-smallest value whose choice fits, the set of penalised nodes widening if violations move.
+c_i[s] + lambda * usage_i[s]. lambda is first 2^40 times a scale (the cost per byte at which a
+penalised node is indifferent between its cheapest and its smallest strategy): when even that
+choice breaks the limit, the nodes it violates join the penalised set (up to four rounds);
+else lambda is bisected geometrically, from scale / 1024, for the smallest value that fits.
 Every candidate choice then goes through ``bfs_propagation.repair_memory`` (moves nodes live at
 the peak to smaller strategies), the three cheapest through ``bfs_propagation.improve`` (1-opt
 descent within the limit), and the cheapest is returned (or ``initial``, when given, feasible
@@ -58,8 +60,10 @@ from autopar.strategies.solvers.bfs_propagation import Adjacency, improve, repai
 DEFAULT_TIME_LIMIT = 60.0
 ENUMERATION_LIMIT = 20_000
 _BLOCK = 1 << 22            # largest (p, s, q) array built at once in node elimination
-_LAMBDA_STEPS = 14          # bisection steps of the memory multiplier
+_LAMBDA_STEPS = 16          # bisection steps of the memory multiplier
 _POLISHED = 3               # cheapest repaired candidates given to the descent
+_CEILING = 2.0 ** 40        # multiplier (times the scale) tried first: if even its choice
+                            # breaks the limit, the penalised set widens instead
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,9 +98,11 @@ class Reduction:
 
 class _Graph:
     """The mutable working graph of one elimination run (local to ``eliminate``): node costs,
-    neighbours, edge matrices, which nodes are still alive and the count of each rule applied."""
+    neighbours, edge matrices, which nodes are still alive and the count of each rule applied;
+    ``memo``: each rule's arithmetic by the bytes of its operands (``_memo``)."""
 
     def __init__(self, problem: SearchProblem, costs):
+        self.memo, self.memo_bytes = {}, 0
         self.cost = [np.array(c, np.float64) for c in costs]
         self.nbr: list = [dict() for _ in self.cost]      # i -> {j: True if edge i->j first}
         self.mats: dict = {}
@@ -161,6 +167,29 @@ def _node_table(a_v: np.ndarray, c_v: np.ndarray, v_b: np.ndarray):
     return best, arg
 
 
+_MEMO_BYTES = 1 << 26       # operand bytes one elimination run keeps answers for
+
+
+def _memo(g: _Graph, tag: str, operands, compute):
+    """``compute()``, kept in ``g.memo`` by ``tag`` and the shapes and bytes of ``operands``:
+    a model of repeated layers eliminates the same small tables once per layer, so the rules'
+    arithmetic is done once per distinct table (answers are frozen: records share them)."""
+    parts = [tag]
+    for a in operands:
+        parts += (a.shape, a.tobytes())
+    key = tuple(parts)
+    hit = g.memo.get(key)
+    if hit is None:
+        hit = compute()
+        for a in hit:
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+        size = sum(a.nbytes for a in operands)
+        if g.memo_bytes + size <= _MEMO_BYTES:
+            g.memo[key], g.memo_bytes = hit, g.memo_bytes + size
+    return hit
+
+
 def _coupling(m: np.ndarray) -> float:
     """How much a neighbour's strategy p constrains the centre's: the mean over p of the
     spread max_s m[s, p] - min_s m[s, p] (the star rule keys the centre on the neighbour
@@ -217,15 +246,26 @@ def _pop_centre(heap: list, g: _Graph, frozen: np.ndarray):
 def _star(g: _Graph, v: int, records: list) -> list:
     """Star elimination of centre v (module docstring); returns v's former neighbours."""
     nbrs = sorted(g.nbr[v])
-    n1 = max(nbrs, key=lambda j: (_coupling(g.mat(v, j)), len(g.cost[j]), -j))
+    mats = [g.mat(v, j) for j in nbrs]
+    costs = [g.cost[j] for j in nbrs]
+
+    def compute():
+        # n_1: the strongest coupling, then most strategies, then the lowest index
+        first = max(range(len(nbrs)), key=lambda k: (_coupling(mats[k]), len(costs[k]), -k))
+        est = g.cost[v].copy()
+        for k in range(len(nbrs)):
+            if k != first:
+                est += (mats[k] + costs[k][None, :]).min(axis=1)
+        m1 = mats[first]
+        table = (est[:, None] + m1).argmin(axis=0)         # s*(p) for each p of n_1
+        return (first, table, g.cost[v][table] + m1[table, np.arange(m1.shape[1])],
+                *(mats[k][table, :] for k in range(len(nbrs)) if k != first))
+
+    first, table, add, *moved = _memo(g, "star", [g.cost[v], *mats, *costs], compute)
+    n1 = nbrs[first]
     rest = [j for j in nbrs if j != n1]
-    est = g.cost[v].copy()
-    for k in rest:
-        est += (g.mat(v, k) + g.cost[k][None, :]).min(axis=1)
-    m1 = g.mat(v, n1)
-    table = (est[:, None] + m1).argmin(axis=0)             # s*(p) for each p of n_1
-    g.cost[n1] = g.cost[n1] + g.cost[v][table] + m1[table, np.arange(m1.shape[1])]
-    moved = [(k, g.mat(v, k)[table, :]) for k in rest]
+    g.cost[n1] = g.cost[n1] + add
+    moved = list(zip(rest, moved))
     records.append(Elimination("star", v, (n1,), table))
     g.counts["star"] += 1
     g.drop(v)
@@ -238,9 +278,14 @@ def _leaf(g: _Graph, v: int, records: list) -> tuple:
     """Merge or contract elimination of ``v``, which has one neighbour w (module docstring),
     recorded in ``records``; returns the anchors ``(w,)``."""
     (w, first), = g.nbr[v].items()
-    t = g.cost[v][:, None] + g.mat(v, w)
-    arg = t.argmin(axis=0)
-    g.cost[w] = g.cost[w] + t[arg, np.arange(t.shape[1])]
+
+    def compute():
+        t = g.cost[v][:, None] + g.mat(v, w)
+        arg = t.argmin(axis=0)
+        return arg, t[arg, np.arange(t.shape[1])]
+
+    arg, add = _memo(g, "leaf", (g.cost[v], g.mat(v, w)), compute)
+    g.cost[w] = g.cost[w] + add
     kind = "contract" if first else "merge"
     records.append(Elimination(kind, v, (w,), arg))
     g.drop(v)
@@ -252,7 +297,8 @@ def _series(g: _Graph, v: int, records: list) -> tuple:
     """Node or triangle elimination of ``v``, which has two neighbours a < b (module
     docstring), recorded in ``records``; returns the anchors ``(a, b)``."""
     a, b = sorted(g.nbr[v])
-    best, arg = _node_table(g.mat(a, v), g.cost[v], g.mat(v, b))
+    operands = (g.mat(a, v), g.cost[v], g.mat(v, b))
+    best, arg = _memo(g, "series", operands, lambda: _node_table(*operands))
     kind = "triangle" if b in g.nbr[a] else "node"
     records.append(Elimination(kind, v, (a, b), arg))
     g.drop(v)
@@ -398,28 +444,20 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
 
     for _ in range(4):                       # widen the penalised set while violations move
         scale = _lambda_scale(problem, hot)
-        low, high, fit = 0.0, None, None
-        lam = scale / 1024.0
-        for _ in range(80):
-            c = penalised(lam)
-            if problem.feasible(c):
-                high, fit = lam, c
-                break
-            low, candidates = lam, candidates + [c]
-            if time.perf_counter() > deadline:
-                break
-            lam *= 4.0
-        if fit is None:
-            extra = _violated_nodes(problem, candidates[-1]) & ~hot
+        high = scale * _CEILING                        # usage all but alone decides
+        fit = penalised(high)
+        candidates.append(fit)
+        if not problem.feasible(fit):                  # no multiplier fits: widen the set
+            extra = _violated_nodes(problem, fit) & ~hot
             if not extra.any() or time.perf_counter() > deadline:
                 break
             hot |= extra
             continue
-        candidates.append(fit)
-        for _ in range(_LAMBDA_STEPS):
+        low = 0.0
+        for k in range(_LAMBDA_STEPS):     # bisect (geometrically) for the least that fits
             if time.perf_counter() > deadline or high <= low * 1.001:
                 break
-            mid = math.sqrt(low * high) if low > 0 else high / 4.0
+            mid = scale / 1024.0 if k == 0 else math.sqrt(low * high) if low > 0 else high / 4.0
             c = penalised(mid)
             candidates.append(c)
             if problem.feasible(c):
