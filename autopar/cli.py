@@ -7,7 +7,9 @@ Subcommands (``autopar COMMAND --help`` describes each):
   ``batch_argnums``/``in_strategy``), plan the step under the given flags without running it
   (arguments may be ``jax.ShapeDtypeStruct``s), print the summary and save the strategy;
 - ``show STRATEGY``: the strategy table; ``report STRATEGY -o report.html``: the HTML report;
-- ``solve PROBLEM TIMEOUT``: an IOPDDL problem, the chosen strategy indices last on stdout;
+- ``solve PROBLEM TIMEOUT``: an IOPDDL problem, the chosen strategy indices last on stdout
+  (``--json``: one object with the cost, the proven lower bound and gap, and the choice), the
+  cost, lower bound and gap on stderr;
 - ``calibrate``: measure this machine's cost-model constants again (the cache plans use);
 - ``bench``: the native collectives' latency and bus bandwidth (``autopar.tools.bench``).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -122,9 +125,18 @@ def _solve(args) -> int:
         f"{problem.usage_limit} (read in {loaded:.1f}s)")
     left = args.timeout - (time.monotonic() - start)
     solution = get(args.solver)(problem, time_limit=max(left, 1.0), progress=say)
+    lb, gap = solution.lower_bound, solution.gap
     say(f"cost {solution.cost:.10g}, peak memory {solution.peak} of {problem.usage_limit}, "
-        f"solver {solution.solver}{' (optimal)' if solution.optimal else ''}")
-    print(solution, flush=True)
+        f"solver {solution.solver}{' (optimal)' if solution.optimal else ''}; "
+        + ("no lower bound proved" if lb is None else f"lower bound {lb:.10g}, gap {gap:.4%}"))
+    if args.json:
+        print(json.dumps({"problem": problem.name, "cost": solution.cost, "peak": solution.peak,
+                          "usage_limit": problem.usage_limit, "lower_bound": lb, "gap": gap,
+                          "optimal": solution.optimal, "solver": solution.solver,
+                          "seconds": round(time.monotonic() - start, 3),
+                          "choice": list(solution.choice)}), flush=True)
+    else:
+        print(solution, flush=True)
     return 0
 
 
@@ -216,6 +228,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="best",
                    help="best (default), ilp, dynamic_programming, sharding_propagation, "
                         "local_search or brute_force")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (cost, peak, lower_bound, gap, choice, ...) "
+                        "instead of the bare strategy list")
     p.set_defaults(run=_solve)
 
     p = sub.add_parser("calibrate", help="measure this machine again for the cost model",

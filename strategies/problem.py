@@ -5,7 +5,8 @@ In: per node, a cost and a memory usage per candidate strategy and a half-open l
 optional per-device memory limit. Out: a frozen ``SearchProblem`` with ``cost(choice)``,
 ``usage_profile(choice)``/``peak(choice)``/``feasible(choice)``, and the public ASPLOS/EuroSys
 2025 IOPDDL JSON format both ways (``from_json``/``load`` accept ``.json`` and ``.json.gz``;
-``to_json``/``save``). ``Solution`` is a solver's answer: one strategy index per node.
+``to_json``/``save``). ``Solution`` is a solver's answer: one strategy index per node, its cost
+and peak, and the lower bound on any feasible cost the solver proved (``lower_bound``, ``gap``).
 
 Format (``../shared/iopddl/README.md``): ``problem.nodes.intervals[i] = [start, end)``,
 ``problem.nodes.costs[i][s]``, ``problem.nodes.usages[i][s]``, ``problem.edges.nodes[e] = [u, v]``,
@@ -16,6 +17,7 @@ Total cost = chosen node costs + chosen edge costs.
 from __future__ import annotations
 
 import gzip
+import math
 import json
 from dataclasses import dataclass, field
 from typing import Optional
@@ -142,15 +144,33 @@ class Solution:
     solver: str
     seconds: float = 0.0
     optimal: bool = False         # proven optimal by an exact solver
+    bound: Optional[float] = None  # the best lower bound on any feasible cost the solver proved
+
+    @property
+    def lower_bound(self) -> Optional[float]:
+        """The proven lower bound (the cost itself when optimal), or None when none is known."""
+        return self.cost if self.optimal else self.bound
+
+    @property
+    def gap(self) -> Optional[float]:
+        """(cost - lower bound) / cost, 0 when optimal; None without a bound."""
+        lb = self.lower_bound
+        if lb is None:
+            return None
+        if self.cost == lb:
+            return 0.0
+        return (self.cost - lb) / abs(self.cost) if self.cost else math.inf
 
     def __str__(self) -> str:
         return "[" + ", ".join(map(str, self.choice)) + "]"
 
     @staticmethod
     def of(problem: SearchProblem, choice, solver: str, seconds: float = 0.0,
-           optimal: bool = False) -> "Solution":
+           optimal: bool = False, bound: Optional[float] = None) -> "Solution":
         choice = tuple(int(c) for c in choice)
-        return Solution(choice, problem.cost(choice), problem.peak(choice), solver, seconds, optimal)
+        cost = problem.cost(choice)
+        return Solution(choice, cost, problem.peak(choice), solver, seconds, optimal,
+                        None if bound is None else min(float(bound), cost))
 
 
 def check_fits(problem: SearchProblem) -> None:

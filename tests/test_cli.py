@@ -132,6 +132,16 @@ def test_solve_example_finds_the_optimum():
     assert "cost 445" in r.stderr
 
 
+def test_solve_reports_the_lower_bound_and_gap():
+    r = run("solve", EXAMPLE, "10")
+    assert "lower bound 445, gap 0.0000%" in r.stderr
+    r = run("solve", EXAMPLE, "10", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["cost"] == got["lower_bound"] == 445 and got["gap"] == 0 and got["optimal"]
+    assert got["choice"] == [0, 0, 2, 1, 0] and got["usage_limit"] == 50
+
+
 def test_solve_round_trips_a_written_problem(tmp_path):
     from autopar.strategies.solvers.random_problems import random_problem
     p = random_problem(7)

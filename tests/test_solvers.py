@@ -230,6 +230,20 @@ def test_ilp_uses_initial_and_reports_optimality():
         ilp.solve(problem, initial=brute.solve(random_problem(8, nodes=3, limit="none")))
 
 
+def test_ilp_lower_bound_holds_for_every_feasible_cost():
+    """Stopped before proving optimality, CP-SAT still bounds the cost: the bound of a short run
+    lies below the cost of a longer one and the other way round; proven optima are their own
+    bound (gap 0)."""
+    problem = random_medium_problem(1, nodes=150, max_strategies=10)
+    short, longer = ilp.solve(problem, time_limit=1.5), ilp.solve(problem, time_limit=4)
+    for a, b in ((short, longer), (longer, short)):
+        assert a.lower_bound is not None and a.lower_bound <= b.cost + 1e-9
+        assert 0 <= a.gap < 1
+    tiny = random_problem(7, kind="sparse", nodes=8, limit="tight")
+    sol = ilp.solve(tiny, time_limit=10)
+    assert sol.optimal and sol.lower_bound == sol.cost and sol.gap == 0
+
+
 def test_ilp_reduction_keeps_optimum_with_forbidden_pairs():
     """1e18 entries (IOPDDL's 'impossible') are pruned by the bound of a known solution."""
     big = 1e18

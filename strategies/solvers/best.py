@@ -1,12 +1,15 @@
 """The best solver combination for a SearchProblem under a time limit (``autopar solve``).
 
 In: a SearchProblem, a time limit in seconds, an optional progress callback. Out: the best
-feasible Solution found. Small problems (after the cheap start) go to CP-SAT (``ilp``) seeded
-with the dynamic-programming answer, which is exact when it finishes; large ones (the IOPDDL
-production graphs) go to ``local_search`` (exact reductions, tree-block DP moves, region MIPs).
+feasible Solution found, with the best lower bound proved (``Solution.lower_bound``). Small
+problems (after the cheap start) go to CP-SAT (``ilp``) seeded with the dynamic-programming
+answer, which is exact when it finishes and bounds the cost when it does not; large ones (the
+IOPDDL production graphs) go to ``local_search`` (exact reductions, tree-block DP moves, region
+MIPs).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..problem import SearchProblem, Solution, check_fits
@@ -30,4 +33,6 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     if left <= 1.0:
         return first
     polished = get("ilp")(problem, time_limit=left, initial=first, progress=progress)
-    return polished if polished.cost <= first.cost else first
+    if polished.cost <= first.cost:
+        return polished
+    return dataclasses.replace(first, bound=polished.lower_bound)     # CP-SAT's bound holds

@@ -3,7 +3,8 @@
 In: a ``SearchProblem``; ``time_limit`` (seconds, default 60), ``initial`` (a Solution used
 as the search hint and as the pruning bound), ``progress`` (called on each improvement).
 Out: a ``Solution`` respecting ``usage_limit``; ``optimal=True`` only when CP-SAT proves
-optimality (of the integer-scaled model, see Rounding). ``InfeasibleError`` (``check_fits``)
+optimality (of the integer-scaled model, see Rounding); ``bound``, CP-SAT's objective bound
+in cost units less the rounding of every term. ``InfeasibleError`` (``check_fits``)
 when nothing fits.
 
 Formulation (after the reduction below), over free nodes i (two or more strategies left):
@@ -161,6 +162,7 @@ class _Model:
     x: dict                     # node -> (allowed strategy indices, list of BoolVar)
     fixed: np.ndarray           # strategy of every node (meaningful where not in x)
     scale: float
+    terms: int = 0              # objective terms, each rounded by at most half a unit
 
 
 def _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale) -> None:
@@ -212,7 +214,7 @@ def _build(problem: SearchProblem, red: Reduced, hint) -> _Model:
         for i, (idx, lits) in x.items():
             for a, lit in zip(idx.tolist(), lits):
                 model.add_hint(lit, int(a == hint[i]))
-    return _Model(model, x, fixed, scale)
+    return _Model(model, x, fixed, scale, len(obj_coefs))
 
 
 def _objective_terms(red: Reduced, allowed, free):
@@ -349,7 +351,7 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
                  dp.solve(problem, time_limit=_HINT_SHARE * budget, star=True)]
         hint = min(hints, key=lambda s: s.cost)
         best = (hint.cost, np.asarray(hint.choice, np.int64))
-    optimal = False
+    optimal, lower = False, -math.inf
     while True:
         bound, hint = best
         red = reduce_problem(problem, bound)
@@ -370,7 +372,9 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
                 f"ilp: CP-SAT proved that no choice of {problem.name!r} fits the memory limit "
                 f"of {problem.usage_limit} bytes per device.")
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            watcher.offer(_extract(built, solver.boolean_value))   # also when no callback ran
+            last = _extract(built, solver.boolean_value)
+            watcher.offer(last)                                     # also when no callback ran
+            lower = max(lower, _lower_bound(problem, built, solver, last))
         found = watcher.best
         if found is not None and found[0] < best[0]:
             best = found
@@ -378,4 +382,14 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         if not rebuild or time.perf_counter() - t0 >= budget:
             optimal = status == cp_model.OPTIMAL and not rebuild
             break
-    return Solution.of(problem, best[1], "ilp", time.perf_counter() - t0, optimal)
+    return Solution.of(problem, best[1], "ilp", time.perf_counter() - t0, optimal,
+                       lower if math.isfinite(lower) else None)
+
+
+def _lower_bound(problem: SearchProblem, built: _Model, solver, choice) -> float:
+    """A lower bound on every feasible cost from CP-SAT's objective bound: the true cost of
+    the model's last solution ``choice`` less the model's gap to its bound, in cost units,
+    less the rounding of every term for both (the reduction keeps every solution cheaper than
+    the one it was built from, so the bound holds for the whole problem)."""
+    gap = max(0.0, solver.objective_value - solver.best_objective_bound) / built.scale
+    return problem.cost(choice) - gap - built.terms / built.scale
