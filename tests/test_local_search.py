@@ -168,3 +168,18 @@ def test_problem_g_short_limit(iopddl):
     sol = local_search.solve(p, time_limit=10)
     assert p.feasible(sol.choice)
     assert sol.cost <= 1.5 * 217_039
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_whole_mip_bound_lies_below_every_feasible_cost(seed):
+    """The whole reduced problem's MIP bound (plus the reduction's offset) is a proven lower
+    bound: below the answer, below CP-SAT's answer, and at the answer when proven optimal."""
+    from autopar.strategies.solvers import ilp
+    from autopar.strategies.solvers.random_problems import random_medium_problem
+    problem = random_medium_problem(seed, nodes=150, max_strategies=10)
+    sol = local_search.solve(problem, time_limit=3)
+    other = ilp.solve(problem, time_limit=3)
+    assert sol.lower_bound is not None and sol.lower_bound <= sol.cost
+    assert sol.lower_bound <= other.cost + 1e-6 * abs(other.cost)
+    assert other.lower_bound is None or other.lower_bound <= sol.cost + 1e-6 * abs(sol.cost)
+    assert sol.gap < 0.05

@@ -23,7 +23,8 @@ Algorithm:
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
 6. MIP phase (region_mip.py, HiGHS): the whole reduced problem when its model is small (after a
    short Lagrangian phase), else connected regions with every other node fixed -- first around
-   the merge's fractional nodes, then random -- sized so each solves in seconds.
+   the merge's fractional nodes, then random -- sized so each solves in seconds. The whole
+   MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
 asked for less than the time left, since it checks its limit only between steps.
 """
@@ -200,6 +201,7 @@ class _Search:
         self.best = None
         self.best_cost = np.inf
         self.optimal = False
+        self.bound = None             # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
         self.pool = []                # solutions met in the Lagrangian phase
         self.start = None
@@ -449,6 +451,8 @@ class _Search:
         if one_mip:
             res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
                                    0.0 if everything < 20_000 else 1e-6)
+            if res.bound is not None:            # the whole problem's: a proven lower bound
+                self.bound = st.r.offset + res.bound
             self.report("whole MIP")
             if res.optimal and res.choice is not None:
                 self.optimal = everything < 20_000
@@ -483,4 +487,4 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
             search.best is None or problem.cost(initial.choice) < search.best_cost):
         return Solution.of(problem, initial.choice, "local_search", seconds)
     return Solution.of(problem, red.expand(search.best), "local_search", seconds,
-                       optimal=search.optimal)
+                       optimal=search.optimal, bound=search.bound)

@@ -40,6 +40,8 @@ class RegionResult:
     optimal: bool                   # HiGHS proved it optimal for the region
     variables: int                  # model columns
     unsure: tuple = ()              # nodes whose LP values were fractional (relax only)
+    bound: Optional[float] = None   # HiGHS's lower bound on the region's objective (cost units;
+                                    # nodes outside the region held as they were)
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +54,7 @@ class _Model:
     lb: np.ndarray
     ub: np.ndarray
     nx: int                 # number of x columns (the binaries)
+    scale: float = 1.0      # cost units per objective unit
 
     def pick(self, values) -> np.ndarray:
         """Each node's strategy with the largest ``x``."""
@@ -138,7 +141,7 @@ class RegionMip:
                               shape=(nrow, ncol))
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
-        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx)
+        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale)
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
@@ -198,9 +201,11 @@ class RegionMip:
                    integrality=integrality, bounds=Bounds(m.lb, m.ub),
                    options={"time_limit": max(0.05, float(time_limit)), "disp": False,
                             "mip_rel_gap": gap})
+        dual = getattr(res, "mip_dual_bound", None)
+        bound = float(dual) * m.scale if dual is not None and np.isfinite(dual) else None
         if res.x is None:
-            return RegionResult(m.nodes, None, False, len(m.cost))
-        return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost))
+            return RegionResult(m.nodes, None, False, len(m.cost), bound=bound)
+        return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost), bound=bound)
 
     def relax(self, choice, slack, nodes, time_limit: float) -> RegionResult:
         """The region's LP relaxation, rounded to each node's largest ``x``."""
