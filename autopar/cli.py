@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from .errors import AutoparError, ConfigError
+from .errors import AutoparError, ConfigError, InfeasibleError
 
 
 def _load_function(target: str):
@@ -124,7 +124,12 @@ def _solve(args) -> int:
     say(f"{problem.name}: {problem.num_nodes} nodes, {problem.num_edges} edges, limit "
         f"{problem.usage_limit} (read in {loaded:.1f}s)")
     left = args.timeout - (time.monotonic() - start)
-    solution = get(args.solver)(problem, time_limit=max(left, 1.0), progress=say)
+    solution, why = _solve_anytime(get(args.solver), problem, max(left, 1.0), say)
+    if solution is None:
+        raise InfeasibleError(f"{problem.name}: {why} before any feasible answer was found; "
+                              "give it more time.")
+    if why:
+        say(f"{why}: answering with the best feasible answer so far")
     lb, gap = solution.lower_bound, solution.gap
     say(f"cost {solution.cost:.10g}, peak memory {solution.peak} of {problem.usage_limit}, "
         f"solver {solution.solver}{' (optimal)' if solution.optimal else ''}; "
@@ -137,7 +142,49 @@ def _solve(args) -> int:
                           "choice": list(solution.choice)}), flush=True)
     else:
         print(solution, flush=True)
+    if why:                     # the solver's thread may sit in native code: do not wait for it
+        sys.stderr.flush()
+        os._exit(0)
     return 0
+
+
+GRACE = 5.0        # seconds past its time limit a solver may take before the answer is given
+
+
+def _solve_anytime(solve, problem, limit, say) -> tuple:
+    """``(Solution or None, why it stopped early or "")``: ``solve`` runs in a thread while
+    offers of its best answers are watched (solvers/anytime.py); a SIGINT (Ctrl-C), or the
+    solver still running ``GRACE`` seconds past ``limit``, ends the wait with the best offer."""
+    import threading
+    from .strategies.problem import Solution
+    from .strategies.solvers import anytime
+    done = {}
+
+    def work():
+        try:
+            done["solution"] = solve(problem, time_limit=limit, progress=say)
+        except BaseException as e:           # noqa: BLE001 -- raised again in the caller
+            done["error"] = e
+
+    with anytime.watch() as watched:
+        thread = threading.Thread(target=work, name="autopar-solve", daemon=True)
+        t0 = time.monotonic()
+        thread.start()
+        why = ""
+        try:
+            thread.join(limit + GRACE)
+            if thread.is_alive():
+                why = f"still searching {GRACE:g} s past the time limit"
+        except KeyboardInterrupt:
+            why = f"interrupted after {time.monotonic() - t0:.1f} s"
+        if not why:
+            if "error" in done:
+                raise done["error"]
+            return done["solution"], ""
+        best = watched.best()
+    if best is None:
+        return None, why
+    return Solution.of(problem, best[1], "anytime"), why
 
 
 def _calibrate(args) -> int:

@@ -170,3 +170,39 @@ def test_report_writes_the_html_page(tmp_path):
     page = (tmp_path / "r.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "application/json" in page
     assert "dot_general" in page and "http://" not in page.replace("http://www.w3.org", "")
+
+
+ANYTIME = f"""
+import sys, time
+from autopar.cli import _solve_anytime
+import autopar.cli as cli
+from autopar.strategies.problem import SearchProblem
+from autopar.strategies.solvers import anytime
+problem = SearchProblem.load({EXAMPLE!r})
+cli.GRACE = float(sys.argv[2])
+
+def slow(problem, time_limit, progress):
+    anytime.offer(problem.cost([0, 0, 0, 0, 0]), [0, 0, 0, 0, 0])   # a feasible answer...
+    print("ready", flush=True)
+    time.sleep(60)                                                   # ...then nothing more
+    raise AssertionError("not interrupted")
+
+sol, why = _solve_anytime(slow, problem, float(sys.argv[1]), print)
+print(why, "|", sol.cost, list(sol.choice), flush=True)
+"""
+
+
+def test_solve_answers_with_the_best_so_far_on_sigint_and_past_the_deadline():
+    """A SIGINT, or a solver still running past its time limit and grace, ends ``autopar solve``
+    with the best feasible answer offered so far, not with nothing."""
+    import signal
+    cost = SearchProblem.load(EXAMPLE).cost([0, 0, 0, 0, 0])
+    p = subprocess.Popen([sys.executable, "-c", ANYTIME, "30", "30"], stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=30)
+    assert out.startswith("interrupted after") and f"| {cost} [0, 0, 0, 0, 0]" in out
+    r = subprocess.run([sys.executable, "-c", ANYTIME, "0.2", "0.3"], capture_output=True,
+                       text=True, timeout=30)
+    assert "still searching 0.3 s past the time limit |" in r.stdout, r.stderr

@@ -8,7 +8,8 @@ can. Every solver has the signature
 
 ``time_limit`` in seconds (None: the solver's own default), ``initial`` a Solution to start
 from or polish, ``progress`` an optional callable ``progress(message: str)`` for searches that
-take more than a second. Solvers are pure: no devices, no global state.
+take more than a second. Solvers are pure: no devices, and no global state except the
+anytime offers (anytime.py) of their best answers so far, which only a caller watching reads.
 """
 from __future__ import annotations
 

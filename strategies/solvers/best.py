@@ -13,7 +13,7 @@ import dataclasses
 import time
 
 from ..problem import SearchProblem, Solution, check_fits
-from . import get
+from . import anytime, get
 
 # an ILP is tried when the pair variables of all edges stay below this many
 ILP_PAIRS = 2_000_000
@@ -27,6 +27,8 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     if pairs > ILP_PAIRS:
         return get("local_search")(problem, time_limit=limit, initial=initial, progress=progress)
     first = initial or get("dynamic_programming")(problem, time_limit=0.2 * limit)
+    if problem.feasible(first.choice):
+        anytime.offer(first.cost, first.choice)
     if progress:
         progress(f"dynamic programming: cost {first.cost:.6g}; polishing with CP-SAT")
     left = limit - (time.monotonic() - start) - 0.5

@@ -52,6 +52,7 @@ from ortools.sat.python import cp_model
 
 from autopar.errors import ConfigError, InfeasibleError
 from autopar.strategies.problem import SearchProblem, Solution, check_fits
+from autopar.strategies.solvers import anytime
 
 DEFAULT_TIME_LIMIT = 60.0
 NUM_WORKERS = 2
@@ -325,6 +326,7 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         cost = self.problem.cost(choice)
         if self.best is None or cost < self.best[0]:
             self.best = (cost, choice)
+            anytime.offer(cost, choice)
             if self.progress is not None:
                 self.progress(f"ilp: cost {cost:.9g} at {time.perf_counter() - self.t0:.1f} s")
         return cost
@@ -351,6 +353,7 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
                  dp.solve(problem, time_limit=_HINT_SHARE * budget, star=True)]
         hint = min(hints, key=lambda s: s.cost)
         best = (hint.cost, np.asarray(hint.choice, np.int64))
+    anytime.offer(best[0], best[1])
     optimal, lower = False, -math.inf
     while True:
         bound, hint = best

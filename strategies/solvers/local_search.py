@@ -38,6 +38,7 @@ import numpy as np
 
 from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
+from . import anytime
 from .graph_reduction import ReducedProblem, reduce, restrict
 from .region_mip import RegionMip
 from .trws import MessagePassing
@@ -222,7 +223,8 @@ class _Search:
         c = self.st.total()
         if c < self.best_cost:
             self.best_cost = c
-            self.best = self.st.choice.copy()
+            self.best = best = self.st.choice.copy()
+            anytime.offer(c, lambda: self.st.r.expand(best))
             return True
         return False
 
