@@ -17,6 +17,7 @@ Sets: the solver was tuned on ``TUNING`` (A, G, M, S: the problems earlier work 
 
     python benchmarks/iopddl.py --problems all
     python benchmarks/iopddl.py --problems G,C --scale 0.25 --json out.json
+    python benchmarks/iopddl.py --files /tmp/variants/*.json.gz      # iopddl_variants.py's
 """
 from __future__ import annotations
 
@@ -86,8 +87,16 @@ def _bound(stderr: str) -> float:
 
 def run(name: str, data: Path, scale: float, solver: str, echo=None) -> Row:
     file, timeout, best = PROBLEMS[name]
-    allowed = timeout * scale
-    path = str(data / file)
+    return run_file(name, str(data / file), timeout * scale, best, solver, echo)
+
+
+def variant_timeout(path: Path) -> float:
+    """The contest timeout of the problem a variant file (``...-iopddl-X-KIND``) comes from."""
+    found = re.search(r"iopddl-([A-Z])-", path.name)
+    return PROBLEMS[found.group(1)][1] if found and found.group(1) in PROBLEMS else 60.0
+
+
+def run_file(name: str, path: str, allowed: float, best: float, solver: str, echo=None) -> Row:
     problem = iopddl_check.read_problem(path)
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "autopar.cli", "solve", path, f"{allowed:g}",
@@ -106,7 +115,8 @@ def run(name: str, data: Path, scale: float, solver: str, echo=None) -> Row:
     out, err, rss = got_out[0], got_err[0], usage.ru_maxrss / 1024
     if echo:
         echo(err)
-    set_ = "tuning" if name in TUNING else "evaluation" if name in EVALUATION else "other"
+    set_ = "tuning" if name in TUNING else "evaluation" if name in EVALUATION else (
+        "variant" if math.isnan(best) else "other")
     nodes = len(problem["nodes"]["costs"])
     limit = problem.get("usage_limit") or 0
     try:
@@ -131,13 +141,15 @@ def markdown(rows) -> str:
              "gap | peak / limit | seconds | peak RSS MB |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        mem = f"{r.peak / r.limit:.4f}" if r.limit else "-"
+        mem = f"{r.peak / r.limit:.4f}" if r.limit and r.valid else "-"
         bound = "-" if math.isnan(r.bound) else (
-            f"{r.bound:,.0f} / {(r.cost - r.bound) / r.cost:.2%}" if r.valid else f"{r.bound:,.0f}")
+            f"{r.bound:,.0f} / {max(0.0, (r.cost - r.bound) / r.cost):.2%}" if r.valid
+            else f"{r.bound:,.0f}")
         cost = f"{r.cost:,.0f}" if r.valid else f"invalid: {r.error}"
-        ratio = f"{r.ratio:.4f}" if r.valid else "-"
+        ratio = f"{r.ratio:.4f}" if r.valid and not math.isnan(r.ratio) else "-"
+        best = "-" if math.isnan(r.best) else f"{r.best:,.0f}"
         lines.append(f"| {r.problem} | {r.set} | {r.nodes:,} | {r.timeout:g} | {cost} | "
-                     f"{r.best:,.0f} | {ratio} | {bound} | {mem} | {r.seconds:.1f} | "
+                     f"{best} | {ratio} | {bound} | {mem} | {r.seconds:.1f} | "
                      f"{r.rss_mb:.0f} |")
     for s in ("tuning", "evaluation"):
         part = [r for r in rows if r.set == s]
@@ -159,7 +171,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows here as JSON")
     ap.add_argument("--markdown", type=Path, help="write the table here")
     ap.add_argument("--quiet", action="store_true", help="do not echo the solver's progress")
+    ap.add_argument("--files", nargs="+", type=Path, default=[],
+                    help="other problem files instead (iopddl_variants.py's): no best cost; the "
+                         "timeout of the problem each was derived from, times --scale")
     args = ap.parse_args(argv)
+    if args.files:
+        args.problems = ""
     names = []
     for p in (p.strip() for p in args.problems.split(",") if p.strip()):
         names += SETS.get(p, (p,))
@@ -167,9 +184,13 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown problem(s) {unknown}; choose from {list(PROBLEMS)} or {list(SETS)}")
     echo = None if args.quiet else (lambda text: sys.stderr.write(text))
+    jobs = [(n, lambda n=n: run(n, args.data, args.scale, args.solver, echo)) for n in names]
+    jobs += [(f.name.split(".")[0], lambda f=f: run_file(
+        f.name.split(".")[0], str(f), variant_timeout(f) * args.scale, math.nan, args.solver, echo))
+        for f in args.files]
     rows = []
-    for name in names:
-        row = run(name, args.data, args.scale, args.solver, echo)
+    for name, job in jobs:
+        row = job()
         print(f"{name}: {'cost %.0f ratio %.4f' % (row.cost, row.ratio) if row.valid else row.error}"
               f" in {row.seconds:.1f}s (timeout {row.timeout:g}s), {row.rss_mb:.0f} MB",
               file=sys.stderr, flush=True)
