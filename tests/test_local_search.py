@@ -183,3 +183,23 @@ def test_whole_mip_bound_lies_below_every_feasible_cost(seed):
     assert sol.lower_bound <= other.cost + 1e-6 * abs(other.cost)
     assert other.lower_bound is None or other.lower_bound <= sol.cost + 1e-6 * abs(sol.cost)
     assert sol.gap < 0.05
+
+
+def test_lagrangian_bound_lies_below_the_optimum():
+    """Without the whole MIP, the Lagrangian phase still proves a bound (TRW-S's reparametrised
+    minimum of the priced cost less the priced capacity): never above brute force's optimum."""
+    from autopar.strategies.solvers import brute
+    from autopar.strategies.solvers.random_problems import random_problem as tiny
+    no_mip = local_search.LocalSearchOptions(whole_mip_columns=0)
+    bounded = 0
+    for seed in range(25):
+        problem = tiny(seed, limit="tight")
+        try:
+            best = brute.solve(problem)
+        except InfeasibleError:
+            continue
+        sol = local_search.solve(problem, time_limit=0.5, options=no_mip)
+        if sol.lower_bound is not None:
+            bounded += 1
+            assert sol.lower_bound <= best.cost + 1e-9 * abs(best.cost)
+    assert bounded >= 10

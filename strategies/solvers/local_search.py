@@ -17,7 +17,8 @@ Algorithm:
    cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
    extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
-   priced cost.
+   priced cost. Each step proves a lower bound: TRW-S's reparametrised minimum of the priced
+   cost (``MessagePassing.lower_bound``) less the priced capacity.
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
    that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
@@ -228,6 +229,11 @@ class _Search:
             return True
         return False
 
+    def prove(self, bound: float):
+        """Keep ``bound``, a proven lower bound on every feasible cost, when it is the best."""
+        if np.isfinite(bound) and (self.bound is None or bound > self.bound):
+            self.bound = bound
+
     def restore(self):
         self.st.load(self.best)
 
@@ -302,7 +308,10 @@ class _Search:
         lam = np.zeros(len(st.slack))
         step, stale = 1.0, 0
         while time.monotonic() < until and self.time_left() > 0:
-            x = passing.sweep(st.price(lam), self.opts.lagrangian_sweeps)
+            unary = st.price(lam)
+            x = passing.sweep(unary, self.opts.lagrangian_sweeps)
+            # every feasible choice costs at least the priced minimum less the priced capacity
+            self.prove(r.offset + passing.lower_bound(unary) - float(lam @ r.capacity))
             st.load(x)
             g = -st.slack.astype(np.float64)            # usage - capacity
             priced = st.total() + float(lam @ g)
@@ -454,7 +463,7 @@ class _Search:
             res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
                                    0.0 if everything < 20_000 else 1e-6)
             if res.bound is not None:            # the whole problem's: a proven lower bound
-                self.bound = st.r.offset + res.bound
+                self.prove(st.r.offset + res.bound)
             self.report("whole MIP")
             if res.optimal and res.choice is not None:
                 self.optimal = everything < 20_000

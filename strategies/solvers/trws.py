@@ -3,7 +3,8 @@
 In: node costs (one array per node, the ``unary`` passed to each ``sweep`` call) and edges
 with cost matrices (``inf`` marks a forbidden pair). Out: from ``sweep``, a choice read off
 the last forward pass; messages persist between calls, so a changed ``unary`` (a Lagrangian
-memory price, say) starts from where the last call ended.
+memory price, say) starts from where the last call ended. From ``lower_bound``, a bound on
+every choice's cost valid for any messages.
 
 Recurrence (Kolmogorov, "Convergent tree-reweighted message passing", 2006), nodes in index
 order, ``gamma_i = 1 / max(#neighbours before i, #neighbours after i)``:
@@ -37,6 +38,8 @@ class MessagePassing:
             else:
                 self.before[u].append((e, v, m, 0))
                 self.after[v].append((e, u, m.T, 1))
+        self.pairs = [(int(u), int(v), np.where(np.isfinite(m), m, big))
+                      for (u, v), m in zip(edges, edge_costs)]
         self.incoming = [np.zeros(int(k)) for k in sizes]
         self.gamma = np.array([1.0 / max(1, len(b), len(a))
                                for b, a in zip(self.before, self.after)])
@@ -68,3 +71,18 @@ class MessagePassing:
     def beliefs(self, unary) -> list:
         """Per node, ``unary + incoming messages`` (min-marginals up to a shift)."""
         return [u + m for u, m in zip(unary, self.incoming)]
+
+    def lower_bound(self, unary) -> float:
+        """A lower bound on ``sum_i unary_i(x_i) + sum_e M_e(x_u, x_v)`` over every choice that
+        uses no forbidden pair, for the messages as they are: the messages reparametrise the
+        cost (node terms gain what they receive, edge terms lose what they send, so every
+        choice's total is unchanged), and the total is at least the sum of each term's
+        minimum. Forbidden pairs count as the large finite cost that stands in for them."""
+        incoming = [np.zeros(len(u)) for u in unary]
+        total = 0.0
+        for e, (u, v, m) in enumerate(self.pairs):
+            into_u, into_v = self.into[e]
+            incoming[u] += into_u
+            incoming[v] += into_v
+            total += float((m - into_u[:, None] - into_v[None, :]).min())
+        return total + sum(float((np.asarray(c) + i).min()) for c, i in zip(unary, incoming))
