@@ -148,7 +148,8 @@ def _solve(args) -> int:
     return 0
 
 
-GRACE = 5.0        # seconds past its time limit a solver may take before the answer is given
+GRACE = 0.5        # seconds past its time limit a solver may take before the best offer is
+                   # answered instead (solvers aim to return a margin before the limit)
 
 
 def _solve_anytime(solve, problem, limit, say) -> tuple:
