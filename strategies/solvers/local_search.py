@@ -17,8 +17,9 @@ Algorithm:
    cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
    extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
-   priced cost. Each step proves a lower bound: TRW-S's reparametrised minimum of the priced
-   cost (``MessagePassing.lower_bound``) less the priced capacity.
+   priced cost. Steps (within a tenth of the phase's time) prove a lower bound: TRW-S's
+   reparametrised minimum of the priced cost (``MessagePassing.lower_bound``) less the priced
+   capacity.
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
    that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.

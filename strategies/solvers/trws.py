@@ -27,9 +27,11 @@ class MessagePassing:
         self.before = [[] for _ in range(num_nodes)]   # (edge, j, M oriented (i, j)) with j < i
         self.after = [[] for _ in range(num_nodes)]
         self.into = []                                 # per edge: [message into u, into v]
+        self.pairs = []                                # per edge: (u, v, M with big for inf)
         for e, ((u, v), m) in enumerate(zip(edges, edge_costs)):
             u, v = int(u), int(v)
             m = np.where(np.isfinite(m), m, big)
+            self.pairs.append((u, v, m))
             self.into.append([np.zeros(m.shape[0]), np.zeros(m.shape[1])])
             # slot k: the message into the node itself; 1 - k: the one it sends
             if u < v:
@@ -38,8 +40,6 @@ class MessagePassing:
             else:
                 self.before[u].append((e, v, m, 0))
                 self.after[v].append((e, u, m.T, 1))
-        self.pairs = [(int(u), int(v), np.where(np.isfinite(m), m, big))
-                      for (u, v), m in zip(edges, edge_costs)]
         self.incoming = [np.zeros(int(k)) for k in sizes]
         self.gamma = np.array([1.0 / max(1, len(b), len(a))
                                for b, a in zip(self.before, self.after)])
