@@ -203,3 +203,46 @@ def test_lagrangian_bound_lies_below_the_optimum():
             bounded += 1
             assert sol.lower_bound <= best.cost + 1e-9 * abs(best.cost)
     assert bounded >= 10
+
+
+def classes_grid(side=12, classes=3, copies=2, seed=0) -> SearchProblem:
+    """A side x side grid whose neighbours must take strategies of the same class (every other
+    pair forbidden), ``copies`` strategies per class trading cost for memory, the least-memory
+    class differing from node to node, and a memory limit that lets only some nodes take their
+    cheap copy: not a function from one node's strategy to the next, so nothing merges, and
+    the least-memory start breaks many pairs."""
+    rng = np.random.default_rng(seed)
+    n, k = side * side, classes * copies
+    cls = np.repeat(np.arange(classes), copies)
+    costs, usages = [], []
+    for _ in range(n):
+        base = rng.integers(10, 30, classes)[cls].astype(float)
+        costs.append(base - 5 * np.tile(np.arange(copies), classes))      # later copies cheaper
+        usages.append(rng.integers(1, 4, classes)[cls] + 2 * np.tile(np.arange(copies), classes))
+    edges, ecosts = [], []
+    for i in range(side):
+        for j in range(side):
+            for di, dj in ((0, 1), (1, 0)):
+                if i + di < side and j + dj < side:
+                    edges.append((i * side + j, (i + di) * side + j + dj))
+                    m = rng.integers(0, 5, (classes, classes))[cls][:, cls].astype(float)
+                    m[cls[:, None] != cls[None, :]] = INF
+                    ecosts.append(m)
+    limit = int(sum(u.min() for u in usages) + n)         # about half the nodes' cheap copies
+    return SearchProblem(tuple(costs), tuple(usages), np.tile([0, 1], (n, 1)).astype(np.int64),
+                         np.asarray(edges, np.int64), tuple(ecosts), limit, "classes")
+
+
+def test_start_keeps_clear_of_forbidden_pairs():
+    """A problem where the least-memory choice of each node breaks pairs (IOPDDL A with more
+    strategies per node was one): local_search's start respects the forbidden pairs (arc
+    consistency as nodes are fixed) and fits, and the search proves its answer optimal."""
+    p = classes_grid()
+    red = reduce(p)
+    assert red.num_nodes == p.num_nodes                  # nothing merged
+    st = local_search._State(red)
+    search = local_search._Search(st, local_search.LocalSearchOptions(), np.inf, None, 0.0)
+    search.initial()
+    assert np.isfinite(st.total()) and not st.overflow()
+    got = local_search.solve(p, time_limit=10)
+    assert p.feasible(got.choice) and got.bound == pytest.approx(got.cost)

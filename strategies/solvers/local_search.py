@@ -11,7 +11,9 @@ Algorithm:
 2. ``_State`` keeps the choice and the free memory ``slack`` at every kept time step; a node's
    memory is piecewise constant over its own pieces, so "which strategies fit" is one
    ``minimum.reduceat`` over the node's span and one comparison of a (strategies, pieces) table.
-3. Start: the least-memory strategy per node, repaired until it fits, then 1-opt descent.
+3. Start: the least-memory strategy per node among those arc consistency leaves it with the
+   nodes fixed before it (no forbidden pair), repaired until it fits, then 1-opt descent;
+   repairs never move a node into a forbidden pair.
 4. Lagrangian phase: memory prices ``lam_t >= 0`` per kept step turn the limit into node costs
    (``usage . sum of lam over each piece``); TRW-S message passing (trws.py) minimises the priced
    cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
@@ -136,13 +138,16 @@ class _State:
             return np.ones(len(self.cost[x]), bool)
         return (self.table[x] <= self.avail(x)).all(1)
 
-    def total(self, choice=None) -> float:
+    def total(self, choice=None, forbidden=np.inf) -> float:
+        """The cost of ``choice`` (the current one by default), each forbidden pair it uses
+        counted as ``forbidden``."""
         ch = self.choice if choice is None else choice
         if self.n == 0:
             return self.r.offset
         out = self.r.offset + float(self.node_flat[self.node_off + ch].sum())
         if len(self.eu):
-            out += float(self.edge_flat[self.edge_off + ch[self.eu] * self.esv + ch[self.ev]].sum())
+            pairs = self.edge_flat[self.edge_off + ch[self.eu] * self.esv + ch[self.ev]]
+            out += float(np.where(np.isfinite(pairs), pairs, forbidden).sum())
         return out
 
     def price(self, lam) -> list:
@@ -189,6 +194,30 @@ class _State:
 
     def overflow(self) -> bool:
         return bool(self.slack.size) and int(self.slack.min()) < 0
+
+
+class _Domains:
+    """The strategies each node may still take without a forbidden pair (infinite edge cost),
+    kept arc consistent as nodes are fixed: fixing a node narrows its neighbours to the
+    strategies with a finite pair with it, and each narrowing spreads the same way. A node
+    left with nothing keeps what it had (a conflict a later repair or descent must mend)."""
+
+    def __init__(self, st: _State):
+        self.st = st
+        self.left = [np.isfinite(c) for c in st.cost]
+        self.allowed = [[(w, np.isfinite(m)) for w, m in nb] for nb in st.nbrs]
+
+    def fix(self, x, s):
+        self.left[x] = np.zeros(len(self.left[x]), bool)
+        self.left[x][s] = True
+        todo = [x]
+        while todo:
+            y = todo.pop()
+            for w, ok in self.allowed[y]:
+                new = self.left[w] & ok[self.left[y]].any(0)
+                if new.any() and (new != self.left[w]).any():
+                    self.left[w] = new
+                    todo.append(w)
 
 
 class _Search:
@@ -240,12 +269,30 @@ class _Search:
 
     # ------------------------------------------------------------------ start, repair
     def initial(self):
+        """The least-memory strategy of each node (the cheapest among equals), nodes in
+        breadth-first order, each chosen among the strategies left to it by arc consistency
+        (``_Domains``) with the choices before it; then repaired."""
         st = self.st
-        choice = np.zeros(st.n, np.int64)
-        for x in range(st.n):
-            d = st.table[x]
-            use = (d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
-            choice[x] = int(np.lexsort((st.cost[x], use))[0])
+        dom = _Domains(st)
+        choice = np.full(st.n, -1, np.int64)
+        for root in range(st.n):
+            if choice[root] >= 0:
+                continue
+            queue, head = [root], 0
+            choice[root] = -2                            # queued
+            while head < len(queue):
+                x = queue[head]
+                head += 1
+                d = st.table[x]
+                use = (d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
+                pick = np.flatnonzero(dom.left[x])
+                pick = pick if len(pick) else np.arange(len(st.cost[x]))
+                choice[x] = int(pick[np.lexsort((st.cost[x][pick], use[pick]))[0]])
+                dom.fix(x, choice[x])
+                for w in st.nbr_ids[x]:
+                    if choice[w] == -1:
+                        choice[w] = -2
+                        queue.append(int(w))
         st.load(choice)
         self.repair(np.inf)
 
@@ -267,9 +314,15 @@ class _Search:
                 if gain.max() <= 0:
                     continue
                 loc = st.local(x)
-                score = np.where(gain > 0, (np.maximum(loc - loc[cur], 0) + 1.0)
-                                 / np.maximum(gain, 1), np.inf)
-                st.set(x, int(np.argmin(score)))
+                # extra cost of each move; none into a forbidden pair, any out of one
+                with np.errstate(invalid="ignore"):
+                    extra = np.where(np.isfinite(loc), np.maximum(loc - loc[cur], 0), np.inf)
+                extra[np.isfinite(loc) & ~np.isfinite(loc[cur])] = 0.0
+                score = np.where(gain > 0, (extra + 1.0) / np.maximum(gain, 1), np.inf)
+                s = int(np.argmin(score))
+                if not np.isfinite(score[s]):
+                    continue
+                st.set(x, s)
                 moved = True
             if not moved:
                 break
@@ -318,7 +371,7 @@ class _Search:
                 next_bound = time.monotonic() + 9 * (time.monotonic() - t0)
             st.load(x)
             g = -st.slack.astype(np.float64)            # usage - capacity
-            priced = st.total() + float(lam @ g)
+            priced = st.total(forbidden=passing.big) + float(lam @ g)
             move = np.where(lam > 0, g, np.maximum(g, 0))
             norm = float(move @ move)
             if norm > 0:

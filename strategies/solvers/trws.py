@@ -23,6 +23,7 @@ class MessagePassing:
         finite = [m[np.isfinite(m)] for m in edge_costs]
         top = max([float(np.abs(f).max()) for f in finite if f.size] + [1.0])
         big = 1e4 * top                           # stands in for a forbidden pair
+        self.big = big
         self.n = num_nodes
         self.before = [[] for _ in range(num_nodes)]   # (edge, j, M oriented (i, j)) with j < i
         self.after = [[] for _ in range(num_nodes)]
