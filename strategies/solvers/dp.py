@@ -38,7 +38,12 @@ Lagrangian multiplier lambda is added to the node costs of the nodes live at vio
 c_i[s] + lambda * usage_i[s]. lambda is first 2^40 times a scale (the cost per byte at which a
 penalised node is indifferent between its cheapest and its smallest strategy): when even that
 choice breaks the limit, the nodes it violates join the penalised set (up to four rounds);
-else lambda is bisected geometrically, from scale / 1024, for the smallest value that fits.
+else lambda moves to the breakpoint of the two plans that bracket it (the infeasible one of
+the largest lambda tried, at first the unpenalised plan, and the feasible one of the smallest,
+at first the 2^40 one): the lambda at which their penalised costs are equal. The plan there
+replaces the end it falls on; when it is no cheaper there than both ends, no plan lies
+between them and the search stops (a geometric midpoint stands in when the breakpoint falls
+outside the bracket, the heuristic eliminations not being exact on every graph).
 Every candidate choice then goes through ``bfs_propagation.repair_memory`` (moves nodes live at
 the peak to smaller strategies), the three cheapest through ``bfs_propagation.improve`` (1-opt
 descent within the limit), and the cheapest is returned (or ``initial``, when given, feasible
@@ -60,7 +65,7 @@ from autopar.strategies.solvers.bfs_propagation import Adjacency, improve, repai
 DEFAULT_TIME_LIMIT = 60.0
 ENUMERATION_LIMIT = 20_000
 _BLOCK = 1 << 22            # largest (p, s, q) array built at once in node elimination
-_LAMBDA_STEPS = 16          # bisection steps of the memory multiplier
+_LAMBDA_STEPS = 16          # most steps of the memory multiplier search
 _POLISHED = 3               # cheapest repaired candidates given to the descent
 _CEILING = 2.0 ** 40        # multiplier (times the scale) tried first: if even its choice
                             # breaks the limit, the penalised set widens instead
@@ -453,17 +458,26 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
                 break
             hot |= extra
             continue
-        low = 0.0
-        for k in range(_LAMBDA_STEPS):     # bisect (geometrically) for the least that fits
+        low, below, above = 0.0, choice, fit     # lambdas and plans bracketing the least
+        mask = np.array(hot.tolist(), bool)
+        held = lambda c: float(sum(u[s] for u, s, h in zip(usage, c, mask) if h))
+        line = lambda c, lam: problem.cost(c) + lam * held(c)
+        for _ in range(_LAMBDA_STEPS):
             if time.perf_counter() > deadline or high <= low * 1.001:
                 break
-            mid = scale / 1024.0 if k == 0 else math.sqrt(low * high) if low > 0 else high / 4.0
+            drop = held(below) - held(above)
+            mid = (problem.cost(above) - problem.cost(below)) / drop if drop > 0 else -1.0
+            breakpoint = low < mid < high
+            if not breakpoint:
+                mid = math.sqrt(low * high) if low > 0 else high / 4.0
             c = penalised(mid)
             candidates.append(c)
+            if breakpoint and line(c, mid) >= line(below, mid) * (1 - 1e-9):
+                break                          # nothing between the bracketing plans
             if problem.feasible(c):
-                high = mid
+                high, above = mid, c
             else:
-                low = mid
+                low, below = mid, c
         break
     repaired = [c if problem.feasible(c) else repair_memory(problem, c, adj) for c in candidates]
     repaired.sort(key=problem.cost)
