@@ -19,9 +19,8 @@ Algorithm:
    cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
    extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
-   priced cost. Steps (within a tenth of the phase's time) prove a lower bound: TRW-S's
-   reparametrised minimum of the priced cost (``MessagePassing.lower_bound``) less the priced
-   capacity.
+   priced cost. Every step proves a lower bound: TRW-S's bound on the priced cost
+   (``MessagePassing.lower_bound``, from its backward pass) less the priced capacity.
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
    that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
@@ -360,15 +359,12 @@ class _Search:
         st, r = self.st, self.st.r
         passing = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
         lam = np.zeros(len(st.slack))
-        step, stale, next_bound = 1.0, 0, 0.0
+        step, stale = 1.0, 0
         while time.monotonic() < until and self.time_left() > 0:
             unary = st.price(lam)
             x = passing.sweep(unary, self.opts.lagrangian_sweeps)
-            if time.monotonic() >= next_bound:   # at most a tenth of the phase's time
-                t0 = time.monotonic()
-                # every feasible choice costs at least the priced minimum less priced capacity
-                self.prove(r.offset + passing.lower_bound(unary) - float(lam @ r.capacity))
-                next_bound = time.monotonic() + 9 * (time.monotonic() - t0)
+            # every feasible choice costs at least the priced minimum less priced capacity
+            self.prove(r.offset + passing.lower_bound() - float(lam @ r.capacity))
             st.load(x)
             g = -st.slack.astype(np.float64)            # usage - capacity
             priced = st.total(forbidden=passing.big) + float(lam @ g)

@@ -3,8 +3,8 @@
 In: node costs (one array per node, the ``unary`` passed to each ``sweep`` call) and edges
 with cost matrices (``inf`` marks a forbidden pair). Out: from ``sweep``, a choice read off
 the last forward pass; messages persist between calls, so a changed ``unary`` (a Lagrangian
-memory price, say) starts from where the last call ended. From ``lower_bound``, a bound on
-every choice's cost valid for any messages.
+memory price, say) starts from where the last call ended. From ``lower_bound``, the bound on
+every choice's cost that the last backward pass proved.
 
 Recurrence (Kolmogorov, "Convergent tree-reweighted message passing", 2006), nodes in index
 order, ``gamma_i = 1 / max(#neighbours before i, #neighbours after i)``:
@@ -44,18 +44,26 @@ class MessagePassing:
         self.incoming = [np.zeros(int(k)) for k in sizes]
         self.gamma = np.array([1.0 / max(1, len(b), len(a))
                                for b, a in zip(self.before, self.after)])
+        self.bound = -np.inf
 
-    def _send(self, i, h, links):
+    def _send(self, i, h, links) -> float:
+        """Messages from ``i`` (node term ``h``) along ``links``; returns the sum of each new
+        message's minimum before it is shifted to 0."""
         hg = self.gamma[i] * h
+        shifted = 0.0
         for e, j, m, k in links:
             msg = (hg - self.into[e][k])[:, None] + m
             new = msg.min(0)
-            new -= new.min()
+            low = float(new.min())
+            shifted += low
+            new -= low
             self.incoming[j] += new - self.into[e][1 - k]
             self.into[e][1 - k] = new
+        return shifted
 
     def sweep(self, unary, sweeps: int = 1) -> np.ndarray:
-        """``sweeps`` forward+backward passes; the choice of the last forward pass."""
+        """``sweeps`` forward+backward passes; the choice of the last forward pass. Each
+        backward pass also sets ``bound`` (see ``lower_bound``)."""
         x = np.zeros(self.n, np.int64)
         for _ in range(sweeps):
             for i in range(self.n):
@@ -65,25 +73,23 @@ class MessagePassing:
                     p += m[:, x[j]] - self.into[e][k]
                 x[i] = int(np.argmin(p))
                 self._send(i, h, self.after[i])
+            bound = 0.0
             for i in range(self.n - 1, -1, -1):
-                self._send(i, unary[i] + self.incoming[i], self.before[i])
+                h = unary[i] + self.incoming[i]
+                low = float(h.min())
+                bound += low + self._send(i, h - low, self.before[i])
+            self.bound = bound
         return x
 
     def beliefs(self, unary) -> list:
         """Per node, ``unary + incoming messages`` (min-marginals up to a shift)."""
         return [u + m for u, m in zip(unary, self.incoming)]
 
-    def lower_bound(self, unary) -> float:
+    def lower_bound(self) -> float:
         """A lower bound on ``sum_i unary_i(x_i) + sum_e M_e(x_u, x_v)`` over every choice that
-        uses no forbidden pair, for the messages as they are: the messages reparametrise the
-        cost (node terms gain what they receive, edge terms lose what they send, so every
-        choice's total is unchanged), and the total is at least the sum of each term's
-        minimum. Forbidden pairs count as the large finite cost that stands in for them."""
-        incoming = [np.zeros(len(u)) for u in unary]
-        total = 0.0
-        for e, (u, v, m) in enumerate(self.pairs):
-            into_u, into_v = self.into[e]
-            incoming[u] += into_u
-            incoming[v] += into_v
-            total += float((m - into_u[:, None] - into_v[None, :]).min())
-        return total + sum(float((np.asarray(c) + i).min()) for c, i in zip(unary, incoming))
+        uses no forbidden pair, for the ``unary`` of the last ``sweep`` (its backward pass):
+        TRW-S's own bound (Kolmogorov, 2006), the sum over the nodes, last to first, of the
+        minimum of each node's term and of the messages it sends back before they are
+        shifted. Forbidden pairs count as the finite cost that stands in for them, which only
+        lowers the bound. ``-inf`` before any sweep."""
+        return self.bound
