@@ -13,7 +13,9 @@ max(16, devices) sequences, so data parallelism splits it evenly; no memory cap 
 ``--max-memory``; ``--stages``/``--micro-batches`` (counts or ``auto``) and
 ``--parallel-optimizer`` set the pipeline and ZeRO for every plan.
 ``problem_nodes`` is the size of the (last) SearchProblem the solver saw; ``--no-merge`` builds
-it with one node per operator, the ablation of elementwise-follower merging.
+it with one node per operator, the ablation of elementwise-follower merging. ``search_gap``
+(auto_parallel without a pipeline): how far the plan can be from the best in the search's own
+model, from the lower bound the search proved (None: no bound, e.g. recursive_programming).
 """
 import argparse
 import json
@@ -99,7 +101,10 @@ def main():
                           "vs_data_parallel": round(s.step_time / dp.step_time, 4),
                           **({"stages": len(s.stages), "micro_batches": s.micro_batches,
                               "pipeline_step_s": round(s.pipeline_time, 6)} if s.stages else {}),
-                          "peak_gb": round(s.peak_memory / 2 ** 30, 3)}), flush=True)
+                          "peak_gb": round(s.peak_memory / 2 ** 30, 3),
+                          **({"search_gap": None if s.search_gap is None
+                              else round(s.search_gap, 5)} if s.search_cost is not None else {})}),
+              flush=True)
 
 
 if __name__ == "__main__":

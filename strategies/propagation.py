@@ -33,6 +33,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 from autopar.errors import LayoutError
 from autopar.graph import Const, Value
@@ -49,6 +50,8 @@ class Assignment:
     cost: float           # total resharding seconds counted by the search
     held: dict = field(default_factory=dict)   # value id -> the layout it is converted to
                                                # once, before its readers read it (hubs)
+    bound: Optional[float] = None   # proven lower bound on ``cost`` over every choice the
+                                    # search could have made (None: none proved)
 
 
 _ZERO = (0.0, 0)

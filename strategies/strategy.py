@@ -112,6 +112,8 @@ class Strategy:
     memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
                                     # execution order (empty for a pipeline: see stages)
     pipeline_choices: tuple = ()    # PipelineChoice per pipeline tried ("auto"; else empty)
+    search_cost: Optional[float] = None    # auto_parallel: the plan's cost in the search's model
+    search_bound: Optional[float] = None   # ... and the least any plan could cost there, proved
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
@@ -139,6 +141,15 @@ class Strategy:
         return (sum(secs) + (self.micro_batches - 1) * max(secs) + self.overhead_time
                 if secs else 0.0)
 
+    @property
+    def search_gap(self) -> Optional[float]:
+        """(search_cost - search_bound) / search_cost: how far the search's plan can be from
+        the best in its own model; None without a bound."""
+        if self.search_cost is None or self.search_bound is None:
+            return None
+        return (self.search_cost - self.search_bound) / self.search_cost if self.search_cost \
+            else 0.0
+
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
 
@@ -152,6 +163,11 @@ class Strategy:
                 + (f" + per call {self.overhead_time * 1e6:.1f} us" if self.overhead_time else "")
                 + "; "
                 f"peak memory {format_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
+        if self.search_cost is not None:
+            head.append(f"search: the plan costs {self.search_cost * 1e6:.1f} us in the search's "
+                        "model; " + ("no lower bound proved" if self.search_bound is None else
+                                     f"every plan costs at least {self.search_bound * 1e6:.1f} "
+                                     f"us there (proved): gap {self.search_gap:.2%}"))
         if self.stages:
             head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
                         f"{self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
@@ -220,6 +236,8 @@ class Strategy:
                if self.pipeline_choices else {}),
             "output_comm_time": self.output_comm_time, "overhead_time": self.overhead_time,
             "peak_memory": self.peak_memory, "peak_op": self.peak_op, "memory_limit": self.memory_limit,
+            **({"search_cost": self.search_cost} if self.search_cost is not None else {}),
+            **({"search_bound": self.search_bound} if self.search_bound is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -253,6 +271,7 @@ class Strategy:
             output_comm_time=d["output_comm_time"], overhead_time=d.get("overhead_time", 0.0),
             peak_memory=d["peak_memory"],
             peak_op=d["peak_op"], memory_limit=d["memory_limit"],
+            search_cost=d.get("search_cost"), search_bound=d.get("search_bound"),
             stages=tuple(StageStrategy(
                 index=st["index"], devices=tuple(st["devices"]), seconds=st["seconds"],
                 memory=st["memory"], mesh_shape=tuple(st.get("mesh", {}).get("shape", ())),

@@ -343,3 +343,21 @@ def test_auto_parallel_is_never_estimated_slower_than_data_parallel(baseline, mo
         assert auto.step_time <= dp.step_time * (1 + 1e-9)
     else:
         assert auto.step_time > dp.step_time
+
+
+def test_strategy_reports_the_gap_its_search_proved():
+    """auto_parallel's Strategy carries its plan's cost in the search's model and a proven lower
+    bound on every plan's cost there (TRW-S after dynamic programming): the bound is no higher
+    than the plan, the dump prints the gap, the file keeps both; other modes have neither."""
+    p = m.gpt_params(vocab=64, seq=16, d=32, layers=2)
+    b = m.gpt_batch(batch=8, seq=16, vocab=64)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, mesh_shape=(2, 2),
+                            search_mode="dynamic_programming", progress=False)
+    s = ap.plan(m.gpt_sgd_step, p, b, config=cfg)
+    assert s.search_cost is not None and s.search_bound is not None
+    assert 0 < s.search_bound <= s.search_cost and 0 <= s.search_gap < 0.5
+    assert f"gap {s.search_gap:.2%}" in s.table()
+    back = ap.Strategy.from_json(s.to_json())
+    assert (back.search_cost, back.search_bound) == (s.search_cost, s.search_bound)
+    semi = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
+    assert semi.search_cost is None and semi.search_bound is None and "gap" not in semi.table()

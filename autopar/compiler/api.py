@@ -21,6 +21,7 @@ from ..errors import AutoparError, ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies import recursive, solvers
+from ..strategies.solvers import trws
 from ..strategies.build import StatePricing, build_problem, default_arg_options
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
@@ -199,9 +200,18 @@ class CompileRequest:
         return StatePricing(returned=big, read=frozenset(i for i in big if not self.names[i][1]))
 
 
+BOUND_TOLERANCE = 1e-3     # the bound search stops within this share of the plan's cost
+BOUND_SHARE = 2.0          # ... or after this many times the search's own time (>= 1 s)
+
+
 def _search(req: CompileRequest, config, mesh, planner, cands, fit):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
-    (``fit``: the MicroFit its layouts must pass, or None)."""
+    (``fit``: the MicroFit its layouts must pass, or None). The Assignment's ``bound``: the
+    solver's proven lower bound when its answer is kept, else (and while the gap exceeds
+    ``BOUND_TOLERANCE``) TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with)
+    given ``BOUND_SHARE`` times as long as the search took so far (at least a second, at most
+    what ``search_time`` leaves)."""
+    t0 = time.monotonic()
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     fixed = req.arg_layouts(mesh)
     options = None if fit is None else tuple(
@@ -218,12 +228,23 @@ def _search(req: CompileRequest, config, mesh, planner, cands, fit):
     finally:
         progress.close()
     best = list(solution.choice)
+    bound = solution.lower_bound
     baseline = _data_parallel_choice(req, config, mesh, planner, cands, built)
     if baseline is not None and built.problem.feasible(baseline) and \
             built.problem.cost(baseline) < built.problem.cost(best):
         best = baseline
+    cost = built.problem.cost(best)
+    if bound is None or cost - bound > BOUND_TOLERANCE * abs(cost):
+        took = time.monotonic() - t0
+        budget = max(1.0, BOUND_SHARE * took)
+        if config.search_time is not None:
+            budget = min(budget, config.search_time - took)
+        got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 else None
+        if got is not None and (bound is None or got > bound):
+            bound = got
     choice, inputs = built.assignment(best)
-    return Assignment(choice, inputs, built.problem.cost(best), built.held(best, choice))
+    return Assignment(choice, inputs, cost, built.held(best, choice),
+                      None if bound is None else min(bound, cost))
 
 
 BASELINE_OPERATORS = 4000
@@ -482,8 +503,19 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         host_bytes=host_bytes(graph, program), bucket_bytes=bucket_bytes(config),
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace),
-                       ("lower", time.monotonic() - t_search)))
+                       ("lower", time.monotonic() - t_search)),
+        **_search_result(config, req, per_stage, pipelined))
     return graph, strat, program
+
+
+def _search_result(config, req, per_stage, pipelined) -> dict:
+    """``search_cost`` and ``search_bound`` for the Strategy: auto_parallel's searched plan
+    without a pipeline (a pipeline's stage searches each have their own model); else none."""
+    if pipelined or req.strategy is not None or \
+            config.parallel_mode is not ParallelMode.AUTO_PARALLEL:
+        return {}
+    a = per_stage[0].assignment
+    return {"search_cost": a.cost, "search_bound": a.bound}
 
 
 def _mesh_plans(req: CompileRequest, cache):

@@ -15,7 +15,12 @@ forward pass ``x_i = argmin_s unary_i(s) + sum_{j<i} M_ij(s, x_j) + sum_{j>i} m_
 """
 from __future__ import annotations
 
+import time
+from typing import Optional
+
 import numpy as np
+
+FORBIDDEN = 1e17          # problem costs at or above this mark an impossible strategy or pair
 
 
 class MessagePassing:
@@ -93,3 +98,35 @@ class MessagePassing:
         shifted. Forbidden pairs count as the finite cost that stands in for them, which only
         lowers the bound. ``-inf`` before any sweep."""
         return self.bound
+
+
+def bound(problem, seconds: float, target: Optional[float] = None,
+          tolerance: float = 1e-3) -> Optional[float]:
+    """The best TRW-S lower bound on every choice's cost of ``problem`` (a SearchProblem; its
+    memory limit relaxed, so the bound holds under it too) proved by sweeps within
+    ``seconds``, stopping early once it is within ``tolerance`` (relative) of ``target`` (a
+    known choice's cost). None when no sweep finished in time."""
+    deadline = time.monotonic() + seconds
+    unary = [np.where(c >= FORBIDDEN, np.inf, c).astype(np.float64) for c in problem.node_costs]
+    edges, mats = [], []
+    for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
+        m = np.where(m >= FORBIDDEN, np.inf, m)
+        if u == v:                                     # a self-loop is a node cost
+            unary[u] = unary[u] + np.diag(m)
+        else:
+            edges.append((u, v))
+            mats.append(m)
+    passing = MessagePassing(problem.num_nodes, [len(c) for c in unary],
+                             np.asarray(edges, np.int64).reshape(-1, 2), mats)
+    best, took = None, 0.0
+    while time.monotonic() + took < deadline:       # a sweep that cannot finish is not begun
+        t0 = time.monotonic()
+        passing.sweep(unary, 1)
+        took = time.monotonic() - t0
+        got = passing.lower_bound()
+        if np.isfinite(got) and (best is None or got > best):
+            best = got
+        if best is not None and target is not None and \
+                target - best <= tolerance * abs(target):
+            break
+    return best
