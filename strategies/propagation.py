@@ -33,7 +33,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from autopar.errors import LayoutError
 from autopar.graph import Const, Value
@@ -51,7 +51,9 @@ class Assignment:
     held: dict = field(default_factory=dict)   # value id -> the layout it is converted to
                                                # once, before its readers read it (hubs)
     bound: Optional[float] = None   # proven lower bound on ``cost`` over every choice the
-                                    # search could have made (None: none proved)
+                                    # search could have made (None: none proved) ...
+    prove: Optional[Callable[[], Optional[float]]] = field(default=None, repr=False)
+                                    # ... or a function proving one, run only when asked
 
 
 _ZERO = (0.0, 0)
