@@ -16,8 +16,10 @@ Algorithm:
    repairs never move a node into a forbidden pair.
 4. Lagrangian phase: memory prices ``lam_t >= 0`` per kept step turn the limit into node costs
    (``usage . sum of lam over each piece``); TRW-S message passing (trws.py) minimises the priced
-   cost, its answer is repaired (nodes at overflowing steps move to the strategy with the least
-   extra cost per byte of overflow removed) and descended; the prices follow a subgradient step
+   cost, its answer is made to use no forbidden pair where it does (its own strategies where
+   arc consistency leaves them, as the start is made) and repaired (nodes at overflowing steps
+   move to the strategy with the least extra cost per byte of overflow removed) and
+   descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
    priced cost. Every step proves a lower bound: TRW-S's bound on the priced cost
    (``MessagePassing.lower_bound``, from its backward pass) less the priced capacity.
@@ -203,8 +205,12 @@ class _Domains:
 
     def __init__(self, st: _State):
         self.st = st
-        self.left = [np.isfinite(c) for c in st.cost]
+        self.finite = [np.isfinite(c) for c in st.cost]
         self.allowed = [[(w, np.isfinite(m)) for w, m in nb] for nb in st.nbrs]
+        self.reset()
+
+    def reset(self):
+        self.left = [f.copy() for f in self.finite]
 
     def fix(self, x, s):
         self.left[x] = np.zeros(len(self.left[x]), bool)
@@ -235,6 +241,7 @@ class _Search:
         self.bound = None             # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
         self.pool = []                # solutions met in the Lagrangian phase
+        self.domains = None           # _Domains, made when first needed
         self.start = None
 
     def time_left(self) -> float:
@@ -268,11 +275,23 @@ class _Search:
 
     # ------------------------------------------------------------------ start, repair
     def initial(self):
-        """The least-memory strategy of each node (the cheapest among equals), nodes in
-        breadth-first order, each chosen among the strategies left to it by arc consistency
-        (``_Domains``) with the choices before it; then repaired."""
+        """The least-memory strategy of each node (the cheapest among equals) that keeps clear
+        of forbidden pairs (``consistent``), then repaired."""
         st = self.st
-        dom = _Domains(st)
+        use = [(d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
+               for x, d in enumerate(st.table)]
+        st.load(self.consistent(lambda x, pick: np.lexsort((st.cost[x][pick], use[x][pick]))[0]))
+        self.repair(np.inf)
+
+    def consistent(self, prefer) -> np.ndarray:
+        """A choice using no forbidden pair where arc consistency can keep it so: nodes in
+        breadth-first order, each taking ``pick[prefer(x, pick)]`` among the strategies
+        ``pick`` (an index array) left to it by the choices before it (``_Domains``)."""
+        st = self.st
+        if self.domains is None:
+            self.domains = _Domains(st)
+        dom = self.domains
+        dom.reset()
         choice = np.full(st.n, -1, np.int64)
         for root in range(st.n):
             if choice[root] >= 0:
@@ -282,18 +301,15 @@ class _Search:
             while head < len(queue):
                 x = queue[head]
                 head += 1
-                d = st.table[x]
-                use = (d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
                 pick = np.flatnonzero(dom.left[x])
                 pick = pick if len(pick) else np.arange(len(st.cost[x]))
-                choice[x] = int(pick[np.lexsort((st.cost[x][pick], use[pick]))[0]])
+                choice[x] = int(pick[prefer(x, pick)])
                 dom.fix(x, choice[x])
                 for w in st.nbr_ids[x]:
                     if choice[w] == -1:
                         choice[w] = -2
                         queue.append(int(w))
-        st.load(choice)
-        self.repair(np.inf)
+        return choice
 
     def repair(self, seconds: float) -> bool:
         """Move nodes live at overflowing steps until everything fits (or time runs out):
@@ -375,6 +391,9 @@ class _Search:
                 size = step * max(ref - priced, 0.02 * ref) / norm
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
+            if not np.isfinite(st.total()):    # forbidden pairs: the nearest choice without
+                st.load(self.consistent(       # (x's strategy where left, else the cheapest)
+                    lambda i, pick: np.lexsort((unary[i][pick], pick != x[i]))[0]))
             better = False
             if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
                 self.descend()
