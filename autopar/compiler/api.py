@@ -237,13 +237,18 @@ def _search(req: CompileRequest, config, mesh, planner, cands, fit):
     cost = built.problem.cost(best)
     took = time.monotonic() - t0
 
+    proved = []                         # the answer, once asked (a MeshPlan is reused)
+
     def prove():
-        budget = max(1.0, BOUND_SHARE * took)
-        if config.search_time is not None:
-            budget = min(budget, config.search_time - took)
-        got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 else None
-        better = max(b for b in (bound, got, -math.inf) if b is not None)
-        return None if better == -math.inf else min(better, cost)
+        if not proved:
+            budget = max(1.0, BOUND_SHARE * took)
+            if config.search_time is not None:
+                budget = min(budget, config.search_time - took)
+            got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 \
+                else None
+            better = max(b for b in (bound, got, -math.inf) if b is not None)
+            proved.append(None if better == -math.inf else min(better, cost))
+        return proved[0]
 
     choice, inputs = built.assignment(best)
     loose = bound is None or cost - bound > BOUND_TOLERANCE * abs(cost)

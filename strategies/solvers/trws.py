@@ -33,11 +33,9 @@ class MessagePassing:
         self.before = [[] for _ in range(num_nodes)]   # (edge, j, M oriented (i, j)) with j < i
         self.after = [[] for _ in range(num_nodes)]
         self.into = []                                 # per edge: [message into u, into v]
-        self.pairs = []                                # per edge: (u, v, M with big for inf)
         for e, ((u, v), m) in enumerate(zip(edges, edge_costs)):
             u, v = int(u), int(v)
             m = np.where(np.isfinite(m), m, big)
-            self.pairs.append((u, v, m))
             self.into.append([np.zeros(m.shape[0]), np.zeros(m.shape[1])])
             # slot k: the message into the node itself; 1 - k: the one it sends
             if u < v:
