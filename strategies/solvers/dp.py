@@ -459,8 +459,7 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
             hot |= extra
             continue
         low, below, above = 0.0, choice, fit     # lambdas and plans bracketing the least
-        mask = np.array(hot.tolist(), bool)
-        held = lambda c: float(sum(u[s] for u, s, h in zip(usage, c, mask) if h))
+        held = lambda c: float(sum(u[s] for u, s, h in zip(usage, c, hot) if h))
         line = lambda c, lam: problem.cost(c) + lam * held(c)
         for _ in range(_LAMBDA_STEPS):
             if time.perf_counter() > deadline or high <= low * 1.001:
