@@ -274,8 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("problem", help="problem file (.json or .json.gz, IOPDDL format)")
     p.add_argument("timeout", type=float, help="seconds for the whole run, reading included")
     p.add_argument("--solver", default="best",
-                   help="best (default), ilp, dynamic_programming, sharding_propagation, "
-                        "local_search or brute_force")
+                   help="best (default: local_search), ilp, dynamic_programming, "
+                        "sharding_propagation, local_search or brute_force")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (cost, peak, lower_bound, gap, choice, ...) "
                         "instead of the bare strategy list")

@@ -315,13 +315,3 @@ def test_random_problem_is_a_function_of_its_arguments():
     b = random_problem(42)
     assert a.to_json() == b.to_json()
     assert {random_problem(s).name.split("-")[2] for s in range(60)} == set(LIMIT_MODES)
-
-
-def test_best_sends_many_nodes_to_local_search(monkeypatch):
-    """``best`` builds a CP-SAT model only for problems of few nodes and pair variables; larger
-    ones (IOPDDL P: 65k nodes of 7 strategies) go to local_search, which reduces them first."""
-    from autopar.strategies.solvers import best
-    problem = random_medium_problem(3, nodes=60, max_strategies=4)
-    assert best.solve(problem, time_limit=5).solver == "ilp"
-    monkeypatch.setattr(best, "ILP_NODES", 50)
-    assert best.solve(problem, time_limit=5).solver == "local_search"
