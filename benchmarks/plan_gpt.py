@@ -75,8 +75,8 @@ def main():
     ap_.add_argument("--no-merge", action="store_true",
                      help="ablation: one problem node per operator (no elementwise followers merged)")
     args = ap_.parse_args()
-    import autopar.compiler.api, autopar.strategies.recursive   # noqa: E401
-    autopar.compiler.api.build_problem = autopar.strategies.recursive.build_problem = _counting(not args.no_merge)
+    import autopar.compiler.search, autopar.strategies.recursive   # noqa: E401
+    autopar.compiler.search.build_problem = autopar.strategies.recursive.build_problem = _counting(not args.no_merge)
     n = args.devices
     topo, mesh = (ap.Topology.local(n), None) if n <= 8 else (ap.Topology.cluster(n // 8, 8), (n // 8, 8))
     if args.mesh:

@@ -69,7 +69,7 @@ def test_long_searches_report_progress(caplog, monkeypatch):
             return True
 
     # every search counts as long here: whether this one passes a second depends on the machine
-    monkeypatch.setattr("autopar.compiler.api.PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr("autopar.compiler.search.PROGRESS_AFTER", 0.0)
     p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, search_mode="ilp",
                             search_time=4.0)
@@ -328,9 +328,9 @@ def test_auto_parallel_is_never_estimated_slower_than_data_parallel(baseline, mo
     solver's answer costs more than data parallelism's plan (the problem is not a tree);
     auto_parallel then keeps data parallelism's plan, so its estimate is never the worse."""
     import user_gpt
-    from autopar.compiler import api
+    from autopar.compiler import search
     if not baseline:                          # what the solver alone finds
-        monkeypatch.setattr(api, "BASELINE_OPERATORS", 0)
+        monkeypatch.setattr(search, "BASELINE_OPERATORS", 0)
     topo = ap.Topology((Level("host", 2, alpha=5e-6, beta=5.1e-10, launch=1.86e-5),),
                        flops=4.6e10, mem_bandwidth=4.55e10, step_overhead=4.3e-4,
                        host_beta=4.9e-10)

@@ -11,19 +11,16 @@ The entry layer (autopar.compiler, with hybrid_plan, pipeline_plan and dump) imp
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import jax
 
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
-from ..errors import AutoparError, ConfigError, InfeasibleError, LayoutError
+from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
-from ..strategies import recursive, solvers
-from ..strategies.solvers import trws
-from ..strategies.build import StatePricing, build_problem, default_arg_options
+from ..strategies.build import StatePricing
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
@@ -31,16 +28,17 @@ from ..strategies.optimizer import shard_update, sharded_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.strategy import InputStrategy, Strategy
-from ..redistribution.lower import lower, lower_steps, plan_steps
+from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
 from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
+from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
-from ..progress import Progress, logger
+from ..progress import logger
 
 
 class Compiled:
@@ -130,16 +128,6 @@ class Compiled:
         return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
 
 
-PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
-
-
-def _progress(name, solver, config):
-    """The progress display of a search (autopar.progress): the ``autopar`` logger always, a
-    bar on a terminal's stderr once it has run PROGRESS_AFTER seconds and config.progress."""
-    return Progress(f"autopar [{name}, {solver}]", config.search_time, config.progress,
-                    PROGRESS_AFTER)
-
-
 def default_search_mode(mesh) -> SearchMode:
     """auto_parallel's solver when ``search_mode`` is None: ``dynamic_programming`` on meshes
     of at most two axes of size > 1 (exact on series-parallel graphs; the best plan of every
@@ -200,100 +188,6 @@ class CompileRequest:
             return StatePricing(returned=big, read=big)
         return StatePricing(returned=big, read=frozenset(i for i in big if not self.names[i][1]))
 
-
-BOUND_TOLERANCE = 1e-3     # the bound search stops within this share of the plan's cost
-BOUND_SHARE = 2.0          # ... or after this many times the search's own time (>= 1 s)
-
-
-def _search(req: CompileRequest, config, mesh, planner, cands, fit):
-    """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
-    (``fit``: the MicroFit its layouts must pass, or None). The Assignment's ``bound``: the
-    solver's proven lower bound; while the gap exceeds ``BOUND_TOLERANCE``, its ``prove``
-    tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
-    ``BOUND_SHARE`` times as long as the search took (at least a second, at most what
-    ``search_time`` leaves), run only for the plan a Strategy reports."""
-    t0 = time.monotonic()
-    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    fixed = req.arg_layouts(mesh)
-    options = None if fit is None else tuple(
-        fit.argument(v, opts)
-        for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed)))
-    built = build_problem(req.graph, mesh, cands, fixed, seconds,
-                          config.max_device_memory, req.name, [n for n, _ in req.names],
-                          arg_options=options, state_pairs=req.pairs,
-                          state_pricing=req.state_pricing())
-    progress = _progress(req.name, config.search_mode.value, config)
-    try:
-        solution = solvers.get(config.search_mode.value)(
-            built.problem, time_limit=config.search_time, progress=progress)
-    finally:
-        progress.close()
-    best = list(solution.choice)
-    bound = solution.lower_bound
-    baseline = _data_parallel_choice(req, config, mesh, planner, cands, built)
-    if baseline is not None and built.problem.feasible(baseline) and \
-            built.problem.cost(baseline) < built.problem.cost(best):
-        best = baseline
-    cost = built.problem.cost(best)
-    took = time.monotonic() - t0
-
-    proved = []                         # the answer, once asked (a MeshPlan is reused)
-
-    def prove():
-        if not proved:
-            budget = max(1.0, BOUND_SHARE * took)
-            if config.search_time is not None:
-                budget = min(budget, config.search_time - took)
-            got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 \
-                else None
-            better = max(b for b in (bound, got, -math.inf) if b is not None)
-            proved.append(None if better == -math.inf else min(better, cost))
-        return proved[0]
-
-    choice, inputs = built.assignment(best)
-    loose = bound is None or cost - bound > BOUND_TOLERANCE * abs(cost)
-    return Assignment(choice, inputs, cost, built.held(best, choice),
-                      None if bound is None else min(bound, cost), prove if loose else None)
-
-
-BASELINE_OPERATORS = 4000
-
-
-def _data_parallel_choice(req: CompileRequest, config, mesh, planner, cands, built):
-    """data_parallel's plan of the step as a choice of ``built``'s problem (None when the
-    problem cannot express it, e.g. arguments pinned otherwise by in_strategy, or when there is
-    no data-parallel plan, e.g. a batch the mesh does not divide): auto_parallel
-    keeps it when the solver's answer costs more (the solvers are heuristic on graphs that are
-    not trees), so its plan is never estimated slower than data parallelism's. Only on graphs
-    of up to ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a
-    millisecond per operator, as much as the search itself on the large graphs."""
-    if mesh.size < 2 or len(req.graph.nodes) > BASELINE_OPERATORS:
-        return None
-    dp = config.replace(parallel_mode=ParallelMode.DATA_PARALLEL, enable_parallel_optimizer=False)
-    dp_req = dataclasses.replace(req, config=dp)
-    try:
-        fixed = fixed_layouts(dp, mesh, req.graph)
-        args = dp_req.arg_layouts(mesh)
-    except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
-        return None
-    got = propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands)
-    return built.choice_of(got.choice, got.inputs, got.held)
-
-
-def _recursive(req: CompileRequest, config, mesh, planner, fixed, fit):
-    """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
-    solved by dynamic programming (strategies/recursive.py)."""
-    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    progress = _progress(req.name, "recursive_programming", config)
-    try:
-        return recursive.search(
-            req.graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()},
-            req.arg_layouts(mesh), seconds, config.max_device_memory,
-            solvers.get("dynamic_programming"), time_limit=config.search_time,
-            progress=progress, name=req.name, arg_names=[n for n, _ in req.names],
-            state_pairs=req.pairs, state_pricing=req.state_pricing(), fit=fit)
-    finally:
-        progress.close()
 
 
 def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
@@ -374,7 +268,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     fit = req.micro_fit(mesh) if req.strategy is None else None
     if req.strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = _recursive(req, search_config, mesh, planner, fixed, fit)
+        assignment = recursive_search(req, search_config, mesh, planner, fixed, fit)
     else:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
@@ -384,7 +278,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         if req.strategy is not None:
             assignment = _from_strategy(req.strategy, graph, mesh, cands)
         elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = _search(req, search_config, mesh, planner, cands, fit)
+            assignment = search(req, search_config, mesh, planner, cands, fit)
         else:
             assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                    reshard_cost(planner), cands)
