@@ -6,7 +6,8 @@ Out: a ``Compiled`` object: calling it runs the sharded Program on ``config.back
 native multi-process runtime by default; ``backend="jax"`` for shard_map over JAX devices) and
 returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
 Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
-The entry layer (autopar.compiler, with hybrid_plan, pipeline_plan and dump) imports every layer.
+The entry layer (autopar.compiler, with search, hybrid_plan, pipeline_plan and dump) imports
+every layer.
 """
 from __future__ import annotations
 
