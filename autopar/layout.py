@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import LayoutError
+from .frozen import cached_hash
 from .mesh import LogicalMesh
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Layout:
     dims: tuple[tuple[str, ...], ...]
@@ -43,6 +45,7 @@ class Layout:
 
     # ------------------------------------------------------------------ constructors
     @staticmethod
+    @functools.lru_cache(maxsize=64)
     def replicated(rank: int) -> "Layout":
         return Layout(((),) * rank)
 
@@ -118,7 +121,7 @@ class Layout:
     def rank(self) -> int:
         return len(self.dims)
 
-    @property
+    @functools.cached_property
     def axes(self) -> frozenset:
         return frozenset(a for d in self.dims for a in d)
 

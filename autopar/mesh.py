@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .frozen import cached_hash
 from .topology import Level, Topology
 
 DEFAULT_AXIS_NAMES = {1: ("x",), 2: ("x", "y"), 3: ("x", "y", "z")}
@@ -21,6 +22,7 @@ def default_axis_names(ndim: int) -> tuple[str, ...]:
     return DEFAULT_AXIS_NAMES.get(ndim, tuple(f"a{i}" for i in range(ndim)))
 
 
+@cached_hash
 @dataclass(frozen=True)
 class LogicalMesh:
     axis_names: tuple[str, ...]

@@ -10,12 +10,14 @@ import math
 from dataclasses import dataclass, replace
 
 from .errors import ConfigError
+from .frozen import cached_hash
 
 
 SMALL_DOT = 2 * 256 * 512 * 512     # FLOPs of the reference matmuls (tools/calibrate.py)
 LARGE_DOT = 2 * 1024 ** 3
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Level:
     """One level of the hierarchy: ``size`` children joined by links of latency ``alpha``
@@ -32,6 +34,7 @@ class Level:
         return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s"
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Topology:
     """The device hierarchy, outermost level first, plus per-device compute throughput and

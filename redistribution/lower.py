@@ -105,6 +105,7 @@ class _Lowerer:
         self.next_reg = 0
         self.inputs = []
         self.avals = {}            # register -> (local shape, dtype)
+        self.local = {}            # (node signature, candidate) -> (out shapes, params)
         for v, l in zip(graph.inputs, in_layouts):
             r = self.new_reg()
             self.avals[r] = (l.local_shape(v.shape, mesh), np.dtype(v.dtype))
@@ -158,9 +159,15 @@ class _Lowerer:
                 ins.append(r)
                 cost += c
             comm[node.id] = cost
-            in_shapes = [l.local_shape(x.shape, self.mesh) for x, l in zip(node.inputs, cand.in_layouts)]
-            out_shapes = [l.local_shape(v.shape, self.mesh) for v, l in zip(node.outputs, cand.out_layouts)]
-            params = rule_for(node).params_for(node, in_shapes, out_shapes)
+            key = (node.signature, cand)          # a repeated layer's node: the same shapes
+            if key not in self.local:
+                in_shapes = [l.local_shape(x.shape, self.mesh)
+                             for x, l in zip(node.inputs, cand.in_layouts)]
+                out_shapes = [l.local_shape(v.shape, self.mesh)
+                              for v, l in zip(node.outputs, cand.out_layouts)]
+                self.local[key] = (out_shapes,
+                                   rule_for(node).params_for(node, in_shapes, out_shapes))
+            out_shapes, params = self.local[key]
             outs = []
             for v, l, shp in zip(node.outputs, cand.out_layouts, out_shapes):
                 r = self.new_reg()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.frozen import cached_hash
 from autopar.graph import Const
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
@@ -23,6 +24,7 @@ from .rules import rule_for
 from .rules.spec import OpSpec
 
 
+@cached_hash
 @dataclass(frozen=True)
 class Candidate:
     assign: tuple            # ((letter, (axis, ...)), ...) for split letters only

@@ -62,7 +62,23 @@ def local_bytes(layout, value, mesh) -> int:
 FREE = primitives("autopar_shard", "reshape", "squeeze", "stop_gradient")
 
 
+_TIMES: dict = {}           # (node signature, candidate, mesh) -> seconds
+_TIMES_MAX = 1 << 20
+
+
 def compute_time(node, cand, mesh) -> float:
+    """Seconds of ``node`` run as ``cand`` on ``mesh`` (module docstring); kept per operator
+    signature, as a deep model asks the same few million times."""
+    key = (node.signature, cand, mesh)
+    t = _TIMES.get(key)
+    if t is None:
+        if len(_TIMES) >= _TIMES_MAX:
+            _TIMES.clear()
+        t = _TIMES[key] = _compute_time(node, cand, mesh)
+    return t
+
+
+def _compute_time(node, cand, mesh) -> float:
     if node.primitive in FREE:
         return 0.0
     topo = mesh.topology

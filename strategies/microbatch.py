@@ -192,15 +192,18 @@ def _forward(graph, cands, in_layout: dict, reshard_cost) -> _Pass:
     an option that keeps every input split over MB as it arrives (``_keeps_micro``) goes
     before one that gathers an input over the micro-batches, which would need the whole
     batch before the operator could run."""
-    layout, choice = dict(in_layout), {}
+    layout, choice, memo = dict(in_layout), {}, {}
     for n in graph.nodes:
         opts = cands[n.id]
-        spec = None if n.prim == shard_p.name else rule_for(n).spec(n)
-        have = [_held(x, layout) for x in n.inputs]
-        ok = [c for c in opts if c is opts[0] or (_follows(c, spec, have) and _summand(c, have))]
-        ok = [c for c in ok if _keeps_micro(c, have)] or ok
-        best = min(ok, key=lambda c: _option_key(n, c, have, reshard_cost))
-        choice[n.id] = best
+        have = tuple(_held(x, layout) for x in n.inputs)
+        key = (n.signature, id(opts), have)      # a repeated layer's node: the same choice
+        if key not in memo:
+            spec = None if n.prim == shard_p.name else rule_for(n).spec(n)
+            ok = [c for c in opts
+                  if c is opts[0] or (_follows(c, spec, have) and _summand(c, have))]
+            ok = [c for c in ok if _keeps_micro(c, have)] or ok
+            memo[key] = min(ok, key=lambda c: _option_key(n, c, have, reshard_cost))
+        best = choice[n.id] = memo[key]
         for v, l in zip(n.outputs, best.out_layouts):
             layout[v.id] = l
     return _Pass(choice, layout)
@@ -263,8 +266,15 @@ def _backward(graph, cands, forward: _Pass, reshard_cost) -> dict:
 
 def _read_seconds(graph, plan: _Pass, reshard_cost) -> float:
     """A pass -> the seconds of every collective its nodes' inputs are read through."""
-    return sum(reshard_cost(_held(x, plan.layout), want, x.shape, x.dtype)[0]
-               for n in graph.nodes for x, want in zip(n.inputs, plan.choice[n.id].in_layouts))
+    total, memo = 0.0, {}
+    for n in graph.nodes:
+        have, c = tuple(_held(x, plan.layout) for x in n.inputs), plan.choice[n.id]
+        key = (n.signature, c, have)              # a repeated layer's node: the same reads
+        if key not in memo:
+            memo[key] = sum(reshard_cost(h, want, x.shape, x.dtype)[0]
+                            for x, h, want in zip(n.inputs, have, c.in_layouts))
+        total += memo[key]
+    return total
 
 
 def _letter(spec, operand, dim):

@@ -453,17 +453,24 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
     optimizer state (old and new values) and its sums over micro-batches."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     t, act, big, state = np.zeros(count), np.zeros(count), np.zeros(count), np.zeros(count)
+    memo = {}                     # (signature, candidates) -> what the node costs and makes
     for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
-        t[g] += compute_time(n, choice[n.id], stage_mesh) + comm.get(n.id, 0.0)
         cand = plan.choice[n.id]
-        b = output_bytes(n, cand, plan.mesh)
+        key = (n.signature, choice[n.id], cand)
+        if key not in memo:
+            memo[key] = (compute_time(n, choice[n.id], stage_mesh),
+                         output_bytes(n, cand, plan.mesh),
+                         any(MB in d for lay in cand.out_layouts for d in lay.dims),
+                         any(MB in lay.partial for lay in cand.out_layouts))
+        seconds, b, split, summed = memo[key]
+        t[g] += seconds + comm.get(n.id, 0.0)
         big[g] = max(big[g], b)
         # an activation the backward reads, one per micro-batch in flight (what is the same
         # for every micro-batch, a transposed weight, is recomputed where it is read)
-        if not back[k] and any(MB in d for lay in cand.out_layouts for d in lay.dims) and any(
+        if not back[k] and split and any(
                 back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())):
             act[g] += b
-        if any(MB in lay.partial for lay in cand.out_layouts):
+        if summed:
             state[g] += b         # a sum over micro-batches (a gradient), held until the last
     for i, (v, lay, gs) in enumerate(zip(graph.inputs, in_layouts, groups_of_input)):
         if i not in batch_inputs:

@@ -127,8 +127,8 @@ class _Graph:
         if key in self.mats:
             self.mats[key] = self.mats[key] + m
             self.counts["edge"] += 1
-        else:
-            self.mats[key] = np.array(m, np.float64)
+        else:                       # never written in place: the problem's own may stay
+            self.mats[key] = np.asarray(m, np.float64)
             self.nbr[i][j] = True
             self.nbr[j][i] = False
 
