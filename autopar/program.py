@@ -175,17 +175,28 @@ def defer_all_reduce_readers(instructions) -> list:
     """The same instructions in a valid order where everything that depends (transitively) on
     an all-reduce result runs after everything that does not: the gradient all-reduces of a
     backward pass then stand next to each other (the native runtime fuses them into buckets)
-    with the rest of the backward compute between their issue and their first use."""
-    tainted, first, later = set(), [], []
+    with the rest of the backward compute between their issue and their first use. What is
+    read only by deferred instructions is deferred with them, in its place among them: a value
+    made from no all-reduce but read only after one (a layer's mask, made again for its
+    backward) is made where the step made it, not hoisted to the start to live through it."""
+    tainted, late = set(), []
     for ins in instructions:
-        if any(r in tainted for r in reads(ins)):
-            later.append(ins)
+        t = any(r in tainted for r in reads(ins))
+        late.append(t)
+        if t or isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             tainted.update(writes(ins))
-        else:
-            first.append(ins)
-            if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
-                tainted.update(writes(ins))
-    return first + later
+    readers: dict = {}
+    for k, ins in enumerate(instructions):
+        for r in reads(ins):
+            readers.setdefault(r, []).append(k)
+    for k in reversed(range(len(instructions))):
+        ins = instructions[k]
+        if late[k] or isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
+            continue
+        read_by = [j for r in writes(ins) for j in readers.get(r, ())]
+        late[k] = bool(read_by) and all(late[j] for j in read_by)
+    return ([ins for ins, d in zip(instructions, late) if not d]
+            + [ins for ins, d in zip(instructions, late) if d])
 
 
 def segment(instructions, avals, final_reads) -> tuple:
