@@ -179,15 +179,14 @@ def defer_all_reduce_readers(instructions) -> list:
     read only by deferred instructions is deferred with them, in its place among them: a value
     made from no all-reduce but read only after one (a layer's mask, made again for its
     backward) is made where the step made it, not hoisted to the start to live through it."""
-    tainted, late = set(), []
-    for ins in instructions:
-        t = any(r in tainted for r in reads(ins))
+    tainted, late, readers = set(), [], {}
+    for k, ins in enumerate(instructions):
+        rs = reads(ins)
+        t = any(r in tainted for r in rs)
         late.append(t)
         if t or isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             tainted.update(writes(ins))
-    readers: dict = {}
-    for k, ins in enumerate(instructions):
-        for r in reads(ins):
+        for r in rs:
             readers.setdefault(r, []).append(k)
     for k in reversed(range(len(instructions))):
         ins = instructions[k]

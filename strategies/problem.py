@@ -63,9 +63,10 @@ class SearchProblem:
         return len(self.edge_costs)
 
     def cost(self, choice) -> float:
-        c = np.asarray(choice)
+        c = np.asarray(choice).tolist()           # Python ints index fastest
         total = sum(float(nc[s]) for nc, s in zip(self.node_costs, c))
-        total += sum(float(m[c[u], c[v]]) for (u, v), m in zip(self.edges, self.edge_costs))
+        total += sum(float(m[c[u], c[v]])
+                     for (u, v), m in zip(self.edges.tolist(), self.edge_costs))
         return total
 
     def usage_profile(self, choice) -> np.ndarray:

@@ -12,6 +12,8 @@ every layer.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import time
 
 import jax
@@ -325,6 +327,25 @@ def _check_request(config, strategy, pipelined):
                           "instead of loading it.")
 
 
+def _gc_paused(f):
+    """``f`` run with Python's cyclic garbage collector paused (restored after, and left alone
+    when the caller had paused it). Planning a deep model allocates millions of short-lived
+    objects while its caches keep millions alive, and each collection rescans them: on the
+    175B plan collection took a quarter of the time (68.8 -> 50.2 s) and freed almost nothing
+    (the same peak resident memory with and without)."""
+    @functools.wraps(f)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return f(*args, **kwargs)
+        gc.disable()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
+@_gc_paused
 def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False):
     """``(graph, Strategy, Program or PipelineProgram)``: trace, plan on the mesh (or the
     pipeline's stage meshes; with stages or micro-batches "auto", every pipeline

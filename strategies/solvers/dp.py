@@ -228,10 +228,14 @@ def _freeze_small(g: _Graph, frozen: np.ndarray, enumeration_limit: int) -> list
     the others, in component order."""
     big = []
     for comp in _components(np.flatnonzero(g.alive & ~frozen).tolist(), g.nbr):
-        if math.prod(len(g.cost[i]) for i in comp) <= enumeration_limit:
-            frozen[comp] = True
+        product = 1                   # stops past the limit: never a product of thousands
+        for i in comp:
+            product *= len(g.cost[i])
+            if product > enumeration_limit:
+                big += comp
+                break
         else:
-            big += comp
+            frozen[comp] = True
     return big
 
 
