@@ -123,6 +123,7 @@ class Built:
     cands: dict               # node id -> candidate list
     groups: tuple = ()        # per operator problem node: ((node id, per head choice: index), ...)
     hubs: tuple = ()          # per hub problem node (after the operators): (value id, layouts)
+    returned: tuple = ()      # per returned-state node (after the hubs): (input, value id)
 
     def assignment(self, choice):
         """(node id -> Candidate, input layouts) for a Solution's choice."""
@@ -151,12 +152,15 @@ class Built:
             if c is None:
                 return None
             choice.append(c)
+        made = lambda vid: nodes[self.graph.producer[vid].id].out_layouts[
+            [v.id for v in self.graph.producer[vid].outputs].index(vid)]
         for vid, layouts in self.hubs:
-            n = self.graph.producer[vid]
-            lay = held.get(vid) or nodes[n.id].out_layouts[[v.id for v in n.outputs].index(vid)]
+            lay = held.get(vid) or made(vid)
             if lay not in layouts:
                 return None
             choice.append(layouts.index(lay))
+        for i, vid in self.returned:
+            choice.append(2 * choice[i] + (made(vid) != inputs[i]))
         return choice
 
     def held(self, choice, nodes) -> dict:
@@ -254,11 +258,13 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
         b.add_reads(len(graph.inputs) + g, graph.nodes[chain[0]])
     for i, j in state_pairs:
         b.add_state_edge(i, graph.outputs[j])
+    returned = tuple(b.add_returned(i, graph.outputs[j]) for i, j in state_pairs
+                     if i in state_pricing.returned and b.updated(i, graph.outputs[j]))
     problem = SearchProblem(tuple(b.costs), tuple(b.usages),
                             np.array(b.intervals, np.int64).reshape(-1, 2),
                             np.array(b.edges, np.int64).reshape(-1, 2), tuple(b.ecosts),
                             usage_limit, name, tuple(b.names))
-    return Built(problem, graph, arg_options, dict(cands), groups, hubs)
+    return Built(problem, graph, arg_options, dict(cands), groups, hubs, returned)
 
 
 class _Builder:
@@ -384,10 +390,43 @@ class _Builder:
                 lambda: _matrix(src, [cand.in_layouts[pos] for cand in dst],
                                 (lambda s, d: _state_read(price(s, d))) if state else price)))
 
+    def updated(self, i, o) -> bool:
+        """Whether argument ``i``'s new value ``o`` is made by an operator (not a constant, not
+        the argument returned unchanged)."""
+        return isinstance(o, Value) and self.where.get(o.id, (0,))[0] >= len(self.graph.inputs)
+
+    def add_returned(self, i, o) -> tuple:
+        """A node for argument ``i``'s new value ``o`` as the step returns it, in the argument's
+        layout, at the last step, where every result is live: choice ``2 a + g`` for the
+        argument's layout ``a``: ``g = 0``, the update made it in that layout (the update's own
+        bytes already count), ``g = 1``, it is gathered into it after the update (its bytes on
+        top of the update's). Edges tie ``a`` to the argument's choice and allow ``g = 0`` only
+        where the update's layout is ``a`` (``STATE_PENALTY`` elsewhere). Returns (i, o.id)."""
+        opts, (v_idx, m, k) = self.arg_options[i], self.where[o.id]
+        key = ("returned", self.src_keys[i], self.src_keys[v_idx], m, k)
+        steps = len(self.graph.nodes) + 1
+        self._node(self.shared(key + ("cost",), lambda: np.zeros(2 * len(opts))),
+                   self.shared(key + ("usage",), lambda: np.array(
+                       [g * local_bytes(l, o, self.mesh) for l in opts for g in (0, 1)],
+                       np.int64)),
+                   (steps - 1, steps), f"{o} (returned)", key,
+                   [[[l for l in opts for _ in (0, 1)]]])
+        node = len(self.costs) - 1
+        made = self.out_layouts[v_idx][m][k]
+        self.edges += [(i, node), (v_idx, node)]
+        self.ecosts += [
+            self.shared(key + ("argument",), lambda: np.array(
+                [[0.0 if a == b // 2 else STATE_PENALTY for b in range(2 * len(opts))]
+                 for a in range(len(opts))])),
+            self.shared(key + ("update",), lambda: np.array(
+                [[STATE_PENALTY if b % 2 == 0 and u != opts[b // 2] else 0.0
+                  for b in range(2 * len(opts))] for u in made]))]
+        return i, o.id
+
     def add_state_edge(self, i, o):
         """Argument ``i``'s new value ``o`` should keep its layout (``STATE_PENALTY``), or pays
         its redistribution to it (``state_pricing.returned``)."""
-        if not isinstance(o, Value) or self.where.get(o.id, (0,))[0] < len(self.graph.inputs):
+        if not self.updated(i, o):
             return                         # a constant, or the argument returned unchanged
         v_idx, m, k = self.where[o.id]
         priced = i in self.pricing.returned

@@ -249,3 +249,47 @@ def test_dump_shows_each_sharded_update_and_mindspore_opt_weight_shard():
     items = s.to_mindspore()["parallel_layout_item"]
     assert (items["w1"]["opt_weight_shard_size"], items["w1"]["opt_weight_shard_step"]) == (4, 1)
     assert (items["b1"]["opt_weight_shard_size"], items["b1"]["opt_weight_shard_step"]) == (0, 0)
+
+
+def test_the_search_counts_the_new_state_gathered_for_return():
+    """With the parallel optimizer a parameter's update may be made sharded and all-gathered
+    back into the parameter's layout as the step returns it: at the last step the update and
+    that copy are both live, as the lowered program has them. The search's problem has a node
+    per such parameter at the last step: choice ``2 a + g`` in the parameter's layout ``a``, no
+    bytes when the update is made in ``a`` (``g = 0``, only allowed then), the copy's bytes
+    when it is gathered (``g = 1``)."""
+    from autopar.arguments import state_pairs
+    from autopar.mesh import LogicalMesh
+    from autopar.redistribution.lower import plan_steps
+    from autopar.redistribution.planner import Planner
+    from autopar.strategies.build import STATE_PENALTY, StatePricing, build_problem
+    from autopar.strategies.candidates import candidates_of
+    from autopar.strategies.cost_model import local_bytes
+    from autopar.trace import trace
+    p, b = m.mlp_params((16, 32, 16)), m.mlp_batch(batch=8)
+    graph, mesh = trace(m.mlp_sgd_step, p, b), LogicalMesh.create((2,))
+    planner, pairs = Planner(mesh), state_pairs(graph)
+    cost = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
+    plain = build_problem(graph, mesh, candidates_of(graph, mesh), {}, cost, state_pairs=pairs)
+    built = build_problem(graph, mesh, candidates_of(graph, mesh), {}, cost, state_pairs=pairs,
+                          state_pricing=StatePricing(returned=frozenset(i for i, _ in pairs)))
+    problem, steps = built.problem, len(graph.nodes) + 1
+    assert not plain.returned and len(built.returned) == len(pairs) == 4   # w1 b1 w2 b2
+    assert problem.num_nodes == plain.problem.num_nodes + len(pairs)
+    first = problem.num_nodes - len(pairs)
+    for t, (i, vid) in enumerate(built.returned):
+        node, opts, value = first + t, built.arg_options[i], graph.inputs[i]
+        assert tuple(problem.intervals[node]) == (steps - 1, steps)
+        assert list(problem.node_usages[node]) == [
+            g * local_bytes(l, value, mesh) for l in opts for g in (0, 1)]
+        edges = {tuple(e): c for e, c in zip(problem.edges.tolist(), problem.edge_costs)}
+        tie = edges[(i, node)]
+        assert all(tie[a, c] == (0 if c // 2 == a else STATE_PENALTY)
+                   for a in range(len(opts)) for c in range(2 * len(opts)))
+        update = next(e for e in edges if e[1] == node and e[0] != i)
+        outs = [c.out_layouts[0] for c in built.cands[graph.producer[vid].id]]
+        assert edges[update].shape == (len(outs), 2 * len(opts))
+        for u, made in enumerate(outs):           # (the update heads its own chain here)
+            for c in range(2 * len(opts)):
+                allowed = c % 2 == 1 or made == opts[c // 2]
+                assert edges[update][u, c] == (0 if allowed else STATE_PENALTY)
