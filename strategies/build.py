@@ -21,7 +21,9 @@ distinct layout pair; maker -> hub: the conversion; per state pair (argument, pr
 new value): 0 where the layouts agree, ``STATE_PENALTY`` elsewhere (or the real cost,
 ``StatePricing``). So moving a value into a layout is priced once however many operators read
 it there, and carrying a partial sum through linear operators wins only when it is cheaper
-counted that way.
+counted that way. Last, per state argument priced at its real cost when returned, a node for
+its new value as the step returns it (``add_returned``): at the last step, the bytes of the copy
+gathered into the argument's layout, or none when the update already made it there.
 """
 from __future__ import annotations
 
