@@ -63,7 +63,7 @@ FREE = primitives("autopar_shard", "reshape", "squeeze", "stop_gradient")
 
 
 _TIMES: dict = {}           # (node signature, candidate, mesh) -> seconds
-_TIMES_MAX = 1 << 20
+_TIMES_MAX = 1 << 18       # entries (about 50 MB at most)
 
 
 def compute_time(node, cand, mesh) -> float:
