@@ -170,9 +170,9 @@ def _solve_anytime(solve, problem, limit, say) -> tuple:
     with anytime.watch() as watched:
         thread = threading.Thread(target=work, name="autopar-solve", daemon=True)
         t0 = time.monotonic()
-        thread.start()
         why = ""
-        try:
+        try:                     # a SIGINT may land while start() waits for the thread
+            thread.start()
             thread.join(limit + GRACE)
             if thread.is_alive():
                 why = f"still searching {GRACE:g} s past the time limit"
