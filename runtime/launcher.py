@@ -23,6 +23,15 @@ answer; then the segment is aborted (so every rank waiting in a collective fails
 ranks that still do not answer (stuck outside any collective, e.g. in Python) are killed and
 named in the ``CollectiveError``. A job whose segment was aborted is failed: close it and start
 a new one.
+
+Deadlines on the control channel (the caller's side of each rank's socket): a send of a call's
+arguments or a read of an answer that moves no byte for ``timeout`` (the collective timeout)
+fails, and so does a rank that has not answered ``timeout`` after the first rank did (the ranks
+run one program in step; those waiting in a collective for a stopped rank answer once the
+segment is aborted). Either way the rank is stopped, swapped out or stuck outside any
+collective: it is killed and named in the ``CollectiveError``, and the job is failed. The start
+waits at most ``max(60 s, timeout)`` for every rank to report its links up; ``close`` closes the
+sockets (a worker exits when its socket closes), waits 5 s and kills what is left.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ import json
 import os
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -46,8 +56,19 @@ _GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed
                   # the job was aborted (each at most half the collective timeout); a rank in a
                   # collective answers within milliseconds of an abort, one silent for longer is
                   # stuck outside them
-_ORDER = {"exited": 1, "CollectiveError": 2}   # error kinds by how little they say about the
-                                               # cause; a worker's own exception (0) says most
+_ORDER = {"exited": 1, "unresponsive": 1, "CollectiveError": 2}   # error kinds by how little
+                                               # they say about the cause; a worker's own
+                                               # exception (0) says most
+
+
+def _deadline(conn, seconds: float) -> None:
+    """Make every blocking read and write on ``conn``'s socket fail (``BlockingIOError``) once
+    it has moved no byte for ``seconds``: a peer that is stopped, swapped out or stuck cannot
+    hold the caller in a send that filled the socket's buffer or a half-read message."""
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:     # options belong to the socket
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
 
 
 def _free_port() -> int:
@@ -124,8 +145,14 @@ class Job:
             accept.join(0.5)        # a rank that reported and exited may still be being accepted
             raise CollectiveError(self._start_failure() or self._dead()
                                   or "the workers did not start in time")
-        for c in self.conns:                     # each rank reports after connecting links
-            reply = c.recv()
+        for r, c in enumerate(self.conns):       # each rank reports after connecting links
+            try:
+                if not c.poll(max(0.0, deadline - time.monotonic())):
+                    raise CollectiveError(f"rank {r} (pid {self.procs[r].pid}) did not report "
+                                          "its links up in time")
+                reply = c.recv()
+            except (EOFError, OSError):
+                raise CollectiveError(self._gone(r)) from None
             if reply[0] != "ready":
                 raise CollectiveError(f"rank {reply[1]} failed to start: {reply[2]}")
 
@@ -145,6 +172,7 @@ class Job:
         for _ in range(self.nranks):
             conn = listener.accept()
             rank = conn.recv()
+            _deadline(conn, self.timeout)
             self.conns[rank] = conn
 
     def _dead(self) -> str | None:
@@ -193,9 +221,14 @@ class Job:
         results, errors = [None] * self.nranks, {}        # errors: rank -> (kind, message, tb)
         pending = {}
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
+            if any(e[0] == "unresponsive" for e in errors.values()):
+                break                            # the job is failed: the rest get nothing to run
             try:
                 wire.send(c, ("call", name, tuple(args)))
                 pending[c] = r
+            except BlockingIOError:
+                errors[r] = self._unresponsive(r, "took no byte of the call's arguments in "
+                                                  "the collective timeout")
             except OSError:
                 errors[r] = ("exited", self._gone(r), "")
         try:
@@ -220,11 +253,18 @@ class Job:
         not answer after another. The ranks given up on."""
         grace = self._grace()
         trouble = aborted = None          # when the first failure / the segment's abort was seen
-        while pending:
+        answered = first = late = None    # when and which rank answered first; whether the
+        while pending:                    # others were late
             for c in wait(list(pending), 0.05):
                 r = pending.pop(c)
+                if answered is None:
+                    answered, first = time.monotonic(), r
                 try:
                     reply = wire.recv(c)
+                except BlockingIOError:
+                    errors[r] = self._unresponsive(r, "stopped sending its answer for the "
+                                                      "collective timeout")
+                    continue
                 except (EOFError, OSError):
                     errors[r] = ("exited", self._gone(r), "")
                     continue
@@ -235,6 +275,11 @@ class Job:
             now = time.monotonic()
             if trouble is None and (errors or self.failure or self.segment.aborted):
                 trouble = now
+            if pending and trouble is None and answered and now >= answered + self.timeout:
+                # the ranks run one program in step: one that has not answered a collective
+                # timeout after another did is stopped or stuck outside any collective (those
+                # waiting in a collective for it answer at once when the segment is aborted)
+                trouble, late = now - grace, True
             if aborted is None and self.segment.aborted:
                 aborted = now
             if not pending or trouble is None:
@@ -244,8 +289,23 @@ class Job:
                 self.segment.abort(*self._culprit(errors))
                 aborted = now
             if aborted is not None and now >= aborted + grace:
-                return sorted(pending.values())
+                if not late:
+                    return sorted(pending.values())
+                for r in sorted(pending.values()):
+                    errors[r] = self._unresponsive(
+                        r, f"did not answer within the collective timeout of rank {first}'s answer")
+                return []
         return []
+
+    def _unresponsive(self, r: int, what: str) -> tuple:
+        """Rank r moved no byte on its control socket for the collective timeout: kill it (its
+        control stream is out of step now) and fail the job; its error entry."""
+        self.procs[r].kill()
+        why = (f"rank {r} (pid {self.procs[r].pid}) {what} (collective_timeout "
+               f"{self.timeout:g} s): stopped, swapped out or stuck; killed")
+        self.failure = self.failure or why
+        self.segment.abort(r, why)
+        return ("unresponsive", why, "")
 
     @staticmethod
     def _first(errors):
@@ -280,7 +340,9 @@ class Job:
         stuck = (f"rank(s) {', '.join(map(str, hung))} did not answer within {self._grace():g} s "
                  "after the job was aborted: stuck outside any collective (in Python code or a "
                  "compute segment); killed") if hung else ""
-        if kind == "exited":
+        if kind == "unresponsive":
+            head = f"{where}: {errors[r][1]}; the job is failed"
+        elif kind == "exited":
             head = (f"{where}: {errors[r][1]} during the call; the job is failed. A worker "
                     "process ended (killed, out of memory, or an exit in the step's code); its "
                     "stderr is above")
@@ -320,13 +382,9 @@ class Job:
 
     @staticmethod
     def _stop(procs, conns):
-        for c in conns:
-            try:
-                if c is not None:
-                    wire.send(c, ("exit",))
-                    c.close()
-            except OSError:
-                pass
+        for c in conns:           # a worker exits when its control socket closes; sending it
+            if c is not None:     # anything could block on a stopped worker's full buffer
+                c.close()
         deadline = time.monotonic() + 5
         for p in procs:
             try:

@@ -172,3 +172,38 @@ def test_a_worker_that_exits_before_connecting_is_named(monkeypatch):
     with pytest.raises(CollectiveError, match=r"exited with code 3") as err:
         Job(2, timeout=TIMEOUT)
     assert err.value.__context__ is None
+
+
+def nbytes(comm, x):
+    return int(x.nbytes)
+
+
+@pytest.mark.parametrize("size", [8, 64 << 20])
+def test_a_rank_stopped_between_calls_fails_the_next_call_whatever_its_arguments(size):
+    """SIGSTOP between calls: with small arguments the stopped rank never answers (the call
+    has no collective to fail); with large ones the caller's send of its arguments fills the
+    socket. Either way the call raises CollectiveError naming the rank within the bound, the
+    job's workers are all gone after close, and nothing is left in /dev/shm or as threads."""
+    import numpy as np
+    shm_before = set(os.listdir("/dev/shm"))
+    threads_before = autopar_threads()
+    j = Job(2, timeout=TIMEOUT)
+    x = np.ones(size // 4, np.float32)
+    assert j.call(nbytes, [(x,)] * 2) == [size, size]
+    os.kill(j.procs[1].pid, signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err:
+        j.call(nbytes, [(x,)] * 2)
+    assert time.monotonic() - start < BOUND
+    assert re.search(r"rank(\(s\))? 1\b", str(err.value)), str(err.value)
+    assert "collective_timeout" in str(err.value)
+    with pytest.raises(CollectiveError, match="failed"):
+        j.call(ranks, [()] * 2)
+    start = time.monotonic()
+    j.close()
+    assert time.monotonic() - start < BOUND and gone(j.procs)
+    j._monitor.join(5)
+    assert autopar_threads() <= threads_before
+    assert set(os.listdir("/dev/shm")) == shm_before
+    with Job(2, timeout=TIMEOUT) as again:
+        assert again.call(ranks, [()] * 2) == [0, 1]
