@@ -8,7 +8,7 @@ in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once th
 up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
 traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
 exception's type name. Calls and replies travel as ``runtime.wire`` messages (arrays out of
-band, received aligned). Exits on ("exit",) or when the caller goes away.
+band, received aligned). Exits when the caller closes the socket or goes away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
@@ -101,9 +101,7 @@ def main(argv):
         try:
             msg = wire.recv(conn)
         except (EOFError, OSError):
-            return 0                  # the caller is gone
-        if msg[0] == "exit":
-            return 0
+            return 0                  # the caller closed the job or is gone
         _, (module, name), args = msg
         try:
             wire.send(conn, ("ok", _resolve(module, name)(comm, *args)))

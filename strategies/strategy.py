@@ -245,51 +245,19 @@ class Strategy:
 
     @staticmethod
     def from_json(text: str) -> "Strategy":
-        d = json.loads(text)
-        if d.get("format") != FORMAT:
-            raise LayoutError("not an autopar strategy file (no \"format\": \"autopar-strategy\"); "
-                              "MindSpore checkpoints are written by autopar but not read back.")
-        return Strategy(
-            mode=d["mode"], search=d["search"], mesh_shape=tuple(d["mesh"]["shape"]),
-            axis_names=tuple(d["mesh"]["axis_names"]),
-            inputs=tuple(InputStrategy(
-                name=i["name"], shape=tuple(i["shape"]), dtype=i["dtype"],
-                layout=Layout.parse(i["layout"]), is_param=i["is_param"],
-                update=Layout.parse(i["update"]) if "update" in i else None)
-                for i in d["inputs"]),
-            ops=tuple(OpStrategy(
-                name=o["name"], prim=o["prim"], source=o["source"],
-                in_shapes=tuple(tuple(s) for s in o["in_shapes"]),
-                out_shapes=tuple(tuple(s) for s in o["out_shapes"]),
-                in_layouts=tuple(Layout.parse(l) for l in o["in"]),
-                out_layouts=tuple(Layout.parse(l) for l in o["out"]), comm_time=o["comm_time"],
-                compute_time=o["compute_time"], out_bytes=o["out_bytes"],
-                stage=o.get("stage", 0), operands=tuple(o.get("operands", ())),
-                converted=tuple(None if l is None else Layout.parse(l)
-                                for l in o.get("converted", ())))
-                for o in d["ops"]),
-            output_comm_time=d["output_comm_time"], overhead_time=d.get("overhead_time", 0.0),
-            peak_memory=d["peak_memory"],
-            peak_op=d["peak_op"], memory_limit=d["memory_limit"],
-            search_cost=d.get("search_cost"), search_bound=d.get("search_bound"),
-            stages=tuple(StageStrategy(
-                index=st["index"], devices=tuple(st["devices"]), seconds=st["seconds"],
-                memory=st["memory"], mesh_shape=tuple(st.get("mesh", {}).get("shape", ())),
-                axis_names=tuple(st.get("mesh", {}).get("axis_names", ())))
-                for st in d.get("stages", ())),
-            micro_batches=d.get("micro_batches", 1), scheduler=d.get("scheduler", ""),
-            collectives=tuple(CommStrategy(
-                kind=c["kind"], axes=tuple(c["axes"]), shape=tuple(c["shape"]), dtype=c["dtype"],
-                bytes=c["bytes"], seconds=c["seconds"], reason=c.get("reason", ""),
-                stage=c.get("stage", 0), count=c.get("count", 1))
-                for c in d.get("collectives", ())),
-            memory_timeline=tuple((name, b) for name, b in d.get("memory_timeline", ())),
-            pipeline_choices=tuple(PipelineChoice(**c) for c in d.get("pipeline_choices", ())))
+        """The strategy in autopar's JSON ``text``, every field checked (``strategy_file``)."""
+        from .strategy_file import read
+        return read(text)
 
     @staticmethod
     def load(path) -> "Strategy":
-        with open(path) as f:
-            return Strategy.from_json(f.read())
+        try:
+            with open(path) as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise LayoutError(f"cannot read the strategy file {path}: "
+                              f"{getattr(e, 'strerror', None) or e}.") from None
+        return Strategy.from_json(text)
 
     # ------------------------------------------------------------------ MindSpore JSON
     def to_mindspore(self) -> dict:

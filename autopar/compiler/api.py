@@ -31,6 +31,7 @@ from ..strategies.optimizer import shard_update, sharded_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.strategy import InputStrategy, Strategy
+from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
@@ -193,14 +194,11 @@ class CompileRequest:
 
 
 
-def _from_strategy(strategy, graph, mesh, cands) -> Assignment:
+def _from_strategy(strategy, graph, mesh, cands, names) -> Assignment:
     if not strategy.mesh_matches(mesh):
         raise LayoutError(f"the strategy was made for mesh {strategy.mesh_shape} "
                           f"{strategy.axis_names}, not {mesh}; use the same mesh_shape.")
-    if len(strategy.ops) != len(graph.nodes) or len(strategy.inputs) != len(graph.inputs):
-        raise LayoutError(f"the strategy has {len(strategy.ops)} operators and {len(strategy.inputs)} "
-                          f"arguments; this function traces to {len(graph.nodes)} and "
-                          f"{len(graph.inputs)}: it was saved for a different function or shapes.")
+    check_fits(strategy, graph, mesh, [n for n, _ in names])
     choice = {}
     for node, op in zip(graph.nodes, strategy.ops):
         match = [c for c in cands[node.id]
@@ -279,7 +277,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         if fit is not None:
             cands = fit.nodes(graph, cands)
         if req.strategy is not None:
-            assignment = _from_strategy(req.strategy, graph, mesh, cands)
+            assignment = _from_strategy(req.strategy, graph, mesh, cands, req.names)
         elif mode is ParallelMode.AUTO_PARALLEL:
             assignment = search(req, search_config, mesh, planner, cands, fit)
         else:
