@@ -24,19 +24,19 @@ _REQUIRED = object()
 
 
 def _fail(label: str, what: str):
-    raise LayoutError(f"strategy file: {label}: {what}{FIX}")
+    raise LayoutError(f"strategy file: {label + ': ' if label else ''}{what}{FIX}")
 
 
 def _field(d, key, label, check, default=_REQUIRED):
     """``check(value, label.key)`` of ``d[key]``; ``default`` when it is absent (else an
     error)."""
     if not isinstance(d, dict):
-        _fail(label, f"is {type(d).__name__} {_short(d)}, not an object")
+        _fail(label, f"{'is ' if label else ''}{type(d).__name__} {_short(d)}, not an object")
     if key not in d:
         if default is _REQUIRED:
             _fail(label, f"has no {key!r}")
         return default
-    return check(d[key], f"{label}.{key}")
+    return check(d[key], f"{label}.{key}" if label else key)
 
 
 def _short(v) -> str:
@@ -178,23 +178,23 @@ def read(text: str):
         return _str(e[0], f"{label}[0]"), _int(e[1], f"{label}[1]")
 
     return Strategy(
-        mode=_field(d, "mode", "file", _str), search=_field(d, "search", "file", _str),
+        mode=_field(d, "mode", "", _str), search=_field(d, "search", "", _str),
         mesh_shape=shape, axis_names=names,
-        inputs=_field(d, "inputs", "file", _list(argument)),
-        ops=_field(d, "ops", "file", _list(op)),
-        output_comm_time=_field(d, "output_comm_time", "file", _num),
-        overhead_time=_field(d, "overhead_time", "file", _num, 0.0),
-        peak_memory=_field(d, "peak_memory", "file", _int),
-        peak_op=_field(d, "peak_op", "file", _str),
-        memory_limit=_field(d, "memory_limit", "file", _opt(_int)),
-        search_cost=_field(d, "search_cost", "file", _num, None),
-        search_bound=_field(d, "search_bound", "file", _num, None),
-        stages=_field(d, "stages", "file", _list(stage), ()),
-        micro_batches=_field(d, "micro_batches", "file", _int, 1),
-        scheduler=_field(d, "scheduler", "file", _str, ""),
-        collectives=_field(d, "collectives", "file", _list(collective), ()),
-        memory_timeline=_field(d, "memory_timeline", "file", _list(timeline), ()),
-        pipeline_choices=_field(d, "pipeline_choices", "file", _list(choice), ()))
+        inputs=_field(d, "inputs", "", _list(argument)),
+        ops=_field(d, "ops", "", _list(op)),
+        output_comm_time=_field(d, "output_comm_time", "", _num),
+        overhead_time=_field(d, "overhead_time", "", _num, 0.0),
+        peak_memory=_field(d, "peak_memory", "", _int),
+        peak_op=_field(d, "peak_op", "", _str),
+        memory_limit=_field(d, "memory_limit", "", _opt(_int)),
+        search_cost=_field(d, "search_cost", "", _num, None),
+        search_bound=_field(d, "search_bound", "", _num, None),
+        stages=_field(d, "stages", "", _list(stage), ()),
+        micro_batches=_field(d, "micro_batches", "", _int, 1),
+        scheduler=_field(d, "scheduler", "", _str, ""),
+        collectives=_field(d, "collectives", "", _list(collective), ()),
+        memory_timeline=_field(d, "memory_timeline", "", _list(timeline), ()),
+        pipeline_choices=_field(d, "pipeline_choices", "", _list(choice), ()))
 
 
 def check_fits(strategy, graph, mesh, names) -> None:
@@ -221,7 +221,22 @@ def check_fits(strategy, graph, mesh, names) -> None:
                     "on every device, never a pending sum (it would change the answer): drop "
                     "its sum{...}.")
             layout.check(v.shape, mesh, f"{label} {what}")
-    for op, node in zip(strategy.ops, graph.nodes):
+    stages = max(1, len(strategy.stages))
+    for k, (op, node) in enumerate(zip(strategy.ops, graph.nodes)):
+        if op.name != node.name:
+            raise LayoutError(f"strategy entry ops[{k}] is named {op.name!r}, but this "
+                              f"function's operator {k} is {node.name}: the strategy was saved "
+                              "for a different function.")
+        shapes = (tuple(tuple(x.shape) for x in node.inputs), tuple(v.shape for v in node.outputs))
+        if (op.in_shapes, op.out_shapes) != shapes:
+            raise LayoutError(
+                f"strategy entry {op.name}: {op.prim} of {list(op.in_shapes)} -> "
+                f"{list(op.out_shapes)}, but this function's operator {node.name} is "
+                f"{node.prim} of {list(shapes[0])} -> {list(shapes[1])}: the strategy was "
+                "saved for a different function or shapes.")
+        if op.stage >= stages:
+            raise LayoutError(f"strategy entry {op.name}: stage {op.stage}, but the strategy "
+                              f"has {stages} stage(s){FIX}")
         for j, (layout, out) in enumerate(zip(op.converted, node.outputs)):
             if layout is not None:
                 layout.check(out.shape, mesh, f"strategy entry {op.name} output {j} conversion")

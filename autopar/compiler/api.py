@@ -203,9 +203,20 @@ def _from_strategy(strategy, graph, mesh, cands, names) -> Assignment:
     for node, op in zip(graph.nodes, strategy.ops):
         match = [c for c in cands[node.id]
                  if c.in_layouts == op.in_layouts and c.out_layouts == op.out_layouts]
-        if op.prim != node.prim or not match:
-            raise LayoutError(f"strategy entry {op.name} ({op.prim}) does not fit {node.name} of "
-                              "this function; it was saved for a different function or shapes.")
+        if op.prim != node.prim:
+            raise LayoutError(f"strategy entry {op.name} ({op.prim}) does not fit {node.name} "
+                              f"({node.prim}) of this function; it was saved for a different "
+                              "function or shapes.")
+        if not match:
+            for j, (l, x) in enumerate(zip(op.in_layouts, node.inputs)):
+                l.check(x.shape, mesh, f"strategy entry {op.name} input {j}")
+            for j, (l, v) in enumerate(zip(op.out_layouts, node.outputs)):
+                l.check(v.shape, mesh, f"strategy entry {op.name} output {j}")
+            layouts = (f"{', '.join(map(str, op.in_layouts))} -> "
+                       f"{', '.join(map(str, op.out_layouts))}")
+            raise LayoutError(f"strategy entry {op.name}: {node.prim} cannot run as {layouts} on "
+                              f"{mesh} (autopar has no rule for those layouts); write the file "
+                              "again with autopar, or give that operator layouts it can run.")
         choice[node.id] = match[0]
     held = {v.id: l for node, op in zip(graph.nodes, strategy.ops)
             for v, l in zip(node.outputs, op.converted) if l is not None}
