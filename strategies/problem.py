@@ -27,6 +27,28 @@ import numpy as np
 from autopar.errors import ConfigError
 
 
+def _array(x, dtype) -> np.ndarray:
+    """``x`` as an array of ``dtype``: numbers only (no strings, booleans or objects)."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iuf" and not (a.size == 0 and a.dtype.kind in "fO"):
+        raise ValueError(f"{_short(x)} is not numbers")
+    if dtype == np.int64 and a.dtype.kind == "f":
+        if not np.isfinite(a).all() or (a != np.round(a)).any():
+            raise ValueError(f"{_short(x)} is not integers")
+    return a.astype(dtype)
+
+
+def _integer(x) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not float(x).is_integer():
+        raise ValueError(f"{x!r} is not an integer")
+    return int(x)
+
+
+def _short(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass(frozen=True, eq=False)
 class SearchProblem:
     node_costs: tuple              # np.ndarray float64 per node, one entry per strategy
@@ -39,19 +61,40 @@ class SearchProblem:
     node_names: tuple = field(default=(), repr=False)   # optional labels (autopar operator names)
 
     def __post_init__(self):
-        n = len(self.node_costs)
+        n, where = len(self.node_costs), f"problem {self.name!r}"
         if len(self.node_usages) != n or self.intervals.shape != (n, 2):
-            raise ConfigError(f"problem {self.name!r}: {n} nodes but {len(self.node_usages)} usage "
+            raise ConfigError(f"{where}: {n} nodes but {len(self.node_usages)} usage "
                               f"lists and intervals of shape {self.intervals.shape}.")
         for i, (c, u) in enumerate(zip(self.node_costs, self.node_usages)):
-            if len(c) == 0 or len(c) != len(u):
-                raise ConfigError(f"problem {self.name!r}: node {i} has {len(c)} costs and "
-                                  f"{len(u)} usages; every node needs >= 1 strategy, one usage each.")
+            if c.ndim != 1 or len(c) == 0 or c.shape != u.shape:
+                raise ConfigError(f"{where}: node {i} has costs of shape {c.shape} and usages of "
+                                  f"shape {u.shape}; every node needs >= 1 strategy, one cost "
+                                  "and one usage each.")
+        _check_values(where, "node", "cost", self.node_costs)
+        _check_values(where, "node", "usage", self.node_usages)
+        if n and ((self.intervals < 0).any() or (self.intervals[:, 1] < self.intervals[:, 0]).any()):
+            i = int(np.flatnonzero((self.intervals < 0).any(1)
+                                   | (self.intervals[:, 1] < self.intervals[:, 0]))[0])
+            raise ConfigError(f"{where}: node {i} lives in {self.intervals[i].tolist()}; an "
+                              "interval is [start, end) with 0 <= start <= end.")
+        if self.edges.shape != (len(self.edge_costs), 2):
+            raise ConfigError(f"{where}: edges of shape {self.edges.shape} for "
+                              f"{len(self.edge_costs)} edge cost matrices; one [u, v] per edge.")
+        bad = ((self.edges < 0) | (self.edges >= n)).any(1)
+        if bad.any():
+            e = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"{where}: edge {e} joins {self.edges[e].tolist()}, not nodes of "
+                              f"this problem (0 .. {n - 1}).")
         for e, ((u, v), m) in enumerate(zip(self.edges, self.edge_costs)):
             if m.shape != (len(self.node_costs[u]), len(self.node_costs[v])):
-                raise ConfigError(f"problem {self.name!r}: edge {e} ({u}, {v}) has a cost matrix "
+                raise ConfigError(f"{where}: edge {e} ({u}, {v}) has a cost matrix "
                                   f"of shape {m.shape}, expected "
                                   f"{(len(self.node_costs[u]), len(self.node_costs[v]))}.")
+        _check_values(where, "edge", "cost", self.edge_costs)
+        if self.usage_limit is not None and (isinstance(self.usage_limit, bool) or
+                                             not isinstance(self.usage_limit, (int, np.integer))
+                                             or self.usage_limit < 0):
+            raise ConfigError(f"{where}: usage_limit {self.usage_limit!r} is not an integer >= 0.")
 
     # ------------------------------------------------------------------ queries
     @property
@@ -91,17 +134,42 @@ class SearchProblem:
     # ------------------------------------------------------------------ IOPDDL JSON
     @staticmethod
     def from_dict(d: dict) -> "SearchProblem":
-        p = d.get("problem", d)
-        nodes, edges = p["nodes"], p.get("edges", {"nodes": [], "costs": []})
-        costs = tuple(np.asarray(c, np.float64) for c in nodes["costs"])
-        usages = tuple(np.asarray(u, np.int64) for u in nodes["usages"])
-        intervals = np.asarray(nodes["intervals"], np.int64).reshape(len(costs), 2)
-        ends = np.asarray(edges["nodes"], np.int64).reshape(-1, 2)
-        ecosts = tuple(np.asarray(m, np.float64).reshape(len(costs[u]), len(costs[v]))
-                       for (u, v), m in zip(ends, edges["costs"]))
-        limit = p.get("usage_limit")
-        return SearchProblem(costs, usages, intervals, ends, ecosts,
-                             None if limit is None else int(limit), p.get("name", "problem"))
+        """The problem in IOPDDL's JSON shape; ConfigError naming the first part that is
+        missing or malformed."""
+        p = d.get("problem", d) if isinstance(d, dict) else d
+        name = p.get("name", "problem") if isinstance(p, dict) else "problem"
+        where = f"problem {name!r}"
+        part = "problem"
+        try:
+            part = "problem.nodes"
+            nodes = p["nodes"]
+            edges = p.get("edges", {"nodes": [], "costs": []})
+            part = "problem.nodes.costs"
+            costs = tuple(_array(c, np.float64) for c in nodes["costs"])
+            part = "problem.nodes.usages"
+            usages = tuple(_array(u, np.int64) for u in nodes["usages"])
+            part = "problem.nodes.intervals"
+            intervals = _array(nodes["intervals"], np.int64).reshape(len(costs), 2)
+            part = "problem.edges.nodes"
+            ends = _array(edges["nodes"], np.int64).reshape(-1, 2)
+            part = "problem.edges.costs"
+            if len(edges["costs"]) != len(ends):
+                raise ValueError(f"{len(edges['costs'])} matrices for {len(ends)} edges")
+            ecosts = tuple(_array(m, np.float64) for m in edges["costs"])
+            ecosts = tuple(m.reshape(len(costs[u]), len(costs[v])) if 0 <= u < len(costs) and
+                           0 <= v < len(costs) and m.size == len(costs[u]) * len(costs[v]) else m
+                           for (u, v), m in zip(ends.tolist(), ecosts))
+            part = "problem.usage_limit"
+            limit = p.get("usage_limit")
+            limit = None if limit is None else _integer(limit)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+            if isinstance(e, KeyError):
+                part, what = part.rsplit(".", 1)[0], f"has no {e}"
+            else:
+                what = f"is malformed ({e})"
+            raise ConfigError(f"{where}: {part} {what}; see the IOPDDL format in "
+                              "strategies/problem.py.") from None
+        return SearchProblem(costs, usages, intervals, ends, ecosts, limit, str(name))
 
     def to_dict(self) -> dict:
         def num(a):
@@ -117,7 +185,11 @@ class SearchProblem:
 
     @staticmethod
     def from_json(text: str) -> "SearchProblem":
-        return SearchProblem.from_dict(json.loads(text))
+        try:
+            d = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ConfigError(f"not an IOPDDL problem: {e}.") from None
+        return SearchProblem.from_dict(d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -126,8 +198,13 @@ class SearchProblem:
     def load(path) -> "SearchProblem":
         path = str(path)
         opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            return SearchProblem.from_dict(json.load(f))
+        try:
+            with opener(path, "rt") as f:
+                text = f.read()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read the problem file {path}: "
+                              f"{getattr(e, 'strerror', None) or e}.") from None
+        return SearchProblem.from_json(text)
 
     def save(self, path) -> None:
         path = str(path)
@@ -172,6 +249,26 @@ class Solution:
         cost = problem.cost(choice)
         return Solution(choice, cost, problem.peak(choice), solver, seconds, optimal,
                         None if bound is None else min(float(bound), cost))
+
+
+def _check_values(where, kind, what, arrays) -> None:
+    """ConfigError naming the first of ``arrays`` (one per node or edge) holding a value that
+    is not finite or is negative."""
+    if not arrays:
+        return
+    flat = np.concatenate([np.ravel(a) for a in arrays]).astype(np.float64, copy=False)
+    ok = np.isfinite(flat) & (flat >= 0)
+    if ok.all():
+        return
+    k = int(np.argmin(ok))
+    sizes = np.cumsum([np.size(a) for a in arrays])
+    i = int(np.searchsorted(sizes, k, side="right"))
+    j = k - (int(sizes[i - 1]) if i else 0)
+    entry = [int(x) for x in np.unravel_index(j, np.shape(arrays[i]))]
+    at = f"strategy {entry[0]}" if kind == "node" else f"strategy pair {entry}"
+    raise ConfigError(f"{where}: {kind} {i}, {at}: {what} {float(flat[k])!r}; "
+                      f"{what}s must be finite and >= 0 (mark an impossible strategy or pair "
+                      "with a large finite cost, e.g. 1e18).")
 
 
 def check_fits(problem: SearchProblem) -> None:

@@ -160,8 +160,11 @@ def test_message_passing_bound_lies_below_every_choice():
                 unary[u] = unary[u] + np.diag(np.where(m >= INF, np.inf, m))
         mats = [np.where(m >= INF, np.inf, m) for m, lp in zip(p.edge_costs, loops) if not lp]
         edges = p.edges[~loops]
-        plain = SearchProblem(tuple(unary), tuple(np.zeros(len(c), np.int64) for c in unary),
-                              np.zeros((p.num_nodes, 2), np.int64), edges, tuple(mats), None)
+        finite = lambda a: np.where(np.isinf(a), INF, a)   # a SearchProblem's forbidden mark
+        plain = SearchProblem(tuple(map(finite, unary)),
+                              tuple(np.zeros(len(c), np.int64) for c in unary),
+                              np.zeros((p.num_nodes, 2), np.int64), edges,
+                              tuple(map(finite, mats)), None)
         best = cheapest(plain)
         if best is None:                        # no choice of finite cost
             continue
