@@ -39,6 +39,45 @@ def leaf_names(args) -> list[tuple[str, bool]]:
     return out
 
 
+def check_call(fn, args, batch_argnums) -> tuple:
+    """ConfigError unless ``fn`` is callable, every argument leaf is a number or an array of
+    numbers (or a ``jax.ShapeDtypeStruct``) and ``batch_argnums`` names arguments; the batch
+    arguments' positions as a tuple (default: every argument after the first)."""
+    if not callable(fn):
+        raise ConfigError(f"the step {fn!r} is not callable; pass the function to compile.")
+    for (name, _), x in zip(leaf_names(args), jax.tree.leaves(args)):
+        dtype = getattr(x, "dtype", None)
+        if dtype is None and isinstance(x, (bool, int, float, complex)):
+            continue
+        try:
+            kind = np.dtype(dtype).kind if dtype is not None else None
+        except TypeError:
+            kind = None
+        if kind not in tuple("biufc") and not (dtype is not None and
+                                                 jax.dtypes.issubdtype(dtype, np.number)):
+            raise ConfigError(f"argument leaf {name} is {type(x).__name__} "
+                              f"{_short(x)}; every argument leaf must be a number or an array of "
+                              "numbers (or a jax.ShapeDtypeStruct for plan).")
+    if batch_argnums is None:
+        return tuple(range(1, len(args)))
+    given = [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums
+    if not isinstance(given, (list, tuple)) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and -len(args) <= k < len(args)
+            for k in given) or isinstance(batch_argnums, bool):
+        raise ConfigError(f"batch_argnums={batch_argnums!r} must be an argument position or a "
+                          f"tuple of them, integers in 0 .. {len(args) - 1} (the step takes "
+                          f"{len(args)} arguments), e.g. (1,).")
+    out = tuple(k % len(args) for k in given)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"batch_argnums={batch_argnums!r} names an argument twice.")
+    return out
+
+
+def _short(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def leaf_type(x) -> str:
     """Shape and dtype of an argument leaf as JAX will see it (float64 -> float32 unless x64)."""
     return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))

@@ -1,6 +1,9 @@
 """The ``autopar`` command line.
 
-In: ``sys.argv``. Out: exit status (0 done, 2 an autopar error, reported on stderr) and text.
+In: ``sys.argv``. Out: exit status and text. 0: done; 2: a user's error (an autopar error, a
+file that cannot be read or written, a bad flag), one line on stderr; 1: a bug in autopar, its
+traceback and a request to report it; 130: interrupted. ``autopar --debug COMMAND`` adds the
+traceback to a user's error.
 Subcommands (``autopar COMMAND --help`` describes each):
 - ``plan MODULE:FUNCTION``: call FUNCTION (in a module path or a ``.py`` file) for
   ``(step, args)`` or ``(step, args, options)`` (options: ``ap.compile`` keywords such as
@@ -26,25 +29,49 @@ import time
 from .errors import AutoparError, ConfigError, InfeasibleError
 
 
+class UserCodeError(ConfigError):
+    """The user's module or function (``autopar plan MODULE:FUNCTION``) raised."""
+
+
 def _load_function(target: str):
     module, _, name = target.rpartition(":")
     if not module or not name:
         raise ConfigError(f"{target!r}: write MODULE:FUNCTION, e.g. examples/gpt_auto.py:build "
                           "or mypackage.models:build.")
-    if module.endswith(".py") or os.path.sep in module:
-        if not os.path.exists(module):
-            raise ConfigError(f"{module}: no such file.")
-        sys.path.insert(0, os.path.dirname(os.path.abspath(module)))
-        spec = importlib.util.spec_from_file_location(
-            os.path.splitext(os.path.basename(module))[0], module)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    else:
-        sys.path.insert(0, os.getcwd())
-        mod = importlib.import_module(module)
+    try:
+        if module.endswith(".py") or os.path.sep in module:
+            if not os.path.isfile(module):
+                raise ConfigError(f"{module}: no such file.")
+            sys.path.insert(0, os.path.dirname(os.path.abspath(module)))
+            spec = importlib.util.spec_from_file_location(
+                os.path.splitext(os.path.basename(module))[0], module)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            sys.path.insert(0, os.getcwd())
+            mod = importlib.import_module(module)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{module}: no module named {e.name!r} (give a .py file or a module "
+                          "importable from here).") from e
+    except Exception as e:         # noqa: BLE001 -- the user's module, reported as theirs
+        raise UserCodeError(f"importing {module} raised {type(e).__name__}: {e}") from e
     if not hasattr(mod, name):
         raise ConfigError(f"{module} has no function {name!r}.")
     return getattr(mod, name)
+
+
+def _writable(path: str) -> str:
+    """``path``, or ConfigError when a file cannot be written there (checked before long work)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{path} is a folder; give a file name to write.")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"cannot write {path}: the folder {folder} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"cannot write {path}: the folder {folder} is not writable.")
+    return path
 
 
 def _count_or_auto(text: str):
@@ -74,10 +101,7 @@ def _mesh(text):
 
 def _plan(args) -> int:
     import autopar as ap
-    got = _load_function(args.target)()
-    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
-        raise ConfigError(f"{args.target} must return (step, args) or (step, args, options).")
-    step, example, options = got[0], tuple(got[1]), (got[2] if len(got) == 3 else {})
+    _writable(args.output)
     devices = args.devices or (int(__import__("math").prod(args.mesh)) if args.mesh else 1)
     config = ap.ParallelConfig(
         parallel_mode=args.mode, device_num=devices, mesh_shape=args.mesh,
@@ -88,6 +112,16 @@ def _plan(args) -> int:
         pipeline_stage_devices=args.stage_devices,
         enable_parallel_optimizer=args.optimizer_level is not None,
         optimizer_level=args.optimizer_level or "level1")
+    build = _load_function(args.target)
+    try:
+        got = build()
+    except Exception as e:          # noqa: BLE001 -- the user's function, reported as theirs
+        raise UserCodeError(f"{args.target} raised {type(e).__name__}: {e}") from e
+    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]) or \
+            not isinstance(got[2] if len(got) == 3 else {}, dict):
+        raise ConfigError(f"{args.target} must return (step, args) or (step, args, options), "
+                          f"options a dict of ap.compile keywords; it returned {type(got).__name__}.")
+    step, example, options = got[0], tuple(got[1]), (got[2] if len(got) == 3 else {})
     start = time.monotonic()
     strategy = ap.plan(step, *example, config=config, **options)
     head = 2 + len(strategy.stages) + (1 if strategy.stages else 0)
@@ -109,6 +143,7 @@ def _show(args) -> int:
 def _report(args) -> int:
     from . import report
     from .strategies.strategy import Strategy
+    _writable(args.output)
     report.save(Strategy.load(args.strategy), args.output)
     print(f"wrote {args.output}")
     return 0
@@ -118,13 +153,17 @@ def _solve(args) -> int:
     from .strategies.problem import SearchProblem
     from .strategies.solvers import get
     start = time.monotonic()
+    if not args.timeout > 0 or args.timeout == float("inf"):
+        raise ConfigError(f"timeout {args.timeout:g}: give the seconds the run may take, a "
+                          "finite number > 0.")
+    solve = get(args.solver)
     problem = SearchProblem.load(args.problem)
     loaded = time.monotonic() - start
     say = lambda msg: print(f"[{time.monotonic() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
     say(f"{problem.name}: {problem.num_nodes} nodes, {problem.num_edges} edges, limit "
         f"{problem.usage_limit} (read in {loaded:.1f}s)")
     left = args.timeout - (time.monotonic() - start)
-    solution, why = _solve_anytime(get(args.solver), problem, max(left, 1.0), say)
+    solution, why = _solve_anytime(solve, problem, max(left, 1.0), say)
     if solution is None:
         raise InfeasibleError(f"{problem.name}: {why} before any feasible answer was found; "
                               "give it more time.")
@@ -193,6 +232,8 @@ def _calibrate(args) -> int:
     if args.devices < 2:
         raise ConfigError(f"--devices {args.devices}: calibrate needs at least 2 devices to "
                           "measure the links.")
+    if args.output:
+        _writable(args.output)
     flag = f"--xla_force_host_platform_device_count={args.devices}"
     if args.backend == "jax" and "device_count" not in os.environ.get("XLA_FLAGS", ""):
         # CPU-only machines: fake the devices (read when JAX first starts its backend)
@@ -216,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
     values = lambda e: [m.value for m in e]
     parser = argparse.ArgumentParser(prog="autopar", description="autopar: auto-parallel "
                                      "compiler for JAX training steps.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (before the command)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="plan a training step and save its strategy",
@@ -308,9 +351,39 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except AutoparError as e:
-        print(f"autopar: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:      # noqa: BLE001 -- every error ends here, as one line or a report
+        return _failed(e, args.debug)
+    except KeyboardInterrupt:
+        print("autopar: interrupted", file=sys.stderr)
+        return 130
+
+
+def _failed(e: Exception, debug: bool) -> int:
+    """Report an error that ended a command; its exit status. A user's error (an autopar
+    error, a file that cannot be read or written, memory) is one line and exit status 2;
+    anything else is a bug in autopar: its traceback and a request to report it, status 1.
+    ``--debug`` adds the traceback to either."""
+    import traceback
+    user = isinstance(e, (AutoparError, OSError, MemoryError, RecursionError))
+    if debug or not user:
+        traceback.print_exception(e, file=sys.stderr)
+    if not user:
+        print(f"autopar: internal error {type(e).__name__}: {e}. This is a bug in autopar; "
+              "please report it with the command line and the traceback above.",
+              file=sys.stderr)
+        return 1
+    if isinstance(e, OSError):
+        text = f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
+    elif isinstance(e, MemoryError):
+        text = "out of memory; give a smaller problem or more memory"
+    elif isinstance(e, RecursionError):
+        text = "input nested too deeply"
+    else:
+        text = str(e)
+    line = " ".join(text.split())
+    hint = " (--debug shows the traceback)" if isinstance(e, UserCodeError) and not debug else ""
+    print(f"autopar: {line}{hint}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -12,11 +12,15 @@ returns them as ``config.mode``, ``.search``, ``.execution``, ``.optimizer``, ``
 """
 from __future__ import annotations
 
+import difflib
 import math
+import os
 import re
 from dataclasses import InitVar, dataclass, fields, replace
 from enum import Enum
 from typing import Optional
+
+import numpy as np
 
 from .errors import ConfigError
 from .mesh import LogicalMesh
@@ -49,6 +53,9 @@ class PipelineScheduler(str, Enum):
     ONE_F_ONE_B = "1f1b"  # after a warm-up, one forward then one backward: fewer live activations
 
 
+NATIVE_MAX_RANKS = 256    # ranks of one native job (native/src/shm.cc: kMaxRanks)
+
+
 class Backend(str, Enum):
     JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
     NATIVE = "native"    # autopar's multi-process runtime (the default)
@@ -67,10 +74,13 @@ _UNITS = {"": 1, "B": 1, "KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30, "TB": 2 **
 
 def parse_bytes(value, field: str = "max_device_memory") -> Optional[int]:
     """``16GB`` / ``"512 MB"`` / ``1024`` -> bytes (binary units, as MindSpore's max_device_memory)."""
+    if isinstance(value, bool) or isinstance(value, int) and value < 0:
+        raise ConfigError(f"{field}={value!r} is not a size; write e.g. 16GB, 512MB or a "
+                          "number of bytes >= 0.")
     if value is None or isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?)\s*", str(value).upper())
-    if not m:
+    if not m or not isinstance(value, (str, float)):
         raise ConfigError(f"{field}={value!r} is not a size; write e.g. 16GB or 512MB.")
     return int(float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "" else ""])
 
@@ -79,6 +89,20 @@ def _set(obj, **values):
     """Normalise fields of a frozen dataclass in its __post_init__."""
     for k, v in values.items():
         object.__setattr__(obj, k, v)
+
+
+def _flag(obj, *names) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r} must be True or False.")
+
+
+def _path(obj, *names) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{name}={value!r} must be a file path (a str) or None.")
 
 
 def _count(value, field: str, alternative: str = "") -> None:
@@ -102,6 +126,7 @@ class ModeOptions:
 
     def __post_init__(self):
         _set(self, parallel_mode=_enum(ParallelMode, self.parallel_mode, "parallel_mode"))
+        _flag(self, "gradients_mean")
         ds = self.dataset_strategy
         if isinstance(ds, (list, tuple)):
             ds = tuple(tuple(s) if isinstance(s, (list, tuple)) else s for s in ds)
@@ -136,6 +161,13 @@ class SearchOptions:
         _set(self, search_mode=None if self.search_mode is None else
              _enum(SearchMode, self.search_mode, "search_mode"),
              max_device_memory=parse_bytes(self.max_device_memory))
+        t = self.search_time
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not math.isfinite(t) or t <= 0):
+            raise ConfigError(f"search_time={t!r} must be a finite number of seconds > 0, or "
+                              "None for the solver's default.")
+        _flag(self, "progress")
+        _path(self, "strategy_ckpt_load_file", "strategy_ckpt_save_file")
 
 
 @dataclass(frozen=True)
@@ -150,13 +182,13 @@ class ExecutionOptions:
         _set(self, backend=_enum(Backend, self.backend, "backend"))
         _set(self, allreduce_fusion_bytes=parse_bytes(self.allreduce_fusion_bytes or 0,
                                                       "allreduce_fusion_bytes"))
-        try:
-            timeout = float(self.collective_timeout)
+        t = self.collective_timeout
+        try:                                # a number, or its text ("5", as from a file)
+            timeout = -1.0 if isinstance(t, bool) else float(t)
         except (TypeError, ValueError):
             timeout = -1.0
-        if not timeout > 0:
-            raise ConfigError(f"collective_timeout={self.collective_timeout!r} must be a positive "
-                              "number of seconds.")
+        if not 0 < timeout < math.inf:
+            raise ConfigError(f"collective_timeout={t!r} must be a finite number of seconds > 0.")
         _set(self, collective_timeout=timeout)
 
 
@@ -169,7 +201,9 @@ class OptimizerOptions:
 
     def __post_init__(self):
         _set(self, optimizer_level=_enum(OptimizerLevel, self.optimizer_level, "optimizer_level"))
+        _flag(self, "enable_parallel_optimizer")
         if not (isinstance(self.parallel_optimizer_threshold, (int, float))
+                and not isinstance(self.parallel_optimizer_threshold, bool)
                 and self.parallel_optimizer_threshold >= 0):
             raise ConfigError(f"parallel_optimizer_threshold={self.parallel_optimizer_threshold!r} "
                               "must be a number of KB >= 0 (0 shards every parameter's update).")
@@ -251,7 +285,14 @@ class DeviceOptions:
         n = self.device_num
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"device_num={n!r} must be an integer >= 1.")
-        shape = tuple(int(s) for s in self.mesh_shape) if self.mesh_shape is not None else None
+        shape = self.mesh_shape
+        if shape is not None:
+            if not isinstance(shape, (list, tuple)) or not shape or not all(
+                    isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1
+                    for k in shape):
+                raise ConfigError(f"mesh_shape={shape!r} must be a tuple of axis sizes, integers "
+                                  ">= 1, e.g. (8,) or (2, 4).")
+            shape = tuple(int(k) for k in shape)
         if shape is None:
             n = 1 if n is None else int(n)
             shape = (n,)
@@ -263,8 +304,20 @@ class DeviceOptions:
             raise ConfigError(f"device_num={n} but mesh_shape={shape} holds {math.prod(shape)} "
                               "devices; make them agree.")
         _set(self, device_num=n, mesh_shape=shape)
-        if self.mesh_axis_names is not None:
-            _set(self, mesh_axis_names=tuple(self.mesh_axis_names))
+        names = self.mesh_axis_names
+        if names is not None:
+            if not isinstance(names, (list, tuple)) or len(names) != len(shape) or \
+                    len(set(names)) != len(names) or not all(
+                        isinstance(a, str) and a.isidentifier() for a in names):
+                raise ConfigError(f"mesh_axis_names={names!r} must name each of the "
+                                  f"{len(shape)} axes of mesh_shape={shape} once, with "
+                                  "identifiers such as ('dp', 'mp').")
+            _set(self, mesh_axis_names=tuple(names))
+        if isinstance(self.topology, str):
+            _set(self, topology=Topology.preset(self.topology, n))
+        elif self.topology is not None and not isinstance(self.topology, Topology):
+            raise ConfigError(f"topology={self.topology!r} must be an ap.Topology, a preset "
+                              "name ('local', 'cluster:HOSTSxPER_HOST') or a topology file path.")
         if self.topology is not None and self.topology.num_devices != n:
             raise ConfigError(f"topology {self.topology} has {self.topology.num_devices} devices, "
                               f"device_num is {n}.")
@@ -371,3 +424,26 @@ class ParallelConfig:
 
     def replace(self, **changes) -> "ParallelConfig":
         return replace(self, **changes)
+
+
+def _checked_init(init):
+    """ParallelConfig's dataclass __init__, raising ConfigError (with the nearest valid names)
+    for a keyword it has no field for, instead of TypeError."""
+    names = [f.name for f in fields(ParallelConfig)]
+
+    def __init__(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown or len(args) > len(names):
+            near = {k: difflib.get_close_matches(k, names, 1) for k in unknown}
+            raise ConfigError(
+                "ParallelConfig takes keyword fields; "
+                + ("; ".join(f"it has no field {k!r}" + (f" (did you mean {v[0]!r}?)" if v
+                                                          else "") for k, v in near.items())
+                   if unknown else f"{len(args)} positional values given")
+                + f". Valid fields: {', '.join(names)}.")
+        init(self, *args, **kwargs)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+ParallelConfig.__init__ = _checked_init(ParallelConfig.__init__)

@@ -48,6 +48,7 @@ import time
 import weakref
 from multiprocessing.connection import Listener, wait
 
+from autopar.config import NATIVE_MAX_RANKS
 from autopar.errors import CollectiveError, ConfigError, WorkerError
 
 from . import wire
@@ -97,8 +98,9 @@ class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
                  direct: bool = True):
         from autopar import _native
-        if nranks < 1:
-            raise ConfigError(f"a native job needs at least one rank, not {nranks}.")
+        if isinstance(nranks, bool) or not isinstance(nranks, int) or \
+                not 1 <= nranks <= NATIVE_MAX_RANKS:
+            raise ConfigError(f"a native job has 1 to {NATIVE_MAX_RANKS} ranks, not {nranks!r}.")
         hosts = list(hosts) if hosts is not None else [0] * nranks
         if len(hosts) != nranks:
             raise ConfigError(f"hosts names {len(hosts)} ranks' hosts; the job has {nranks}.")

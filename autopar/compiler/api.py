@@ -18,7 +18,8 @@ import time
 
 import jax
 
-from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
+from ..config import (NATIVE_MAX_RANKS, Backend, OptimizerLevel, ParallelConfig, ParallelMode,
+                      SearchMode)
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
@@ -35,7 +36,8 @@ from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
-from ..arguments import arg_layouts, fixed_layouts, leaf_names, leaf_type, state_pairs
+from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, leaf_type,
+                         state_pairs)
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .search import recursive_search, search
@@ -232,9 +234,10 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     split-count tuple, an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
     ``strategy``: a saved ``Strategy`` to reuse instead of searching.
     """
-    config = config or context_config()
+    config = _config(config)
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
+    _check_backend(config)
     graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
                                   measure=True)
     logger.info("compiled %s (%s, %s): %d operators, %d collectives; %s",
@@ -361,13 +364,15 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     ``auto_pipeline`` considers), check the memory cap, assemble the Strategy. Without a
     topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
     measured first when ``measure``, as ``compile`` does before running here)."""
-    config = config or context_config()
+    config = _config(config)
+    batch_argnums = check_call(fn, args, batch_argnums)
+    if strategy is not None and not isinstance(strategy, Strategy):
+        raise ConfigError(f"strategy={strategy!r} must be an ap.Strategy (ap.Strategy.load(path) "
+                          "reads a file; or set strategy_ckpt_load_file in the config).")
     if config.topology is None:
         config = config.replace(topology=machine_topology(config.backend.value,
                                                           config.devices.device_num, measure))
     mode = config.parallel_mode
-    batch_argnums = tuple(range(1, len(args))) if batch_argnums is None else tuple(
-        [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums)
     if strategy is not None and config.pipeline.auto:          # the loaded plan's pipeline
         config = config.replace(pipeline_stages=max(len(strategy.stages), 1),
                                 micro_batches=strategy.micro_batches)
@@ -390,6 +395,31 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
         return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
                              lambda r, cache: _staged(r, full, cache))
     return _plan_traced(req, full, t0, t_trace)
+
+
+def _config(config) -> ParallelConfig:
+    """``config``, or the context's when None; ConfigError for anything else."""
+    if config is None:
+        return context_config()
+    if not isinstance(config, ParallelConfig):
+        raise ConfigError(f"config={config!r} must be an ap.ParallelConfig, e.g. "
+                          "ap.ParallelConfig(parallel_mode='data_parallel', device_num=2).")
+    return config
+
+
+def _check_backend(config) -> None:
+    """ConfigError when the backend cannot run ``config``'s devices (checked before planning,
+    not at the first call)."""
+    n = config.devices.device_num
+    if config.backend is Backend.NATIVE and n > NATIVE_MAX_RANKS:
+        raise ConfigError(f"device_num={n}: the native backend runs at most {NATIVE_MAX_RANKS} "
+                          "ranks (one worker process each, on this host); use backend='jax' or "
+                          "fewer devices, or ap.plan to plan for more without running.")
+    if config.backend is Backend.JAX and n > len(jax.devices()):
+        raise ConfigError(f"device_num={n} but JAX sees {len(jax.devices())} device(s) "
+                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS="
+                          f"--xla_force_host_platform_device_count={n} before importing jax, or "
+                          "lower device_num.")
 
 
 def _pipelined(config) -> bool:
