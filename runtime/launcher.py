@@ -215,11 +215,21 @@ class Job:
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
         killed and the job is failed)."""
+        dead = None if self.closed or self.failure else self._dead()
+        if dead:                           # before the monitor has seen it
+            self.failure = dead
+            self.segment.abort(self._dead_rank(), dead)
         if self.closed or self.failure:
             raise CollectiveError(
                 f"this native job is {'closed' if self.closed else 'failed: ' + self.failure}; "
                 "start a new Job (a compiled step's runner does so on its next call).")
-        name = (fn.__module__, fn.__qualname__)
+        name = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", ""))
+        if not callable(fn) or not name[0] or "<" in name[1]:
+            raise ConfigError(f"{fn!r}: a job runs module-level functions the workers can "
+                              "import by name, not lambdas, closures or other objects.")
+        if not isinstance(per_rank_args, (list, tuple)) or len(per_rank_args) != self.nranks:
+            raise ConfigError(f"per_rank_args must hold one argument tuple per rank "
+                              f"({self.nranks}); got {per_rank_args!r:.80}.")
         results, errors = [None] * self.nranks, {}        # errors: rank -> (kind, message, tb)
         pending = {}
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
@@ -245,6 +255,9 @@ class Job:
             self._give_up(hung, errors)
         if self.segment.aborted and not self.failure:
             self.failure = self.segment.abort_reason()
+        gone = [r for r, e in sorted(errors.items()) if e[0] in ("exited", "unresponsive")]
+        if gone and not self.failure:      # a rank is gone: the job cannot run another call
+            self.failure = errors[gone[0]][1]
         if errors or hung:
             raise self._error(fn, errors, hung)
         return results

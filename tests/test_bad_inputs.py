@@ -518,3 +518,38 @@ def test_cli_internal_error_says_to_report_it(monkeypatch, files, capsys):
     assert cli.main(["show", str(files / "good.json")]) == 1
     err = capsys.readouterr().err
     assert "ZeroDivisionError" in err and "bug in autopar" in err and "report" in err
+
+
+# ---------------------------------------------------------------- the native launcher
+def job(*args, **kw):
+    from autopar.runtime.launcher import Job
+    return lambda: Job(*args, **kw).close()
+
+
+RUNTIME = [
+    ("job-no-ranks", job(0), "not 0"),
+    ("job-too-many", job(257), "not 257"),
+    ("job-ranks-str", job("2"), "not '2'"),
+    ("job-hosts", job(2, hosts=[0]), "hosts"),
+    ("job-transport", job(2, inter_host="udp"), "inter_host"),
+]
+
+
+@pytest.mark.native              # refused before any process starts; Job is still constructed
+@pytest.mark.parametrize("thunk,pattern", [c[1:] for c in RUNTIME], ids=[c[0] for c in RUNTIME])
+def test_native_job_arguments(thunk, pattern):
+    check(thunk, ConfigError, pattern)
+
+
+def worker_rank(comm):
+    return comm.rank
+
+
+@pytest.mark.native
+def test_native_job_calls():
+    from autopar.runtime.launcher import Job
+    with Job(2, timeout=5.0) as j:
+        check(lambda: j.call(lambda comm: 0, [(), ()]), ConfigError, "lambda")
+        check(lambda: j.call(worker_rank, [()]), ConfigError, "one argument tuple per rank")
+        check(lambda: j.call(worker_rank, "ab"), ConfigError, "per_rank_args")
+        assert j.call(worker_rank, [(), ()]) == [0, 1]          # the job is still good

@@ -207,3 +207,83 @@ def test_a_rank_stopped_between_calls_fails_the_next_call_whatever_its_arguments
     assert set(os.listdir("/dev/shm")) == shm_before
     with Job(2, timeout=TIMEOUT) as again:
         assert again.call(ranks, [()] * 2) == [0, 1]
+
+
+def _children() -> set:
+    """Pids of this process's live child processes."""
+    me = str(os.getpid())
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.add(int(pid))
+    return out
+
+
+@pytest.mark.slow
+def test_soak_500_calls_with_workers_killed_at_random_moments():
+    """A compiled data-parallel step called 500 times on the native backend while a thread
+    kills a random worker (SIGKILL) 10 times at random moments (before, during or between
+    calls): every call returns the single-device answer or raises CollectiveError, and after
+    close the processes, file descriptors, threads and /dev/shm are as they were before."""
+    import random
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    want = m.mlp_sgd_step(p, b)
+    before = (_children(), len(os.listdir("/proc/self/fd")), autopar_threads(),
+              set(os.listdir("/dev/shm")))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,
+                            collective_timeout=TIMEOUT)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    rng = random.Random(0)
+    calls, kills = 500, sorted(rng.sample(range(5, 495), 10))
+    done = [0]
+    killed = []
+
+    def killer():
+        for at in kills:
+            while done[0] < at:
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0, 0.02))            # somewhere in the next call or two
+            runner = c._runner
+            job = getattr(runner, "job", None)
+            if job is not None and not job.closed:
+                proc = rng.choice(job.procs)
+                try:
+                    proc.kill()
+                    killed.append(proc.pid)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    answered = failed = 0
+    try:
+        for _ in range(calls):
+            try:
+                got = c(p, b)
+            except CollectiveError:
+                failed += 1
+            else:
+                assert_same(got, want)
+                answered += 1
+            done[0] += 1
+    finally:
+        thread.join(30)
+        c.close()
+    assert answered + failed == calls and len(killed) == len(kills)
+    assert 1 <= failed <= len(kills) and answered >= calls - len(kills)
+    assert pids_gone(killed)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+            _children() - before[0] or len(os.listdir("/proc/self/fd")) > before[1]):
+        time.sleep(0.1)
+    assert _children() <= before[0]
+    assert len(os.listdir("/proc/self/fd")) <= before[1]
+    assert autopar_threads() <= before[2]
+    assert set(os.listdir("/dev/shm")) == before[3]
+    print(f"soak: {answered} answered, {failed} CollectiveError, {len(killed)} workers killed")
