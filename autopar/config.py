@@ -248,8 +248,8 @@ class PipelineOptions:
             return self
         if isinstance(given, (list, tuple)):
             given = tuple(given)
-            if len(given) != stages or sum(given) != n or not all(
-                    isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in given):
+            if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
+                       for k in given) or len(given) != stages or sum(given) != n:
                 raise ConfigError(f"pipeline_stage_devices={self.pipeline_stage_devices!r} must "
                                   f"give {stages} device counts >= 1 (one per stage) summing to "
                                   f"device_num={n}, e.g. {(1,) * (stages - 1) + (n - stages + 1,)}.")
@@ -306,9 +306,9 @@ class DeviceOptions:
         _set(self, device_num=n, mesh_shape=shape)
         names = self.mesh_axis_names
         if names is not None:
-            if not isinstance(names, (list, tuple)) or len(names) != len(shape) or \
-                    len(set(names)) != len(names) or not all(
-                        isinstance(a, str) and a.isidentifier() for a in names):
+            if not isinstance(names, (list, tuple)) or len(names) != len(shape) or not all(
+                    isinstance(a, str) and a.isidentifier() for a in names) or \
+                    len(set(names)) != len(names):
                 raise ConfigError(f"mesh_axis_names={names!r} must name each of the "
                                   f"{len(shape)} axes of mesh_shape={shape} once, with "
                                   "identifiers such as ('dp', 'mp').")
