@@ -4,7 +4,8 @@ In: a ``SearchProblem``; ``time_limit`` (seconds, default 60), ``initial`` (a So
 as the search hint and as the pruning bound), ``progress`` (called on each improvement).
 Out: a ``Solution`` respecting ``usage_limit``; ``optimal=True`` only when CP-SAT proves
 optimality (of the integer-scaled model, see Rounding); ``bound``, CP-SAT's objective bound
-in cost units less the rounding of every term. ``InfeasibleError`` (``check_fits``)
+in cost units less the rounding of every term (when CP-SAT stopped before any solution: the
+separable bound, each node's and edge's cheapest entry). ``InfeasibleError`` (``check_fits``)
 when nothing fits.
 
 Formulation (after the reduction below), over free nodes i (two or more strategies left):
@@ -385,8 +386,11 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         if not rebuild or time.perf_counter() - t0 >= budget:
             optimal = status == cp_model.OPTIMAL and not rebuild
             break
-    return Solution.of(problem, best[1], "ilp", time.perf_counter() - t0, optimal,
-                       lower if math.isfinite(lower) else None)
+    # without CP-SAT's bound (stopped before its first solution), the separable one: every
+    # node's and edge's cheapest entry, memory ignored
+    lower = max(lower, sum(float(c.min()) for c in problem.node_costs)
+                + sum(float(m.min()) for m in problem.edge_costs if m.size))
+    return Solution.of(problem, best[1], "ilp", time.perf_counter() - t0, optimal, lower)
 
 
 def _lower_bound(problem: SearchProblem, built: _Model, solver, choice) -> float:
