@@ -101,6 +101,24 @@ void check_apart(const py::array& in, const py::array& out, const std::string& o
     bad(op + ": input and output share memory; pass separate arrays");
 }
 
+// What the ranks of a call must agree on besides its size, as a 64-bit FNV-1a hash: the
+// collective and its parameters (`what`) and the group's ranks in order.
+uint64_t signature(const std::string& what, const Group* g) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  };
+  mix(what);
+  if (g)
+    for (int r : g->ranks) mix("," + std::to_string(r));
+  return h;
+}
+
+// A copy collective's dtype in the signature: kind and item size (dtype.name costs a Python call).
+std::string type_tag(const py::array& a) {
+  return std::string(1, a.dtype().kind()) + std::to_string(a.itemsize());
+}
+
 class PyComm {
  public:
   PyComm(int rank, int size, int fd, std::vector<int> hosts, double timeout, bool shm_within_hosts,
@@ -124,8 +142,10 @@ class PyComm {
     ReduceOp r = op_of(op, "all_reduce");
     Group g = group(ranks, "all_reduce");
     size_t n = size_t(a.size());
+    uint64_t sig = signature("all_reduce/" + algorithm + "/" + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")");
+    comm_.set_call({"all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
+                    uint64_t(a.nbytes()), sig});
     it->second(comm_, g, p, n, t, r);
   }
 
@@ -142,8 +162,10 @@ class PyComm {
           std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
     check_apart(in, out, "reduce_scatter");
     ReduceOp r = op_of(op, "reduce_scatter");
+    uint64_t sig = signature(std::string("reduce_scatter/") + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
-    comm_.set_op("reduce_scatter(" + std::to_string(in.size()) + " x " + dtype_name(t) + ")");
+    comm_.set_call({"reduce_scatter(" + std::to_string(in.size()) + " x " + dtype_name(t) + ")",
+                    uint64_t(in.nbytes()), sig});
     reduce_scatter_ring(comm_, g, src, dst, size_t(in.size()), t, r);
   }
 
@@ -159,8 +181,10 @@ class PyComm {
           std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
     check_apart(in, out, "all_gather");
     size_t es = size_t(in.itemsize());
+    uint64_t sig = signature("all_gather/" + type_tag(in), &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_gather(" + std::to_string(in.size()) + " elements)");
+    comm_.set_call({"all_gather(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
+                    sig});
     if (reaches_all(comm_, g) && size_t(in.nbytes()) >= kDirectCopyMin)
       allgather_direct(comm_, g, src, dst, size_t(in.size()), es);
     else
@@ -178,8 +202,10 @@ class PyComm {
           ", output " + std::to_string(out.size()) + " elements)");
     check_apart(in, out, "all_to_all");
     size_t es = size_t(in.itemsize());
+    uint64_t sig = signature("all_to_all/" + type_tag(in), &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_to_all(" + std::to_string(in.size()) + " elements)");
+    comm_.set_call({"all_to_all(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
+                    sig});
     size_t count = size_t(in.size() / g.size());
     if (reaches_all(comm_, g) && count * es >= kDirectCopyMin)
       alltoall_direct(comm_, g, src, dst, count, es);
@@ -193,8 +219,10 @@ class PyComm {
     Group g = group(ranks, "broadcast");
     check_root(root, g.size(), "broadcast");
     size_t bytes = size_t(a.nbytes());
+    uint64_t sig = signature("broadcast/" + type_tag(a) + "/" + std::to_string(root), &g);
     py::gil_scoped_release release;
-    comm_.set_op("broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")");
+    comm_.set_call({"broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")",
+                    bytes, sig});
     if (reaches_all(comm_, g) && bytes >= kDirectCopyMin)
       broadcast_direct(comm_, g, p, bytes, root);
     else
@@ -207,7 +235,8 @@ class PyComm {
     check_linked(peer, "send");
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
-    comm_.set_op("send(" + std::to_string(bytes) + " bytes to " + std::to_string(peer) + ")");
+    comm_.set_call({"send(" + std::to_string(bytes) + " bytes to " + std::to_string(peer) + ")", bytes,
+                    signature("send/recv", nullptr)});
     comm_.send(peer, p, bytes);
   }
 
@@ -217,14 +246,16 @@ class PyComm {
     check_linked(peer, "recv");
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
-    comm_.set_op("recv(" + std::to_string(bytes) + " bytes from " + std::to_string(peer) + ")");
+    comm_.set_call({"recv(" + std::to_string(bytes) + " bytes from " + std::to_string(peer) + ")",
+                    bytes, signature("send/recv", nullptr)});
     comm_.recv(peer, p, bytes);
   }
 
   void barrier(const std::vector<int>& ranks) {
     Group g = group(ranks, "barrier");
+    uint64_t sig = signature("barrier", &g);
     py::gil_scoped_release release;
-    comm_.set_op("barrier");
+    comm_.set_call({"barrier", 0, sig});
     comm_.barrier(g);
   }
 
