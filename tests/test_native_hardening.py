@@ -5,12 +5,18 @@ sizes, instead of reading or writing each other's memory at wrong offsets; the T
 drops strangers (silent, garbage, a wrong token, a huge claimed length, an early close) without
 stalling or failing the job. Small jobs (2-3 ranks)."""
 import os
+import signal
+import socket
+import struct
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from autopar import _native
 from autopar.errors import AutoparError, CollectiveError, NativeArgumentError
+from autopar.runtime import launcher
 from autopar.runtime.launcher import Job
 
 pytestmark = pytest.mark.native
@@ -157,3 +163,127 @@ def test_ranks_that_disagree_on_the_size_all_fail_naming_both_sizes(kind, algori
         if untouched or r == 2:                    # single-copy: checked before any byte moved
             assert same, (r, results)
 
+
+# --- strangers at the TCP rendezvous --------------------------------------------------------
+
+HELLO = 0x6170746370686931           # tcp.cc's kHello
+
+
+def hello(token, rank, port, host=b"127.0.0.1"):
+    return struct.pack("<Q64sii64s", HELLO, token, rank, port, host)
+
+
+def open_strangers(port, deadline=30.0):
+    """Wait until something listens on port, then connect five strangers to it: (a) one that
+    sends nothing, (b) garbage, (c) a well-formed hello with a wrong token, (d) a huge claimed
+    length followed by a flood, (e) half a hello and an early close. Returns the open sockets."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            first = socket.create_connection(("127.0.0.1", port), timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.002)
+    socks = [first]                                                         # (a) silent
+    for payload in (os.urandom(200),                                        # (b) garbage
+                    hello(b"an-intruder", 1, 9),                            # (c) wrong token
+                    struct.pack("<QQ", HELLO, 2 ** 63) + b"\xff" * 65536,   # (d) huge length
+                    hello(b"the-job", 1, 9)[:70]):                          # (e) short, closes
+        s = socket.create_connection(("127.0.0.1", port), timeout=1)
+        try:
+            s.sendall(payload)
+        except OSError:
+            pass                                  # dropped already: that is the point
+        socks.append(s)
+    socks.pop().close()
+    return socks
+
+
+def tcp_rank(r, address, token, out):
+    try:
+        comm = _native.Comm(r, 2, -1, [0, 1], 20.0)
+        comm.connect_tcp(address, token)
+        x = np.full(70001, r + 1, np.float32)
+        comm.all_reduce(x, [0, 1], "sum", "ring")
+        out[r] = (comm.link_kind(1 - r), x)
+    except Exception as e:                        # noqa: BLE001 - asserted by the test
+        out[r] = e
+
+
+def test_strangers_neither_stall_nor_fail_the_rendezvous():
+    """The strangers connect before rank 1 does (rank 0 admits nobody else meanwhile); rank 1
+    then joins at once, not after a stranger's deadline, and the pair runs an all-reduce."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address, out = f"127.0.0.1:{port}", {}
+    zero = threading.Thread(target=tcp_rank, args=(0, address, "the-job", out))
+    zero.start()
+    strangers = open_strangers(port)
+    start = time.monotonic()
+    one = threading.Thread(target=tcp_rank, args=(1, address, "the-job", out))
+    one.start()
+    one.join(30)
+    zero.join(30)
+    took = time.monotonic() - start
+    for s in strangers:
+        s.close()
+    for r in (0, 1):
+        assert not isinstance(out[r], BaseException), out[r]
+        kind, x = out[r]
+        assert kind == "tcp" and np.array_equal(x, np.full(70001, 3, np.float32))
+    assert took < 1.5, took                       # a stranger's 2 s deadline was not waited out
+
+
+def link_kinds(comm):
+    return [comm.link_kind(p) for p in range(comm.size)]
+
+
+def reduce_ones(comm, count):
+    x = np.full(count, comm.rank + 1, np.float32)
+    comm.all_reduce(x, list(range(comm.size)), "sum", "ring")
+    return x
+
+
+def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch):
+    """A 2-host job: rank 1 is stopped (SIGSTOP) as it is started and continued only once the
+    five strangers are connected to rank 0's rendezvous, so the strangers come first.
+    direct=False: rank 0 then goes to the rendezvous without waiting for rank 1's single-copy
+    probe."""
+    port = launcher._free_port()
+    monkeypatch.setattr(launcher, "_free_port", lambda: port)
+    stopped, found = [], {}
+    popen = launcher.subprocess.Popen
+
+    def start_stopped(args, **kwargs):
+        proc = popen(args, **kwargs)
+        if args[-8] != "0":                        # the worker's rank argument
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped.append(proc.pid)
+        return proc
+
+    def strangers():
+        try:
+            found["socks"] = open_strangers(port)
+        except OSError as e:
+            found["error"] = e
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", start_stopped)
+    t = threading.Thread(target=strangers)
+    t.start()
+    try:
+        with Job(2, hosts=[0, 1], inter_host="tcp", timeout=20.0, direct=False) as j:
+            t.join(30)
+            assert len(stopped) == 1 and "error" not in found, found
+            assert j.call(link_kinds, [()] * 2) == [["none", "tcp"], ["tcp", "none"]]
+            got = j.call(reduce_ones, [(70001,)] * 2)
+        assert all(np.array_equal(x, np.full(70001, 3, np.float32)) for x in got)
+    finally:
+        t.join(30)
+        for s in found.get("socks", []):
+            s.close()
