@@ -38,6 +38,14 @@ class CollectiveError(AutoparError, RuntimeError):
     """A collective failed while running (rank, operation, cause)."""
 
 
+class NativeArgumentError(AutoparError, ValueError, TypeError):
+    """An argument of the native runtime's binding (``autopar._native``: Segment, Comm, a
+    collective) is out of range or of the wrong kind: a rank, size, descriptor, host list,
+    timeout, group, root, peer, array (dtype, size, layout) or address. Raised before the C++
+    code uses the argument, with its name and the valid range; nothing has moved. A ValueError,
+    and a TypeError too (an array of the wrong dtype)."""
+
+
 class WorkerError(AutoparError, RuntimeError):
     """A Python exception raised inside a native worker process: ``rank`` is the worker's rank,
     ``kind`` the exception's type name and ``traceback`` the worker's formatted traceback (also

@@ -1,5 +1,8 @@
 // autopar._native: the Python binding. Segment (the job's shared memory), Comm (one rank's
 // collectives over numpy arrays, in place or into an output array) and the algorithm names.
+// Every argument is checked here before the C++ code uses it (checks.h: ranks, sizes, the
+// segment's descriptor, hosts, timeout, groups, roots, peers, arrays); a bad one raises
+// autopar.NativeArgumentError naming the argument and its valid range, and nothing moves.
 // Collectives release the GIL; native CollectiveErrors become autopar.CollectiveError with
 // .rank, .op and .cause.
 #include <pybind11/numpy.h>
@@ -10,6 +13,7 @@
 #include <string>
 
 #include "algorithms/algorithms.h"
+#include "checks.h"
 #include "comm.h"
 #include "shm.h"
 #include "tcp.h"
@@ -19,11 +23,20 @@ using namespace autopar;
 
 namespace {
 
-DType dtype_of(const py::array& a) {
+[[noreturn]] void bad(const std::string& m) { throw ArgumentError(m); }
+
+constexpr uint64_t kItemHasObject = 0x01;     // numpy's NPY_ITEM_HASOBJECT descriptor flag
+
+// The element type of a reduction's array: one of the six the kernels know, in this machine's
+// byte order; anything else is an error (never a default).
+DType dtype_of(const py::array& a, const std::string& what) {
   // kind and item size are plain fields; dtype.name is computed in Python (microseconds)
   py::dtype d = a.dtype();
   char kind = d.kind();
   ssize_t size = d.itemsize();
+  if (d.byteorder() == '>')
+    bad(what + " has a big-endian dtype (" + std::string(py::str(d)) + "); convert it with "
+        "astype(its native-order dtype) first");
   if (kind == 'f' && size == 4) return DType::f32;
   if (kind == 'f' && size == 8) return DType::f64;
   if (kind == 'f' && size == 2) return DType::f16;
@@ -31,15 +44,24 @@ DType dtype_of(const py::array& a) {
   if (kind == 'i' && size == 8) return DType::i64;
   std::string name = py::str(d.attr("name"));
   if (name == "bfloat16") return DType::bf16;
-  throw py::type_error("autopar collectives take float32, float64, float16, bfloat16, int32 or "
-                       "int64 arrays, not " + name);
+  bad(what + " must be a float32, float64, float16, bfloat16, int32 or int64 array to be "
+      "reduced, not " + name);
 }
 
-ReduceOp op_of(const std::string& s) {
+// Copy collectives move bytes, so any dtype works but one holding Python objects (pointers
+// into this process, meaningless in another).
+void check_copyable(const py::array& a, const std::string& what) {
+  py::dtype d = a.dtype();
+  if (d.kind() == 'O' || (d.flags() & kItemHasObject))
+    bad(what + " holds Python objects (dtype " + std::string(py::str(d)) + "); only arrays of "
+        "numbers can be sent to another process");
+}
+
+ReduceOp op_of(const std::string& s, const std::string& where) {
   static const std::map<std::string, ReduceOp> ops{
       {"sum", ReduceOp::sum}, {"prod", ReduceOp::prod}, {"max", ReduceOp::max}, {"min", ReduceOp::min}};
   auto it = ops.find(s);
-  if (it == ops.end()) throw py::value_error("reduction must be sum, prod, max or min, not " + s);
+  if (it == ops.end()) bad(where + ": op='" + s + "' must be sum, prod, max or min");
   return it->second;
 }
 
@@ -52,71 +74,117 @@ const std::map<std::string, AllReduce>& allreduce_algorithms() {
   return m;
 }
 
-char* writable(py::array& a, const char* what) {
-  if (!(a.flags() & py::array::c_style) || !a.writeable())
-    throw py::value_error(std::string(what) + " must be a writable C-contiguous array");
+// The layout every buffer needs: C-contiguous (the collectives see flat bytes) and aligned to
+// its element size (the reductions load whole elements).
+void check_layout(const py::array& a, const std::string& what) {
+  if (!(a.flags() & py::array::c_style))
+    bad(what + " must be C-contiguous (pass np.ascontiguousarray(x))");
+  if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+    bad(what + " must be aligned to its element size (pass a copy: x.copy())");
+}
+
+char* writable(py::array& a, const std::string& what) {
+  check_layout(a, what);
+  if (!a.writeable()) bad(what + " must be writable (it receives the result)");
   return static_cast<char*>(a.mutable_data());
 }
 
-const char* readable(const py::array& a, const char* what) {
-  if (!(a.flags() & py::array::c_style))
-    throw py::value_error(std::string(what) + " must be C-contiguous");
+const char* readable(const py::array& a, const std::string& what) {
+  check_layout(a, what);
   return static_cast<const char*>(a.data());
+}
+
+// An output that shares bytes with its input would be overwritten while it is read.
+void check_apart(const py::array& in, const py::array& out, const std::string& op) {
+  auto lo = [](const py::array& a) { return reinterpret_cast<uintptr_t>(a.data()); };
+  if (lo(in) < lo(out) + size_t(out.nbytes()) && lo(out) < lo(in) + size_t(in.nbytes()))
+    bad(op + ": input and output share memory; pass separate arrays");
+}
+
+// What the ranks of a call must agree on besides its size, as a 64-bit FNV-1a hash: the
+// collective and its parameters (`what`) and the group's ranks in order.
+uint64_t signature(const std::string& what, const Group* g) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  };
+  mix(what);
+  if (g)
+    for (int r : g->ranks) mix("," + std::to_string(r));
+  return h;
+}
+
+// A copy collective's dtype in the signature: kind and item size (dtype.name costs a Python call).
+std::string type_tag(const py::array& a) {
+  return std::string(1, a.dtype().kind()) + std::to_string(a.itemsize());
 }
 
 class PyComm {
  public:
   PyComm(int rank, int size, int fd, std::vector<int> hosts, double timeout, bool shm_within_hosts,
          bool direct)
-      : comm_(rank, size, fd >= 0 ? ShmSegment::attach(fd) : nullptr, std::move(hosts), timeout,
+      // hosts is copied, not moved: the copy may be made before segment() checks it
+      : comm_(rank, size, segment(rank, size, fd, hosts, timeout), hosts, timeout,
               shm_within_hosts, direct) {}
 
-  Group group(const std::vector<int>& ranks) {
-    for (size_t i = 0; i < ranks.size(); ++i)
-      if (ranks[i] == comm_.rank()) return Group{ranks, int(i)};
-    throw py::value_error("rank " + std::to_string(comm_.rank()) + " is not in the group");
+  Group group(const std::vector<int>& ranks, const std::string& op) {
+    return check_group(ranks, comm_.rank(), comm_.size(), op);
   }
 
   void all_reduce(py::array a, const std::vector<int>& ranks, const std::string& op,
                   const std::string& algorithm) {
     auto it = allreduce_algorithms().find(algorithm);
     if (it == allreduce_algorithms().end())
-      throw py::value_error("no all-reduce algorithm " + algorithm);
-    char* p = writable(a, "all_reduce buffer");
-    DType t = dtype_of(a);
-    ReduceOp r = op_of(op);
-    Group g = group(ranks);
+      bad("all_reduce: algorithm='" + algorithm + "' is not one of autopar._native."
+          "ALLREDUCE_ALGORITHMS");
+    char* p = writable(a, "all_reduce: array");
+    DType t = dtype_of(a, "all_reduce: array");
+    ReduceOp r = op_of(op, "all_reduce");
+    Group g = group(ranks, "all_reduce");
     size_t n = size_t(a.size());
+    uint64_t sig = signature("all_reduce/" + algorithm + "/" + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")");
+    comm_.set_call({"all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
+                    uint64_t(a.nbytes()), sig});
     it->second(comm_, g, p, n, t, r);
   }
 
   void reduce_scatter(py::array in, py::array out, const std::vector<int>& ranks,
                       const std::string& op) {
-    const char* src = readable(in, "reduce_scatter input");
-    char* dst = writable(out, "reduce_scatter output");
-    DType t = dtype_of(in);
-    Group g = group(ranks);
+    const char* src = readable(in, "reduce_scatter: input");
+    char* dst = writable(out, "reduce_scatter: output");
+    DType t = dtype_of(in, "reduce_scatter: input");
+    Group g = group(ranks, "reduce_scatter");
     Blocks b(size_t(in.size()), g.size());
-    if (dtype_of(out) != t || size_t(out.size()) != b.len[g.me])
-      throw py::value_error("reduce_scatter output must hold this rank's block: " +
-                            std::to_string(b.len[g.me]) + " elements of the input's type");
-    ReduceOp r = op_of(op);
+    if (out.dtype().not_equal(in.dtype()) || size_t(out.size()) != b.len[size_t(g.me)])
+      bad("reduce_scatter: output must hold this rank's block of the input: " +
+          std::to_string(b.len[size_t(g.me)]) + " elements of the input's dtype, not " +
+          std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
+    check_apart(in, out, "reduce_scatter");
+    ReduceOp r = op_of(op, "reduce_scatter");
+    uint64_t sig = signature(std::string("reduce_scatter/") + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
-    comm_.set_op("reduce_scatter(" + std::to_string(in.size()) + " x " + dtype_name(t) + ")");
+    comm_.set_call({"reduce_scatter(" + std::to_string(in.size()) + " x " + dtype_name(t) + ")",
+                    uint64_t(in.nbytes()), sig});
     reduce_scatter_ring(comm_, g, src, dst, size_t(in.size()), t, r);
   }
 
   void all_gather(py::array in, py::array out, const std::vector<int>& ranks) {
-    const char* src = readable(in, "all_gather input");
-    char* dst = writable(out, "all_gather output");
-    Group g = group(ranks);
-    if (out.dtype().not_equal(in.dtype()) || out.size() != in.size() * g.size())
-      throw py::value_error("all_gather output must hold group size x input elements of its type");
+    const char* src = readable(in, "all_gather: input");
+    char* dst = writable(out, "all_gather: output");
+    check_copyable(in, "all_gather: input");
+    Group g = group(ranks, "all_gather");
+    if (out.dtype().not_equal(in.dtype()) || out.size() % g.size() != 0 ||
+        out.size() / g.size() != in.size())
+      bad("all_gather: output must hold group size x input elements (" + std::to_string(g.size()) +
+          " x " + std::to_string(in.size()) + ") of the input's dtype, not " +
+          std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
+    check_apart(in, out, "all_gather");
     size_t es = size_t(in.itemsize());
+    uint64_t sig = signature("all_gather/" + type_tag(in), &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_gather(" + std::to_string(in.size()) + " elements)");
+    comm_.set_call({"all_gather(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
+                    sig});
     if (reaches_all(comm_, g) && size_t(in.nbytes()) >= kDirectCopyMin)
       allgather_direct(comm_, g, src, dst, size_t(in.size()), es);
     else
@@ -124,15 +192,20 @@ class PyComm {
   }
 
   void all_to_all(py::array in, py::array out, const std::vector<int>& ranks) {
-    const char* src = readable(in, "all_to_all input");
-    char* dst = writable(out, "all_to_all output");
-    Group g = group(ranks);
+    const char* src = readable(in, "all_to_all: input");
+    char* dst = writable(out, "all_to_all: output");
+    check_copyable(in, "all_to_all: input");
+    Group g = group(ranks, "all_to_all");
     if (out.dtype().not_equal(in.dtype()) || out.size() != in.size() || in.size() % g.size())
-      throw py::value_error("all_to_all input and output must have the same type and size, a "
-                            "multiple of the group size");
+      bad("all_to_all: input and output must have the same dtype and size, a multiple of the "
+          "group size " + std::to_string(g.size()) + " (input " + std::to_string(in.size()) +
+          ", output " + std::to_string(out.size()) + " elements)");
+    check_apart(in, out, "all_to_all");
     size_t es = size_t(in.itemsize());
+    uint64_t sig = signature("all_to_all/" + type_tag(in), &g);
     py::gil_scoped_release release;
-    comm_.set_op("all_to_all(" + std::to_string(in.size()) + " elements)");
+    comm_.set_call({"all_to_all(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
+                    sig});
     size_t count = size_t(in.size() / g.size());
     if (reaches_all(comm_, g) && count * es >= kDirectCopyMin)
       alltoall_direct(comm_, g, src, dst, count, es);
@@ -141,12 +214,15 @@ class PyComm {
   }
 
   void broadcast(py::array a, const std::vector<int>& ranks, int root) {
-    char* p = writable(a, "broadcast buffer");
-    Group g = group(ranks);
-    if (root < 0 || root >= g.size()) throw py::value_error("broadcast root outside the group");
+    char* p = writable(a, "broadcast: array");
+    check_copyable(a, "broadcast: array");
+    Group g = group(ranks, "broadcast");
+    check_root(root, g.size(), "broadcast");
     size_t bytes = size_t(a.nbytes());
+    uint64_t sig = signature("broadcast/" + type_tag(a) + "/" + std::to_string(root), &g);
     py::gil_scoped_release release;
-    comm_.set_op("broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")");
+    comm_.set_call({"broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")",
+                    bytes, sig});
     if (reaches_all(comm_, g) && bytes >= kDirectCopyMin)
       broadcast_direct(comm_, g, p, bytes, root);
     else
@@ -154,55 +230,98 @@ class PyComm {
   }
 
   void send(py::array a, int peer) {
-    const char* p = readable(a, "send buffer");
+    const char* p = readable(a, "send: array");
+    check_copyable(a, "send: array");
+    check_linked(peer, "send");
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
-    comm_.set_op("send(" + std::to_string(bytes) + " bytes to " + std::to_string(peer) + ")");
+    comm_.set_call({"send(" + std::to_string(bytes) + " bytes to " + std::to_string(peer) + ")", bytes,
+                    signature("send/recv", nullptr)});
     comm_.send(peer, p, bytes);
   }
 
   void recv(py::array a, int peer) {
-    char* p = writable(a, "recv buffer");
+    char* p = writable(a, "recv: array");
+    check_copyable(a, "recv: array");
+    check_linked(peer, "recv");
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
-    comm_.set_op("recv(" + std::to_string(bytes) + " bytes from " + std::to_string(peer) + ")");
+    comm_.set_call({"recv(" + std::to_string(bytes) + " bytes from " + std::to_string(peer) + ")",
+                    bytes, signature("send/recv", nullptr)});
     comm_.recv(peer, p, bytes);
   }
 
   void barrier(const std::vector<int>& ranks) {
-    Group g = group(ranks);
+    Group g = group(ranks, "barrier");
+    uint64_t sig = signature("barrier", &g);
     py::gil_scoped_release release;
-    comm_.set_op("barrier");
+    comm_.set_call({"barrier", 0, sig});
     comm_.barrier(g);
   }
 
   void connect_tcp(const std::string& rendezvous, const std::string& token, const std::string& host) {
+    check_tcp(rendezvous, token, host);
+    if (tcp_connected_) bad("connect_tcp: this Comm is connected already; call it once");
+    tcp_connected_ = true;
     py::gil_scoped_release release;
     comm_.set_op("tcp rendezvous");
     connect_tcp_links(comm_, rendezvous, token, host);
   }
 
+  std::string link_kind(int peer) const {
+    if (peer < 0 || peer >= comm_.size())
+      bad("link_kind: peer=" + std::to_string(peer) + " must be in [0, " +
+          std::to_string(comm_.size()) + ")");
+    return comm_.link_kind(peer);
+  }
+
   Comm& comm() { return comm_; }
 
  private:
+  // The checked constructor arguments' segment (none for fd -1), with as many ranks as size.
+  static std::shared_ptr<ShmSegment> segment(int rank, int size, int fd,
+                                             const std::vector<int>& hosts, double timeout) {
+    check_comm(rank, size, fd, hosts, timeout);
+    if (fd < 0) return nullptr;
+    std::shared_ptr<ShmSegment> s = ShmSegment::attach(fd);
+    if (s->nranks() != size)
+      bad("Comm: size=" + std::to_string(size) + " does not match the segment's " +
+          std::to_string(s->nranks()) + " ranks (fd " + std::to_string(fd) +
+          "); pass the rank count it was created with");
+    return s;
+  }
+
+  void check_linked(int peer, const std::string& op) {
+    check_peer(peer, comm_.rank(), comm_.size(), op);
+    if (comm_.link_kind(peer) == "none")
+      bad(op + ": no link to rank " + std::to_string(peer) + " (a rank of another host before "
+          "connect_tcp?)");
+  }
+
   Comm comm_;
+  bool tcp_connected_ = false;
 };
 
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "autopar's native collectives (C++17): shared-memory and TCP transports";
-  static py::object error = py::module_::import("autopar.errors").attr("CollectiveError");
+  // held for the life of the process: a static py::object would be released after the
+  // interpreter is gone
+  py::module_ errors = py::module_::import("autopar.errors");
+  static PyObject* collective_error = py::object(errors.attr("CollectiveError")).release().ptr();
+  static PyObject* argument_error = py::object(errors.attr("NativeArgumentError")).release().ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const CollectiveError& e) {
-      py::gil_scoped_acquire gil;
-      py::object exc = error(e.what());
+      py::object exc = py::handle(collective_error)(e.what());
       exc.attr("rank") = e.rank();
       exc.attr("op") = e.op();
       exc.attr("cause") = e.cause();
-      PyErr_SetObject(error.ptr(), exc.ptr());
+      PyErr_SetObject(collective_error, exc.ptr());
+    } catch (const ArgumentError& e) {
+      PyErr_SetString(argument_error, e.what());
     }
   });
 
@@ -224,7 +343,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("size", [](PyComm& c) { return c.comm().size(); })
       .def_property_readonly("host", [](PyComm& c) { return c.comm().host_of(c.comm().rank()); },
                              "this rank's host id (the 2D algorithms' hierarchy)")
-      .def("link_kind", [](PyComm& c, int peer) { return c.comm().link_kind(peer); })
+      .def("link_kind", &PyComm::link_kind, py::arg("peer"))
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")
       .def_property_readonly("timeout", [](PyComm& c) { return c.comm().timeout(); },

@@ -94,6 +94,7 @@ void Comm::run(std::vector<Xfer>& xs) {
       if (x.done == x.n) continue;
       pending = true;
       Link& l = link(x.peer);
+      if (!move_frame(x, l, &moved)) continue;
       if (x.is_send) {
         size_t limit = x.ready ? std::min(*x.ready, x.n) : x.n;
         if (limit < x.n) limit -= limit % x.align;
@@ -152,6 +153,66 @@ void Comm::run(std::vector<Xfer>& xs) {
       check(xs, waited);
     }
   }
+}
+
+namespace {
+constexpr uint64_t kFrameMagic = 0x61706672616d6531ull;   // "apframe1"
+}
+
+bool Comm::move_frame(Xfer& x, Link& l, bool* moved) {
+  constexpr size_t kSize = sizeof(Frame);
+  if (x.framed == kSize) return true;
+  char* f = reinterpret_cast<char*>(&x.frame);
+  if (x.is_send) {
+    if (x.framed == 0) {
+      const Call& c = call();
+      x.frame.magic = kFrameMagic;
+      x.frame.signature = c.signature;
+      x.frame.call_bytes = c.bytes;
+      x.frame.bytes = x.n;
+      c.op.copy(x.frame.op, sizeof(x.frame.op) - 1);
+    }
+    size_t k = l.send_some(f + x.framed, kSize - x.framed);
+    x.framed += k, *moved |= k > 0;
+    return x.framed == kSize;
+  }
+  size_t k;
+  try {
+    k = l.recv_some(kSize - x.framed, 1, f + x.framed, [&](const char* d, size_t len) {
+      if (d != f + x.framed) std::memcpy(f + x.framed, d, len);
+    });
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    check({x}, 0);
+    fail("receiving from rank " + std::to_string(x.peer) + ": " + e.what());
+  }
+  x.framed += k, *moved |= k > 0;
+  if (x.framed < kSize) return false;
+  check_frame(x);
+  return true;
+}
+
+void Comm::check_frame(const Xfer& x) {
+  const Frame& f = x.frame;
+  const Call& mine = call();
+  std::string peer = "rank " + std::to_string(x.peer);
+  if (f.magic != kFrameMagic)
+    fail(peer + " sent bytes that are not a message frame: the ranks are out of step (a call "
+         "that failed on some ranks only, or ranks calling different collectives)");
+  std::string theirs(f.op, strnlen(f.op, sizeof(f.op)));
+  if (f.call_bytes != mine.bytes)
+    fail("ranks disagree on the size: " + peer + " passed " + std::to_string(f.call_bytes) +
+         " bytes to " + theirs + ", this rank " + std::to_string(mine.bytes) + " bytes to " +
+         op() + "; the ranks must pass the same size to the same call (a receive the size of "
+         "its send)");
+  if (f.signature != mine.signature)
+    fail(peer + " is in another call (" + theirs + "): the ranks of a group must call the same "
+         "collectives with the same algorithm, dtype, reduction, root and group, in the same "
+         "order");
+  if (f.bytes != x.n)
+    fail(peer + " sent a message of " + std::to_string(f.bytes) + " bytes where this rank "
+         "expects " + std::to_string(x.n) + " (" + theirs + ")");
 }
 
 void Comm::send(int peer, const void* buf, size_t n) {

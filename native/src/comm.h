@@ -6,6 +6,7 @@
 // are still alive, and the time since the last byte moved.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,11 +55,23 @@ class Comm {
   void read_peer(int peer, uint64_t addr, void* to, size_t n);
   void write_peer(int peer, uint64_t addr, const void* from, size_t n);
 
-  // The operation named in errors (set by the collective entry points). Per thread: a
-  // pipeline stage sends and receives on threads of its own beside its collectives, each
-  // on other links (a link's two directions are independent).
-  void set_op(std::string op) { op_() = std::move(op); }
-  const std::string& op() const { return op_(); }
+  // The call this thread is in (set by the collective entry points): its name in errors,
+  // the bytes its caller passed (per rank) and a signature of everything else the ranks must
+  // agree on (collective, algorithm, dtype, reduction, root, group). Every message carries
+  // them in its frame and the receiver compares them with its own before a payload byte is
+  // taken, so ranks that disagree fail with CollectiveError naming both sides instead of
+  // reading each other's bytes as their own. Per thread: a pipeline stage sends and receives
+  // on threads of its own beside its collectives, each on other links (a link's two
+  // directions are independent).
+  struct Call {
+    std::string op = "collective";
+    uint64_t bytes = 0;
+    uint64_t signature = 0;
+  };
+  void set_call(Call call) { call_() = std::move(call); }
+  void set_op(std::string op) { call_() = Call{std::move(op), 0, 0}; }
+  const std::string& op() const { return call_().op; }
+  const Call& call() const { return call_(); }
 
   void send(int peer, const void* buf, size_t n);
   void recv(int peer, void* buf, size_t n);
@@ -72,7 +85,18 @@ class Comm {
   void recv_copy_send(int src, const std::vector<int>& dsts, void* buf, size_t n);
   void barrier(const Group& g);
 
+  // The frame that goes before every message of one byte or more on a link (96 bytes): the
+  // sender's call (see Call) and the message's length. A message is never read before its
+  // frame matched.
+  struct Frame {
+    uint64_t magic = 0;
+    uint64_t signature = 0;
+    uint64_t call_bytes = 0;
+    uint64_t bytes = 0;
+    char op[64] = {};            // the sender's call name, cut to 63 characters
+  };
   // One transfer of the progress loop; a send with `ready` set only sends bytes below *ready.
+  // `framed` counts the frame's bytes sent or received so far.
   struct Xfer {
     bool is_send;
     int peer;
@@ -82,6 +106,8 @@ class Comm {
     const size_t* ready = nullptr;
     size_t align = 1;
     size_t done = 0;
+    size_t framed = 0;
+    Frame frame{};
   };
   void run(std::vector<Xfer>& xs);
   // Raise CollectiveError for this rank and operation, and flag the job so peers fail fast.
@@ -90,15 +116,18 @@ class Comm {
  private:
   void check(const std::vector<Xfer>& xs, double idle_s);
   Link& link(int peer);
+  // Move x's frame; true once it is all sent, or received and matching this rank's call.
+  bool move_frame(Xfer& x, Link& l, bool* moved);
+  void check_frame(const Xfer& x);
 
   int rank_, size_;
   std::shared_ptr<ShmSegment> shm_;     // declared before links_: outlives them
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<int> hosts_;
   double timeout_s_;
-  static std::string& op_() {
-    thread_local std::string op = "collective";
-    return op;
+  static Call& call_() {
+    thread_local Call call;
+    return call;
   }
 };
 

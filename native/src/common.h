@@ -1,5 +1,6 @@
 // Types shared by the transports, the algorithms and the binding: element types, reduction
-// operators and the one error type (translated to autopar.CollectiveError at the binding).
+// operators and the two error types (translated to autopar.CollectiveError and
+// autopar.NativeArgumentError at the binding).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,14 @@ enum class ReduceOp : int { sum = 0, prod = 1, max = 2, min = 3 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
+
+// An argument that cannot work (out of range, the wrong kind, not matching the segment),
+// found before it is used: the binding translates it to autopar.NativeArgumentError. The
+// message names the argument and its valid range.
+class ArgumentError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 // A collective failed: which rank, in which operation, and why.
 class CollectiveError : public std::runtime_error {

@@ -12,6 +12,8 @@
 // so the sender's buffer stays untouched while it is read.
 #include "shm.h"
 
+#include "common.h"
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -31,6 +33,8 @@ namespace {
 constexpr uint64_t kMagic = 0x6175746f70617231ull;  // "autopar1"
 constexpr size_t kLine = 64;
 constexpr int kMaxRanks = 256;
+constexpr size_t kMaxSlots = 4096;                  // slots per channel
+constexpr size_t kMaxSlotBytes = size_t(64) << 20;  // bytes per slot
 constexpr uint64_t kDirect = 1ull << 63;            // a slot size flag: the slot is a descriptor
 constexpr size_t kDirectMin = 1 << 20;              // sends this large go single-copy
 constexpr size_t kPiece = 128 << 10;                // bytes read per call for a reduction
@@ -188,7 +192,15 @@ class ShmLink : public Link {
 }  // namespace
 
 std::shared_ptr<ShmSegment> ShmSegment::create(int nranks, size_t slots, size_t slot_bytes) {
-  if (nranks < 1 || nranks > kMaxRanks) throw std::invalid_argument("nranks out of range");
+  if (nranks < 1 || nranks > kMaxRanks)
+    throw ArgumentError("Segment.create: nranks=" + std::to_string(nranks) + " must be in [1, " +
+                        std::to_string(kMaxRanks) + "]");
+  if (slots < 1 || slots > kMaxSlots)
+    throw ArgumentError("Segment.create: slots=" + std::to_string(slots) + " must be in [1, " +
+                        std::to_string(kMaxSlots) + "]");
+  if (slot_bytes < 1 || slot_bytes > kMaxSlotBytes)
+    throw ArgumentError("Segment.create: slot_bytes=" + std::to_string(slot_bytes) +
+                        " must be in [1, " + std::to_string(kMaxSlotBytes) + "]");
   slot_bytes = round_up(std::max<size_t>(slot_bytes, 4096), 64);
   size_t cb = channel_bytes(slots, slot_bytes);
   size_t off = round_up(sizeof(ShmHeader), 4096);
@@ -220,13 +232,35 @@ std::shared_ptr<ShmSegment> ShmSegment::create(int nranks, size_t slots, size_t 
 }
 
 std::shared_ptr<ShmSegment> ShmSegment::attach(int fd) {
+  // the header is checked field by field against create()'s arithmetic and the file's size
+  // before anything is mapped: links built from it stay inside the mapping
+  auto refuse = [fd](const std::string& why) {
+    return ArgumentError("Comm: fd=" + std::to_string(fd) + " is not an autopar segment (" + why +
+                         "); pass the job's Segment.fd or -1");
+  };
   ShmHeader probe;
+  struct stat st;
+  if (fstat(fd, &st) != 0) throw refuse(std::strerror(errno));
   if (pread(fd, &probe, sizeof(probe), 0) != ssize_t(sizeof(probe)) || probe.magic != kMagic)
-    throw std::runtime_error("descriptor " + std::to_string(fd) + " is not an autopar segment");
+    throw refuse("no segment header");
+  size_t n = size_t(probe.nranks), off = round_up(sizeof(ShmHeader), 4096);
+  bool fits = probe.nranks >= 1 && probe.nranks <= kMaxRanks && probe.slots >= 1 &&
+              probe.slots <= kMaxSlots && probe.slot_bytes >= 4096 &&
+              probe.slot_bytes <= round_up(kMaxSlotBytes, 4096) && probe.slot_bytes % 64 == 0;
+  if (!fits || probe.channel_bytes != channel_bytes(probe.slots, probe.slot_bytes) ||
+      probe.channels_offset != off || probe.total_bytes != off + n * n * probe.channel_bytes)
+    throw refuse("its header's sizes do not add up");
+  if (uint64_t(st.st_size) < probe.total_bytes) throw refuse("the file is shorter than its header says");
   size_t total = probe.total_bytes;
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) throw std::runtime_error(std::string("mmap: ") + std::strerror(errno));
-  return std::shared_ptr<ShmSegment>(new ShmSegment(dup(fd), base, total));
+  int own = dup(fd);
+  if (own < 0) {
+    int e = errno;
+    munmap(base, total);
+    throw std::runtime_error(std::string("dup: ") + std::strerror(e));
+  }
+  return std::shared_ptr<ShmSegment>(new ShmSegment(own, base, total));
 }
 
 ShmSegment::~ShmSegment() {

@@ -52,10 +52,11 @@ void alltoall_pairwise(Comm& c, const Group& g, const void* in, void* out, size_
 void broadcast_chain(Comm& c, const Group& g, void* buf, size_t bytes, int root);
 
 // Direct access inside a host (direct.cc): whether this rank reaches the memory of every other
-// rank of g (every rank of g gets the same answer), and every rank's address of its buffer p,
-// exchanged by message (position i's at [i]).
+// rank of g (every rank of g gets the same answer), and every rank's address of its buffer p
+// of `bytes` bytes, exchanged by message (position i's at [i]); fails with CollectiveError,
+// naming both lengths, when a peer's buffer is not `bytes` long.
 bool reaches_all(const Comm& c, const Group& g);
-std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p);
+std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p, size_t bytes);
 // The copy collectives by direct reads (direct_copy.cc), same buffers as above; the callers use
 // them when reaches_all holds and a rank's block is at least kDirectCopyMin bytes (below it
 // the slots are faster).

@@ -6,7 +6,10 @@
 // the end (after it every block is everywhere). Per rank (n-1)/n of the buffer is read from
 // peers and as much written to them, as in the ring, but in about 2 + log2(n) message
 // latencies instead of 2(n-1), with no second pass over memory for the all-gather half.
-// Every rank gets its block's owner's sums, so all ranks end bitwise equal. A group with a rank
+// Every rank gets its block's owner's sums, so all ranks end bitwise equal. The addresses go
+// with the buffers' lengths, checked by every rank before any byte moves (and every message's
+// frame carries the caller's size, see Comm::Call): ranks that disagree on the count fail
+// with CollectiveError instead of writing past a peer's buffer. A group with a rank
 // that cannot reach another (a TCP peer, single-copy off) runs the ring: every rank of such a
 // group sees it, so they all choose alike.
 #include <algorithm>
@@ -27,19 +30,32 @@ bool reaches_all(const Comm& c, const Group& g) {
   return true;
 }
 
-std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p) {
-  // sent to and received from every peer in one progress loop
+std::vector<uint64_t> exchange_addresses(Comm& c, const Group& g, const void* p, size_t bytes) {
+  // sent to and received from every peer in one progress loop: each rank's buffer address and
+  // length, so that no rank reads or writes past a peer's buffer (every rank checks every
+  // peer's length before a byte moves, so all of them fail alike on a mismatch)
+  struct Extent {
+    uint64_t addr, bytes;
+  };
   int n = g.size(), me = g.me;
-  uint64_t mine = reinterpret_cast<uint64_t>(p);
-  std::vector<uint64_t> addr(n, 0);
-  addr[me] = mine;
+  Extent mine{reinterpret_cast<uint64_t>(p), bytes};
+  std::vector<Extent> peer(size_t(n), Extent{0, 0});
+  peer[size_t(me)] = mine;
   std::vector<Comm::Xfer> xs;
   for (int i = 1; i < n; ++i) {
     int k = (me + i) % n;
     xs.push_back({true, g.at(k), reinterpret_cast<char*>(&mine), sizeof mine});
-    xs.push_back({false, g.at(k), reinterpret_cast<char*>(&addr[k]), sizeof mine});
+    xs.push_back({false, g.at(k), reinterpret_cast<char*>(&peer[size_t(k)]), sizeof mine});
   }
   c.run(xs);
+  std::vector<uint64_t> addr(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    if (peer[size_t(i)].bytes != bytes)
+      c.fail("single-copy sizes disagree: rank " + std::to_string(g.at(i)) + "'s buffer holds " +
+             std::to_string(peer[size_t(i)].bytes) + " bytes, this rank's " +
+             std::to_string(bytes) + "; every rank of the group must pass the same size");
+    addr[size_t(i)] = peer[size_t(i)].addr;
+  }
   return addr;
 }
 
@@ -47,7 +63,7 @@ void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t,
   int n = g.size(), me = g.me;
   if (n < 2 || count == 0) return;
   if (!reaches_all(c, g)) return allreduce_ring(c, g, buf, count, t, op);
-  std::vector<uint64_t> addr = exchange_addresses(c, g, buf);
+  std::vector<uint64_t> addr = exchange_addresses(c, g, buf, count * dtype_size(t));
   size_t es = dtype_size(t);
   Blocks b(count, n);
   char* own = static_cast<char*>(buf) + b.off[me] * es;
