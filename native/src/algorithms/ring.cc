@@ -60,7 +60,8 @@ void reduce_scatter_ring(Comm& c, const Group& g, const void* in, void* out, siz
     int sb = ((me - s - 1) % n + n) % n, rb = ((me - s - 2) % n + n) % n;
     const char* sp = s == 0 ? src + b.off[sb] * es : scratch.data() + b.off[sb] * es;
     char* rp = rb == me ? static_cast<char*>(out) : scratch.data() + b.off[rb] * es;
-    std::memcpy(rp, src + b.off[rb] * es, b.len[rb] * es);
+    if (b.len[rb])                     // an empty block may sit at scratch.data() == nullptr
+      std::memcpy(rp, src + b.off[rb] * es, b.len[rb] * es);
     c.exchange(g.at(me + 1), sp, b.len[sb] * es, g.at(me - 1), rp, b.len[rb] * es, &red);
   }
 }
