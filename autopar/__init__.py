@@ -1,6 +1,7 @@
 """autopar: an auto-parallel compiler for JAX training steps."""
 from .errors import (AutoparError, CollectiveError, ConfigError, InfeasibleError, LayoutError,
-                     PipelineError, RedistributionError, RuleError, WorkerError)
+                     NativeArgumentError, PipelineError, RedistributionError, RuleError,
+                     WorkerError)
 from .layout import Layout
 from .mesh import LogicalMesh
 from .topology import Level, Topology
