@@ -9,13 +9,15 @@ and is for testing only; a normal install never sets it.
 import os
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
 
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 # -fno-wrapv: Python's own flags include -fwrapv, which would hide signed overflow from UBSan
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g", "-fno-wrapv"]
 sanitize = os.environ.get("AUTOPAR_SANITIZE", "") == "1"
+# the sources compile one per core (AUTOPAR_BUILD_JOBS=N to choose): half the install's time here
+ParallelCompile("AUTOPAR_BUILD_JOBS", default=0).install()
 
 native = Pybind11Extension(
     "autopar._native",

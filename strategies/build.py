@@ -300,6 +300,7 @@ class _Builder:
             k = self.step[graph.producer[vid].id]        # only while it is converted
             self.node_iv[k] = (k + 1, k + 2)
         self.memo: dict = {}
+        self.pair_costs: dict = {}
         self.costs, self.usages, self.intervals, self.names = [], [], [], []
         self.src_keys, self.out_layouts = [], []
         self.edges, self.ecosts = [], []
@@ -372,8 +373,9 @@ class _Builder:
                    [[layouts]])
         hub = len(self.costs) - 1
         self.edges.append((u_idx, hub))
-        self.ecosts.append(self.shared(key + ("made",), lambda: _matrix(
-            made, layouts, lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype))))
+        self.ecosts.append(self.shared(key + ("made",), lambda: self.matrix(
+            made, layouts, ("read", v.shape, v.dtype, False),
+            lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype))))
         self.where[vid] = (hub, 0, 0)
         return vid, layouts
 
@@ -389,8 +391,9 @@ class _Builder:
             self.edges.append((u_idx, v_idx))
             self.ecosts.append(self.shared(
                 ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state),
-                lambda: _matrix(src, [cand.in_layouts[pos] for cand in dst],
-                                (lambda s, d: _state_read(price(s, d))) if state else price)))
+                lambda: self.matrix(src, [cand.in_layouts[pos] for cand in dst],
+                                    ("read", x.shape, x.dtype, state),
+                                    (lambda s, d: _state_read(price(s, d))) if state else price)))
 
     def updated(self, i, o) -> bool:
         """Whether argument ``i``'s new value ``o`` is made by an operator (not a constant, not
@@ -437,7 +440,15 @@ class _Builder:
         self.edges.append((i, v_idx))
         self.ecosts.append(self.shared(
             ("state", self.src_keys[i], self.src_keys[v_idx], m, k, priced),
-            lambda: _matrix(self.arg_options[i], self.out_layouts[v_idx][m][k], price)))
+            lambda: self.matrix(self.arg_options[i], self.out_layouts[v_idx][m][k],
+                                ("state", o.shape, o.dtype, priced), price)))
+
+    def matrix(self, src, dst, kind, f) -> np.ndarray:
+        """``_matrix(src, dst, f)``, the cost of each distinct layout pair computed once per
+        ``kind`` (what ``f`` depends on besides the layouts: shape, dtype, pricing): on a
+        3-axis mesh the values of one shape meet the same layout sets on hundreds of edges."""
+        return _matrix(src, dst, f, self.pair_costs.setdefault(
+            (tuple(kind[1]), str(kind[2])) + kind[:1] + kind[3:], {}))
 
 
 def _hub_reads(graph, chains, result_ids) -> dict:
@@ -492,10 +503,15 @@ def _by_layout(layouts, f) -> np.ndarray:
     return np.array([memo[l] if l in memo else memo.setdefault(l, f(l)) for l in layouts])
 
 
-def _matrix(src, dst, f) -> np.ndarray:
+def _matrix(src, dst, f, memo=None) -> np.ndarray:
+    """``[[f(s, d) for d in dst] for s in src]``, ``f`` called once per distinct pair of layout
+    texts (and not at all for pairs in ``memo``, a dict kept by the caller)."""
     us, ui = np.unique(np.array([str(l) for l in src]), return_inverse=True)
     ds, di = np.unique(np.array([str(l) for l in dst]), return_inverse=True)
     first_s = {s: src[i] for i, s in reversed(list(enumerate(str(l) for l in src)))}
     first_d = {d: dst[i] for i, d in reversed(list(enumerate(str(l) for l in dst)))}
-    small = np.array([[f(first_s[s], first_d[d]) for d in ds] for s in us]).reshape(len(us), len(ds))
+    memo = {} if memo is None else memo
+    small = np.array([[memo[s, d] if (s, d) in memo else
+                       memo.setdefault((s, d), f(first_s[s], first_d[d])) for d in ds]
+                      for s in us]).reshape(len(us), len(ds))
     return small[np.ix_(ui, di)]

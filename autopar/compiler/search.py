@@ -38,6 +38,7 @@ def _progress(name, solver, config):
 
 BOUND_TOLERANCE = 1e-3     # the bound search stops within this share of the plan's cost
 BOUND_SHARE = 2.0          # ... or after this many times the search's own time (>= 1 s)
+BOUND_MAX = 10.0           # ... and never for longer than this many seconds
 
 
 def search(req, config, mesh, planner, cands, fit):
@@ -45,8 +46,8 @@ def search(req, config, mesh, planner, cands, fit):
     (``fit``: the MicroFit its layouts must pass, or None). The Assignment's ``bound``: the
     solver's proven lower bound; while the gap exceeds ``BOUND_TOLERANCE``, its ``prove``
     tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
-    ``BOUND_SHARE`` times as long as the search took (at least a second, at most what
-    ``search_time`` leaves), run only for the plan a Strategy reports."""
+    ``BOUND_SHARE`` times as long as the search took (at least a second, at most ``BOUND_MAX``
+    and what ``search_time`` leaves), run only for the plan a Strategy reports."""
     t0 = time.monotonic()
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     fixed = req.arg_layouts(mesh)
@@ -76,7 +77,7 @@ def search(req, config, mesh, planner, cands, fit):
 
     def prove():
         if not proved:
-            budget = max(1.0, BOUND_SHARE * took)
+            budget = min(BOUND_MAX, max(1.0, BOUND_SHARE * took))
             if config.search_time is not None:
                 budget = min(budget, config.search_time - took)
             got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 \
