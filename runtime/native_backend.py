@@ -155,16 +155,23 @@ class WorkerRunner:
 
     def _start(self):
         """A new job with the program loaded (first use, and after a failed or closed one).
-        The workers share an XLA compilation cache, private to the job and removed with it."""
+        The workers share an XLA compilation cache: the caller's persistent one when JAX has
+        one configured (``jax_compilation_cache_dir``, e.g. from JAX_COMPILATION_CACHE_DIR), so
+        segments compiled by an earlier job or run load from it, else one private to the job
+        and removed with it."""
+        import jax
+
         from .launcher import Job
         self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout,
                        direct=self.options.direct)
-        cache = tempfile.mkdtemp(prefix="autopar-xla-")
+        users = jax.config.jax_compilation_cache_dir
+        cache = users or tempfile.mkdtemp(prefix="autopar-xla-")
         job = self.job
 
         def stop():
             job.close()
-            shutil.rmtree(cache, ignore_errors=True)
+            if not users:
+                shutil.rmtree(cache, ignore_errors=True)
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
         self._call(fn, [args + (cache,) for args in per_rank])

@@ -7,8 +7,11 @@ folder named by ``AUTOPAR_IOPDDL``). A plain run covers every tier but ``benchma
 runs only when ``-m`` names it (``-m benchmark``); ``-m "not slow"`` is the quick subset.
 A test that starts a native job without the ``native`` marker fails, so the marker stays true.
 """
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,16 @@ os.environ.setdefault("JAX_ENABLE_X64", "0")
 # plans in tests are priced on the fixed ``local`` preset, not on this machine's calibration
 # (tools/calibrate.py), so they are the same on every machine; tests of the calibration unset it
 os.environ.setdefault("AUTOPAR_TOPOLOGY", "local")
+# one JAX compilation cache for the run, made by the first process that loads this file (pytest,
+# or xdist's controller, whose workers inherit it) and removed when that process exits: the
+# tests, their native workers and the examples compile the same steps and segments again and
+# again (a fifth of the suite's time). Every run starts with an empty cache.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="autopar-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 sys.path.insert(0, os.path.dirname(__file__))   # tests/models.py
 
