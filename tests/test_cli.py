@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from autopar.strategies.problem import SearchProblem
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -19,6 +21,8 @@ def run(*args, cwd=None, env=None):
                           env=env)
 MODEL = f"""
 import sys
+
+import pytest
 sys.path.insert(0, {TESTS!r})
 import models as m
 
@@ -105,6 +109,7 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     assert lv.size == 2 and lv.launch >= 0 and 0 < lv.beta < 1e-7
     assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8 and topo.step_overhead > 0
     assert "launch_us" in r.stdout and str(path) in r.stdout
+    assert "compute_slowdown" in r.stdout and "reference_step_ms" in r.stdout
     p, b = m.mlp_params(sizes=(64, 128, 64)), m.mlp_batch(batch=16, sizes=(64, 128, 64))
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
                             progress=False)
@@ -116,6 +121,14 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     assert here.compute_time != preset.compute_time
     monkeypatch.setenv("AUTOPAR_TOPOLOGY", "local")           # an explicit preset still wins
     assert ap.plan(m.mlp_sgd_step, p, b, config=cfg).step_time == preset.step_time
+
+
+def test_calibration_fits_the_reference_steps_slowdown():
+    """The reference step's fit: ``measured = k * compute + rest``, ``k`` kept in range."""
+    from autopar.tools.calibrate import SLOWDOWN, _fit
+    assert _fit((1.3 * 0.05 + 0.004, 0.05, 0.004)) == pytest.approx(1.3)
+    assert _fit((0.005, 0.05, 0.004)) == SLOWDOWN[0]
+    assert _fit((1.0, 0.05, 0.004)) == SLOWDOWN[1]
 
 
 def test_bench_prints_json_rows():

@@ -13,7 +13,10 @@ process's JAX devices) and a device count. Out:
   gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
   bandwidth), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
   model's alpha: the call, the segment it splits, the wait for the peers) and ``beta`` (fitted
-  so the cost model's ring all-reduce of 4 MB takes what it measured).
+  so the cost model's ring all-reduce of 4 MB takes what it measured). Last, a whole training
+  step (``_reference``: a small language model no benchmark times) planned data parallel on
+  those constants and run: the compute rates are divided by how much slower its operators ran
+  than priced (``_fit``; ``compute_slowdown`` in the measurements).
 - ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
   ``AUTOPAR_TOPOLOGY`` preset or file if that is set (tests set ``local``), else this machine's
   calibration for (backend, n) from the cache (``$AUTOPAR_CACHE_DIR``, else
@@ -200,9 +203,98 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     beta = max((per_big - per_small - (d1 - slope * 1e-10)) / slope, 1e-12)
     launch = max(per_small - model(beta, 1024), 0.0)
     topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
+    run = _reference_run(topo, backend, n)
+    k = _fit(run)
+    topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
+                   mem_bandwidth=topo.mem_bandwidth / k)
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
                   "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
                   "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
-                  "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta}
+                  "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
+                  "reference_step_ms": run[0] * 1e3,
+                  "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k}
+
+
+# ---------------------------------------------------------------- the reference steps
+
+REFERENCE = dict(layers=2, d=192, heads=4, seq=96, vocab=640, sequences=8)
+
+
+def _reference(n: int):
+    """A small language model's SGD step (einsums over a head axis, RMS norms, a squared-ReLU
+    MLP, an untied head: written unlike the models the benchmarks time), its parameters and
+    token batch as host arrays (``sequences`` sequences, or one per device)."""
+    import jax
+    import jax.numpy as jnp
+    c = REFERENCE
+    d, heads, vocab = c["d"], c["heads"], c["vocab"]
+    hd, ff = d // heads, 4 * d
+    r = np.random.default_rng(2)
+    w = lambda *s: (0.02 * r.standard_normal(s)).astype(np.float32)
+    ones = lambda: np.ones(d, np.float32)
+    blocks = [dict(g1=ones(), wq=w(d, heads, hd), wk=w(d, heads, hd), wv=w(d, heads, hd),
+                   wo=w(heads, hd, d), g2=ones(), w1=w(d, ff), w2=w(ff, d))
+              for _ in range(c["layers"])]
+    params = {"emb": w(vocab, d), "head": w(d, vocab), "blocks": blocks}
+    rows = n * -(-c["sequences"] // n)
+    tokens = r.integers(0, vocab, (rows, c["seq"] + 1)).astype(np.int32)
+    mask = np.tril(np.ones((c["seq"], c["seq"]), bool))
+
+    def rms(x, g):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g
+
+    def loss(p, tokens):
+        x = p["emb"][tokens[:, :-1]]
+        for b in p["blocks"]:
+            y = rms(x, b["g1"])
+            q, k, v = (jnp.einsum("btd,dhk->bhtk", y, b[w]) for w in ("wq", "wk", "wv"))
+            s = jnp.where(mask, jnp.einsum("bhtk,bhsk->bhts", q, k) / np.sqrt(hd), -1e9)
+            o = jnp.einsum("bhts,bhsk->bhtk", jax.nn.softmax(s, -1), v)
+            x = x + jnp.einsum("bhtk,hkd->btd", o, b["wo"])
+            x = x + jnp.square(jax.nn.relu(rms(x, b["g2"]) @ b["w1"])) @ b["w2"]
+        logits = x @ p["head"]
+        gold = jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - gold)
+
+    def step(p, tokens):
+        value, grads = jax.value_and_grad(loss)(p, tokens)
+        return value, jax.tree.map(lambda a, g: a - 0.05 * g, p, grads)
+
+    return step, params, tokens
+
+
+def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple:
+    """The reference step planned data parallel on ``topo`` and run on ``backend``:
+    ``(measured median seconds from host arrays to host results, estimated compute, estimated
+    communication + per-call overhead)``."""
+    import jax
+
+    from autopar.compiler.api import compile as ap_compile
+    from autopar.config import ParallelConfig
+    step, params, tokens = _reference(n)
+    cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
+                         progress=False, topology=topo)
+    with ap_compile(step, params, tokens, config=cfg) as c:
+        call = lambda: jax.tree.map(np.asarray, jax.block_until_ready(c(params, tokens)))
+        call()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        s = c.strategy
+    return float(np.median(times)), s.compute_time, s.comm_time + s.overhead_time
+
+
+SLOWDOWN = (0.5, 4.0)      # the range the fitted compute factor is kept in
+
+
+def _fit(run) -> float:
+    """``k`` with ``measured = k * compute + rest`` for the reference run: how much slower the
+    operators of a whole step run than the constants measured on their own say (other
+    operators than the reference kernels, sizes that leave the caches, the devices' contention
+    for the cores), kept in ``SLOWDOWN``."""
+    t, compute, rest = run
+    return min(max((t - rest) / compute, SLOWDOWN[0]), SLOWDOWN[1])
