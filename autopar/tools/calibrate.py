@@ -267,25 +267,17 @@ def _reference(n: int):
 
 def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple:
     """The reference step planned data parallel on ``topo`` and run on ``backend``:
-    ``(measured median seconds from host arrays to host results, estimated compute, estimated
-    communication + per-call overhead)``."""
-    import jax
-
+    ``(measured median seconds of a call, as the constants above were timed, estimated
+    compute, estimated communication + per-call overhead)``."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
     step, params, tokens = _reference(n)
     cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
                          progress=False, topology=topo)
     with ap_compile(step, params, tokens, config=cfg) as c:
-        call = lambda: jax.tree.map(np.asarray, jax.block_until_ready(c(params, tokens)))
-        call()
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
         s = c.strategy
-    return float(np.median(times)), s.compute_time, s.comm_time + s.overhead_time
+        return _median_call(c, (params, tokens), reps), s.compute_time, \
+            s.comm_time + s.overhead_time
 
 
 SLOWDOWN = (0.5, 4.0)      # the range the fitted compute factor is kept in
