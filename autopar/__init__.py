@@ -11,6 +11,7 @@ from .config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode, Pipe
 from .context import (context_config, get_auto_parallel_context, reset_auto_parallel_context,
                       set_auto_parallel_context)
 from .compiler.api import Compiled, compile, parallel, plan
+from .runtime.jax_distributed import init_distributed
 from . import comm
 from .strategies.strategy import Strategy
 from .program import Collective, Program

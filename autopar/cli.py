@@ -14,7 +14,9 @@ Subcommands (``autopar COMMAND --help`` describes each):
   (``--json``: one object with the cost, the proven lower bound and gap, and the choice), the
   cost, lower bound and gap on stderr;
 - ``calibrate``: measure this machine's cost-model constants again (the cache plans use);
-- ``bench``: the native collectives' latency and bus bandwidth (``autopar.tools.bench``).
+- ``bench``: the native collectives' latency and bus bandwidth (``autopar.tools.bench``);
+- ``launch SCRIPT``: run SCRIPT as this host's processes of a multi-process JAX job
+  (``autopar.runtime.jax_launch``); its exit status is the job's.
 """
 from __future__ import annotations
 
@@ -132,6 +134,12 @@ def _plan(args) -> int:
     strategy.save(args.output, format=args.format)
     print(f"saved {args.output} ({args.format})")
     return 0
+
+
+def _launch(args) -> int:
+    from .runtime.jax_launch import LaunchOptions, launch
+    return launch(LaunchOptions(tuple(args.command), args.nprocs, args.devices_per_process,
+                                args.nnodes, args.node_rank, args.coordinator))
 
 
 def _show(args) -> int:
@@ -335,6 +343,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, default=2, help="devices (default 2)")
     p.add_argument("-o", "--output", help="write a topology file here instead of the cache")
     p.set_defaults(run=_calibrate)
+
+    p = sub.add_parser("launch", help="run a script as the processes of a multi-process JAX job",
+                       description="Start this host's processes of a multi-process JAX job "
+                                   "(like torchrun): each runs SCRIPT with its place in the "
+                                   "environment ap.init_distributed() reads, its output prefixed "
+                                   "with its rank; the first process to fail stops the others "
+                                   "and sets the exit status.")
+    p.add_argument("--nprocs", type=int, default=1, help="processes on this host (default 1)")
+    p.add_argument("--devices-per-process", type=int, metavar="K",
+                   help="devices of each process: K host devices on CPU, K GPUs on a GPU host "
+                        "(default: JAX's)")
+    p.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this host's index (default 0)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="node 0's address for JAX's coordinator (needed with --nnodes > 1; "
+                        "default: a free port on this host)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
+                   help="the script and its arguments, or -m MODULE [ARGS ...]")
+    p.set_defaults(run=_launch)
 
     p = sub.add_parser("bench", help="benchmark the native collectives", add_help=False,
                        description="Run autopar.tools.bench; every argument is passed on "

@@ -157,15 +157,20 @@ class Topology:
         import json
         with open(path) as f:
             d = json.load(f)
-        if d.get("format") != "autopar-topology":
-            raise ConfigError(f"{path} is not an autopar topology file (autopar calibrate "
+        return Topology.from_dict(d, str(path))
+
+    @staticmethod
+    def from_dict(d, where: str = "the topology") -> "Topology":
+        """The Topology ``to_dict`` gave; ConfigError naming ``where`` when it is not one."""
+        if not isinstance(d, dict) or d.get("format") != "autopar-topology":
+            raise ConfigError(f"{where} is not an autopar topology file (autopar calibrate "
                               "writes one).")
         try:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
                             d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0))
         except (KeyError, TypeError) as e:
-            raise ConfigError(f"{path} is a damaged autopar topology file ({e!r}); write it "
+            raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None
 
     def __str__(self) -> str:

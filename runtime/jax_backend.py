@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
 from autopar.program import Segment
 
 from .jax_collectives import apply_step
+from .jax_distributed import fetch, multi_process, place
 
 
 def jax_mesh(mesh) -> Mesh:
@@ -57,17 +58,26 @@ def program_function(program):
     return local
 
 
-def build(program):
-    """A jitted callable: flat global arguments -> flat global results."""
+def build(program, process_local=()):
+    """A jitted callable: flat global arguments -> flat global results. In a multi-process
+    JAX runtime every process calls it with the same arguments (or, for the flat positions
+    ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
     jm = jax_mesh(program.mesh)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
     out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
     f = jax.jit(jax.shard_map(program_function(program), mesh=jm, in_specs=in_specs,
                               out_specs=out_specs, check_vma=False))
+    if multi_process():
+        shardings = [NamedSharding(jm, s) for s in in_specs]
+        local = set(process_local)
+        call = lambda flat: [fetch(r) for r in f(*[
+            place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))])]
+    else:
+        call = lambda flat: f(*flat)
 
     def run(flat_args):
-        got = iter(f(*flat_args))
+        got = iter(call(flat_args))
         # a constant result comes back as the traced function returned it (e.g. a Python float)
         return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
 

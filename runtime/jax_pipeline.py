@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from autopar.errors import ConfigError, PipelineError
@@ -27,6 +28,7 @@ from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, Mi
 from autopar.program import reads, writes
 
 from .jax_backend import const, execute
+from .jax_distributed import fetch, move, multi_process
 
 
 class _Phase:
@@ -91,8 +93,9 @@ class _Run:
 class PipelineRunner:
     """Callable: flat global arguments -> flat global results."""
 
-    def __init__(self, program):
+    def __init__(self, program, process_local=()):
         self.p = p = program
+        self.process_local = set(process_local) if multi_process() else set()
         devices = jax.devices()
         if len(devices) < p.mesh.size:
             raise ConfigError(
@@ -123,16 +126,22 @@ class PipelineRunner:
                   for k in range(K)]
         return jax.device_put(np.stack(blocks), self.shardings[s])
 
-    def _sent(self, t, v):
+    def _sent(self, t, v, s):
         """What a send of stacked value ``v`` puts on the peer stage (see the module docstring)."""
         if t.route == Route.BLOCK:
             return v
         k = self.p.stages[t.peer].mesh.size
-        return jnp.broadcast_to(v[0], (k,) + v.shape[1:])
+        out = jnp.broadcast_to(v[0], (k,) + v.shape[1:])
+        return jax.device_put(out, self.shardings[s]) if multi_process() else out
 
     def __call__(self, flat_args):
         """Flat global arguments -> flat global results: each sweep runs the next task of every
-        stage whose inputs have arrived, until every stage has run all its tasks."""
+        stage whose inputs have arrived, until every stage has run all its tasks. In a
+        multi-process JAX runtime every process runs this same sweep; the positions of
+        ``process_local`` hold each process's slice of the batch, put together first."""
+        if self.process_local:
+            flat_args = [np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                         if i in self.process_local else x for i, x in enumerate(flat_args)]
         run = _Run(self._arguments(flat_args), [{} for _ in self.p.stages],
                    [0] * len(self.p.stages))
         while any(n < len(t) for n, t in zip(run.nxt, self.tasks)):
@@ -182,7 +191,7 @@ class PipelineRunner:
             v = self._find(store, s, ph.recv_keys.get(r, r), m)
             if v is None:
                 return None
-            vals.append(jax.device_put(v, self.shardings[s]))
+            vals.append(move(v, self.shardings[s]))
         return vals
 
     def _publish(self, run: _Run, s: int, ph: _Phase, m, outs) -> None:
@@ -201,7 +210,7 @@ class PipelineRunner:
                 run.acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
         for t in ph.sends:
             run.store[(t.peer, t.key, m if t.micro else None)] = \
-                self._sent(t, run.store[(s, t.reg, m)])
+                self._sent(t, run.store[(s, t.reg, m)], s)
 
     def _stuck(self, run: _Run) -> PipelineError:
         """A sweep where no stage could run -> the error naming what each stage waits for."""
@@ -224,7 +233,7 @@ class PipelineRunner:
             if isinstance(o, Const):
                 out.append(o.value)
                 continue
-            blocks = np.asarray(store[(s, o, None)])
+            blocks = fetch(store[(s, o, None)])
             out.append(blocks[0] if lay.is_replicated() else lay.assemble(blocks, p.stages[s].mesh))
         return out
 

@@ -40,20 +40,24 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
                          state_pairs)
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
+from .multiprocess import global_arguments, plan_everywhere, process_local_positions
 from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
+from ..runtime.jax_distributed import multi_process
 from ..progress import logger
 
 
 class Compiled:
     """A compiled step: call it like the original function."""
 
-    def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types):
+    def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types,
+                 process_local=()):
         self.fn, self.graph, self.config = fn, graph, config
         self.strategy, self.program = strategy, program
         self._in_tree, self._leaf_types = in_tree, leaf_types
+        self._process_local = process_local   # flat positions holding this process's rows
         self._runner = None
         self._timings = {}
 
@@ -111,13 +115,13 @@ class Compiled:
                 return PipelineRunner(self.program, self.config.collective_timeout,
                                       self.config.allreduce_fusion_bytes)
             from ..runtime.jax_pipeline import PipelineRunner
-            return PipelineRunner(self.program)
+            return PipelineRunner(self.program, self._process_local)
         if native and self.program.mesh.size > 1:
             from ..runtime.native_backend import NativeRunner
             return NativeRunner(self.program, self.config.collective_timeout,
                                 self.config.allreduce_fusion_bytes)
         from ..runtime.jax_backend import build
-        return build(self.program)
+        return build(self.program, self._process_local)
 
     def _call(self, *args):
         flat, tree = jax.tree.flatten(args)
@@ -226,20 +230,35 @@ def _from_strategy(strategy, graph, mesh, cands, names) -> Assignment:
 
 
 def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
-            in_strategy=None, strategy: Strategy | None = None) -> Compiled:
+            in_strategy=None, strategy: Strategy | None = None,
+            batch_is_process_local: bool = False) -> Compiled:
     """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
 
     ``batch_argnums``: arguments holding the batch (default: every argument after the first).
     ``in_strategy``: semi_auto_parallel / auto_parallel; one entry per argument: None, a
     split-count tuple, an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
     ``strategy``: a saved ``Strategy`` to reuse instead of searching.
+    In a multi-process JAX runtime (``ap.init_distributed``, ``autopar launch``) every process
+    calls ``compile`` and then the step with the same arguments, or with
+    ``batch_is_process_local=True`` each with its own rows of the batch arguments; the plan is
+    made once and checked the same on every process (``compiler.multiprocess``), and every
+    process gets the whole results, as numpy arrays.
     """
     config = _config(config)
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
     _check_backend(config)
-    graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
-                                  measure=True)
+    local = ()
+    if config.backend is Backend.JAX and multi_process():
+        batch = check_call(fn, args, batch_argnums)
+        if batch_is_process_local:
+            local = process_local_positions(args, batch)
+        graph, strat, program = plan_everywhere(
+            _plan, fn, global_arguments(args, batch) if local else args, config, batch_argnums,
+            in_strategy, strategy)
+    else:
+        graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
+                                      measure=True)
     logger.info("compiled %s (%s, %s): %d operators, %d collectives; %s",
                 getattr(fn, "__name__", "step"), strat.mode, strat.search, len(graph.nodes),
                 len(program.collectives()),
@@ -247,7 +266,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     if config.strategy_ckpt_save_file:
         strat.save(config.strategy_ckpt_save_file)
     leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
-    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types)
+    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types, local)
 
 
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
@@ -411,6 +430,10 @@ def _check_backend(config) -> None:
     """ConfigError when the backend cannot run ``config``'s devices (checked before planning,
     not at the first call)."""
     n = config.devices.device_num
+    if config.backend is Backend.NATIVE and multi_process():
+        raise ConfigError("backend='native' in a multi-process JAX runtime would start one "
+                          "native job per process; use backend='jax' (every process runs its "
+                          "devices' part of the plan), or start a single process.")
     if config.backend is Backend.NATIVE and n > NATIVE_MAX_RANKS:
         raise ConfigError(f"device_num={n}: the native backend runs at most {NATIVE_MAX_RANKS} "
                           "ranks (one worker process each, on this host); use backend='jax' or "
