@@ -2,7 +2,9 @@
 
 In: the number of ranks, optional host ids per rank (the 2D algorithms' hierarchy; with
 ``inter_host="tcp"`` ranks of different host ids talk over TCP, emulating several hosts on this
-one), the collective timeout, whether large shared-memory messages may be read single-copy
+one, and with ``namespaces`` each host's ranks run in a Linux network namespace of their own,
+reaching the others through its network: host id -> (namespace, IPv4 address); the caller
+makes the namespaces and their links), the collective timeout, whether large shared-memory messages may be read single-copy
 from the sender's memory (``direct``, ``RuntimeOptions.direct``; on only where every rank can
 reach the others' memory). Out: a ``Job``: ``job.call(fn, per_rank_args)`` runs the
 module-level function ``fn(comm, *args)`` on every rank (``comm`` an ``autopar._native.Comm``)
@@ -94,9 +96,29 @@ def _worker_command() -> list[str]:
     return [sys.executable, "-c", _BOOT, json.dumps(path), package]
 
 
+def _places(namespaces, hosts, tcp) -> dict:
+    """Host id -> (command prefix, IPv4 address its ranks listen on): ``namespaces`` maps host
+    ids to (Linux network namespace, its address), so a host's ranks run inside their namespace
+    (``ip netns exec``) and reach other hosts over its network; else every host is this one's
+    loopback."""
+    out = {h: ([], "127.0.0.1") for h in hosts}
+    if namespaces is None:
+        return out
+    if not tcp:
+        raise ConfigError("namespaces place hosts in network namespaces, whose ranks can only "
+                          "talk over TCP: give inter_host='tcp' and ranks on several hosts.")
+    missing = sorted(set(hosts) - set(namespaces))
+    if missing:
+        raise ConfigError(f"namespaces names no (namespace, address) for host(s) {missing}.")
+    for h in out:
+        ns, addr = namespaces[h]
+        out[h] = (["ip", "netns", "exec", str(ns)], str(addr))
+    return out
+
+
 class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
-                 direct: bool = True):
+                 direct: bool = True, namespaces=None):
         from autopar import _native
         if isinstance(nranks, bool) or not isinstance(nranks, int) or \
                 not 1 <= nranks <= NATIVE_MAX_RANKS:
@@ -106,6 +128,7 @@ class Job:
             raise ConfigError(f"hosts names {len(hosts)} ranks' hosts; the job has {nranks}.")
         if inter_host not in ("shm", "tcp"):
             raise ConfigError(f"inter_host must be 'shm' or 'tcp', not {inter_host!r}.")
+        places = _places(namespaces, hosts, inter_host == "tcp" and len(set(hosts)) > 1)
         self.nranks, self.timeout = nranks, timeout
         self.token = secrets.token_hex(16)
         self.segment = _native.Segment.create(nranks)
@@ -113,13 +136,14 @@ class Job:
         address = os.path.join(self._dir.name, "control")
         listener = Listener(address, family="AF_UNIX", authkey=self.token.encode())
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
-        rendezvous = f"127.0.0.1:{_free_port()}" if tcp else ""
+        rendezvous = f"{places[hosts[0]][1]}:{_free_port()}" if tcp else ""
         env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
         command = _worker_command()
         self.procs = [subprocess.Popen(
-            [*command, address, str(r), str(nranks),
+            [*places[hosts[r]][0], *command, address, str(r), str(nranks),
              str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
-             "1" if inter_host == "tcp" else "0", rendezvous, "1" if direct else "0"],
+             "1" if inter_host == "tcp" else "0", rendezvous, "1" if direct else "0",
+             places[hosts[r]][1]],
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False

@@ -3,7 +3,8 @@
 In (argv): the folder of the caller's ``autopar`` package (checked against the one imported
 here), the caller's control socket, rank, size, the inherited segment descriptor, host ids,
 timeout, whether ranks of different hosts use TCP, the TCP rendezvous address, whether large
-messages may go single-copy ("1"/"0", the Comm's ``direct``); the job token
+messages may go single-copy ("1"/"0", the Comm's ``direct``), this rank's IPv4 address (its
+host's: where it listens for TCP links); the job token
 in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
 up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
 traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
@@ -75,7 +76,7 @@ def _imported_elsewhere(package: str) -> str | None:
 
 
 def main(argv):
-    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous, direct = argv
+    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous, direct, ip = argv
     rank, size, fd = int(rank), int(size), int(fd)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         tune_malloc()
@@ -92,7 +93,7 @@ def main(argv):
                             tcp == "1", direct == "1")
         os.close(fd)
         if rendezvous:
-            comm.connect_tcp(rendezvous, token)
+            comm.connect_tcp(rendezvous, token, ip)
     except Exception as e:            # noqa: BLE001 - reported to the caller
         conn.send(("failed", rank, f"{type(e).__name__}: {e}"))
         return 1

@@ -259,7 +259,7 @@ def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch)
 
     def start_stopped(args, **kwargs):
         proc = popen(args, **kwargs)
-        if args[-8] != "0":                        # the worker's rank argument
+        if args[-9] != "0":                        # the worker's rank argument
             os.kill(proc.pid, signal.SIGSTOP)
             stopped.append(proc.pid)
         return proc

@@ -134,14 +134,16 @@ def measure(comm, cases, dtype):
 
 
 def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None,
-        direct=True):
+        direct=True, inter_host="shm", namespaces=None):
     """Measure on a fresh job of `ranks` processes; the list of result rows (dicts).
-    ``direct=False`` turns single-copy reads off (``RuntimeOptions.direct``)."""
+    ``direct=False`` turns single-copy reads off (``RuntimeOptions.direct``); ``hosts``,
+    ``inter_host`` and ``namespaces`` place the ranks on (emulated) hosts as ``Job`` does."""
     from autopar.runtime.launcher import Job
     from autopar.tools import bench as me      # the workers resolve this module by name
     cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
              for algo in algorithms_of(op, algorithms, nbytes, ranks)]
-    with Job(ranks, hosts=hosts, timeout=60.0, direct=direct) as job:
+    with Job(ranks, hosts=hosts, timeout=60.0, direct=direct, inter_host=inter_host,
+             namespaces=namespaces) as job:
         per_rank = job.call(me.measure, [(cases, dtype)] * ranks)
     rows = []
     for (op, nbytes, algo) in cases:

@@ -1,0 +1,67 @@
+"""The native runtime across "hosts" that are Linux network namespaces joined by veth pairs.
+
+Each test host is a namespace made here (``autopar.tools.netns``), with its own loopback and
+address; its ranks run inside it (``Job(namespaces=...)``), share memory with each other and
+reach the other host only over TCP through the veth pair. Needs root and ``ip`` (skipped with the reason
+otherwise); every namespace and link is removed after.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+
+from autopar import _native
+from autopar.runtime.launcher import Job
+from autopar.tools import netns
+
+from test_native import data, dtype, link_kinds, run_all_reduce
+
+
+WHY_NOT = netns.unavailable()
+pytestmark = [pytest.mark.native,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no network namespaces: {WHY_NOT}")]
+
+
+@pytest.fixture
+def hosts():
+    places, names = netns.make(2)
+    try:
+        yield places
+    finally:
+        netns.remove(names)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(ns in listed for ns in names)
+
+
+def test_two_namespace_hosts_run_every_all_reduce_over_their_veth(hosts):
+    with Job(4, hosts=[0, 0, 1, 1], inter_host="tcp", timeout=20.0, namespaces=hosts) as j:
+        kinds = j.call(link_kinds, [()] * 4)
+        assert kinds[0] == ["none", "shm", "tcp", "tcp"] and kinds[3] == ["tcp", "tcp", "shm", "none"]
+        algos = sorted(_native.ALLREDUCE_ALGORITHMS)
+        cases = [(a, "float32", 4, count, "sum") for a in algos for count in (5, 70001)]
+        results = j.call(run_all_reduce, [(cases,)] * 4)
+        for i, (_, name, n, count, _) in enumerate(cases):
+            want = np.add.reduce([data(r, count, name) for r in range(4)]).astype(dtype(name))
+            assert all(np.array_equal(results[r][i], want) for r in range(4)), cases[i]
+        peers = j.call(tcp_peers, [()] * 4)
+    # the TCP links really cross the namespaces: rank 0's peers on host 1 are at host 1's address
+    assert peers[0] == {"10.231.1.2"} and peers[2] == {"10.231.1.1"}, peers
+
+
+def tcp_peers(comm):
+    """The remote addresses of this worker's established TCP connections (from /proc)."""
+    out = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "01":                              # ESTABLISHED
+            ip = f[2].split(":")[0]
+            out.add(".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return out - {"127.0.0.1"}
+
+
+def test_namespaces_need_tcp_and_every_host():
+    from autopar.errors import ConfigError
+    with pytest.raises(ConfigError, match="inter_host='tcp'"):
+        Job(2, hosts=[0, 1], namespaces={0: ("x", "10.0.0.1"), 1: ("y", "10.0.0.2")})
+    with pytest.raises(ConfigError, match=r"host\(s\) \[1\]"):
+        Job(2, hosts=[0, 1], inter_host="tcp", namespaces={0: ("x", "10.0.0.1")})
