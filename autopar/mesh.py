@@ -86,12 +86,22 @@ class LogicalMesh:
         """The topology level whose links an axis uses (its slowest level if it spans several)."""
         return self._levels()[self.axis_index(name)]
 
+    def inner_size(self, name: str) -> int:
+        """How many of an axis's positions lie inside one unit of the topology's innermost
+        level (one host): its size for an axis inside a host, 1 for one wholly across hosts,
+        between for an axis spanning both (its minor factor is inside)."""
+        return self._factor()[1][self.axis_index(name)]
+
     def _levels(self) -> tuple[Level, ...]:
+        return self._factor()[0]
+
+    def _factor(self) -> tuple[tuple[Level, ...], tuple[int, ...]]:
+        """Per axis, its slowest topology level and its factor inside the innermost level."""
         levels = list(self.topology.levels)
-        out = []
+        out, inside = [], []
         li, room = len(levels) - 1, levels[-1].size
         for size in reversed(self.shape):
-            lv = levels[li]
+            lv, inner = levels[li], 1
             while size > 1:
                 if room == 1:
                     li -= 1
@@ -99,11 +109,14 @@ class LogicalMesh:
                 g = math.gcd(size, room)
                 if g == 1:
                     raise ConfigError(f"mesh shape {self.shape} does not factor over {self.topology}.")
+                if li == len(levels) - 1:
+                    inner *= g
                 size //= g
                 room //= g
                 lv = levels[li]
             out.append(lv)
-        return tuple(reversed(out))
+            inside.append(inner)
+        return tuple(reversed(out)), tuple(reversed(inside))
 
     def __str__(self) -> str:
         return "Mesh(" + ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape)) + ")"

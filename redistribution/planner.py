@@ -120,8 +120,12 @@ class Planner:
         self._order = {a: i for i, a in enumerate(mesh.axis_names)}
         self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta, mesh.level(a).launch)
                      for a in mesh.axis_names}
-        # axes inside one host (the topology's innermost level): the 2D algorithms' intra part
+        # axes inside one host (the topology's innermost level), and each axis's factor inside
+        # a host (an axis spanning hosts has its minor factor there): the 2D algorithms' part
         self._intra = {a for a in mesh.axis_names if mesh.level(a) == mesh.topology.levels[-1]}
+        self._inside = {a: mesh.inner_size(a) for a in mesh.axis_names}
+        inner_level = mesh.topology.levels[-1]
+        self._inner_lvl = (inner_level.alpha, inner_level.beta)
         self._gamma = 1 / mesh.topology.mem_bandwidth     # a reduction streams at memory speed
         self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
         self.steps_memo: dict = {}   # lower.plan_steps' answers, by the same key
@@ -165,8 +169,10 @@ class Planner:
     def step_time(self, kind: str, axes, nbytes: int):
         """Seconds and algorithm of one step over ``axes`` (one name or a tuple of names, taken
         as one group, first axis major, priced on the slowest of their levels). A group with
-        axes both inside a host (the innermost topology level) and across hosts is also priced
-        as two levels: the 2D all-reduces, with the intra-host axes' size and constants inside."""
+        ranks both inside a host (the innermost topology level) and across hosts (axes of
+        both, or one axis spanning hosts, as data parallelism over every device) is also
+        priced as two levels: the 2D all-reduces, with the group's ranks in one host and the
+        innermost level's constants inside."""
         if kind == StepKind.SLICE:
             return 0.0, "local"
         n, alpha, beta, inner, launch = self._group(axes)
@@ -193,13 +199,11 @@ class Planner:
     def _group(self, axes):
         """(ranks, alpha, beta, inner, launch) of the group over ``axes`` (see ``step_time``)."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        intra = [a for a in axes if a in self._intra]
-        inner = None
-        if intra and len(intra) < len(axes):
-            inner = (math.prod(self._size[a] for a in intra), max(self._lvl[a][0] for a in intra),
-                     max(self._lvl[a][1] for a in intra))
-        return (math.prod(self._size[a] for a in axes), max(self._lvl[a][0] for a in axes),
-                max(self._lvl[a][1] for a in axes), inner, max(self._lvl[a][2] for a in axes))
+        n = math.prod(self._size[a] for a in axes)
+        L = math.prod(self._inside[a] for a in axes)     # the group's ranks in one host
+        inner = (L, *self._inner_lvl) if 1 < L < n else None
+        return (n, max(self._lvl[a][0] for a in axes), max(self._lvl[a][1] for a in axes),
+                inner, max(self._lvl[a][2] for a in axes))
 
     def _fail(self, src, dst, shape, why: str):
         raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "

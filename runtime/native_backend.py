@@ -71,6 +71,10 @@ class RuntimeOptions:
     # memory. False: everything goes through the shared-memory slots (two copies; the
     # "direct" all-reduce runs the ring) -- to measure what single-copy gains
     direct: bool = True
+    # (Linux network namespace, IPv4 address) per host of the program's topology: each host's
+    # ranks run in its namespace and reach the other hosts over TCP (``tools.netns`` makes
+    # such hosts on one machine). Empty: every rank on this host, shared memory between all
+    hosts: tuple = ()
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
@@ -162,8 +166,10 @@ class WorkerRunner:
         import jax
 
         from .launcher import Job
+        places = dict(enumerate(self.options.hosts)) or None
         self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout,
-                       direct=self.options.direct)
+                       direct=self.options.direct, inter_host="tcp" if places else "shm",
+                       namespaces=places)
         users = jax.config.jax_compilation_cache_dir
         cache = users or tempfile.mkdtemp(prefix="autopar-xla-")
         job = self.job
@@ -199,9 +205,10 @@ class WorkerRunner:
 class NativeRunner(WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
+    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
+                 options: RuntimeOptions | None = None):
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
-        self.options = RuntimeOptions.from_env()
+        self.options = options or RuntimeOptions.from_env()
         instructions = shippable(program.instructions)
         split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))

@@ -65,3 +65,31 @@ def test_namespaces_need_tcp_and_every_host():
         Job(2, hosts=[0, 1], namespaces={0: ("x", "10.0.0.1"), 1: ("y", "10.0.0.2")})
     with pytest.raises(ConfigError, match=r"host\(s\) \[1\]"):
         Job(2, hosts=[0, 1], inter_host="tcp", namespaces={0: ("x", "10.0.0.1")})
+
+
+def test_a_step_planned_for_two_hosts_runs_across_them_with_hierarchical_all_reduces(hosts):
+    """A data-parallel GPT step planned on a 2 hosts x 2 devices topology: its gradient
+    all-reduce is a hierarchical one, the cost table's pick for that topology, and run
+    across the two namespace hosts it gives the single-device step's results."""
+    import jax
+    import autopar as ap
+    import models as m
+    from autopar.runtime.native_backend import NativeRunner, RuntimeOptions
+    p, b = m.gpt_params(vocab=256, d=128), m.gpt_batch(batch=8, vocab=256)   # 0.9 MB of gradients
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4,
+                            topology=ap.Topology.preset("cluster:2x2", 4))
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    grads = max((x for x in c.program.collectives() if x.kind == "all_reduce"),
+                key=lambda x: x.bytes)
+    assert grads.algorithm in ("2d_ring", "2d_torus", "2d_mesh"), grads
+    runner = NativeRunner(c.program, timeout=30.0,
+                          options=RuntimeOptions(hosts=(hosts[0], hosts[1])))
+    try:
+        got = jax.tree.unflatten(c.program.out_tree, runner(jax.tree.leaves((p, b))))
+        peers = runner.job.call(tcp_peers, [()] * 4)
+    finally:
+        runner.close()
+    want = m.gpt_sgd_step(p, b)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-5)
+    assert peers[0] == {"10.231.1.2"} and peers[3] == {"10.231.1.1"}, peers
