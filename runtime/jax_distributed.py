@@ -6,7 +6,7 @@ the environment ``autopar launch`` sets (``AUTOPAR_COORDINATOR``, ``AUTOPAR_NUM_
 protocol, as torchrun's ``RANK``/``WORLD_SIZE``), or else from JAX's own cluster detection
 (SLURM, Open MPI, Kubernetes, Cloud TPU).
 Out: an initialised ``jax.distributed`` runtime (on CPU: gloo collectives, ``K`` host devices
-per process, cross-host device transfers for pipelines) and the helpers the jax backend runs
+per process) and the helpers the jax backend runs
 on under it, each called by every process in the same order:
 - ``broadcast_text``: process 0's string, on every process;
 - ``check_same``: every process's digest (or its failure) compared; ConfigError on a mismatch;
@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import socket
 import sys
 from typing import Optional, Sequence
 
@@ -44,18 +43,6 @@ def _env_int(name: str) -> Optional[int]:
         return int(text)
     except ValueError:
         raise ConfigError(f"{name}={text!r} must be an integer (autopar launch sets it).") from None
-
-
-def _facing(coordinator: str) -> str:
-    """This host's address on the route to ``coordinator`` (HOST:PORT): where the other
-    processes reach this one for cross-host transfers."""
-    host = coordinator.rsplit(":", 1)[0].strip("[]")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))                # no packet is sent: only the route is chosen
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
 
 
 def init_distributed(coordinator_address: Optional[str] = None,
@@ -101,9 +88,6 @@ def init_distributed(coordinator_address: Optional[str] = None,
             local = _env_int("AUTOPAR_LOCAL_RANK") or 0
             local_device_ids = list(range(local * k, local * k + k))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator_address:                    # pipelines move values between processes
-        jax.config.update("jax_cross_host_transfer_socket_address",
-                          f"{_facing(coordinator_address)}:0")
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                local_device_ids=local_device_ids,
                                initialization_timeout=timeout)

@@ -59,6 +59,10 @@ def main():
     case("replicated batch process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dict(
         parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4)),
         in_strategy=(megatron[0], ((1, 1), (1, 1))), batch_is_process_local=True)
+    try:
+        ap.compile(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(backend="native", **dp))
+    except ap.ConfigError as e:
+        print(f"native refused: {' '.join(str(e).split())}", flush=True)
     other = m.gpt_batch(batch=8 if me == 0 else 16)      # process 1 traces other shapes
     try:
         ap.compile(m.gpt_sgd_step, p, other, config=ap.ParallelConfig(backend="jax", **dp))

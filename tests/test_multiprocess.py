@@ -33,6 +33,8 @@ def test_two_processes_of_four_devices_run_every_mode_as_the_single_device_step(
                  "pipeline process_local", "replicated batch process_local"):
         for rank in (0, 1):
             assert f"[{rank}] {case} ok" in lines, (case, rank, got.stdout[-3000:])
+    assert sum("native refused: backend='native' in a multi-process JAX runtime" in l
+               for l in lines) == 2
     # process 1 traced another batch size: both processes refuse instead of hanging
     refused = [l for l in lines if "mismatch refused" in l]
     assert len(refused) == 2, refused
