@@ -51,9 +51,6 @@ def main():
         dp, enable_parallel_optimizer=True))
     case("data_parallel process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dp,
          batch_is_process_local=True)
-    case("semi_auto process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dict(
-        parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4)),
-        in_strategy=megatron, batch_is_process_local=True)
     case("pipeline process_local", m.gpt_pipeline_step, (p, b), local=(p, rows), config=dict(
         dp, pipeline_stages=2, micro_batches=2), batch_is_process_local=True)
     case("replicated batch process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dict(

@@ -29,8 +29,8 @@ def test_two_processes_of_four_devices_run_every_mode_as_the_single_device_step(
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-6000:]
     lines = got.stdout.splitlines()
     for case in ("data_parallel", "semi_auto", "auto_parallel", "pipeline", "parallel_optimizer",
-                 "data_parallel process_local", "semi_auto process_local",
-                 "pipeline process_local", "replicated batch process_local"):
+                 "data_parallel process_local", "pipeline process_local",
+                 "replicated batch process_local"):
         for rank in (0, 1):
             assert f"[{rank}] {case} ok" in lines, (case, rank, got.stdout[-3000:])
     assert sum("native refused: backend='native' in a multi-process JAX runtime" in l
