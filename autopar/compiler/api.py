@@ -263,8 +263,8 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
                 getattr(fn, "__name__", "step"), strat.mode, strat.search, len(graph.nodes),
                 len(program.collectives()),
                 ", ".join(f"{k} {v:.2f} s" for k, v in strat.phase_seconds))
-    if config.strategy_ckpt_save_file:
-        strat.save(config.strategy_ckpt_save_file)
+    if config.strategy_ckpt_save_file and (not multi_process() or jax.process_index() == 0):
+        strat.save(config.strategy_ckpt_save_file)       # one writer: the plan is everyone's
     leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
     return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types, local)
 
