@@ -125,6 +125,8 @@ class WorkerState:
 
 
 WORKER = WorkerState()        # this process's, when it is a worker of a job
+# seconds a rank waits at a load's barrier for its peers' compiles (see compile_shared)
+COMPILE_TIMEOUT = 300.0
 
 
 def contiguous(x):
@@ -256,7 +258,8 @@ def compile_shared(comm, segments, ranks, cache):
     in rounds, the i-th of them compiles segment ``round * len(ranks) + i`` into the job's XLA
     cache directory ``cache``, and after the rounds every rank loads the rest from it (one
     compile per segment for the job rather than one per rank; a round is one compile long,
-    within the collective timeout of the ranks waiting on it)."""
+    and its barrier waits up to ``COMPILE_TIMEOUT`` rather than the collective timeout: a
+    compile on a loaded machine can take longer than a collective may wait)."""
     import jax
     from jax import export
     exported = [export.deserialize(b) for b in segments]
@@ -270,7 +273,7 @@ def compile_shared(comm, segments, ranks, cache):
     for start in range(0, len(exported), n):
         if start + me < len(exported):
             out[start + me] = compile_(exported[start + me])
-        comm.barrier(list(ranks))
+        comm.barrier(list(ranks), timeout=max(comm.timeout, COMPILE_TIMEOUT))
     return [c if c is not None else compile_(e) for c, e in zip(out, exported)]
 
 

@@ -44,6 +44,20 @@ def sleep_or_barrier(comm, sleeper):
     return comm.rank
 
 
+def late_to_barriers(comm, late, first, second):
+    """Rank ``late`` reaches a barrier that waits up to 30 s ``first`` seconds after the others
+    (as a slow compile does at a load's barrier), then one under the job's own timeout
+    ``second`` seconds after them."""
+    if comm.rank == late:
+        time.sleep(first)
+    comm.barrier(list(range(comm.size)), timeout=30.0)
+    after = comm.timeout
+    if comm.rank == late:
+        time.sleep(second)
+    comm.barrier(list(range(comm.size)))
+    return after
+
+
 def ranks(comm):
     return comm.rank
 
@@ -103,6 +117,13 @@ def test_a_python_exception_in_a_worker_is_a_worker_error():
         j.call(ranks, [()] * 3)
     j.close()
     assert gone(j.procs)
+
+
+def test_a_barrier_with_its_own_timeout_outwaits_the_jobs_then_gives_it_back():
+    with Job(2, timeout=1.0) as j:
+        assert j.call(late_to_barriers, [(1, 2.5, 0.0)] * 2) == [1.0, 1.0]
+        with pytest.raises(CollectiveError, match=r"barrier: .*stopped answering.*for 1 s"):
+            j.call(late_to_barriers, [(1, 0.0, 2.5)] * 2)
 
 
 def test_a_rank_stuck_in_python_fails_the_call_and_leaves_nothing_behind():

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "algorithms/algorithms.h"
@@ -251,11 +252,19 @@ class PyComm {
     comm_.recv(peer, p, bytes);
   }
 
-  void barrier(const std::vector<int>& ranks) {
+  void barrier(const std::vector<int>& ranks, std::optional<double> timeout) {
     Group g = group(ranks, "barrier");
     uint64_t sig = signature("barrier", &g);
+    if (timeout && !(*timeout > 0))
+      throw std::invalid_argument("barrier: timeout must be a positive number of seconds");
     py::gil_scoped_release release;
     comm_.set_call({"barrier", 0, sig});
+    struct Restore {              // this barrier's own timeout, the communicator's after it
+      Comm& c;
+      double saved;
+      ~Restore() { c.set_timeout(saved); }
+    } restore{comm_, comm_.timeout()};
+    if (timeout) comm_.set_timeout(*timeout);
     comm_.barrier(g);
   }
 
@@ -357,7 +366,8 @@ PYBIND11_MODULE(_native, m) {
       .def("broadcast", &PyComm::broadcast, py::arg("array"), py::arg("ranks"), py::arg("root"))
       .def("send", &PyComm::send, py::arg("array"), py::arg("peer"))
       .def("recv", &PyComm::recv, py::arg("array"), py::arg("peer"))
-      .def("barrier", &PyComm::barrier, py::arg("ranks"))
+      .def("barrier", &PyComm::barrier, py::arg("ranks"), py::arg("timeout") = py::none(),
+           "wait for every rank of ranks; timeout (seconds) overrides the communicator's for this barrier")
       .def("connect_tcp", &PyComm::connect_tcp, py::arg("rendezvous"), py::arg("token"),
            py::arg("host") = "127.0.0.1");
 

@@ -44,6 +44,7 @@ class Comm {
   int size() const { return size_; }
   int host_of(int r) const { return hosts_[r]; }
   double timeout() const { return timeout_s_; }
+  void set_timeout(double s) { timeout_s_ = s; }
   void set_link(int peer, std::unique_ptr<Link> link);
   std::string link_kind(int peer) const;
   // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
