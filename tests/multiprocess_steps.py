@@ -1,6 +1,8 @@
 """Run by tests/test_multiprocess.py under ``autopar launch --nprocs 2 --devices-per-process 4``:
-every process compiles the same GPT steps for JAX's 8 devices of the two processes, runs them
-and compares the whole results with the single-device step run in the process. Prints
+every process compiles the same GPT steps (tests/models.py, and a Flax NNX transformer and an
+Equinox MLP trained with optax, from test_libraries.py) for JAX's 8 devices of the two
+processes, runs them and compares the whole results with the single-device step run in the
+process. Prints
 ``<case> ok`` per case that matched, ``<case> refused: <message>`` where an error is expected.
 """
 import sys
@@ -24,8 +26,9 @@ def same(got, want):
 def case(name, step, args, local=None, **kw):
     cfg = ap.ParallelConfig(backend="jax", **kw.pop("config"))
     c = ap.compile(step, *(local or args), config=cfg, **kw)
-    same(c(*(local or args)), step(*args))
-    same(c(*(local or args)), step(*args))               # a second call, compiled once
+    want = jax.jit(step)(*args)                          # on this process's first device
+    same(c(*(local or args)), want)
+    same(c(*(local or args)), want)                      # a second call, compiled once
     print(f"{name} ok", flush=True)
     return c
 
@@ -56,6 +59,7 @@ def main():
     case("replicated batch process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dict(
         parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4)),
         in_strategy=(megatron[0], ((1, 1), (1, 1))), batch_is_process_local=True)
+    libraries(me)
     try:
         ap.compile(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(backend="native", **dp))
     except ap.ConfigError as e:
@@ -68,6 +72,31 @@ def main():
     else:
         print("mismatch accepted", flush=True)
         sys.exit(1)
+
+
+def libraries(me):
+    """Steps written with Flax NNX and Equinox, as their users write them."""
+    import equinox as eqx
+    import optax
+    from flax import nnx
+
+    import test_libraries as tl
+    graphdef, state = nnx.split(tl.NNXTransformer(nnx.Rngs(0)))
+    opt = optax.sgd(0.1, momentum=0.9)
+    r = np.random.default_rng(1)
+    batch = tuple(np.asarray(r.integers(0, tl.VOCAB, (tl.B, tl.T)), np.int32) for _ in "xy")
+    rows = tuple(x[me * tl.B // 2:(me + 1) * tl.B // 2] for x in batch)
+    args = (state, opt.init(state), batch)
+    case("flax auto_parallel process_local", tl.nnx_step(graphdef, opt), args,
+         local=args[:2] + (rows,), batch_argnums=(2,), batch_is_process_local=True,
+         config=dict(parallel_mode="auto_parallel", device_num=8, mesh_shape=(2, 4)))
+    model = eqx.nn.MLP(tl.D, 8, 2 * tl.D, depth=2, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    opt = optax.adam(1e-2)
+    batch = (r.normal(size=(tl.B, tl.D)).astype(np.float32),
+             r.normal(size=(tl.B, 8)).astype(np.float32))
+    case("equinox data_parallel", tl.eqx_step(static, opt), (params, opt.init(params), batch),
+         batch_argnums=(2,), config=dict(parallel_mode="data_parallel", device_num=8))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """JAX's multi-process runtime: ``autopar launch`` and the multi-controller jax backend.
 
 Real processes on this machine: ``autopar launch --nprocs 2 --devices-per-process 4`` runs
-``multiprocess_steps.py``, whose two processes of 4 CPU devices each compile and run GPT steps
+``multiprocess_steps.py``, whose two processes of 4 CPU devices each compile and run GPT, Flax NNX and Equinox steps
 over the 8 devices and compare them with the single-device step. The launcher's own behaviour
 (rank prefixes, the first failure stopping the others) is tested on tiny scripts.
 """
@@ -30,7 +30,8 @@ def test_two_processes_of_four_devices_run_every_mode_as_the_single_device_step(
     lines = got.stdout.splitlines()
     for case in ("data_parallel", "semi_auto", "auto_parallel", "pipeline", "parallel_optimizer",
                  "data_parallel process_local", "pipeline process_local",
-                 "replicated batch process_local"):
+                 "replicated batch process_local", "flax auto_parallel process_local",
+                 "equinox data_parallel"):
         for rank in (0, 1):
             assert f"[{rank}] {case} ok" in lines, (case, rank, got.stdout[-3000:])
     assert sum("native refused: backend='native' in a multi-process JAX runtime" in l

@@ -40,7 +40,7 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
                          state_pairs)
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
-from .multiprocess import global_arguments, plan_everywhere, process_local_positions
+from .multiprocess import plan_for_processes
 from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -250,12 +250,8 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     _check_backend(config)
     local = ()
     if config.backend is Backend.JAX and multi_process():
-        batch = check_call(fn, args, batch_argnums)
-        if batch_is_process_local:
-            local = process_local_positions(args, batch)
-        graph, strat, program = plan_everywhere(
-            _plan, fn, global_arguments(args, batch) if local else args, config, batch_argnums,
-            in_strategy, strategy)
+        (graph, strat, program), local = plan_for_processes(
+            _plan, fn, args, config, batch_argnums, in_strategy, strategy, batch_is_process_local)
     else:
         graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
                                       measure=True)

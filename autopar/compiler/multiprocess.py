@@ -22,6 +22,7 @@ import json
 
 import jax
 
+from ..arguments import check_call
 from ..config import ParallelMode
 from ..errors import AutoparError, ConfigError
 from ..strategies.strategy import Strategy
@@ -98,3 +99,16 @@ def plan_everywhere(plan, fn, args, config, batch_argnums, in_strategy, strategy
     if error is not None:
         raise error
     return made
+
+
+def plan_for_processes(plan, fn, args, config, batch_argnums, in_strategy, strategy,
+                       batch_is_process_local):
+    """``compile``'s planning under a multi-process runtime -> ``((graph, Strategy, Program),
+    positions)``: the plan every process shares (``plan_everywhere``), for the global batch
+    when ``batch_is_process_local``, and the flat leaf positions of the process-local batch
+    leaves (empty when the batch is global)."""
+    batch = check_call(fn, args, batch_argnums)
+    local = process_local_positions(args, batch) if batch_is_process_local else ()
+    made = plan_everywhere(plan, fn, global_arguments(args, batch) if local else args, config,
+                           batch_argnums, in_strategy, strategy)
+    return made, local
