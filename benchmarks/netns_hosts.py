@@ -1,13 +1,19 @@
-"""All-reduce across two emulated hosts: flat ring against the hierarchical algorithms.
+"""All-reduce across two emulated hosts: flat ring against the hierarchical algorithms, and
+one TCP connection per pair of ranks against several.
 
 Two Linux network namespaces joined by a veth pair (``autopar.tools.netns``), each a "host"
 of ``--per-host`` ranks that share memory inside it and reach the other host only over TCP
 through the veth, rate-limited by ``tc tbf`` to ``--rate`` (an emulated NIC; this kernel has
-no ``netem``, so no added latency). Every algorithm runs in one job, the same buffers, the
-same machine, timed as ``autopar bench`` times (NCCL-tests rules). Prints a table and, with
-``--json``, one object per row; the ratio is each algorithm's time over the flat ring's.
+no ``netem``, so no added latency). With ``--flow-rate`` every TCP flow is also capped on its
+own (an htb class per connection, matched on its ports once the job is up), as a path or NIC
+that holds one flow below the link's rate does. Each ``--streams`` count runs its own job
+(``RuntimeOptions.tcp_streams``); within a job every algorithm runs on the same buffers, timed
+as ``autopar bench`` times (NCCL-tests rules). Prints a table and, with ``--json``, one object
+per row; "/ ring" is each algorithm's time over the flat ring's with the same streams, "/ 1
+stream" its time over its own with one connection.
 
-Run (root): ``python benchmarks/netns_hosts.py --rate 1gbit --size 1MB 16MB``.
+Run (root): ``python benchmarks/netns_hosts.py --rate 1gbit --size 1MB 16MB``;
+``python benchmarks/netns_hosts.py --rate 4gbit --flow-rate 1gbit --per-host 1 --streams 1 2 4``.
 """
 from __future__ import annotations
 
@@ -25,28 +31,47 @@ def main(argv=None) -> int:
     ap.add_argument("--size", nargs="+", default=["1MB", "16MB"], type=bench.parse_size)
     ap.add_argument("--algorithm", nargs="+",
                     default=["ring", "halving_doubling", "2d_ring", "2d_torus", "2d_mesh"])
+    ap.add_argument("--streams", nargs="+", type=int, default=[1],
+                    help="TCP connections per pair of ranks; one job per count (default 1)")
+    ap.add_argument("--flow-rate", help="cap every TCP flow at this rate too (htb per flow)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     why = netns.unavailable()
     if why:
         print(f"netns_hosts: cannot emulate hosts here: {why}", file=sys.stderr)
         return 2
-    places, names = netns.make(2, rate=args.rate)
-    try:
-        n = 2 * args.per_host
-        hosts = [r // args.per_host for r in range(n)]
-        rows = bench.run(["all_reduce"], n, args.size, args.algorithm, hosts=hosts,
-                         inter_host="tcp", namespaces=places)
-    finally:
-        netns.remove(names)
-    ring = {r["bytes"]: r["latency_us"] for r in rows if r["algorithm"] == "ring"}
-    print(f"all_reduce, 2 hosts x {args.per_host} ranks, veth at {args.rate} (tbf)")
-    print(f"{'bytes':>8} {'algorithm':>17} {'latency us':>11} {'busbw GB/s':>10} {'/ ring':>7}")
+    n = 2 * args.per_host
+    hosts = [r // args.per_host for r in range(n)]
+    rows = []
+    for streams in args.streams:
+        places, names = netns.make(2, rate=args.rate, per_flow=bool(args.flow_rate))
+
+        def cap(job):
+            flows = {}
+            for r, got in enumerate(job.call(netns.tcp_flows, [()] * n)):
+                flows.setdefault(hosts[r], set()).update(got)
+            netns.cap_flows(names, flows, args.flow_rate)
+        try:
+            got = bench.run(["all_reduce"], n, args.size, args.algorithm, hosts=hosts,
+                            inter_host="tcp", namespaces=places, tcp_streams=streams,
+                            prepare=cap if args.flow_rate else None)
+        finally:
+            netns.remove(names)
+        rows += [dict(r, streams=streams) for r in got]
+    base = {(r["bytes"], r["algorithm"], r["streams"]): r["latency_us"] for r in rows}
+    flow = f", each flow capped at {args.flow_rate}" if args.flow_rate else ""
+    print(f"all_reduce, 2 hosts x {args.per_host} ranks, veth at {args.rate}{flow}")
+    print(f"{'bytes':>8} {'algorithm':>17} {'streams':>7} {'latency us':>11} {'busbw GB/s':>10} "
+          f"{'/ ring':>7} {'/ 1 stream':>10}")
     for r in rows:
-        r["rate"] = args.rate
-        r["vs_ring"] = round(r["latency_us"] / ring[r["bytes"]], 3) if r["bytes"] in ring else None
-        print(f"{bench.size_label(r['bytes']):>8} {r['algorithm']:>17} {r['latency_us']:>11.1f} "
-              f"{r['busbw_gbs']:>10.3f} {r['vs_ring'] if r['vs_ring'] is not None else '-':>7}")
+        ring = base.get((r["bytes"], "ring", r["streams"]))
+        one = base.get((r["bytes"], r["algorithm"], 1))
+        r.update(rate=args.rate, flow_rate=args.flow_rate,
+                 vs_ring=round(r["latency_us"] / ring, 3) if ring else None,
+                 vs_one_stream=round(r["latency_us"] / one, 3) if one else None)
+        print(f"{bench.size_label(r['bytes']):>8} {r['algorithm']:>17} {r['streams']:>7} "
+              f"{r['latency_us']:>11.1f} {r['busbw_gbs']:>10.3f} {r['vs_ring'] or '-':>7} "
+              f"{r['vs_one_stream'] or '-':>10}")
         if args.json:
             print(json.dumps(r))
     return 0

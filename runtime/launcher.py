@@ -4,7 +4,8 @@ In: the number of ranks, optional host ids per rank (the 2D algorithms' hierarch
 ``inter_host="tcp"`` ranks of different host ids talk over TCP, emulating several hosts on this
 one, and with ``namespaces`` each host's ranks run in a Linux network namespace of their own,
 reaching the others through its network: host id -> (namespace, IPv4 address); the caller
-makes the namespaces and their links), the collective timeout, whether large shared-memory messages may be read single-copy
+makes the namespaces and their links; ``tcp_streams`` TCP connections per pair of ranks on
+different hosts, sharing each message in chunks), the collective timeout, whether large shared-memory messages may be read single-copy
 from the sender's memory (``direct``, ``RuntimeOptions.direct``; on only where every rank can
 reach the others' memory). Out: a ``Job``: ``job.call(fn, per_rank_args)`` runs the
 module-level function ``fn(comm, *args)`` on every rank (``comm`` an ``autopar._native.Comm``)
@@ -118,7 +119,7 @@ def _places(namespaces, hosts, tcp) -> dict:
 
 class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
-                 direct: bool = True, namespaces=None):
+                 direct: bool = True, namespaces=None, tcp_streams: int = 1):
         from autopar import _native
         if isinstance(nranks, bool) or not isinstance(nranks, int) or \
                 not 1 <= nranks <= NATIVE_MAX_RANKS:
@@ -128,6 +129,10 @@ class Job:
             raise ConfigError(f"hosts names {len(hosts)} ranks' hosts; the job has {nranks}.")
         if inter_host not in ("shm", "tcp"):
             raise ConfigError(f"inter_host must be 'shm' or 'tcp', not {inter_host!r}.")
+        if isinstance(tcp_streams, bool) or not isinstance(tcp_streams, int) or \
+                not 1 <= tcp_streams <= 16:
+            raise ConfigError(f"tcp_streams (TCP connections per pair of ranks on different "
+                              f"hosts) must be an int in [1, 16], not {tcp_streams!r}.")
         places = _places(namespaces, hosts, inter_host == "tcp" and len(set(hosts)) > 1)
         self.nranks, self.timeout = nranks, timeout
         self.token = secrets.token_hex(16)
@@ -143,7 +148,7 @@ class Job:
             [*places[hosts[r]][0], *command, address, str(r), str(nranks),
              str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
              "1" if inter_host == "tcp" else "0", rendezvous, "1" if direct else "0",
-             places[hosts[r]][1]],
+             places[hosts[r]][1], str(tcp_streams)],
             pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False

@@ -58,9 +58,9 @@ def _check_algorithm(name: str) -> None:
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
-    ``direct`` to the job's workers as they build their ``Comm``). ``from_env`` reads
-    ``AUTOPAR_OVERLAP=0`` and ``AUTOPAR_DIRECT=0`` in the caller, so a benchmark may still set
-    them; nothing below reads the environment."""
+    ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
+    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0`` and ``AUTOPAR_TCP_STREAMS=S``
+    in the caller, so a benchmark may still set them; nothing below reads the environment."""
     # all-reduce buckets run while the compute after them does (False: each is awaited as
     # issued, to measure what the overlap gains)
     overlap: bool = True
@@ -75,11 +75,23 @@ class RuntimeOptions:
     # ranks run in its namespace and reach the other hosts over TCP (``tools.netns`` makes
     # such hosts on one machine). Empty: every rank on this host, shared memory between all
     hosts: tuple = ()
+    # TCP connections per pair of ranks on different hosts: a message is cut into chunks that
+    # go out on whichever connection is free (more than one pays where one flow is capped
+    # below the link, as a NIC's per-flow limits or one core per flow do)
+    tcp_streams: int = 1
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
         return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
-                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0")
+                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
+                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")))
+
+
+def _streams(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ConfigError(f"AUTOPAR_TCP_STREAMS={text!r}: give a whole number of TCP connections "
+                          "per pair of ranks, 1 to 16.")
+    return int(text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +183,7 @@ class WorkerRunner:
         places = dict(enumerate(self.options.hosts)) or None
         self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout,
                        direct=self.options.direct, inter_host="tcp" if places else "shm",
-                       namespaces=places)
+                       namespaces=places, tcp_streams=self.options.tcp_streams)
         users = jax.config.jax_compilation_cache_dir
         cache = users or tempfile.mkdtemp(prefix="autopar-xla-")
         job = self.job

@@ -76,7 +76,7 @@ def _imported_elsewhere(package: str) -> str | None:
 
 
 def main(argv):
-    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous, direct, ip = argv
+    package, address, rank, size, fd, hosts, timeout, tcp, rendezvous, direct, ip, streams = argv
     rank, size, fd = int(rank), int(size), int(fd)
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         tune_malloc()
@@ -93,7 +93,7 @@ def main(argv):
                             tcp == "1", direct == "1")
         os.close(fd)
         if rendezvous:
-            comm.connect_tcp(rendezvous, token, ip)
+            comm.connect_tcp(rendezvous, token, ip, int(streams))
     except Exception as e:            # noqa: BLE001 - reported to the caller
         conn.send(("failed", rank, f"{type(e).__name__}: {e}"))
         return 1

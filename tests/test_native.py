@@ -177,6 +177,33 @@ def test_two_hosts_over_tcp_run_the_hierarchical_algorithms():
             assert all(np.array_equal(results[r][i], want) for r in range(4))
 
 
+def test_multi_stream_tcp_carries_every_collective_in_order():
+    """Three TCP connections per pair of hosts, a message cut into 256 KiB chunks spread over
+    them (tcp.cc: MultiTcpLink): every collective's bytes arrive whole and in order, at sizes
+    of one chunk, several, and odd lengths whose elements straddle chunk boundaries."""
+    with Job(4, hosts=[0, 1, 2, 3], inter_host="tcp", timeout=20.0, tcp_streams=3) as j:
+        assert j.call(link_kinds, [()] * 4)[1] == ["tcp x3", "none", "tcp x3", "tcp x3"]
+        sizes = (0, 5, 70001, (1 << 20) + 3)
+        cases = [(a, name, 4, count, "sum") for a in sorted(_native.ALLREDUCE_ALGORITHMS)
+                 for name in ("float32", "float64", "float16") for count in sizes]
+        results = j.call(run_all_reduce, [(cases,)] * 4)
+        for i, (algo, name, n, count, _) in enumerate(cases):
+            want = np.add.reduce([data(r, count, name) for r in range(4)]).astype(dtype(name))
+            assert all(np.array_equal(results[r][i], want) for r in range(4)), cases[i]
+        kinds = ["reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv"]
+        cases = [(k, "float32", 4, count) for k in kinds for count in (7, 300001)]
+        results = j.call(run_others, [(cases,)] * 4)
+        for i, (kind, name, n, count) in enumerate(cases):
+            xs = [data(r, count, name) for r in range(n)]
+            want = {"reduce_scatter": lambda r: np.array_split(np.add.reduce(xs), n)[r],
+                    "all_gather": lambda r: np.concatenate(xs),
+                    "all_to_all": lambda r: np.concatenate(
+                        [np.split(data(s, count * n, name), n)[r] for s in range(n)]),
+                    "broadcast": lambda r: xs[n - 1],
+                    "send_recv": lambda r: xs[(r - 1) % n]}[kind]
+            assert all(np.array_equal(results[r][i], want(r)) for r in range(n)), cases[i]
+
+
 def test_a_dead_rank_fails_every_rank_fast_and_leaves_nothing_behind(tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     j = Job(4, timeout=10.0)

@@ -259,7 +259,8 @@ def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch)
 
     def start_stopped(args, **kwargs):
         proc = popen(args, **kwargs)
-        if args[-9] != "0":                        # the worker's rank argument
+        rank = args[next(i for i, a in enumerate(args) if a.endswith("/control")) + 1]
+        if rank != "0":                            # after the control socket's path
             os.kill(proc.pid, signal.SIGSTOP)
             stopped.append(proc.pid)
         return proc

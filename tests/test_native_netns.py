@@ -5,6 +5,7 @@ address; its ranks run inside it (``Job(namespaces=...)``), share memory with ea
 reach the other host only over TCP through the veth pair. Needs root and ``ip`` (skipped with the reason
 otherwise); every namespace and link is removed after.
 """
+import re
 import subprocess
 
 import numpy as np
@@ -93,3 +94,30 @@ def test_a_step_planned_for_two_hosts_runs_across_them_with_hierarchical_all_red
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-5)
     assert peers[0] == {"10.231.1.2"} and peers[3] == {"10.231.1.1"}, peers
+
+
+def test_four_streams_per_pair_each_carry_a_share_of_a_capped_link():
+    """Two hosts of one rank, four TCP connections between them, each flow capped by a class
+    of its own (``netns.cap_flows``): a 16 MB all-reduce gives numpy's sum, and every one of
+    the four flows in each direction carried a share of it (the chunks went to all of them)."""
+    places, names = netns.make(2, rate="4gbit", per_flow=True)
+    try:
+        with Job(2, hosts=[0, 1], inter_host="tcp", timeout=20.0, namespaces=places,
+                 tcp_streams=4) as j:
+            assert j.call(link_kinds, [()] * 2) == [["none", "tcp x4"], ["tcp x4", "none"]]
+            flows = j.call(netns.tcp_flows, [()] * 2)
+            assert all(len(set(f)) == 4 for f in flows), flows
+            netns.cap_flows(names, dict(enumerate(flows)), "1gbit")
+            count = 1 << 22
+            results = j.call(run_all_reduce, [([("ring", "float32", 2, count, "sum")],)] * 2)
+            want = data(0, count, "float32") + data(1, count, "float32")
+            assert all(np.array_equal(results[r][0], want) for r in range(2))
+        for h, ns in enumerate(names):
+            shown = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev",
+                                    f"{ns[:-2]}v{h}"], capture_output=True, text=True).stdout
+            sent = [int(b) for b in re.findall(r"class htb 1:[a-d] parent .*?\n Sent (\d+) bytes",
+                                               shown, re.S)]
+            # the ring moves 16 MB each way (two halves); no flow went without its share
+            assert len(sent) == 4 and min(sent) > 2 << 20, (h, sent, shown)
+    finally:
+        netns.remove(names)

@@ -134,16 +134,19 @@ def measure(comm, cases, dtype):
 
 
 def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None,
-        direct=True, inter_host="shm", namespaces=None):
+        direct=True, inter_host="shm", namespaces=None, tcp_streams=1, prepare=None):
     """Measure on a fresh job of `ranks` processes; the list of result rows (dicts).
     ``direct=False`` turns single-copy reads off (``RuntimeOptions.direct``); ``hosts``,
-    ``inter_host`` and ``namespaces`` place the ranks on (emulated) hosts as ``Job`` does."""
+    ``inter_host``, ``namespaces`` and ``tcp_streams`` place and join the ranks on (emulated)
+    hosts as ``Job`` does; ``prepare(job)`` runs once the job is up, before the measurement."""
     from autopar.runtime.launcher import Job
     from autopar.tools import bench as me      # the workers resolve this module by name
     cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
              for algo in algorithms_of(op, algorithms, nbytes, ranks)]
     with Job(ranks, hosts=hosts, timeout=60.0, direct=direct, inter_host=inter_host,
-             namespaces=namespaces) as job:
+             namespaces=namespaces, tcp_streams=tcp_streams) as job:
+        if prepare is not None:
+            prepare(job)
         per_rank = job.call(me.measure, [(cases, dtype)] * ranks)
     rows = []
     for (op, nbytes, algo) in cases:

@@ -268,13 +268,16 @@ class PyComm {
     comm_.barrier(g);
   }
 
-  void connect_tcp(const std::string& rendezvous, const std::string& token, const std::string& host) {
+  void connect_tcp(const std::string& rendezvous, const std::string& token, const std::string& host,
+                   int streams) {
     check_tcp(rendezvous, token, host);
+    if (streams < 1 || streams > 16)
+      bad("connect_tcp: streams=" + std::to_string(streams) + " must be in [1, 16]");
     if (tcp_connected_) bad("connect_tcp: this Comm is connected already; call it once");
     tcp_connected_ = true;
     py::gil_scoped_release release;
     comm_.set_op("tcp rendezvous");
-    connect_tcp_links(comm_, rendezvous, token, host);
+    connect_tcp_links(comm_, rendezvous, token, host, streams);
   }
 
   std::string link_kind(int peer) const {
@@ -369,7 +372,8 @@ PYBIND11_MODULE(_native, m) {
       .def("barrier", &PyComm::barrier, py::arg("ranks"), py::arg("timeout") = py::none(),
            "wait for every rank of ranks; timeout (seconds) overrides the communicator's for this barrier")
       .def("connect_tcp", &PyComm::connect_tcp, py::arg("rendezvous"), py::arg("token"),
-           py::arg("host") = "127.0.0.1");
+           py::arg("host") = "127.0.0.1", py::arg("streams") = 1,
+           "connect to every rank no shared memory reaches, over `streams` TCP connections each");
 
   std::vector<std::string> names;
   for (auto& kv : allreduce_algorithms()) names.push_back(kv.first);

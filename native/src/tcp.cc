@@ -1,5 +1,5 @@
 // TCP links and the token-checked rendezvous (see tcp.h). Every connection starts with a
-// fixed-size hello (magic, token, rank, listening port, address). A listener reads the hellos
+// fixed-size hello (magic, token, rank, listening port, address, stream index and count). A listener reads the hellos
 // of all its pending connections at once, each with its own short deadline, and drops
 // strangers (silent, short, garbage, a wrong token compared in constant time, a duplicate)
 // without waiting on them or failing; they are counted in the error raised if the job never
@@ -14,6 +14,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,9 @@ constexpr uint64_t kHello = 0x6170746370686931ull;
 constexpr size_t kTokenBytes = 64;
 constexpr double kHelloSeconds = 2.0;   // a connection's time to send its whole hello
 constexpr size_t kMaxPending = 64;      // connections read at once; more drop the oldest
+// A multi-stream link's chunk: small enough that the streams share a message evenly, large
+// enough that a header (16 bytes) and a syscall per chunk cost nothing
+constexpr size_t kChunk = 256 << 10;
 
 // The one message of the rendezvous, of fixed size: no length is read from the wire, and the
 // strings end inside their fields (checked by refusal()).
@@ -39,7 +43,9 @@ struct Hello {
   char token[kTokenBytes];   // NUL-padded
   int32_t rank;
   int32_t port;
-  char host[64];             // NUL-terminated IPv4 address
+  char host[56];             // NUL-terminated IPv4 address
+  int32_t stream;            // which of the pair's connections this is, in [0, streams)
+  int32_t streams;           // connections per pair of ranks: the same on every rank
 };
 static_assert(sizeof(Hello) == 144, "the hello has no padding");
 
@@ -116,6 +122,186 @@ class TcpLink : public Link {
   size_t begin_ = 0, end_ = 0;
 };
 
+// Several connections to one peer carrying one byte stream (NCCL Fast Socket's design). The
+// sender cuts the stream into chunks of at most kChunk bytes, each led by a header (its offset
+// in the stream, its length), and gives a chunk to whichever connection has handed all of its
+// previous one to the kernel (dynamic load balancing: a slow or rate-capped flow gets fewer
+// chunks). A chunk is sent from the caller's memory; send_some reports the bytes before the
+// first chunk still going out, so the caller keeps that memory until then, as it does for one
+// connection. The receiver reads every connection: the chunk that continues the stream goes
+// straight into the in-order buffer, a chunk that arrived ahead (at most one per connection)
+// waits in that connection's own buffer for its turn.
+class MultiTcpLink : public Link {
+ public:
+  MultiTcpLink(std::vector<Fd> fds, int peer)
+      : fds_(std::move(fds)), peer_(peer), out_(fds_.size()), in_(fds_.size()), buf_(4 * kChunk) {
+    for (Fd& f : fds_) {
+      int one = 1;
+      setsockopt(f.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      fcntl(f.get(), F_SETFL, fcntl(f.get(), F_GETFL) | O_NONBLOCK);
+    }
+  }
+
+  size_t send_some(const char* p, size_t n) override {
+    const uint64_t base = reported_;      // p is the stream's byte `base`
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (size_t i = 0; i < fds_.size(); ++i) {
+        size_t s = (next_ + i) % fds_.size();
+        Out& o = out_[s];
+        if (o.left() == 0 && assigned_ < base + n) {       // idle: the next chunk is its
+          o.h = {assigned_, std::min<uint64_t>(kChunk, base + n - assigned_)};
+          o.sent = 0;
+          assigned_ += o.h.bytes;
+          next_ = (s + 1) % fds_.size();
+        }
+        if (o.left()) progress |= push(s, p + (o.h.offset - base));
+      }
+    }
+    uint64_t first = assigned_;           // the earliest byte some connection still holds
+    for (const Out& o : out_)
+      if (o.left()) first = std::min(first, o.h.offset);
+    size_t k = size_t(first - base);
+    reported_ = first;
+    return k;
+  }
+
+  size_t recv_some(size_t n, size_t align, char* /*direct*/,
+                   const std::function<void(const char*, size_t)>& consume) override {
+    if (end_ - begin_ < std::min(n, align) || end_ == begin_) pump();
+    size_t have = end_ - begin_, k = std::min(n, have);
+    if (k < n) k -= k % align;
+    if (k == 0) return 0;
+    consume(buf_.data() + begin_, k);
+    begin_ += k;
+    if (begin_ == end_) begin_ = end_ = 0;
+    return k;
+  }
+
+  std::string kind() const override { return "tcp x" + std::to_string(fds_.size()); }
+
+ private:
+  struct Header {
+    uint64_t offset, bytes;
+  };
+  struct Out {                 // the chunk a connection is sending
+    Header h{0, 0};
+    size_t sent = 0;           // of sizeof(Header) + h.bytes
+    size_t left() const { return h.bytes ? sizeof(Header) + h.bytes - sent : 0; }
+  };
+  struct In {                  // the chunk a connection is receiving
+    Header h{0, 0};
+    size_t hgot = 0, got = 0, flushed = 0;   // header bytes; payload bytes read; in buf_
+    std::vector<char> ahead;   // payload that arrived before its turn
+  };
+
+  // Send what the kernel takes of connection s's chunk (payload at `data`); whether any.
+  bool push(size_t s, const char* data) {
+    Out& o = out_[s];
+    iovec iov[2];
+    int cnt = 0;
+    if (o.sent < sizeof(Header))
+      iov[cnt++] = {reinterpret_cast<char*>(&o.h) + o.sent, sizeof(Header) - o.sent};
+    size_t done = o.sent > sizeof(Header) ? o.sent - sizeof(Header) : 0;
+    iov[cnt++] = {const_cast<char*>(data) + done, o.h.bytes - done};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = size_t(cnt);
+    ssize_t k = ::sendmsg(fds_[s].get(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+      throw std::runtime_error("connection " + std::to_string(s) + " to rank " +
+                               std::to_string(peer_) + " lost (" + std::strerror(errno) + ")");
+    }
+    o.sent += size_t(k);
+    if (o.left() == 0) o.h.bytes = 0;
+    return k > 0;
+  }
+
+  // recv into p; the bytes read (0: none now). Throws when the peer is gone.
+  size_t read(size_t s, void* p, size_t n) {
+    ssize_t k = ::recv(fds_[s].get(), p, n, MSG_DONTWAIT);
+    if (k > 0) return size_t(k);
+    if (k == 0)
+      throw std::runtime_error("rank " + std::to_string(peer_) + " closed connection " +
+                               std::to_string(s));
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    throw std::runtime_error("connection " + std::to_string(s) + " to rank " +
+                             std::to_string(peer_) + " lost (" + std::strerror(errno) + ")");
+  }
+
+  size_t space() {
+    if (end_ == buf_.size() && begin_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+      end_ -= begin_, begin_ = 0;
+    }
+    return buf_.size() - end_;
+  }
+
+  // Move what every connection has into buf_, in stream order.
+  void pump() {
+    promote();
+    for (size_t s = 0; s < fds_.size(); ++s) {
+      In& c = in_[s];
+      for (;;) {
+        if (c.hgot < sizeof(Header)) {
+          size_t k = read(s, reinterpret_cast<char*>(&c.h) + c.hgot, sizeof(Header) - c.hgot);
+          c.hgot += k;
+          if (c.hgot < sizeof(Header)) break;
+          if (c.h.bytes == 0 || c.h.bytes > kChunk || c.h.offset < received_)
+            throw std::runtime_error("connection " + std::to_string(s) + " to rank " +
+                                     std::to_string(peer_) + " sent a chunk header out of place "
+                                     "(not an autopar peer of this version?)");
+          c.got = c.flushed = 0;
+        }
+        size_t k;
+        if (c.h.offset + c.flushed == received_ && c.flushed == c.got) {   // in order: to buf_
+          size_t room = std::min<size_t>(space(), c.h.bytes - c.got);
+          if (room == 0) break;
+          k = read(s, buf_.data() + end_, room);
+          c.got += k, c.flushed += k, end_ += k, received_ += k;
+        } else if (c.got < c.h.bytes) {                                     // ahead: held
+          c.ahead.resize(kChunk);
+          k = read(s, c.ahead.data() + c.got, c.h.bytes - c.got);
+          c.got += k;
+        } else {
+          break;                                        // whole, waiting for its turn
+        }
+        if (c.flushed == c.h.bytes) c.hgot = 0;         // done: the next header
+        if (k == 0) break;
+      }
+    }
+    promote();
+  }
+
+  // Copy held chunks whose turn has come into buf_.
+  void promote() {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (In& c : in_) {
+        if (c.hgot < sizeof(Header) || c.h.offset + c.flushed != received_ || c.flushed == c.got)
+          continue;
+        size_t k = std::min(space(), c.got - c.flushed);
+        if (k == 0) return;
+        std::memcpy(buf_.data() + end_, c.ahead.data() + c.flushed, k);
+        c.flushed += k, end_ += k, received_ += k;
+        if (c.flushed == c.h.bytes) c.hgot = 0;
+        moved = true;
+      }
+    }
+  }
+
+  std::vector<Fd> fds_;
+  int peer_;
+  std::vector<Out> out_;
+  std::vector<In> in_;
+  uint64_t assigned_ = 0, reported_ = 0;   // sender: stream bytes given to connections, taken
+  size_t next_ = 0;                        // the connection offered the next chunk first
+  std::vector<char> buf_;                  // receiver: in-order bytes [begin_, end_)
+  size_t begin_ = 0, end_ = 0;
+  uint64_t received_ = 0;                  // stream bytes in buf_ so far
+};
+
 // Blocking full read/write with a deadline (to an admitted peer: one that showed the token).
 void io_all(Comm& c, int fd, void* p, size_t n, bool write, double deadline, const char* what) {
   char* b = static_cast<char*>(p);
@@ -169,8 +355,10 @@ Fd connect_to(Comm& c, const std::string& host, int port, double deadline) {
   }
 }
 
-Hello hello(const std::string& token, int rank, int port, const std::string& host) {
+Hello hello(const std::string& token, int rank, int port, const std::string& host,
+            int streams) {
   Hello h{};
+  h.streams = streams;
   h.magic = kHello;
   std::memcpy(h.token, token.data(), std::min(token.size(), sizeof(h.token) - 1));
   h.rank = rank;
@@ -193,6 +381,8 @@ std::string refusal(const Hello& h, const Hello& mine, int size) {
   if (h.magic != kHello) return "not a hello";
   if (!same_token(h.token, mine.token)) return "wrong job token";
   if (h.rank < 0 || h.rank >= size || h.port < 1 || h.port > 65535) return "not a hello";
+  if (h.streams != mine.streams) return "another stream count";
+  if (h.stream < 0 || h.stream >= h.streams) return "not a hello";
   if (!std::memchr(h.host, 0, sizeof(h.host))) return "not a hello";
   in_addr a;
   if (inet_pton(AF_INET, h.host, &a) != 1) return "not a hello";
@@ -283,7 +473,7 @@ void admit(Comm& c, int lfd, double deadline, int want, const Hello& mine,
 }  // namespace
 
 void connect_tcp_links(Comm& c, const std::string& rendezvous, const std::string& token,
-                       const std::string& host) {
+                       const std::string& host, int streams) {
   // the binding checked the arguments (checks.h: check_tcp)
   size_t colon = rendezvous.rfind(':');
   std::string rhost = rendezvous.substr(0, colon);
@@ -293,7 +483,7 @@ void connect_tcp_links(Comm& c, const std::string& rendezvous, const std::string
   int port = 0;
   Fd lfd = listen_on(c, host, 0, &port);
   std::vector<Hello> table(static_cast<size_t>(n));
-  const Hello mine = hello(token, me, port, host);
+  const Hello mine = hello(token, me, port, host, streams);
   table[size_t(me)] = mine;
   if (me == 0) {
     int rp = 0;
@@ -324,19 +514,38 @@ void connect_tcp_links(Comm& c, const std::string& rendezvous, const std::string
                "): is it this job's rank 0?");
     }
   }
-  // pairs without a link: the higher rank connects to the lower one's listener
+  // pairs without a link: the higher rank opens `streams` connections to the lower one's
+  // listener; one connection is a TcpLink, several a MultiTcpLink
+  auto link = [&](int p, std::vector<Fd> fds) {
+    if (fds.size() == 1)
+      c.set_link(p, std::make_unique<TcpLink>(std::move(fds[0]), p));
+    else
+      c.set_link(p, std::make_unique<MultiTcpLink>(std::move(fds), p));
+  };
   int expect = 0;
-  for (int p = me + 1; p < n; ++p) expect += c.link_kind(p) == "none";
+  for (int p = me + 1; p < n; ++p) expect += (c.link_kind(p) == "none") * streams;
   for (int p = 0; p < me; ++p) {
     if (c.link_kind(p) != "none") continue;
-    Fd fd = connect_to(c, table[size_t(p)].host, table[size_t(p)].port, deadline);
-    Hello greeting = mine;
-    io_all(c, fd.get(), &greeting, sizeof(greeting), true, deadline, "greeting a peer");
-    c.set_link(p, std::make_unique<TcpLink>(std::move(fd), p));
+    std::vector<Fd> fds;
+    for (int s = 0; s < streams; ++s) {
+      fds.push_back(connect_to(c, table[size_t(p)].host, table[size_t(p)].port, deadline));
+      Hello greeting = mine;
+      greeting.stream = s;
+      io_all(c, fds.back().get(), &greeting, sizeof(greeting), true, deadline, "greeting a peer");
+    }
+    link(p, std::move(fds));
   }
+  std::map<int, std::vector<Fd>> arriving;   // peer -> its connections, by stream
   admit(c, lfd.get(), deadline, expect, mine, [&](const Hello& h, Fd& fd) {
     if (h.rank <= me || c.link_kind(h.rank) != "none") return false;
-    c.set_link(h.rank, std::make_unique<TcpLink>(std::move(fd), h.rank));
+    std::vector<Fd>& fds = arriving[h.rank];
+    fds.resize(size_t(streams));
+    if (fds[size_t(h.stream)].get() >= 0) return false;
+    fds[size_t(h.stream)] = std::move(fd);
+    if (std::all_of(fds.begin(), fds.end(), [](const Fd& f) { return f.get() >= 0; })) {
+      link(h.rank, std::move(fds));
+      arriving.erase(h.rank);
+    }
     return true;
   }, "waiting for peers to connect");
 }
