@@ -93,6 +93,27 @@ def run_others(comm, cases):
     return out
 
 
+def run_reduction_server(comm, cases):
+    """Per case (workers, reducers, [(dtype, count, op)]): the first ``workers`` ranks
+    all-reduce through the next ``reducers`` ranks, which serve until released."""
+    out = []
+    for w, nr, items in cases:
+        workers, reducers = list(range(w)), list(range(w, w + nr))
+        if comm.rank in workers:
+            got = []
+            for name, count, op in items:
+                x = data(comm.rank, count, name, op)
+                comm.all_reduce(x, workers, op, "reduction_server", reducers)
+                got.append(x)
+            comm.release_reducers(reducers, workers)
+            out.append(got)
+        elif comm.rank in reducers:
+            out.append(comm.serve_reductions(workers, reducers))
+        else:
+            out.append(None)
+    return out
+
+
 def die_or_reduce(comm, victim, folder):
     """The victim exits in the middle of a large all-reduce; the others record what they saw."""
     x = np.ones(1 << 22, np.float32)
@@ -129,6 +150,22 @@ def test_all_reduce_every_dtype_group_size_and_length(job, algo):
         for r in range(n):
             got = results[r][i]
             assert got.dtype == dtype(name) and np.array_equal(got, want), (algo, name, n, count, op, r)
+
+
+def test_reduction_server_every_dtype_reduction_and_reducer_count(job):
+    items = [(name, count, "sum") for name in DTYPES for count in (0, 1, 7, 65537)]
+    items += [(name, 1001, op) for name in ("float32", "int64") for op in ("prod", "max", "min")]
+    cases = [(2, 1, items), (3, 2, items), (4, 4, items[:8]), (5, 3, items[:8])]
+    results = job.call(run_reduction_server, [(cases,)] * 8)
+    reducer = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+    for c, (w, nr, its) in enumerate(cases):
+        for r in range(w, w + nr):
+            assert results[r][c] == len(its)                  # every reducer served every one
+        for i, (name, count, op) in enumerate(its):
+            want = reducer[op].reduce([data(r, count, name, op) for r in range(w)])
+            for r in range(w):
+                got = results[r][c][i]
+                assert got.dtype == dtype(name) and np.array_equal(got, want.astype(dtype(name)))
 
 
 def test_other_collectives_every_dtype_and_group_size(job):

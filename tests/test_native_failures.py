@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import autopar as ap
@@ -56,6 +57,16 @@ def late_to_barriers(comm, late, first, second):
         time.sleep(second)
     comm.barrier(list(range(comm.size)))
     return after
+
+
+def reduce_through_rank_2(comm, count):
+    """Ranks 0 and 1 all-reduce through reducer rank 2; rank 1 passes ``count[1]`` elements."""
+    if comm.rank == 2:
+        return comm.serve_reductions([0, 1], [2])
+    x = np.ones(count[comm.rank], np.float32)
+    comm.all_reduce(x, [0, 1], "sum", "reduction_server", [2])
+    comm.release_reducers([2], [0, 1])
+    return float(x.sum())
 
 
 def ranks(comm):
@@ -124,6 +135,13 @@ def test_a_barrier_with_its_own_timeout_outwaits_the_jobs_then_gives_it_back():
         assert j.call(late_to_barriers, [(1, 2.5, 0.0)] * 2) == [1.0, 1.0]
         with pytest.raises(CollectiveError, match=r"barrier: .*stopped answering.*for 1 s"):
             j.call(late_to_barriers, [(1, 0.0, 2.5)] * 2)
+
+
+def test_reduction_server_workers_that_disagree_fail_every_rank():
+    with Job(3, timeout=TIMEOUT) as j:
+        assert j.call(reduce_through_rank_2, [((5, 5),)] * 3) == [10.0, 10.0, 1]
+        with pytest.raises(CollectiveError, match=r"requests disagree: rank 1 asks for another"):
+            j.call(reduce_through_rank_2, [((5, 6),)] * 3)
 
 
 def test_a_rank_stuck_in_python_fails_the_call_and_leaves_nothing_behind():

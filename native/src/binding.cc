@@ -133,11 +133,17 @@ class PyComm {
   }
 
   void all_reduce(py::array a, const std::vector<int>& ranks, const std::string& op,
-                  const std::string& algorithm) {
+                  const std::string& algorithm, const std::vector<int>& reducers) {
+    bool server = algorithm == "reduction_server";
     auto it = allreduce_algorithms().find(algorithm);
-    if (it == allreduce_algorithms().end())
+    if (!server && it == allreduce_algorithms().end())
       bad("all_reduce: algorithm='" + algorithm + "' is not one of autopar._native."
-          "ALLREDUCE_ALGORITHMS");
+          "ALLREDUCE_ALGORITHMS or 'reduction_server'");
+    if (server != !reducers.empty())
+      bad(server ? "all_reduce: algorithm='reduction_server' needs reducers: the ranks that "
+                   "run serve_reductions"
+                 : "all_reduce: reducers are for algorithm='reduction_server' only");
+    if (server) reducer_ranks(reducers, ranks, "all_reduce");
     char* p = writable(a, "all_reduce: array");
     DType t = dtype_of(a, "all_reduce: array");
     ReduceOp r = op_of(op, "all_reduce");
@@ -147,7 +153,33 @@ class PyComm {
     py::gil_scoped_release release;
     comm_.set_call({"all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
                     uint64_t(a.nbytes()), sig});
-    it->second(comm_, g, p, n, t, r);
+    if (server)
+      allreduce_reduction_server(comm_, g, reducers, p, n, t, r);
+    else
+      it->second(comm_, g, p, n, t, r);
+  }
+
+  size_t serve_reductions(const std::vector<int>& workers, const std::vector<int>& reducers) {
+    reducer_ranks(reducers, workers, "serve_reductions");
+    if (!std::count(reducers.begin(), reducers.end(), comm_.rank()))
+      bad("serve_reductions: this rank (" + std::to_string(comm_.rank()) + ") is not in reducers");
+    // the workers' group, as theirs: this rank is not in it (check it with this rank added)
+    std::vector<int> with_me = workers;
+    with_me.push_back(comm_.rank());
+    check_group(with_me, comm_.rank(), comm_.size(), "serve_reductions");
+    for (int w : workers) check_linked(w, "serve_reductions");
+    Group g{workers, -1};
+    py::gil_scoped_release release;
+    comm_.set_op("serve_reductions");
+    return autopar::serve_reductions(comm_, g, reducers);
+  }
+
+  void release_reducers(const std::vector<int>& reducers, const std::vector<int>& workers) {
+    reducer_ranks(reducers, workers, "release_reducers");
+    group(workers, "release_reducers");
+    py::gil_scoped_release release;
+    comm_.set_op("release_reducers");
+    autopar::release_reducers(comm_, reducers);
   }
 
   void reduce_scatter(py::array in, py::array out, const std::vector<int>& ranks,
@@ -310,6 +342,25 @@ class PyComm {
           "connect_tcp?)");
   }
 
+  // Checks reducers: ranks of the job, none twice, none a worker, each linked to this rank.
+  void reducer_ranks(const std::vector<int>& reducers, const std::vector<int>& workers,
+                     const std::string& op) {
+    if (reducers.empty()) bad(op + ": reducers is empty; name the ranks that serve reductions");
+    std::vector<char> seen(size_t(comm_.size()), 0);
+    for (int w : workers)
+      if (w >= 0 && w < comm_.size()) seen[size_t(w)] = 2;
+    for (int r : reducers) {
+      if (r < 0 || r >= comm_.size())
+        bad(op + ": reducer " + std::to_string(r) + " is outside [0, " +
+            std::to_string(comm_.size()) + ") (the job's ranks)");
+      if (seen[size_t(r)])
+        bad(op + ": rank " + std::to_string(r) +
+            (seen[size_t(r)] == 2 ? " is both a worker and a reducer" : " appears twice in reducers"));
+      seen[size_t(r)] = 1;
+      if (r != comm_.rank()) check_linked(r, op);
+    }
+  }
+
   Comm comm_;
   bool tcp_connected_ = false;
 };
@@ -361,7 +412,15 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("timeout", [](PyComm& c) { return c.comm().timeout(); },
                              "seconds a collective waits for a peer before failing")
       .def("all_reduce", &PyComm::all_reduce, py::arg("array"), py::arg("ranks"),
-           py::arg("op") = "sum", py::arg("algorithm") = "ring")
+           py::arg("op") = "sum", py::arg("algorithm") = "ring",
+           py::arg("reducers") = std::vector<int>(),
+           "in place over the group `ranks`; algorithm='reduction_server' reduces through the "
+           "ranks `reducers`, which run serve_reductions meanwhile")
+      .def("serve_reductions", &PyComm::serve_reductions, py::arg("workers"), py::arg("reducers"),
+           "serve the workers' reduction_server all-reduces until each calls release_reducers; "
+           "the number served")
+      .def("release_reducers", &PyComm::release_reducers, py::arg("reducers"), py::arg("workers"),
+           "end the reducers' serve_reductions (every worker calls it once)")
       .def("reduce_scatter", &PyComm::reduce_scatter, py::arg("input"), py::arg("output"),
            py::arg("ranks"), py::arg("op") = "sum")
       .def("all_gather", &PyComm::all_gather, py::arg("input"), py::arg("output"), py::arg("ranks"))

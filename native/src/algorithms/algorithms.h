@@ -40,6 +40,13 @@ void allreduce_2d_ring(Comm& c, const Group& g, void* buf, size_t count, DType t
 void allreduce_2d_torus(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_2d_mesh(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
 void allreduce_direct(Comm& c, const Group& g, void* buf, size_t count, DType t, ReduceOp op);
+// Reduction Server (reduction_server.cc): the workers of g reduce through the reducer ranks,
+// which run serve_reductions(workers, reducers) meanwhile, until every worker has called
+// release_reducers; serve_reductions returns how many all-reduces it served.
+void allreduce_reduction_server(Comm& c, const Group& g, const std::vector<int>& reducers,
+                                void* buf, size_t count, DType t, ReduceOp op);
+void release_reducers(Comm& c, const std::vector<int>& reducers);
+size_t serve_reductions(Comm& c, const Group& workers, const std::vector<int>& reducers);
 
 // reduce-scatter: in holds count elements, out receives block g.me of them, reduced
 void reduce_scatter_ring(Comm& c, const Group& g, const void* in, void* out, size_t count, DType t,
