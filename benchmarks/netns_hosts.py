@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit", help="tc tbf rate per veth end (default 1gbit)")
     ap.add_argument("--per-host", type=int, default=2, help="ranks per host (default 2)")
-    ap.add_argument("--size", nargs="+", default=["1MB", "16MB"], type=bench.parse_size)
+    ap.add_argument("--size", nargs="+", default=[1 << 20, 16 << 20], type=bench.parse_size)
     ap.add_argument("--algorithm", nargs="+",
                     default=["ring", "halving_doubling", "2d_ring", "2d_torus", "2d_mesh"])
     ap.add_argument("--streams", nargs="+", type=int, default=[1],

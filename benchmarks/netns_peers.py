@@ -22,9 +22,13 @@ back-to-back float32 sums after a barrier, several rounds, per round the slowest
 median round divided by its calls; busbw = bytes / time x 2(n-1)/n). Out: a table per size of
 latency, bus bandwidth, the peer's time over autopar's with ``--streams`` connections (above 1:
 autopar is faster), the TCP connections the implementation had open between the hosts (data;
-and control: gloo's TCPStore, Open MPI's daemon links) and the bytes that crossed the veth
-against the 2 x bytes per call a ring moves (a check that the traffic did cross it). ``--json``
-adds one object per row. Machines with few cores drift between runs: compare within a run.
+and control: gloo's TCPStore, Open MPI's daemon links); then per implementation the bytes that
+crossed the veth against the 2 x bytes per call a ring moves (a check that the traffic did cross
+it) and the TCP segments retransmitted in the two namespaces (tbf and htb drop what overflows
+their queues). ``--json`` adds one object per row. Machines with few cores drift between runs:
+compare within a run. Open MPI's ranks busy-poll by default (1 slot per host: not
+oversubscribed), which on a machine with as few cores as ranks starves the other processes;
+``--mpi-mca mpi_yield_when_idle=1`` makes them yield, as ranks on hosts of their own need not.
 
 Needs root, iproute2, and for the peers a Python with torch, numpy and mpi4py (``--peer-python``,
 default /work/peers-venv/bin/python) and Open MPI's mpirun; a peer that is missing is skipped
@@ -76,17 +80,17 @@ def worker(args) -> None:
         dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{STORE_PORT}",
                                 rank=rank, world_size=2)
         bufs = {n: torch.from_numpy(bench.buffers("all_reduce", n, 2, np.float32)[0])
-                for n in args.sizes}
+                for n in args.size}
         call = lambda n: (lambda: dist.all_reduce(bufs[n]))     # noqa: E731
         barrier = dist.barrier
     else:
         from mpi4py import MPI
         c = MPI.COMM_WORLD
         rank = c.Get_rank()
-        bufs = {n: bench.buffers("all_reduce", n, 2, np.float32)[0] for n in args.sizes}
+        bufs = {n: bench.buffers("all_reduce", n, 2, np.float32)[0] for n in args.size}
         call = lambda n: (lambda: c.Allreduce(MPI.IN_PLACE, bufs[n]))   # noqa: E731
         barrier = c.Barrier
-    first = args.sizes[0]
+    first = args.size[0]
     arr = bufs[first].numpy() if hasattr(bufs[first], "numpy") else bufs[first]
     arr[:] = 1
     call(first)()                                      # connections up, and a correct sum
@@ -101,7 +105,7 @@ def worker(args) -> None:
             raise SystemExit(f"{args.worker} rank {rank}: no go from the caller")
         time.sleep(0.02)
     barrier()
-    out = {n: bench.timing(call(n), barrier, n) for n in args.sizes}
+    out = {n: bench.timing(call(n), barrier, n) for n in args.size}
     with open(os.path.join(args.dir, f"result{rank}.json"), "w") as f:
         json.dump({str(n): t for n, t in out.items()}, f)
     barrier()
@@ -143,14 +147,18 @@ def connections(names, places, flow_rate, store_port=None) -> tuple[int, int]:
     return len(flows.get(0, ())) - control, control
 
 
-def veth_bytes(names) -> int:
-    """Bytes sent by both veth ends so far."""
-    total = 0
+def counters(names) -> tuple[int, int]:
+    """(bytes sent by both veth ends, TCP segments both namespaces retransmitted) so far."""
+    sent = resent = 0
     for h, ns in enumerate(names):
         got = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", f"{ns[:-2]}v{h}"],
                              capture_output=True, text=True, check=True).stdout
-        total += json.loads(got)[0]["stats64"]["tx"]["bytes"]
-    return total
+        sent += json.loads(got)[0]["stats64"]["tx"]["bytes"]
+        snmp = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"],
+                              capture_output=True, text=True, check=True).stdout
+        head, vals = [ln.split() for ln in snmp.splitlines() if ln.startswith("Tcp:")]
+        resent += int(vals[head.index("RetransSegs")])
+    return sent, resent
 
 
 def wait_ready(d, procs, logs):
@@ -194,10 +202,9 @@ def run_gloo(args, places, names, bench, d):
     procs = []
     for r, (ns, _) in sorted(places.items()):
         env = dict(os.environ, GLOO_SOCKET_IFNAME=f"{ns[:-2]}v{r}", OMP_NUM_THREADS="1")
+        cmd = peer_command(args, d, "gloo", ["--rank", str(r), "--master", places[0][1]])
         procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, *peer_command(args, d, "gloo",
-                                                      ["--rank", str(r), "--master", places[0][1]])],
-            env=env, stdout=open(logs[r], "w"), stderr=subprocess.STDOUT,
+            ["ip", "netns", "exec", ns, *cmd], env=env, stdout=open(logs[r], "w"), stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL))
     wait_ready(d, procs, logs)
     conns = connections(names, places, args.flow_rate, STORE_PORT)
@@ -222,6 +229,7 @@ def run_mpi(args, places, names, bench, d):
            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
            "--mca", "btl_tcp_if_include", "10.231.1.0/24",
            "--mca", "oob_tcp_if_include", "10.231.1.0/24",
+           *[a for kv in args.mpi_mca for a in ("--mca", *kv.split("=", 1))],
            "-x", "OMP_NUM_THREADS=1", *peer_command(args, d, "mpi")]
     procs = [subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL)]
@@ -264,6 +272,8 @@ def main(argv=None) -> int:
                     help="autopar1: one stream; autopar: --streams streams")
     ap.add_argument("--peer-python", default=PEER_PYTHON,
                     help=f"Python with torch, numpy, mpi4py (default {PEER_PYTHON})")
+    ap.add_argument("--mpi-mca", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="more Open MPI MCA settings, e.g. mpi_yield_when_idle=1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", choices=["gloo", "mpi"], help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -292,20 +302,21 @@ def main(argv=None) -> int:
         skipped["mpi"] = "no mpirun"
     label = {"autopar1": "autopar 1 stream", "autopar": f"autopar {args.streams} streams",
              "gloo": "gloo", "mpi": "open mpi"}
-    results = {}                  # impl -> ({bytes: seconds}, (data conns, control), veth bytes)
+    results = {}     # impl -> ({bytes: seconds}, (data, control conns), veth bytes, retransmits)
     for impl in args.impl:
         if impl in skipped:
             continue
         places, names = netns.make(2, rate=args.rate, per_flow=bool(args.flow_rate))
         d = tempfile.mkdtemp(prefix="netns-peers-")
         try:
-            before = veth_bytes(names)
+            before = counters(names)
             if impl.startswith("autopar"):
                 got = run_autopar(args, places, names, bench, 1 if impl == "autopar1"
                                   else args.streams)
             else:
                 got = (run_gloo if impl == "gloo" else run_mpi)(args, places, names, bench, d)
-            results[impl] = (*got, veth_bytes(names) - before)
+            after = counters(names)
+            results[impl] = (*got, after[0] - before[0], after[1] - before[1])
         except Exception as e:          # a peer that fails is reported, the others still run
             skipped[impl] = f"{type(e).__name__}: {e}"
         finally:
@@ -327,16 +338,19 @@ def main(argv=None) -> int:
                  "latency_us": round(sec * 1e6, 2),
                  "busbw_gbs": float(f"{n / sec * bench.BUS_FACTOR['all_reduce'](2) / 1e9:.4g}"),
                  "vs_autopar": round(sec / ref, 3) if ref else None,
-                 "connections": data, "control_connections": ctl}
+                 "connections": data, "control_connections": ctl,
+                 "veth_bytes_all_sizes": results[impl][2],
+                 "retransmits_all_sizes": results[impl][3]}
             rows.append(r)
             print(f"{bench.size_label(n):>6} {r['library']:>17} {r['latency_us']:>11.1f} "
                   f"{r['busbw_gbs']:>10.3f} {r['vs_autopar'] or '-':>9} {data:>5} {ctl:>3}")
     print("conns: TCP connections between the hosts carrying data; ctl: control ones (gloo's "
-          "TCPStore, Open MPI's daemons). Bytes across the veth, all sizes, against a ring's:")
-    for impl, (_, _, crossed) in results.items():
+          "TCPStore, Open MPI's daemons).\nBytes across the veth (all sizes, against a ring's) "
+          "and TCP segments retransmitted:")
+    for impl, (_, _, crossed, resent) in results.items():
         want = expected_bytes(bench, args.size, not impl.startswith("autopar"))
         print(f"  {label[impl]:>17}: {crossed / 1e6:9.1f} MB ({crossed / want:.2f} x a ring's "
-              f"{want / 1e6:.1f} MB)")
+              f"{want / 1e6:.1f} MB), {resent} retransmitted")
     for impl, why in skipped.items():
         print(f"  {label[impl]} skipped: {why}")
     if args.json:

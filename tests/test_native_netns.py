@@ -121,3 +121,37 @@ def test_four_streams_per_pair_each_carry_a_share_of_a_capped_link():
             assert len(sent) == 4 and min(sent) > 2 << 20, (h, sent, shown)
     finally:
         netns.remove(names)
+
+
+def reduce_through_servers(comm, workers, reducers, count):
+    """Workers all-reduce through the reducers, returning (result, bytes sent to each rank)."""
+    if comm.rank in reducers:
+        return comm.serve_reductions(workers, reducers)
+    x = data(comm.rank, count, "float32")
+    before = comm.bytes_sent()
+    comm.all_reduce(x, workers, "sum", "reduction_server", reducers)
+    sent = [b - a for a, b in zip(before, comm.bytes_sent())]
+    comm.release_reducers(reducers, workers)
+    return x, sent
+
+
+def test_reduction_server_across_three_hosts_on_a_bridge():
+    """Workers on hosts 0 and 1, two reducers on host 2 (three namespaces on a bridge): the
+    sum is numpy's, and each worker sent each reducer its half of the buffer once (plus a
+    request and two frames), nothing to the other worker."""
+    places, names = netns.make(3, rate="2gbit")
+    try:
+        with Job(4, hosts=[0, 1, 2, 2], inter_host="tcp", timeout=20.0, namespaces=places) as j:
+            assert j.call(link_kinds, [()] * 4)[2] == ["tcp", "tcp", "none", "shm"]
+            count = (1 << 20) + 3
+            got = j.call(reduce_through_servers, [([0, 1], [2, 3], count)] * 4)
+    finally:
+        netns.remove(names)
+    want = data(0, count, "float32") + data(1, count, "float32")
+    assert got[2] == got[3] == 1
+    for w in (0, 1):
+        x, sent = got[w]
+        assert np.array_equal(x, want)
+        halves = [(count + 1) // 2 * 4, count // 2 * 4]
+        extra = [sent[2] - halves[0], sent[3] - halves[1]]        # the request and frames
+        assert sent[1 - w] == 0 and extra[0] == extra[1] and 0 < extra[0] <= 512, sent

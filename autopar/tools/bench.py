@@ -90,9 +90,10 @@ def buffers(op: str, nbytes: int, n: int, dtype):
     return np.zeros(count, dtype), np.zeros(count, dtype)
 
 
-def one_call(comm, op, x, y, ranks, algorithm):
+def one_call(comm, op, x, y, ranks, algorithm, reducers=()):
     """The zero-argument function that runs one collective `op` on the buffers."""
-    return {"all_reduce": lambda: comm.all_reduce(x, ranks, "sum", algorithm),
+    servers = list(reducers) if algorithm == "reduction_server" else []
+    return {"all_reduce": lambda: comm.all_reduce(x, ranks, "sum", algorithm, servers),
             "all_gather": lambda: comm.all_gather(x, y, ranks),
             "reduce_scatter": lambda: comm.reduce_scatter(x, y, ranks),
             "all_to_all": lambda: comm.all_to_all(x, y, ranks),
@@ -119,41 +120,65 @@ def algorithms_of(op, algorithms, nbytes, ranks):
                               for a in algorithms))
 
 
-def measure(comm, cases, dtype):
-    """In each worker: {(op, bytes, algorithm): round seconds} for this rank."""
+def measure(comm, cases, dtype, workers=None, reducers=()):
+    """In each rank: {(op, bytes, algorithm): (round seconds, network bytes this rank sent
+    per call)} for a worker, the number of all-reduces served for a reducer. ``workers``
+    (default every rank) run the collectives; ``reducers`` serve the "reduction_server"
+    all-reduces (``comm.serve_reductions``) and nothing else."""
     if dtype == "bfloat16":
         import ml_dtypes
         dtype = ml_dtypes.bfloat16
-    ranks = list(range(comm.size))
+    ranks = list(range(comm.size)) if workers is None else list(workers)
+    reducers = list(reducers)
+    if comm.rank in reducers:
+        return sum(comm.serve_reductions(ranks, reducers) for op, _, algo in cases
+                   if algo == "reduction_server")
+    tcp = [p for p in range(comm.size) if comm.link_kind(p).startswith("tcp")]
     out = {}
     for op, nbytes, algo in cases:
-        x, y = buffers(op, nbytes, comm.size, dtype)
-        out[(op, nbytes, algo)] = timing(one_call(comm, op, x, y, ranks, algo),
-                                         lambda: comm.barrier(ranks), nbytes)
+        x, y = buffers(op, nbytes, len(ranks), dtype)
+        run = one_call(comm, op, x, y, ranks, algo, reducers)
+        before = comm.bytes_sent()
+        seconds = timing(run, lambda: comm.barrier(ranks), nbytes)
+        after = comm.bytes_sent()
+        calls, rounds = schedule(nbytes)
+        sent = sum(after[p] - before[p] for p in tcp) / (min(calls, 3) + calls * rounds)
+        if algo == "reduction_server":
+            comm.release_reducers(reducers, ranks)
+        out[(op, nbytes, algo)] = (seconds, sent)
     return out
 
 
 def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=None,
-        direct=True, inter_host="shm", namespaces=None, tcp_streams=1, prepare=None):
+        direct=True, inter_host="shm", namespaces=None, tcp_streams=1, prepare=None,
+        reducers: int = 0):
     """Measure on a fresh job of `ranks` processes; the list of result rows (dicts).
     ``direct=False`` turns single-copy reads off (``RuntimeOptions.direct``); ``hosts``,
     ``inter_host``, ``namespaces`` and ``tcp_streams`` place and join the ranks on (emulated)
-    hosts as ``Job`` does; ``prepare(job)`` runs once the job is up, before the measurement."""
+    hosts as ``Job`` does; ``prepare(job)`` runs once the job is up, before the measurement.
+    ``reducers``: that many more ranks (the last ones; ``hosts`` names theirs too) serve the
+    "reduction_server" all-reduces. A row's ``net_bytes_per_call`` is the most bytes a rank
+    sent over TCP per call (0 without TCP links)."""
     from autopar.runtime.launcher import Job
     from autopar.tools import bench as me      # the workers resolve this module by name
     cases = [(op, nbytes, algo) for op in ops for nbytes in sizes
              for algo in algorithms_of(op, algorithms, nbytes, ranks)]
-    with Job(ranks, hosts=hosts, timeout=60.0, direct=direct, inter_host=inter_host,
+    if any(a == "reduction_server" for _, _, a in cases) and not reducers:
+        raise ValueError("the reduction_server all-reduce needs reducers=1 or more")
+    workers, servers = list(range(ranks)), list(range(ranks, ranks + reducers))
+    with Job(ranks + reducers, hosts=hosts, timeout=60.0, direct=direct, inter_host=inter_host,
              namespaces=namespaces, tcp_streams=tcp_streams) as job:
         if prepare is not None:
             prepare(job)
-        per_rank = job.call(me.measure, [(cases, dtype)] * ranks)
+        per_rank = job.call(me.measure, [(cases, dtype, workers, servers)] * (ranks + reducers))
     rows = []
     for (op, nbytes, algo) in cases:
-        sec = combine([r[(op, nbytes, algo)] for r in per_rank], nbytes)
+        sec = combine([r[(op, nbytes, algo)][0] for r in per_rank[:ranks]], nbytes)
         busbw = nbytes / sec * BUS_FACTOR[op](ranks) / 1e9 if sec > 0 else 0.0
+        sent = max(r[(op, nbytes, algo)][1] for r in per_rank[:ranks])
         rows.append({"op": op, "ranks": ranks, "bytes": nbytes, "algorithm": algo, "dtype": dtype,
-                     "latency_us": round(sec * 1e6, 2), "busbw_gbs": float(f"{busbw:.4g}")})
+                     "latency_us": round(sec * 1e6, 2), "busbw_gbs": float(f"{busbw:.4g}"),
+                     "net_bytes_per_call": round(sent)})
     return rows
 
 

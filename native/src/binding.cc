@@ -407,6 +407,12 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("host", [](PyComm& c) { return c.comm().host_of(c.comm().rank()); },
                              "this rank's host id (the 2D algorithms' hierarchy)")
       .def("link_kind", &PyComm::link_kind, py::arg("peer"))
+      .def("bytes_sent", [](PyComm& c) {
+             std::vector<uint64_t> out;
+             for (int p = 0; p < c.comm().size(); ++p) out.push_back(c.comm().bytes_sent(p));
+             return out;
+           }, "per peer, the bytes this rank handed to its link to it so far (frames included; "
+              "a peer's single-copy reads of this rank's memory are not counted)")
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")
       .def_property_readonly("timeout", [](PyComm& c) { return c.comm().timeout(); },

@@ -38,7 +38,7 @@ bool alive(int pid) {
 Comm::Comm(int rank, int size, std::shared_ptr<ShmSegment> shm, std::vector<int> hosts,
            double timeout_s, bool shm_within_hosts, bool direct)
     : rank_(rank), size_(size), shm_(std::move(shm)), links_(size), hosts_(std::move(hosts)),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s), sent_(new std::atomic<uint64_t>[size_t(size > 0 ? size : 1)]()) {
   if (hosts_.empty()) hosts_.assign(size, 0);
   if (int(hosts_.size()) != size) throw std::invalid_argument("hosts must name every rank's host");
   if (shm_) {
@@ -83,13 +83,13 @@ void Comm::check(const std::vector<Xfer>& xs, double idle_s) {
   }
 }
 
-void Comm::run(std::vector<Xfer>& xs) {
+void Comm::run(std::vector<Xfer>& xs, const std::function<bool()>& step) {
   for (Xfer& x : xs)
     if (x.n && x.peer == rank_) fail("a transfer to itself");
   size_t idle = 0;
   double since = 0, checked = 0;
   for (;;) {
-    bool pending = false, moved = false;
+    bool pending = false, moved = step ? step() : false;
     for (Xfer& x : xs) {
       if (x.done == x.n) continue;
       pending = true;
@@ -101,6 +101,7 @@ void Comm::run(std::vector<Xfer>& xs) {
         if (limit > x.done) {
           size_t k = l.send_some(x.p + x.done, limit - x.done);
           x.done += k, moved |= k > 0;
+          sent_[size_t(x.peer)].fetch_add(k, std::memory_order_relaxed);
         }
       } else {
         size_t k;
@@ -174,6 +175,7 @@ bool Comm::move_frame(Xfer& x, Link& l, bool* moved) {
     }
     size_t k = l.send_some(f + x.framed, kSize - x.framed);
     x.framed += k, *moved |= k > 0;
+    sent_[size_t(x.peer)].fetch_add(k, std::memory_order_relaxed);
     return x.framed == kSize;
   }
   size_t k;

@@ -6,7 +6,9 @@
 // are still alive, and the time since the last byte moved.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +49,9 @@ class Comm {
   void set_timeout(double s) { timeout_s_ = s; }
   void set_link(int peer, std::unique_ptr<Link> link);
   std::string link_kind(int peer) const;
+  // Bytes this rank handed to its link to `peer` so far, frames included (what crosses a
+  // network for a TCP link; a peer's single-copy reads of this rank's memory are not counted).
+  uint64_t bytes_sent(int peer) const { return sent_[size_t(peer)].load(std::memory_order_relaxed); }
   // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
   bool direct() const { return shm_ && shm_->direct(rank_); }
   // Whether this rank reads and writes rank peer's memory itself (a shared-memory peer, with
@@ -110,7 +115,10 @@ class Comm {
     size_t framed = 0;
     Frame frame{};
   };
-  void run(std::vector<Xfer>& xs);
+  // Move every transfer to its end; `step`, when given, runs once per round of the progress
+  // loop (returning whether it did anything), e.g. to reduce what has arrived and raise a
+  // send's `ready`.
+  void run(std::vector<Xfer>& xs, const std::function<bool()>& step = nullptr);
   // Raise CollectiveError for this rank and operation, and flag the job so peers fail fast.
   [[noreturn]] void fail(const std::string& cause);
 
@@ -126,6 +134,7 @@ class Comm {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<int> hosts_;
   double timeout_s_;
+  std::unique_ptr<std::atomic<uint64_t>[]> sent_;
   static Call& call_() {
     thread_local Call call;
     return call;

@@ -7,8 +7,9 @@
 // signature, element count, dtype and reduction), under a call identity of its own, so a
 // reducer learns the call from its workers and checks they agree; then the data messages carry
 // the workers' all_reduce identity, as every collective's do. A reducer receives its shard
-// from every worker, reduces them in worker order (the same sum on every run) and sends the
-// sum back to each. A "stop" request from every worker ends the reducer's service.
+// from every worker and, piece by piece as every worker's piece arrives, reduces them in
+// worker order (the same sum on every run) and sends the sums back to each, so receiving,
+// reducing and answering overlap. A "stop" request from every worker ends the reducer's service.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -23,6 +24,7 @@ namespace {
 constexpr uint64_t kServe = 0x6170726564756365ull;   // "apreduce"
 constexpr uint64_t kStop = 0x6170726564737470ull;    // "apredstp"
 constexpr uint64_t kRequestSignature = 0x52535f7265717565ull;
+constexpr size_t kPiece = 64 << 10;    // bytes a reducer reduces and sends back at a time
 
 struct Request {
   uint64_t kind = 0;           // kServe or kStop
@@ -119,17 +121,28 @@ size_t serve_reductions(Comm& c, const Group& workers, const std::vector<int>& r
     size_t n = b.len[size_t(me)], bytes = n * es;
     c.set_call({"all_reduce(reduction_server, " + std::to_string(r.count) + " elements)",
                 r.count * es, r.signature});
+    // receive every worker's shard, reduce each piece once all have it (in worker order, into
+    // worker 0's copy) and send the sums back as they are made: one pipelined pass
     std::vector<Comm::Xfer> xs;
+    xs.reserve(2 * k);                   // the sends read `reduced`, the step the receives
     for (size_t w = 0; w < k; ++w) {
       shards[w].resize((bytes + 7) / 8);
       xs.push_back({false, from[w], reinterpret_cast<char*>(shards[w].data()), bytes});
     }
-    c.run(xs);
     char* sum = reinterpret_cast<char*>(shards[0].data());
-    for (size_t w = 1; w < k; ++w) reduce_into(sum, shards[w].data(), n, t, op);
-    xs.clear();
-    for (size_t w = 0; w < k; ++w) xs.push_back({true, from[w], sum, bytes});
-    c.run(xs);
+    size_t reduced = 0;
+    for (size_t w = 0; w < k; ++w) xs.push_back({true, from[w], sum, bytes, nullptr, &reduced, es});
+    c.run(xs, [&]() {
+      size_t have = bytes;
+      for (size_t w = 0; w < k; ++w) have = std::min(have, xs[w].done);
+      have -= have % es;
+      if (have <= reduced || (have < bytes && have - reduced < kPiece)) return false;
+      for (size_t w = 1; w < k; ++w)
+        reduce_into(sum + reduced, reinterpret_cast<char*>(shards[w].data()) + reduced,
+                    (have - reduced) / es, t, op);
+      reduced = have;
+      return true;
+    });
     ++served;
   }
 }
