@@ -43,13 +43,16 @@ class Topology:
     results out (the caller's arrays placed on the devices and fetched back). ``flops`` is the
     rate of a matmul of ``LARGE_DOT`` FLOPs or more, ``small_dot_flops`` (0: the same) that of
     one of ``SMALL_DOT`` or fewer; ``matmul_rate`` interpolates between them (small matmuls run
-    below the peak rate)."""
+    below the peak rate). ``reducers``: CPU-only reducer processes, each on a host of its
+    own with a NIC like the outermost level's, that an all-reduce over every device may go
+    through (the native runtime's Reduction Server; 0: none)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
     step_overhead: float = 0.0    # seconds per call of the step
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
     small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
+    reducers: int = 0             # Reduction Server processes (hosts of their own)
 
     def __post_init__(self):
         if not self.levels:
@@ -62,6 +65,10 @@ class Topology:
                 and self.host_beta >= 0 and self.small_dot_flops >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
                               "host_beta, small_dot_flops >= 0.")
+        if isinstance(self.reducers, bool) or not isinstance(self.reducers, int) or \
+                not 0 <= self.reducers <= 64:
+            raise ConfigError(f"Topology reducers={self.reducers!r}: give 0 to 64 reducer "
+                              "processes (the Reduction Server all-reduce's).")
 
     def matmul_rate(self, flops: float) -> float:
         """FLOP/s of one matmul of ``flops`` FLOPs on a device: ``small_dot_flops`` up to
@@ -92,7 +99,9 @@ class Topology:
         if n != k:
             raise ConfigError(f"{k} devices per pipeline stage do not fill whole inner levels of "
                               f"{self}; choose pipeline_stages so that they do.")
-        return replace(self, levels=tuple(lv for lv in levels if lv.size > 1) or (levels[-1],))
+        # a stage reduces over its own devices only: the reducers serve whole-mesh groups
+        return replace(self, levels=tuple(lv for lv in levels if lv.size > 1) or (levels[-1],),
+                       reducers=0)
 
     @staticmethod
     def local(n: int) -> "Topology":
@@ -114,10 +123,17 @@ class Topology:
     def preset(name: str, devices: int) -> "Topology":
         """A named topology for ``devices`` devices: ``local`` (this host), ``cluster:HxG`` (H
         hosts of G GPUs; ``cluster`` alone: 8 per host), or a topology file (``save``,
-        ``autopar calibrate``), whose one level is stretched to ``devices`` if it has one."""
+        ``autopar calibrate``), whose one level is stretched to ``devices`` if it has one; a
+        ``+rN`` suffix adds N Reduction Server processes (``cluster:4x1+r4``)."""
         import os
         if name == "local":
             return Topology.local(devices)
+        base, plus, servers = name.partition("+r")
+        if plus:
+            if not servers.isdigit():
+                raise ConfigError(f"topology {name!r}: write +rN for N reducer processes "
+                                  "(e.g. cluster:4x1+r4).")
+            return replace(Topology.preset(base, devices), reducers=int(servers))
         if name.startswith("cluster"):
             _, _, shape = name.partition(":")
             try:
@@ -145,7 +161,8 @@ class Topology:
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
                 "host_beta": self.host_beta, "small_dot_flops": self.small_dot_flops,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
-                            "launch": lv.launch} for lv in self.levels]}
+                            "launch": lv.launch} for lv in self.levels],
+                **({"reducers": self.reducers} if self.reducers else {})}
 
     def save(self, path) -> None:
         import json
@@ -168,10 +185,12 @@ class Topology:
         try:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
-                            d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0))
+                            d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0),
+                            d.get("reducers", 0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None
 
     def __str__(self) -> str:
-        return "Topology(" + " x ".join(str(lv) for lv in self.levels) + ")"
+        servers = f" + {self.reducers} reducers" if self.reducers else ""
+        return "Topology(" + " x ".join(str(lv) for lv in self.levels) + servers + ")"

@@ -177,7 +177,7 @@ class Planner:
             return 0.0, "local"
         n, alpha, beta, inner, launch = self._group(axes)
         seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
-                                        self._shared(axes))
+                                        self._shared(axes), self._reducers(n))
         return seconds + launch, algo
 
     def all_reduce_prices(self, axes) -> tuple:
@@ -188,9 +188,14 @@ class Planner:
         if n <= 1:
             return ()
         shared = self._shared(axes)
-        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma, shared)
-        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma, shared)
+        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma, shared, self._reducers(n))
+        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma, shared, self._reducers(n))
         return tuple((a, t0[a], t1[a] - t0[a]) for a in ALL_REDUCE if a in t0)
+
+    def _reducers(self, n: int) -> int:
+        """The topology's Reduction Server processes, for a group of ``n`` ranks: they serve
+        groups of every device of the mesh only (one group of workers per reducer)."""
+        return self.mesh.topology.reducers if n == self.mesh.size else 0
 
     def _shared(self, axes) -> bool:
         """Whether the group over ``axes`` lies inside one host (its ranks share memory)."""

@@ -19,7 +19,10 @@ Collectives run on a background thread; all-reduces are fused into buckets of up
 (``Collective.prices``, set by the lowering: the worker plans nothing) make cheapest for its size.
 
 All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
-and each runs under its own name.
+and each runs under its own name. A program whose all-reduces may take "reduction_server" (its
+topology has ``reducers``) gets that many more ranks after the devices' (hosts of their own):
+they compute nothing and serve the step's Reduction Server all-reduces until the devices'
+ranks release them at the step's end.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from autopar.errors import AutoparError, CollectiveError
+from autopar.errors import AutoparError, CollectiveError, ConfigError
 from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, checked_table
 
@@ -48,7 +51,7 @@ from . import wire
 def _check_algorithm(name: str) -> None:
     """Raise unless ``name`` is a native all-reduce algorithm (checked once per program)."""
     from autopar import _native
-    known = _native.ALLREDUCE_ALGORITHMS
+    known = set(_native.ALLREDUCE_ALGORITHMS) | {"reduction_server"}
     if name not in known:
         raise CollectiveError(f"the plan asks for all-reduce algorithm {name!r}, which the native "
                               f"runtime does not have (it has {sorted(known)}); re-plan with this "
@@ -123,6 +126,7 @@ class WorkerState:
     steps: list = field(default_factory=list)
     frees: list = field(default_factory=list)
     stage: Any = None                         # native_pipeline: the loaded StagePayload
+    reducers: list = field(default_factory=list)   # the job's Reduction Server ranks
     stats: dict = field(default_factory=_fresh_stats)
     thread: Optional[ThreadPoolExecutor] = None
 
@@ -169,7 +173,8 @@ class WorkerRunner:
     """A job of worker processes with a program loaded in every rank, restarted on the next
     call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout``, ``options`` (a
     ``RuntimeOptions``; its ``direct`` goes to the job) and ``_loads()`` -> (worker function,
-    per-rank arguments)."""
+    per-rank arguments), and may set ``reducers`` (Reduction Server ranks after the mesh's)."""
+    reducers = 0
 
     def _start(self):
         """A new job with the program loaded (first use, and after a failed or closed one).
@@ -181,7 +186,14 @@ class WorkerRunner:
 
         from .launcher import Job
         places = dict(enumerate(self.options.hosts)) or None
-        self.job = Job(self.mesh.size, hosts=host_ids(self.mesh.topology), timeout=self.timeout,
+        hosts = host_ids(self.mesh.topology)
+        hosts += [hosts[-1] + 1 + j for j in range(self.reducers)]   # a host per reducer
+        if places and len(places) != hosts[-1] + 1:
+            raise ConfigError(
+                f"RuntimeOptions.hosts names {len(places)} hosts; this program runs on "
+                f"{hosts[-1] + 1 - self.reducers} hosts" + (f" and {self.reducers} reducer "
+                f"hosts after them" if self.reducers else "") + ": name one per host.")
+        self.job = Job(len(hosts), hosts=hosts, timeout=self.timeout,
                        direct=self.options.direct, inter_host="tcp" if places else "shm",
                        namespaces=places, tcp_streams=self.options.tcp_streams)
         users = jax.config.jax_compilation_cache_dir
@@ -230,10 +242,14 @@ class NativeRunner(WorkerRunner):
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
             outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
             options=self.options)
+        served = any(a == "reduction_server" for ins in instructions
+                     if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
+                     for a in (ins.algorithm, *(price[0] for price in ins.prices)))
+        self.reducers = program.mesh.topology.reducers if served else 0
         self._start()
 
     def _loads(self):
-        return load, [(self._payload,)] * self.mesh.size
+        return load, [(self._payload,)] * (self.mesh.size + self.reducers)
 
     def __call__(self, flat_args):
         mesh, p = self.program.mesh, self.program
@@ -243,7 +259,8 @@ class NativeRunner(WorkerRunner):
             coords = mesh.coords(r)
             per_rank.append(([contiguous(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
                               for x, l in zip(flat_args, p.in_layouts)],))
-        ranks = self._call(run, per_rank)
+        per_rank += [([],)] * self.reducers
+        ranks = self._call(run, per_rank)[:mesh.size]
         out, k = [], 0
         for o, l in zip(p.outputs, p.out_layouts):
             if isinstance(o, Const):
@@ -290,10 +307,14 @@ def compile_shared(comm, segments, ranks, cache):
 
 
 def load(comm, payload, cache=None):
-    """Compile the program's segments (a job runs one program), shared across the ranks."""
+    """Compile the program's segments (a job runs one program), shared across the ranks of
+    the mesh; a Reduction Server rank (after them) only keeps the payload."""
+    devices = list(range(payload.mesh.size))
+    WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
+    if comm.rank not in devices:
+        return True
     compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions
-                                          if isinstance(ins, tuple)],
-                                   list(range(comm.size)), cache))
+                                          if isinstance(ins, tuple)], devices, cache))
     steps = [("segment", next(compiled), ins[2], ins[3])
              if isinstance(ins, tuple) else ins for ins in payload.instructions]
     WORKER.payload, WORKER.steps = payload, steps
@@ -391,6 +412,10 @@ def execute(st, get, comms) -> list:
 
 def run(comm, blocks):
     p, stats = WORKER.payload, WORKER.stats
+    workers = list(range(p.mesh.size))
+    if comm.rank not in workers:           # a reducer: serve the step's Reduction Servers
+        stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
+        return None
     meter = PeakMeter()
     regs = dict(zip(p.inputs, blocks))
     comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap)
@@ -410,6 +435,8 @@ def run(comm, blocks):
         results = [get(o) for o in p.outputs if not isinstance(o, Const)]
     finally:
         comms.close()
+    if WORKER.reducers:
+        comm.release_reducers(WORKER.reducers, workers)
     stats["input_bytes"] = [b.nbytes for b in blocks]
     meter.stop(sum(stats["input_bytes"]))
     stats["all_reduce_calls"] += len(comms.buckets)
@@ -520,7 +547,8 @@ def _partial_zero(comm, st, x, ranks, me):
 
 
 def _all_reduce(comm, st, x, ranks, me):
-    comm.all_reduce(x, ranks, st.op, st.algorithm)   # in place: the scheduler hands it
+    servers = WORKER.reducers if st.algorithm == "reduction_server" else []
+    comm.all_reduce(x, ranks, st.op, st.algorithm, servers)   # in place: the scheduler hands it
     return x                                          # a fresh buffer
 
 

@@ -40,9 +40,15 @@ outer level only if p/2^j >= L. n ranks, B input bytes per rank:
 | reduce_scatter | ring             | (n-1)a + (n-1)/n B b                                         |
 | all_to_all     | pairwise         | (n-1)a + (n-1)/n B b                                         |
 | broadcast      | chain            | (n-1)a + B b  (pipelined)                                    |
+| all_reduce     | reduction_server | 2a + max(L, n/R) B b  (R reducer processes on hosts of their |
+|                |                  | own, NICs like the outer level's: a worker sends its buffer  |
+|                |                  | once and receives the sums once, its host's NIC carrying its |
+|                |                  | L ranks' and a reducer's n/R shards of B/R, both ways at once,|
+|                |                  | pipelined; each reducer reduces (n-1)/R of B)                |
 | send / recv    | direct           | a + B b                                                      |
 
-The 2D rows (a_i, b_i: inner level; a_o, b_o: outer) are offered only with ``inner``.
+The 2D rows (a_i, b_i: inner level; a_o, b_o: outer) are offered only with ``inner``;
+reduction_server only where the topology has reducers and the group spans every device.
 Reductions add R B gamma (gamma: seconds per reduced byte; the planner uses 1 / memory bandwidth),
 R being the buffers each rank reduces: direct, ring, reduce_scatter (n-1)/n; halving_doubling
 (p-1)/p + e; recursive_doubling k + e; tree f D / 2; 2d_torus and 2d_mesh (L-1)/L + (H-1)/(HL);
@@ -57,21 +63,23 @@ direct``) it is ahead from 16 KB at 2 ranks and from between 64 KB and 1 MB at 3
 """
 from __future__ import annotations
 
-# the native all-reduces (``_native.ALLREDUCE_ALGORITHMS``), in the order that breaks price ties
+# the native all-reduces (``_native.ALLREDUCE_ALGORITHMS`` and the Reduction Server's), in the
+# order that breaks price ties
 ALL_REDUCE = ("ring", "halving_doubling", "recursive_doubling", "tree", "direct", "2d_torus",
-              "2d_mesh", "2d_ring")
+              "2d_mesh", "2d_ring", "reduction_server")
 
 
 def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                    gamma: float = 0.0, shared: bool = False):
+                    gamma: float = 0.0, shared: bool = False, reducers: int = 0):
     """``(seconds, algorithm)`` of the cheapest algorithm for ``kind`` (see the module table);
     ``inner = (L, alpha_in, beta_in)`` adds the 2D all-reduces for a group of n/L hosts of L;
     ``gamma``: seconds per byte a rank reduces (the table's bandwidth terms plus ``R B gamma``);
-    ``shared``: the ranks share one host's memory (adds the direct all-reduce)."""
+    ``shared``: the ranks share one host's memory (adds the direct all-reduce); ``reducers``:
+    Reduction Server processes the group may reduce through (adds reduction_server)."""
     if n <= 1 or kind == "slice":
         return 0.0, "local"
     if kind == "all_reduce":
-        times = all_reduce_times(nbytes, n, alpha, beta, inner, gamma, shared)
+        times = all_reduce_times(nbytes, n, alpha, beta, inner, gamma, shared, reducers)
         best = min(times, key=lambda a: (times[a], ALL_REDUCE.index(a)))
         return times[best], best
     B = float(nbytes)
@@ -89,10 +97,10 @@ def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, i
 
 
 def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                     gamma: float = 0.0, shared: bool = False) -> dict:
+                     gamma: float = 0.0, shared: bool = False, reducers: int = 0) -> dict:
     """Seconds of every native all-reduce (name -> seconds) over ``n >= 2`` ranks, as in the
     module table; the 2D ones only when ``inner = (L, alpha_in, beta_in)`` has 1 < L < n, L | n,
-    direct only when ``shared``."""
+    direct only when ``shared``, reduction_server only with ``reducers`` and not ``shared``."""
     B = float(nbytes)
     L, ai, bi = inner if inner else (1, alpha, beta)
     two = 1 < L < n and n % L == 0
@@ -123,4 +131,8 @@ def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
         out["2d_ring"] = (3 * (L - 1) * ai + (3 * L - 2) / L * B * bi
                           + 2 * (H - 1) * alpha + 2 * (H - 1) / H * B * beta
                           + ((L - 1) / L + (H - 1) / H) * G)
+    if reducers and not shared:
+        R, Lh = reducers, (L if two else 1)
+        out["reduction_server"] = (2 * alpha + max(Lh, n / R) * B * beta
+                                   + (n - 1) / R * G)
     return out

@@ -8,6 +8,7 @@ from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
 from autopar.redistribution.planner import Planner, Step
 from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
+from autopar.errors import ConfigError
 from autopar.topology import Topology
 
 F32 = np.float32
@@ -31,7 +32,7 @@ def test_cost_uses_each_axis_topology_level():
 
 def test_all_reduce_algorithms_are_the_native_ones():
     from autopar import _native
-    assert set(ALL_REDUCE) == set(_native.ALLREDUCE_ALGORITHMS)
+    assert set(ALL_REDUCE) == set(_native.ALLREDUCE_ALGORITHMS) | {"reduction_server"}
     seen = set()
     for n in range(2, 17):
         for hosts in [h for h in range(1, n + 1) if n % h == 0]:
@@ -116,3 +117,25 @@ def test_all_reduce_prices_pick_what_step_time_picks_at_every_size(axes):
     for nbytes in [0, 1, 100, 4096, 65536, 1 << 20, 1 << 24, 1 << 28]:
         cheapest = min(prices, key=lambda p: p[1] + p[2] * nbytes)[0]
         assert cheapest == planner.step_time("all_reduce", axes, nbytes)[1], nbytes
+
+
+def test_reduction_server_is_offered_for_whole_mesh_groups_when_the_topology_has_reducers():
+    """A worker of a Reduction Server sends its buffer once (the ring 2(n-1)/n times): with
+    reducers enough that theirs NICs keep up it wins over hosts; a group inside one host, a
+    group of part of the mesh, or a topology without reducers never gets it."""
+    def pick(preset, shape, axes, nbytes):
+        mesh = LogicalMesh.create(shape, topology=Topology.preset(preset, 4))
+        return Planner(mesh).step_time("all_reduce", axes, nbytes)[1]
+    assert pick("cluster:4x1+r4", (4,), "x", 16 << 20) == "reduction_server"
+    assert pick("cluster:4x1", (4,), "x", 16 << 20) == "halving_doubling"
+    assert pick("cluster:4x1+r2", (4,), "x", 16 << 20) == "halving_doubling"   # 2 B through each
+    assert pick("cluster:2x2+r4", (4,), "x", 16 << 20) == "2d_torus"    # two ranks per NIC
+    assert pick("cluster:4x1+r4", (2, 2), "x", 16 << 20) != "reduction_server"   # part of it
+    t = Topology.preset("cluster:4x1+r4", 4)
+    assert t.reducers == 4 and "+ 4 reducers" in str(t)
+    assert Topology.from_dict(t.to_dict()) == t
+    assert t.inner(2).reducers == 0                       # a pipeline stage reduces alone
+    with pytest.raises(ConfigError, match=r"\+rN"):
+        Topology.preset("cluster:4x1+rx", 4)
+    with pytest.raises(ConfigError, match="0 to 64 reducer"):
+        Topology(t.levels, reducers=-1)

@@ -46,6 +46,29 @@ def test_gpt_block_on_four_ranks():
     c.close()
 
 
+def test_data_parallel_over_four_hosts_reduces_through_the_topologys_reducers():
+    """cluster:4x1+r4: the planner sends the gradients through the Reduction Server; the job
+    gets four more ranks (hosts of their own) that serve every bucket of every step."""
+    from autopar.runtime.native_backend import stats
+    p, b = m.gpt_params(), m.gpt_batch(batch=8)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="native",
+                            topology=ap.Topology.preset("cluster:4x1+r4", 4), progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert {x.algorithm for x in c.collectives()} == {"reduction_server"}
+    try:
+        want = m.gpt_sgd_step(p, b)
+        assert_same(c(p, b), want)
+        assert_same(c(p, b), want)
+        assert c._runner.job.nranks == 8
+        workers = c.on_workers(stats)
+        assert len(workers) == 4 and {a for s in workers for _, _, a in s["buckets"]} == \
+            {"reduction_server"}
+        served = [s["all_reduce_calls"] for s in c._runner.job.call(stats, [()] * 8)[4:]]
+        assert served == [2 * len(workers[0]["buckets"])] * 4       # every bucket, both steps
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("bad", [0, -1, "soon"])
 def test_collective_timeout_must_be_positive(bad):
     with pytest.raises(ap.ConfigError, match="collective_timeout"):

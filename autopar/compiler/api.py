@@ -88,7 +88,8 @@ class Compiled:
                                  self.config.backend is Backend.NATIVE else
                                  f" (backend={self.config.backend.value!r}, "
                                  f"{self.program.mesh.size} device(s))."))
-        return self._runner.job.call(fn, [()] * self.program.mesh.size)
+        job = self._runner.job                  # Reduction Server ranks, if any, come last
+        return job.call(fn, [()] * job.nranks)[:self.program.mesh.size]
 
     @property
     def timings(self) -> dict:
