@@ -132,7 +132,10 @@ def _plan(args) -> int:
     print(f"planned in {time.monotonic() - start:.1f} s: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in strategy.phase_seconds))
     strategy.save(args.output, format=args.format)
-    print(f"saved {args.output} ({args.format})")
+    as_json = args.output.endswith(".json")
+    kind = args.format or ("autopar" if as_json else "mindspore")
+    print(f"saved {args.output} (" + ("autopar JSON" if kind == "autopar" else
+                                      "MindSpore " + ("JSON" if as_json else "protobuf")) + ")")
     return 0
 
 
@@ -301,8 +304,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="enable the parallel optimizer at this level")
     p.add_argument("-o", "--output", default="strategy.json", help="strategy file to write "
                                                                     "(default strategy.json)")
-    p.add_argument("--format", default="autopar", choices=["autopar", "mindspore"],
-                   help="autopar JSON (default; loadable) or MindSpore's strategy JSON")
+    p.add_argument("--format", choices=["autopar", "mindspore"],
+                   help="autopar's JSON (loadable) or MindSpore's strategy checkpoint (JSON "
+                        "for a .json name, else protobuf); default by the name: .json autopar's, "
+                        "any other (e.g. strategy.ckpt) MindSpore's protobuf")
     p.set_defaults(run=_plan)
 
     p = sub.add_parser("show", help="print a saved strategy as a table",

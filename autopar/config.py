@@ -375,7 +375,9 @@ class ParallelConfig:
                                               # one per batch leaf; None: split in data_parallel
                                               # mode, chosen by the search or propagation otherwise
     strategy_ckpt_load_file: Optional[str] = None   # compile reuses the strategy saved there
-    strategy_ckpt_save_file: Optional[str] = None   # compile saves its strategy there (autopar JSON)
+    # compile saves its strategy there: autopar's JSON for a *.json name (loadable), else
+    # MindSpore's protobuf strategy checkpoint
+    strategy_ckpt_save_file: Optional[str] = None
 
     def __post_init__(self):
         """Every field validated and normalised (names to enums, "25MB" to bytes, defaults

@@ -251,12 +251,26 @@ class Strategy:
 
     @staticmethod
     def load(path) -> "Strategy":
+        """The strategy autopar saved at ``path`` (its JSON). A MindSpore strategy checkpoint
+        (protobuf or JSON) holds no traced operators to plan with: LayoutError says so
+        (``mindspore_ckpt.read`` gives its contents)."""
         try:
-            with open(path) as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
             raise LayoutError(f"cannot read the strategy file {path}: "
-                              f"{getattr(e, 'strerror', None) or e}.") from None
+                              f"{e.strerror or e}.") from None
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is None or not text.lstrip().startswith("{"):
+            from .mindspore_ckpt import loads
+            loads(data, str(path))          # raises when it is not MindSpore's either
+            raise LayoutError(f"{path} is MindSpore's protobuf strategy checkpoint: it holds "
+                              "split tuples and parameter layouts, not the traced operators "
+                              "autopar plans with; read it with autopar.strategies."
+                              "mindspore_ckpt.read, or load a strategy autopar saved as JSON.")
         return Strategy.from_json(text)
 
     # ------------------------------------------------------------------ MindSpore JSON
@@ -282,12 +296,41 @@ class Strategy:
                                   **_opt_shard(i, on)}
         return {"current_stage": 0, "parallel_strategy_item": ops, "parallel_layout_item": params}
 
-    def save(self, path, format: str = "autopar") -> None:
-        if format not in ("autopar", "mindspore"):
-            raise LayoutError(f"format={format!r}: choose 'autopar' or 'mindspore'.")
-        text = self.to_json() if format == "autopar" else json.dumps(self.to_mindspore(), indent=1)
-        with open(path, "w") as f:
-            f.write(text)
+    def save(self, path, format: str | None = None) -> None:
+        """Write the strategy to ``path``. ``format``: "autopar" (autopar's JSON, which
+        ``Strategy.load`` reads back exactly), "mindspore" (MindSpore's strategy checkpoint:
+        its JSON when the name ends in ``.json``, which cannot hold a dimension split over
+        several mesh axes and refuses one, else its protobuf, which can), or None: autopar's
+        JSON for a ``.json`` name and MindSpore's protobuf for any other (as MindSpore decides
+        by the name)."""
+        if format not in (None, "autopar", "mindspore"):
+            raise LayoutError(f"format={format!r}: choose 'autopar' or 'mindspore' (or leave "
+                              "it out: chosen by the file name).")
+        as_json = str(path).endswith(".json")
+        if format == "autopar" or (format is None and as_json):
+            data = self.to_json().encode()
+        elif as_json:
+            data = json.dumps(self._mindspore_json(path), indent=1).encode()
+        else:
+            from .mindspore_ckpt import dumps
+            data = dumps(self.to_mindspore())
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def _mindspore_json(self, path) -> dict:
+        """``to_mindspore``, refusing what MindSpore's JSON reader cannot take."""
+        d = self.to_mindspore()
+        for name, p in d["parallel_layout_item"].items():
+            nested = [i for i, t in enumerate(p["tensor_map"]) if isinstance(t, list)]
+            if nested:
+                layout = next(str(i.layout) for i in self.inputs if i.name == name)
+                raise LayoutError(
+                    f"{path}: parameter {name}'s layout {layout} splits dimension {nested[0]} "
+                    "over several mesh axes, which MindSpore's JSON strategy file cannot hold "
+                    "(its reader takes one axis per dimension); save it under a name not "
+                    "ending in .json (e.g. strategy.ckpt) for MindSpore's protobuf checkpoint, "
+                    "which holds it.")
+        return d
 
 
 def format_bytes(n: int) -> str:

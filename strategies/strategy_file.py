@@ -114,7 +114,8 @@ def read(text: str):
                           "autopar wrote.") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise LayoutError("not an autopar strategy file (no \"format\": \"autopar-strategy\"); "
-                          "MindSpore checkpoints are written by autopar but not read back.")
+                          "a MindSpore strategy file holds no traced operators to plan with: "
+                          "read it with autopar.strategies.mindspore_ckpt.read.")
     mesh = _field(d, "mesh", "mesh", lambda v, label: v)
     shape = _field(mesh, "shape", "mesh", _shape)
     names = _field(mesh, "axis_names", "mesh", _list(_str))

@@ -1,0 +1,141 @@
+"""MindSpore's strategy checkpoint files, as autopar writes and reads them.
+
+The protobuf bytes are checked with a reader written here from MindSpore's node_strategy.proto
+(field numbers and wire types, nothing shared with the writer), field by field: what
+MindSpore's own reader would see. Planning only (no devices run).
+"""
+import json
+
+import pytest
+
+import autopar as ap
+import models as m
+from autopar.errors import LayoutError
+from autopar.strategies import mindspore_ckpt as mc
+
+
+def fields(data: bytes) -> list:
+    """Protobuf wire format -> [(field number, value)]: varints as ints, length-delimited as
+    bytes (proto2 repeated scalars are unpacked: one entry per element)."""
+    out, i = [], 0
+    while i < len(data):
+        key, i = varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = varint(data, i)
+        elif wire == 2:
+            n, i = varint(data, i)
+            value, i = data[i:i + n], i + n
+        else:
+            raise AssertionError(f"wire type {wire} is not in MindSpore's messages")
+        out.append((number, value))
+    return out
+
+
+def varint(data, i):
+    shift = value = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+def signed(v):                     # int32 -1 is written as a 10-byte two's complement varint
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def layouts(data: bytes) -> dict:
+    """ParallelStrategyMap bytes -> {param: (dev_matrix, [tensor maps], field, step, size)}."""
+    out = {}
+    for number, item in fields(data):
+        if number != 3:                                   # parallel_layout_item
+            continue
+        name, lay = [v for _, v in fields(item)]
+        f = fields(lay)
+        dev = [[v for _, v in fields(x)] for n, x in f if n == 1]
+        maps = [[signed(v) for _, v in fields(x)] for n, x in f if n == 2]
+        scalars = {n: v for n, v in f if n in (5, 6, 7)}
+        assert [n for n, _ in f if n in (3, 4)] == [3, 4]  # one empty split shape and offset
+        out[name.decode()] = (dev, maps, scalars[5], scalars[6], scalars[7])
+    return out
+
+
+def semi_auto_plan(w1):
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
+    return ap.plan(m.mlp_sgd_step, p, b, config=cfg,
+                   in_strategy=({"w1": w1, "b1": None, "w2": (4, 1), "b2": None}, None))
+
+
+def test_a_ckpt_name_writes_mindspores_protobuf_field_by_field(tmp_path):
+    s = semi_auto_plan(ap.Layout.parse("[_,(x,y)]"))        # w1's columns over both axes
+    s.save(tmp_path / "strategy.ckpt")
+    data = (tmp_path / "strategy.ckpt").read_bytes()
+    top = fields(data)
+    assert top[0] == (1, 0)                                  # current_stage
+    ops = [fields(v) for n, v in top if n == 2]              # parallel_strategy_item
+    assert len(ops) == len(s.ops)
+    dot = next(f for f in ops if f[0][1].startswith(b"dot_general"))
+    stage, *strategies = fields(dot[1][1])                   # parallel_strategys
+    assert stage == (1, 0) and all(n == 2 for n, _ in strategies)
+    assert [[v for _, v in fields(x)] for _, x in strategies] == [[1, 1], [1, 8]]
+    got = layouts(data)
+    # one dimension over two axes: one TensorMap per dimension, the axes counted from the last
+    assert got["w1"] == ([[2, 4]], [[-1], [1, 0]], 0, 0, 0)
+    # a 1-D tensor so split gets an empty second TensorMap; plain layouts one TensorMap
+    assert got["b1"] == ([[2, 4]], [[1, 0], []], 0, 0, 0)
+    assert got["w2"] == ([[2, 4]], [[0, -1]], 0, 0, 0)
+    assert got["b2"] == ([[2, 4]], [[-1]], 0, 0, 0)
+    # and read back as to_mindspore gives it, less the shapes protobuf does not hold
+    want = s.to_mindspore()
+    for p in want["parallel_layout_item"].values():
+        del p["tensor_shape"]
+    assert mc.read(tmp_path / "strategy.ckpt") == want
+
+
+def test_mindspore_json_refuses_what_it_cannot_hold_and_writes_the_rest(tmp_path):
+    # b1 follows w1's columns: [(x,y)] (the first parameter in name order)
+    with pytest.raises(LayoutError, match=r"b1's layout \[\(x,y\)\] splits dimension 0 over "
+                                          r"several mesh axes.*strategy\.ckpt"):
+        semi_auto_plan(ap.Layout.parse("[_,(x,y)]")).save(tmp_path / "s.json", format="mindspore")
+    assert not (tmp_path / "s.json").exists()
+    semi_auto_plan((1, 4)).save(tmp_path / "s.json", format="mindspore")
+    d = json.loads((tmp_path / "s.json").read_text())
+    assert d["parallel_layout_item"]["w1"]["tensor_map"] == [-1, 0]
+    assert mc.read(tmp_path / "s.json") == d
+
+
+def test_the_file_name_picks_the_format_and_load_says_what_a_mindspore_file_is(tmp_path):
+    s = semi_auto_plan((1, 4))
+    s.save(tmp_path / "s.json")                               # autopar's own: loads back
+    assert ap.Strategy.load(tmp_path / "s.json").to_json() == s.to_json()
+    s.save(tmp_path / "plan")                                # no .json: MindSpore's protobuf
+    assert mc.read(tmp_path / "plan")["parallel_layout_item"]["w1"]["tensor_map"] == [-1, 0]
+    with pytest.raises(LayoutError, match="MindSpore's protobuf strategy checkpoint"):
+        ap.Strategy.load(tmp_path / "plan")
+    s.save(tmp_path / "m.json", format="mindspore")
+    with pytest.raises(LayoutError, match="mindspore_ckpt.read"):
+        ap.Strategy.load(tmp_path / "m.json")
+    (tmp_path / "junk").write_bytes(b"\xff\xfe not protobuf")
+    with pytest.raises(LayoutError, match="not a MindSpore strategy checkpoint"):
+        ap.Strategy.load(tmp_path / "junk")
+    with pytest.raises(LayoutError, match="format='yaml'"):
+        s.save(tmp_path / "s.yaml", format="yaml")
+
+
+def test_protobuf_round_trip_of_every_tensor_map_form():
+    d = {"current_stage": 1, "parallel_strategy_item": {
+            "MatMul-op0": {"stage": 1, "parallel_strategy": [[2, 1], [1, 4]]}},
+         "parallel_layout_item": {
+            "scalar": {"dev_matrix": [8], "tensor_map": [], "field": 0,
+                       "opt_weight_shard_step": 0, "opt_weight_shard_size": 0},
+            "plain": {"dev_matrix": [2, 4], "tensor_map": [1, -1], "field": 0,
+                      "opt_weight_shard_step": 1, "opt_weight_shard_size": 2},
+            "one_dim_nested": {"dev_matrix": [2, 4], "tensor_map": [[1, 0]], "field": 0,
+                               "opt_weight_shard_step": 0, "opt_weight_shard_size": 0},
+            "nested": {"dev_matrix": [2, 2, 2], "tensor_map": [[2, 0], -1, 1], "field": 0,
+                       "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}}}
+    assert mc.loads(mc.dumps(d)) == d
