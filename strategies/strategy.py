@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -274,27 +275,34 @@ class Strategy:
         return Strategy.from_json(text)
 
     # ------------------------------------------------------------------ MindSpore JSON
-    def to_mindspore(self) -> dict:
+    def to_mindspore(self, stage: int | None = None) -> dict:
+        """MindSpore's strategy checkpoint as a dict (``mindspore_ckpt``'s form): of the whole
+        strategy (every operator; each parameter on the mesh of the stage of its first
+        reader), or of pipeline stage ``stage``: what that stage's devices write in MindSpore
+        (its operators, every parameter they read, ``current_stage`` = ``stage``), the files
+        ``merge_pipeline_strategys`` puts together."""
         mesh = LogicalMesh.create(self.mesh_shape, self.axis_names)
         meshes = {st.index: LogicalMesh.create(st.mesh_shape, st.axis_names)
                   for st in self.stages if st.mesh_shape}
+        mine = [o for o in self.ops if stage is None or o.stage == stage]
         ops = {o.name: {"stage": o.stage, "parallel_strategy": [
                    list(l.to_strategy(meshes.get(o.stage, mesh))) for l in o.in_layouts]}
-               for o in self.ops}
-        read_in = {}                      # argument -> the stage of its first reader
-        for o in self.ops:
+               for o in mine}
+        read_in = {}                      # argument -> the stage of its first reader (here)
+        for o in mine:
             for name in o.operands:
                 read_in.setdefault(name, o.stage)
         params = {}
         for i in self.inputs:
-            if i.is_param:
+            if i.is_param and (stage is None or i.name in read_in):
                 on = meshes.get(read_in.get(i.name), mesh)
                 dm, tmap = i.layout.to_tensor_map(on)
                 params[i.name] = {"dev_matrix": list(dm),
                                   "tensor_map": [list(t) if isinstance(t, tuple) else t for t in tmap],
                                   "tensor_shape": list(i.shape), "field": 0,
                                   **_opt_shard(i, on)}
-        return {"current_stage": 0, "parallel_strategy_item": ops, "parallel_layout_item": params}
+        return {"current_stage": stage or 0, "parallel_strategy_item": ops,
+                "parallel_layout_item": params}
 
     def save(self, path, format: str | None = None) -> None:
         """Write the strategy to ``path``. ``format``: "autopar" (autopar's JSON, which
@@ -302,24 +310,37 @@ class Strategy:
         its JSON when the name ends in ``.json``, which cannot hold a dimension split over
         several mesh axes and refuses one, else its protobuf, which can), or None: autopar's
         JSON for a ``.json`` name and MindSpore's protobuf for any other (as MindSpore decides
-        by the name)."""
+        by the name). A pipeline in MindSpore's format is what MindSpore's stages write: one
+        file per stage, ``path`` being the folder made for them (``stage0.ckpt``, ... or
+        ``.json`` when ``path`` ends in ``.json``), which ``merge_pipeline_strategys`` takes
+        whole."""
         if format not in (None, "autopar", "mindspore"):
             raise LayoutError(f"format={format!r}: choose 'autopar' or 'mindspore' (or leave "
                               "it out: chosen by the file name).")
         as_json = str(path).endswith(".json")
         if format == "autopar" or (format is None and as_json):
-            data = self.to_json().encode()
-        elif as_json:
-            data = json.dumps(self._mindspore_json(path), indent=1).encode()
+            files = {path: self.to_json().encode()}
         else:
             from .mindspore_ckpt import dumps
-            data = dumps(self.to_mindspore())
-        with open(path, "wb") as f:
-            f.write(data)
+            encode = ((lambda d: json.dumps(self._mindspore_json(path, d), indent=1).encode())
+                      if as_json else dumps)
+            if not self.stages:
+                files = {path: encode(self.to_mindspore())}
+            else:
+                try:
+                    os.makedirs(path, exist_ok=True)
+                except OSError as e:
+                    raise LayoutError(f"cannot make the folder {path} for the pipeline's stage "
+                                      f"files: {e.strerror or e}.") from None
+                files = {os.path.join(path, f"stage{st.index}" + (".json" if as_json else
+                                                                  ".ckpt")):
+                         encode(self.to_mindspore(st.index)) for st in self.stages}
+        for name, data in files.items():
+            with open(name, "wb") as f:
+                f.write(data)
 
-    def _mindspore_json(self, path) -> dict:
-        """``to_mindspore``, refusing what MindSpore's JSON reader cannot take."""
-        d = self.to_mindspore()
+    def _mindspore_json(self, path, d: dict) -> dict:
+        """``d`` (from ``to_mindspore``), refusing what MindSpore's JSON reader cannot take."""
         for name, p in d["parallel_layout_item"].items():
             nested = [i for i, t in enumerate(p["tensor_map"]) if isinstance(t, list)]
             if nested:

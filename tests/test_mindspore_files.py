@@ -139,3 +139,27 @@ def test_protobuf_round_trip_of_every_tensor_map_form():
             "nested": {"dev_matrix": [2, 2, 2], "tensor_map": [[2, 0], -1, 1], "field": 0,
                        "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}}}
     assert mc.loads(mc.dumps(d)) == d
+
+
+def test_a_pipeline_writes_one_file_per_stage_as_mindspores_stages_do(tmp_path):
+    """MindSpore's stages each save their own file and merge_pipeline_strategys joins a folder
+    of them: every parameter is in the file of each stage that reads it (the tied embedding
+    in both), every operator in its stage's, current_stage numbering the stages."""
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, pipeline_stages=2,
+                            micro_batches=2)
+    s = ap.plan(m.gpt_pipeline_step, p, b, config=cfg)
+    s.save(tmp_path / "pp.ckpt")
+    files = sorted((tmp_path / "pp.ckpt").iterdir())
+    assert [f.name for f in files] == ["stage0.ckpt", "stage1.ckpt"]
+    got = [mc.read(f) for f in files]
+    assert [g["current_stage"] for g in got] == [0, 1]
+    params = [set(g["parallel_layout_item"]) for g in got]
+    assert params[0] | params[1] == {i.name for i in s.inputs if i.is_param}
+    assert params[0] & params[1] == {"wte"}                      # embedding and tied head
+    for k, g in enumerate(got):
+        assert set(g["parallel_strategy_item"]) == {o.name for o in s.ops if o.stage == k}
+        assert {v["stage"] for v in g["parallel_strategy_item"].values()} == {k}
+    s.save(tmp_path / "pp.json", format="mindspore")             # the same in MindSpore's JSON
+    assert sorted(f.name for f in (tmp_path / "pp.json").iterdir()) == ["stage0.json",
+                                                                       "stage1.json"]
