@@ -1,7 +1,7 @@
 """autopar: an auto-parallel compiler for JAX training steps."""
-from .errors import (AutoparError, CollectiveError, ConfigError, InfeasibleError, LayoutError,
-                     NativeArgumentError, PipelineError, RedistributionError, RuleError,
-                     WorkerError)
+from .errors import (AutoparError, AutoparWarning, CollectiveError, ConfigError, InfeasibleError,
+                     LayoutError, NativeArgumentError, PipelineError, RedistributionError,
+                     RuleError, WorkerError)
 from .layout import Layout
 from .mesh import LogicalMesh
 from .topology import Level, Topology

@@ -10,6 +10,10 @@ class AutoparError(Exception):
     """Root of every error autopar raises on purpose."""
 
 
+class AutoparWarning(UserWarning):
+    """Something autopar accepted but does not do (e.g. a MindSpore context key it ignores)."""
+
+
 class ConfigError(AutoparError, ValueError):
     """A ParallelConfig field or context key has an invalid value."""
 

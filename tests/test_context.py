@@ -1,5 +1,8 @@
 """MindSpore's auto-parallel context API: set/get/reset, the bare decorator, strategy files and
 dataset_strategy, on fake CPU devices."""
+import re
+import warnings
+
 import jax
 import numpy as np
 import pytest
@@ -34,10 +37,12 @@ def test_set_get_reset_in_mindspore_form():
     get = ap.get_auto_parallel_context
     assert get("parallel_mode") == "auto_parallel" and get("device_num") == 8
     assert get("search_mode") == "dynamic_programming" and get("max_device_memory") == 2 << 30
-    assert get("parallel_optimizer_config") == {"optimizer_level": "level2",
-                                                "parallel_optimizer_threshold": 64}
-    assert get("pipeline_config") == {"pipeline_scheduler": "gpipe"}
-    assert get("strategy_ckpt_config") == {"load_file": None, "save_file": "/tmp/s.json"}
+    assert get("parallel_optimizer_config") == {
+        "optimizer_level": "level2", "parallel_optimizer_threshold": 64,
+        "gradient_accumulation_shard": False, "optimizer_weight_shard_size": -1}
+    assert get("pipeline_config") == {"pipeline_scheduler": "gpipe", "pipeline_interleave": False}
+    assert get("strategy_ckpt_config") == {"load_file": "", "save_file": "/tmp/s.json",
+                                           "only_trainable_params": True}
     assert get("dataset_strategy") == "full_batch" and get("enable_parallel_optimizer") is True
     cfg = ap.context_config()
     assert cfg.mesh_shape == (8,) and cfg.optimizer_level is ap.OptimizerLevel.LEVEL2
@@ -48,14 +53,87 @@ def test_set_get_reset_in_mindspore_form():
     assert get("parallel_mode") == "stand_alone" and get("max_device_memory") is None
 
 
+# MindSpore 2.10's set_auto_parallel_context keys (its docstring's Args)
+MINDSPORE_KEYS = (
+    "device_num", "global_rank", "gradients_mean", "gradient_fp32_sync", "loss_repeated_mean",
+    "parallel_mode", "search_mode", "auto_parallel_search_mode", "parameter_broadcast",
+    "strategy_ckpt_load_file", "strategy_ckpt_save_file", "full_batch", "dataset_strategy",
+    "enable_parallel_optimizer", "force_fp32_communication", "enable_alltoall",
+    "all_reduce_fusion_config", "pipeline_stages", "pipeline_result_broadcast",
+    "pipeline_config", "parallel_optimizer_config", "comm_fusion", "strategy_ckpt_config",
+    "group_ckpt_save_file", "auto_pipeline", "dump_local_norm", "dump_local_norm_path",
+    "dump_device_local_norm")
+
+
+def test_every_mindspore_key_is_accepted_with_its_default():
+    get = ap.get_auto_parallel_context
+    defaults = {k: get(k) for k in MINDSPORE_KEYS}
+    assert defaults["global_rank"] == 0 and defaults["gradient_fp32_sync"] is True
+    assert defaults["full_batch"] is False and defaults["enable_alltoall"] is False
+    assert defaults["strategy_ckpt_load_file"] == "" and defaults["all_reduce_fusion_config"] == []
+    assert defaults["comm_fusion"]["openstate"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                         # MindSpore's defaults never warn
+        ap.set_auto_parallel_context(**{k: v for k, v in defaults.items()
+                                        if k not in ("search_mode", "auto_parallel_search_mode",
+                                                     "dataset_strategy")})
+    assert {k: get(k) for k in MINDSPORE_KEYS if k != "dataset_strategy"} == {
+        k: v for k, v in defaults.items() if k != "dataset_strategy"}
+    assert get("dataset_strategy") == "data_parallel"            # what full_batch=False means
+
+
+
+def test_mindspore_keys_autopar_honours_become_config_fields():
+    ap.set_auto_parallel_context(
+        parallel_mode="auto_parallel", device_num=4, full_batch=True,
+        auto_parallel_search_mode="dynamic_programming", strategy_ckpt_save_file="/tmp/a.ckpt",
+        comm_fusion={"allreduce": {"mode": "size", "config": 32}},
+        parallel_optimizer_config={"gradient_accumulation_shard": True})
+    cfg = ap.context_config()
+    assert cfg.dataset_strategy == "full_batch" and cfg.search_mode is ap.SearchMode.DYNAMIC_PROGRAMMING
+    assert cfg.strategy_ckpt_save_file == "/tmp/a.ckpt" and cfg.allreduce_fusion_bytes == 32 << 20
+    assert cfg.optimizer_level is ap.OptimizerLevel.LEVEL2
+    assert ap.get_auto_parallel_context("strategy_ckpt_config")["save_file"] == "/tmp/a.ckpt"
+    ap.set_auto_parallel_context(comm_fusion={"openstate": False}, auto_pipeline=True)
+    cfg = ap.context_config()
+    assert cfg.allreduce_fusion_bytes == 0 and cfg.pipeline_stages == "auto"
+    ap.set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "auto", "config": None}})
+    assert ap.context_config().allreduce_fusion_bytes == 64 << 20      # MindSpore's auto
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"global_rank": 3}, "global_rank=3: in MindSpore, this process's rank; autopar ignores "
+                         "it: autopar takes each process's rank from its launcher"),
+    ({"enable_alltoall": True}, None),                       # autopar does: no warning
+    ({"force_fp32_communication": True}, "in its own dtype"),
+    ({"pipeline_config": {"pipeline_interleave": True}}, "schedulers are gpipe and 1f1b"),
+    ({"grad_accumulation_step": 4}, "inside a pipeline only"),
+    ({"comm_fusion": {"allgather": {"mode": "size", "config": 8}}}, "fuses all-reduces only"),
+    ({"dump_local_norm": True}, "not built"),
+])
+def test_mindspore_keys_autopar_does_not_do_warn_what_they_mean(kw, says):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ap.set_auto_parallel_context(**kw)
+    got = [str(w.message) for w in caught if issubclass(w.category, ap.AutoparWarning)]
+    assert (len(got) == 1 and re.search(says, got[0])) if says else not got, got
+    key = next(iter(kw))
+    assert ap.get_auto_parallel_context(key) == (kw[key] if key not in (
+        "pipeline_config", "comm_fusion") else ap.get_auto_parallel_context(key))
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"parallel_mod": "auto_parallel"}, "valid keys: .*parallel_mode"),
     ({"parallel_mode": "auto"}, "'semi_auto_parallel', 'auto_parallel'"),
     ({"search_mode": "greedy"}, "'recursive_programming', 'ilp'"),
     ({"parallel_optimizer_config": {"optimizer_level": "level4"}}, "'level1', 'level2'"),
-    ({"parallel_optimizer_config": {"gradient_accumulation_shard": True}},
+    ({"parallel_optimizer_config": {"shard_everything": True}},
      "valid keys: optimizer_level, parallel_optimizer_threshold"),
     ({"strategy_ckpt_config": "a.json"}, "takes a dict with keys load_file, save_file"),
+    ({"full_batch": "yes"}, "full_batch takes True or False"),
+    ({"comm_fusion": {"allreduce": {"mode": "index", "config": [2, 5]}}}, "fuses all-reduces "
+     "by size"),
+    ({"comm_fusion": {"allreduce": {"mode": "size", "config": 0}}}, "threshold in MB above 0"),
     ({"device_num": 0}, "integer >= 1"),
     ({"max_device_memory": "lots"}, "write e.g. 16GB"),
     ({"dataset_strategy": "half_batch"}, "'data_parallel', 'full_batch'"),
