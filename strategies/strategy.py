@@ -265,13 +265,19 @@ class Strategy:
             text = data.decode()
         except UnicodeDecodeError:
             text = None
-        if text is None or not text.lstrip().startswith("{"):
+        if not str(path).endswith(".json") and not (text or "").lstrip().startswith(("{", "[")):
             from .mindspore_ckpt import loads
-            loads(data, str(path))          # raises when it is not MindSpore's either
-            raise LayoutError(f"{path} is MindSpore's protobuf strategy checkpoint: it holds "
-                              "split tuples and parameter layouts, not the traced operators "
-                              "autopar plans with; read it with autopar.strategies."
-                              "mindspore_ckpt.read, or load a strategy autopar saved as JSON.")
+            try:
+                loads(data, str(path))
+            except LayoutError:
+                if text is None:            # neither JSON text nor MindSpore's protobuf
+                    raise
+            else:
+                raise LayoutError(f"{path} is MindSpore's protobuf strategy checkpoint: it "
+                                  "holds split tuples and parameter layouts, not the traced "
+                                  "operators autopar plans with; read it with autopar."
+                                  "strategies.mindspore_ckpt.read, or load a strategy autopar "
+                                  "saved as JSON.")
         return Strategy.from_json(text)
 
     # ------------------------------------------------------------------ MindSpore JSON
