@@ -28,8 +28,8 @@ def main():
     same = [a.out_layouts for a in loaded.strategy.ops] == [a.out_layouts for a in searched.strategy.ops]
     print(f"the loaded layouts are the searched ones: {same}")
     gpt.check_same(loaded(params, data), gpt.sgd_step(params, data), "the loaded strategy")
-    ap.Strategy.load(path).save(path.replace(".json", "_mindspore.json"), format="mindspore")
-    print(f"also written in MindSpore's strategy format: {path.replace('.json', '_mindspore.json')}")
+    ap.Strategy.load(path).save(path.replace(".json", ".ckpt"))   # MindSpore protobuf
+    print(f"also written as MindSpore's strategy checkpoint: {path.replace('.json', '.ckpt')}")
     ap.reset_auto_parallel_context()
     assert same
 

@@ -49,7 +49,11 @@ def test_launch_prefixes_output_and_the_first_failure_stops_the_others(tmp_path)
         import os, sys, time
         rank = int(os.environ["AUTOPAR_PROCESS_ID"])
         print("hello from", rank, "of", os.environ["AUTOPAR_NUM_PROCESSES"], flush=True)
-        if rank == 1:
+        open(f"said{rank}", "w").close()
+        if rank == 1:      # fail once the others have spoken (a loaded machine starts them late)
+            end = time.monotonic() + 20
+            while not (os.path.exists("said0") and os.path.exists("said2")) and time.monotonic() < end:
+                time.sleep(0.05)
             print("failing", file=sys.stderr, flush=True)
             sys.exit(3)
         time.sleep(120)

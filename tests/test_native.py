@@ -299,7 +299,8 @@ def test_bench_prints_one_json_measurement_per_op_size_and_algorithm():
     assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                        "broadcast"}
     for r in rows:
-        assert set(r) == {"op", "ranks", "bytes", "algorithm", "dtype", "latency_us", "busbw_gbs"}
+        assert set(r) == {"op", "ranks", "bytes", "algorithm", "dtype", "latency_us", "busbw_gbs",
+                          "net_bytes_per_call"}
         assert r["ranks"] == 3 and r["bytes"] in (4096, 1000) and r["dtype"] == "float32"
         assert r["latency_us"] > 0 and r["busbw_gbs"] > 0
 
