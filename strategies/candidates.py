@@ -127,6 +127,22 @@ def _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh):
     return Candidate(key, partial, gi, ins, outs)
 
 
+def candidate_for(node, spec: OpSpec, layout: Layout, mesh: LogicalMesh) -> Candidate | None:
+    """The candidate of ``node`` whose every output is in ``layout``, with no partial sums,
+    keeping ``layout``'s axis order within a dimension (which enumeration, mesh order only,
+    may not produce), or None where the operator cannot produce it."""
+    assign = {}
+    for dims in spec.outputs:
+        if len(dims) != len(layout.dims):
+            return None
+        for letter, axes in zip(dims, layout.dims):
+            if axes and (not letter or assign.setdefault(letter, list(axes)) != list(axes)):
+                return None
+    cand = _build(spec, assign, frozenset(), -1, [x.shape for x in node.inputs],
+                  [v.shape for v in node.outputs], mesh)
+    return cand if cand is not None and all(l == layout for l in cand.out_layouts) else None
+
+
 def identity_candidate(layout: Layout) -> Candidate:
     """The one candidate of an identity operator (``ap.shard``) held in ``layout``: any axis
     order, which enumeration (mesh order only) may not produce."""

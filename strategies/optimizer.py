@@ -13,8 +13,12 @@ The update region: walking back from each state output through elementwise nodes
 outputs have the state's shape (``p - lr * g``, momentum, Adam's moments and their bias-
 corrected ratio), stopping at anything else (the gradient's matmul, scalar schedules) and
 dropping nodes read outside the region. Each connected group of region nodes belongs to one
-parameter shape; its layout ``T`` adds the parameter's free axes (mesh axes of size > 1 it is
-not split over) to the first dimension they divide. Then, per group:
+parameter shape; its layout ``T`` splits dimension 0 of the parameter's
+tensor-parallel slice over the parameter's free axes (mesh axes of size > 1 it is not split
+over, in mesh order, inside its own axes of that dimension): MindSpore's rule, so its strategy
+files say exactly how (``mindspore_fields``). Where they do not divide dimension 0, autopar
+takes the first other dimension they divide, unless MindSpore output is asked for
+(``dim0_only``). Then, per group:
 
 | level        | update, optimizer state | gradient into the update | parameter in / out      |
 |--------------|-------------------------|--------------------------|-------------------------|
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from autopar.graph import Value
 from autopar.layout import Layout
 
-from .candidates import enumerate_candidates
+from .candidates import candidate_for, enumerate_candidates
 from .rules import rule_for
 from .rules.elementwise import RULES as ELEMENTWISE
 from .rules.primitives import primitives
@@ -98,26 +102,46 @@ def update_region(graph, state_pairs) -> list[set]:
     return groups
 
 
-def _shard_layout(base: Layout, shape, mesh) -> Layout | None:
+def _shard_layout(base: Layout, shape, mesh, dim0_only: bool = False) -> Layout | None:
+    """MindSpore's rule: the free axes (mesh order) split dimension 0 of the tensor-parallel
+    slice further, inside its own axes. Where they do not divide dimension 0, autopar (not
+    MindSpore, nor ``dim0_only``) takes the first other dimension they divide."""
     free = tuple(a for a, s in zip(mesh.axis_names, mesh.shape)
                  if s > 1 and a not in base.axes and a not in base.partial)
     k = math.prod(mesh.axis_size(a) for a in free)
-    if k == 1:
+    if k == 1 or not shape:
         return None
-    for d, (size, split) in enumerate(zip(shape, base.splits(mesh))):
-        if (size // split) % k == 0:
+    splits = base.splits(mesh)
+    for d in [0] if dim0_only else range(len(shape)):
+        if (shape[d] // splits[d]) % k == 0:
             dims = list(base.dims)
-            dims[d] = tuple(sorted(dims[d] + free, key=mesh.axis_names.index))
+            dims[d] = dims[d] + free
             return Layout(tuple(dims))
     return None
 
 
-def _candidate(node, layout: Layout, mesh):
-    """The node's candidate whose outputs all have ``layout``, with no partial sums."""
-    for c in enumerate_candidates(node, rule_for(node).spec(node), mesh):
-        if not c.partial and all(l == layout for l in c.out_layouts):
-            return c
-    return None
+def mindspore_fields(layout: Layout, update: Layout | None, mesh) -> dict | None:
+    """MindSpore's ``opt_weight_shard_step``/``_size`` of a parameter stored in ``layout``
+    whose update runs in ``update`` on ``mesh`` (one stage's): 0, 0 when the update is not
+    sharded further; None when MindSpore cannot say how it is (its optimizer shard splits
+    only dimension 0 of the tensor-parallel slice, inside its axes, over the innermost of the
+    axes the layout leaves free). The ranks holding one slice, ascending (row-major over the
+    mesh), are R; ``size`` consecutive ones share an update; ``step`` is
+    (R[-1] - R[0]) / (|R| - 1), as MindSpore's C++ writes it."""
+    if update is None or update == layout:
+        return {"opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    free = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1 and a not in layout.axes]
+    head = layout.dims[0] if layout.dims else ()
+    extra = update.dims[0][len(head):] if update.dims else ()
+    if (update.partial or layout.partial or update.dims[1:] != layout.dims[1:]
+            or update.dims[0][:len(head)] != head or not extra
+            or list(extra) != free[len(free) - len(extra):]):
+        return None
+    stride = {a: math.prod(mesh.shape[mesh.axis_names.index(a) + 1:]) for a in free}
+    span = sum((mesh.axis_size(a) - 1) * stride[a] for a in free)
+    n = math.prod(mesh.axis_size(a) for a in free)
+    return {"opt_weight_shard_step": span // (n - 1),
+            "opt_weight_shard_size": math.prod(mesh.axis_size(a) for a in extra)}
 
 
 _PASS = primitives("transpose", "reshape", "convert_element_type", "copy", "squeeze", "neg")
@@ -154,9 +178,11 @@ def _push_partial(graph, choice, value, region, mesh):
 
 
 def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: str,
-                 threshold: int) -> ShardedUpdate:
+                 threshold: int, dim0_only: bool = False, only=None) -> ShardedUpdate:
     """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
-    bytes, ``level`` one of "level1", "level2", "level3"."""
+    bytes, ``level`` one of "level1", "level2", "level3"; ``dim0_only``: MindSpore's rule
+    alone (a parameter whose dimension 0 the free axes do not divide keeps its replicated
+    update); ``only``: the parameter input positions to shard (None: all)."""
     choice, in_layouts = dict(choice), list(in_layouts)
     updates = {}
     pair_of = {graph.inputs[i].id: (i, j) for i, j in state_pairs}
@@ -170,14 +196,17 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
             continue
         p_in = params[0][0]
         shape = graph.inputs[p_in].shape
-        if graph.inputs[p_in].nbytes < threshold:
+        if graph.inputs[p_in].nbytes < threshold or (only is not None and p_in not in only):
             continue
-        t = _shard_layout(in_layouts[p_in], shape, mesh)
-        picked = {n.id: _candidate(n, t, mesh) for n in nodes} if t else {}
+        t = _shard_layout(in_layouts[p_in], shape, mesh, dim0_only)
+        if t is None and only is not None:       # re-planned: MindSpore leaves it replicated
+            t = in_layouts[p_in]
+        picked = {n.id: candidate_for(n, rule_for(n).spec(n), t, mesh) for n in nodes} if t else {}
         if not t or not all(picked.values()):
             continue
         choice.update(picked)
-        updates[p_in] = t
+        if t != in_layouts[p_in]:
+            updates[p_in] = t
         made = {v.id for n in nodes for v in n.outputs}
         for vid, x in read.items():
             if vid not in made and vid not in pair_of:
@@ -206,3 +235,25 @@ def sharded_updates(graph, choice, in_layouts, state_pairs, is_param) -> dict:
         if made not in read and all(len(made.axes) > len(l.axes) for l in read):
             out[i] = made
     return out
+
+
+def optimizer_updates(graph, choice, in_layouts, state_pairs, is_param, mesh, config,
+                      searched: bool) -> ShardedUpdate:
+    """The parallel optimizer's updates under ``config`` (a ParallelConfig): those a search
+    chose (``searched``: auto_parallel) or ``shard_update``'s. When the plan is to be saved as
+    a MindSpore strategy file (``strategy_ckpt_save_file`` not ending in .json), every update
+    follows MindSpore's rule, re-planned where a search chose another."""
+    for_mindspore = not str(config.strategy_ckpt_save_file or ".json").endswith(".json")
+    if not searched:
+        return shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh,
+                            config.optimizer_level.value,
+                            config.parallel_optimizer_threshold * 1024, dim0_only=for_mindspore)
+    updates = sharded_updates(graph, choice, in_layouts, state_pairs, is_param)
+    redo = {i for i, u in updates.items()
+            if for_mindspore and mindspore_fields(in_layouts[i], u, mesh) is None}
+    if not redo:
+        return ShardedUpdate(choice, tuple(in_layouts), updates)
+    su = shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh,
+                      config.optimizer_level.value, 0, dim0_only=True, only=redo)
+    return ShardedUpdate(su.choice, su.in_layouts,
+                         {i: u for i, u in updates.items() if i not in redo} | su.updates)

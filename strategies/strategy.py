@@ -10,7 +10,6 @@ split-count list per operator input, ``parallel_layout_item`` with ``dev_matrix`
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -19,6 +18,8 @@ from autopar.errors import LayoutError
 from autopar.graph import type_str
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
+
+from .optimizer import mindspore_fields
 
 FORMAT = "autopar-strategy"
 VERSION = 1
@@ -379,12 +380,15 @@ def short_source(source: str) -> str:
 
 
 def _opt_shard(i: InputStrategy, mesh) -> dict:
-    """MindSpore's optimizer-shard fields of a parameter: how many devices split its update
-    beyond its own layout, and the rank stride between them (0, 0: not sharded)."""
-    axes = [a for a in mesh.axis_names if i.update is not None and a in i.update.axes
-            and a not in i.layout.axes]
-    if not axes:
-        return {"opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
-    stride = lambda a: math.prod(mesh.shape[mesh.axis_names.index(a) + 1:])
-    return {"opt_weight_shard_step": min(stride(a) for a in axes),
-            "opt_weight_shard_size": math.prod(mesh.axis_size(a) for a in axes)}
+    """MindSpore's optimizer-shard fields of parameter ``i`` on ``mesh`` (its stage's), or a
+    LayoutError where MindSpore's rule cannot describe how autopar shards its update."""
+    fields = mindspore_fields(i.layout, i.update, mesh)
+    if fields is None:
+        raise LayoutError(
+            f"parameter {i.name}'s update runs in {i.update} (stored in {i.layout}): MindSpore's "
+            "optimizer shard splits only dimension 0 of the tensor-parallel slice, inside its "
+            "axes, over the innermost free mesh axes, so its opt_weight_shard fields cannot say "
+            "how. Plan with strategy_ckpt_save_file (or strategy_ckpt_config's save_file) set to "
+            "the MindSpore file's name, and autopar shards updates as MindSpore does; or save in "
+            "autopar's JSON (a .json name).")
+    return fields

@@ -12,6 +12,7 @@ import autopar as ap
 import models as m
 from autopar.errors import LayoutError
 from autopar.strategies import mindspore_ckpt as mc
+from test_api import assert_same
 
 
 def fields(data: bytes) -> list:
@@ -163,3 +164,106 @@ def test_a_pipeline_writes_one_file_per_stage_as_mindspores_stages_do(tmp_path):
     s.save(tmp_path / "pp.json", format="mindspore")             # the same in MindSpore's JSON
     assert sorted(f.name for f in (tmp_path / "pp.json").iterdir()) == ["stage0.json",
                                                                        "stage1.json"]
+
+
+# ---------------------------------------------------------------- parallel optimizer fields
+def ms_rank_slices(item: dict, shape, nranks: int) -> list:
+    """MindSpore's reading of one parameter's fields, written from its documented rule and
+    nothing of autopar's: ranks row-major over ``dev_matrix``; a dimension's tensor map names
+    device dims counted from the last (the first named most significant); the ranks holding one
+    tensor-parallel slice, ascending, are R, and ``opt_weight_shard_step`` is
+    (R[-1] - R[0]) / (|R| - 1); ``size`` consecutive ones of R split dimension 0 of that slice
+    into ``size`` parts, the j-th holding part j. -> per rank, [start, stop) per dimension."""
+    dm = item["dev_matrix"]
+    def coords(r):
+        out = []
+        for s in reversed(dm):
+            out.append(r % s)
+            r //= s
+        return out[::-1]
+    def tp_box(r):
+        c, box = coords(r), []
+        for n, t in zip(shape, item["tensor_map"]):
+            idx, k = 0, 1
+            for dim in ([] if t == -1 else t if isinstance(t, list) else [t]):
+                pos = len(dm) - 1 - dim
+                idx, k = idx * dm[pos] + c[pos], k * dm[pos]
+            box.append([idx * n // k, (idx + 1) * n // k])
+        return box
+    boxes = [tp_box(r) for r in range(nranks)]
+    step, size = item["opt_weight_shard_step"], item["opt_weight_shard_size"]
+    if size == 0:
+        return boxes
+    out = []
+    for r in range(nranks):
+        group = [q for q in range(nranks) if boxes[q] == boxes[r]]
+        assert step == (group[-1] - group[0]) // (len(group) - 1)
+        j = group.index(r) % size
+        (a, b), *rest = boxes[r]
+        out.append([[a + j * (b - a) // size, a + (j + 1) * (b - a) // size], *rest])
+    return out
+
+
+def autopar_update_slices(s, name):
+    from autopar.mesh import LogicalMesh
+    mesh = LogicalMesh.create(s.mesh_shape, s.axis_names)
+    i = next(i for i in s.inputs if i.name == name)
+    return [[[sl.start or 0, n if sl.stop is None else sl.stop]
+             for sl, n in zip((i.update or i.layout).block(tuple(i.shape), mesh.coords(r), mesh),
+                              i.shape)] for r in range(mesh.size)]
+
+
+@pytest.mark.parametrize("w1", [(1, 4), (4, 1), (1, 1)])
+def test_optimizer_shard_fields_mean_what_mindspore_means(tmp_path, w1):
+    """Megatron-style layouts on a 2x4 mesh with the parallel optimizer: each parameter's
+    update (what each rank stores of it and its optimizer state) is the slice MindSpore's rule
+    gives the fields written: dimension 0 of the tensor-parallel slice, split inside it."""
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4),
+                            enable_parallel_optimizer=True, parallel_optimizer_threshold=0)
+    s = ap.plan(m.mlp_sgd_step, p, b, config=cfg,
+                in_strategy=({"w1": w1, "b1": None, "w2": (4, 1), "b2": None}, None))
+    s.save(tmp_path / "s.ckpt")
+    items = mc.read(tmp_path / "s.ckpt")["parallel_layout_item"]
+    shapes = {i.name: i.shape for i in s.inputs}
+    assert {n for n, i in items.items() if i["opt_weight_shard_size"]} == set(items)
+    for name, item in items.items():
+        assert ms_rank_slices(item, shapes[name], 8) == autopar_update_slices(s, name), name
+    if w1 == (1, 4):          # w1 [_,y]: x splits rows (ranks 0 and 4 share a column block)
+        assert (items["w1"]["opt_weight_shard_step"], items["w1"]["opt_weight_shard_size"]) \
+            == (4, 2)
+    assert (items["b2"]["opt_weight_shard_step"], items["b2"]["opt_weight_shard_size"]) == (1, 8)
+
+
+def narrow_step(params, x):
+    """A parameter whose dimension 0 (6) no 4-way split divides."""
+    import jax
+    import jax.numpy as jnp
+    g = jax.grad(lambda p: jnp.mean((x @ p["w"].T) ** 2))(params)
+    return jax.tree.map(lambda a, d: a - 0.1 * d, params, g)
+
+
+def test_an_update_mindspore_cannot_describe_is_refused_or_replanned(tmp_path):
+    import jax.numpy as jnp
+    p, x = {"w": jnp.ones((6, 64), jnp.float32)}, jnp.ones((8, 64), jnp.float32)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax",
+                            enable_parallel_optimizer=True, parallel_optimizer_threshold=0)
+    s = ap.plan(narrow_step, p, x, config=cfg)
+    assert s.inputs[0].update == ap.Layout.parse("[_,x]")   # autopar's own: dimension 1
+    s.save(tmp_path / "own.json")
+    with pytest.raises(LayoutError, match=r"w's update runs in \[_,x\].*dimension 0.*"
+                                          r"strategy_ckpt_save_file"):
+        s.save(tmp_path / "s.ckpt")
+    # asked for MindSpore's file, compile keeps MindSpore's rule (w's update replicated) ...
+    ms = ap.compile(narrow_step, p, x, config=cfg.replace(
+        strategy_ckpt_save_file=str(tmp_path / "ms.ckpt")))
+    assert ms.strategy.inputs[0].update is None
+    assert_same(ms(p, x), narrow_step(p, x))
+    item = mc.read(tmp_path / "ms.ckpt")["parallel_layout_item"]["w"]
+    assert (item["opt_weight_shard_step"], item["opt_weight_shard_size"]) == (0, 0)
+    # ... also re-planning an update a search (here: a loaded plan in auto_parallel) chose
+    again = ap.compile(narrow_step, p, x, config=cfg.replace(
+        parallel_mode="auto_parallel", strategy_ckpt_load_file=str(tmp_path / "own.json"),
+        strategy_ckpt_save_file=str(tmp_path / "again.ckpt")))
+    assert again.strategy.inputs[0].update is None and (tmp_path / "again.ckpt").exists()
+    assert_same(again(p, x), narrow_step(p, x))

@@ -28,7 +28,7 @@ from ..strategies.build import StatePricing
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
 from ..strategies.candidates import candidates_of
-from ..strategies.optimizer import shard_update, sharded_updates
+from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.strategy import InputStrategy, Strategy
@@ -315,12 +315,9 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
                                    reshard_cost(planner), cands)
     updates = {}
     is_param = [p for _, p in req.names]
-    if config.enable_parallel_optimizer and mode is ParallelMode.AUTO_PARALLEL:
-        updates = sharded_updates(graph, assignment.choice, assignment.inputs, pairs, is_param)
-    elif config.enable_parallel_optimizer and mesh.size > 1:
-        su = shard_update(graph, assignment.choice, assignment.inputs, pairs,
-                          is_param, mesh, config.optimizer_level.value,
-                          config.parallel_optimizer_threshold * 1024)
+    if config.enable_parallel_optimizer and mesh.size > 1:
+        su = optimizer_updates(graph, assignment.choice, assignment.inputs, pairs, is_param,
+                               mesh, config, searched=mode is ParallelMode.AUTO_PARALLEL)
         assignment = Assignment(su.choice, su.in_layouts, assignment.cost, assignment.held)
         updates = su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,

@@ -4,7 +4,9 @@
 Usage: MINDSPORE_PYTHON check_with_mindspore.py DIR   (DIR from make_files.py; MindSpore 2.10
 + numpy<2 in that Python: pip install mindspore==2.10.0 "numpy<2")
 
-For every strategy file (mlp_plain.ckpt, mlp_nested.ckpt, mlp_nested2.ckpt, mlp_plain.json):
+For every strategy file (mlp_plain.ckpt, mlp_nested.ckpt, mlp_nested2.ckpt, mlp_plain.json, and
+with the parallel optimizer mlp_opt.ckpt, mlp_opt_nested.ckpt, mlp_opt_dp.ckpt, whose expected
+slices are what each rank stores of a parameter: its update's):
   [read]   mindspore.parallel.build_searched_strategy(path) and
            mindspore.parallel._parallel_serialization._convert_to_list (the list form that all
            MindSpore checkpoint-transform code consumes) -> dev_matrix / tensor_map / opt shard fields.
@@ -32,14 +34,15 @@ import traceback
 import numpy as np
 import mindspore as ms
 from mindspore.parallel._parallel_serialization import _convert_to_list
-from mindspore.parallel._tensor import (_expand_layout, _get_tensor_strategy, _get_tensor_slice_index,
-                                        _load_tensor)
+from mindspore.parallel._tensor import (_construct_tensor_layout_for_opt_shard, _expand_layout,
+                                        _get_tensor_strategy, _get_tensor_slice_index, _load_tensor)
 
 ms.set_device("CPU")
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
 DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-FILES = ["mlp_plain.ckpt", "mlp_nested.ckpt", "mlp_nested2.ckpt", "mlp_plain.json"]
+FILES = ["mlp_plain.ckpt", "mlp_nested.ckpt", "mlp_nested2.ckpt", "mlp_plain.json",
+         "mlp_opt.ckpt", "mlp_opt_nested.ckpt", "mlp_opt_dp.ckpt"]
 NRANKS = 8
 EXPECTED = json.load(open(os.path.join(DIR, "expected_slices.json")))
 RESULTS = []  # (ok, text)
@@ -98,11 +101,16 @@ def norm_map(tmap):
     return res
 
 
-def ms_slice_helpers(dev_matrix, tensor_map, shape, rank):
+def ms_slice_helpers(dev_matrix, tensor_map, shape, rank, step=0, size=0):
     """Slice of `rank` using MindSpore's slice helpers.  Nested tensor maps are expanded the way
-    MindSpore's checkpoint transform does it (_expand_layout), then the flat helpers are used."""
+    MindSpore's checkpoint transform does it (_expand_layout), an optimizer shard (step, size)
+    the way it does that (_construct_tensor_layout_for_opt_shard), then the flat helpers are
+    used."""
     has_nested = any(isinstance(d, (list, tuple)) for d in tensor_map)
-    if has_nested:
+    if size:
+        dm, flat_map, exp_shape = _construct_tensor_layout_for_opt_shard(
+            list(dev_matrix), list(tensor_map), step, size, list(shape))
+    elif has_nested:
         dm, flat_map, exp_shape = _expand_layout(list(dev_matrix), list(tensor_map), list(shape))
     else:
         dm, flat_map, exp_shape = list(dev_matrix), list(tensor_map), list(shape)
@@ -115,6 +123,7 @@ def ms_slice_helpers(dev_matrix, tensor_map, shape, rank):
     # MindSpore reshapes an expanded slice back to the per-dim slice shape
     # (_insert_expand_layout_reshape); do the same via the original tensor_map's strategy.
     slice_shape = [s // k for s, k in zip(shape, _get_tensor_strategy(list(dev_matrix), list(tensor_map)))]
+    slice_shape[0] //= size or 1
     local = np.asarray(local).reshape(slice_shape)
     box, exact = box_from_local(local, shape)
     return box, exact, strategy, idx, flat_map, exp_shape
@@ -173,12 +182,12 @@ def main():
         for name in sorted(exp):
             if name not in lst:
                 continue
-            dev, tmap = lst[name][0], lst[name][1]
+            dev, tmap, _, _, step, size = lst[name][:6]
             shape = exp[name]["shape"]
             bad = []
             try:
                 for r in range(NRANKS):
-                    box, exact, strategy, idx, fm, es = ms_slice_helpers(dev, tmap, shape, r)
+                    box, exact, strategy, idx, fm, es = ms_slice_helpers(dev, tmap, shape, r, step, size)
                     want = exp[name]["rank_slices"][r]
                     if box != want or not exact:
                         bad.append(f"rank{r}: mindspore={box} exact_box={exact} expected={want}")
@@ -250,7 +259,9 @@ def main():
         return all(max(x[0], y[0]) < min(x[1], y[1]) for x, y in zip(a, b))
 
     pairs = [("mlp_plain.ckpt", "mlp_nested.ckpt"), ("mlp_nested.ckpt", "mlp_plain.ckpt"),
-             ("mlp_plain.ckpt", "mlp_nested2.ckpt"), ("mlp_nested2.ckpt", "mlp_plain.ckpt")]
+             ("mlp_plain.ckpt", "mlp_nested2.ckpt"), ("mlp_nested2.ckpt", "mlp_plain.ckpt"),
+             ("mlp_opt.ckpt", "mlp_plain.ckpt"), ("mlp_plain.ckpt", "mlp_opt.ckpt"),
+             ("mlp_opt_nested.ckpt", "mlp_opt_dp.ckpt")]
     for src, dst in pairs:
         es, ed = EXPECTED[stem_of(src)], EXPECTED[stem_of(dst)]
         for r in [0, 1, 3, 4, 7]:
