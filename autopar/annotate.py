@@ -1,8 +1,11 @@
 """Annotations that survive tracing: ``ap.shard`` (a value's layout) and ``ap.pipeline_stage``
 (the pipeline stage of a block of operators).
 
-``ap.shard``: in: a JAX value and a strategy (a tuple of split counts, MindSpore style, or an
-``ap.Layout``). Out: the same value, tagged by the identity primitive ``autopar_shard``. Run
+``ap.shard``: in: a JAX value and a strategy (a tuple of split counts, MindSpore style, an
+``ap.Layout``, or MindSpore's ``ap.Layout(device_matrix, aliases)(...)``). Out: the same
+value, tagged by the identity primitive ``autopar_shard``. Or in: a function and MindSpore's
+``in_strategy``/``out_strategy``; out: the function with its operands and result tagged
+(``device_matrix.OperatorSpec``, resolved against the operator at planning). Run
 normally (without autopar) the tag is a no-op; traced by ``ap.compile`` it fixes the layout of
 that value. Tangents are not tagged, so a tag constrains the forward value only.
 
@@ -12,11 +15,15 @@ JAX's name stack (``transpose(jvp(autopar_stage<i>))``). Outside autopar it only
 """
 from __future__ import annotations
 
+import functools
+import itertools
+
 import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .errors import ConfigError, LayoutError
+from .device_matrix import DeviceSpec, MeshTemplate, OperatorSpec
 from .layout import Layout
 
 shard_p = Primitive("autopar_shard")
@@ -28,19 +35,68 @@ ad.primitive_jvps[shard_p] = lambda primals, tangents, *, spec: (shard_p.bind(pr
 batching.primitive_batchers[shard_p] = lambda args, dims, *, spec: (args[0], dims[0])
 
 
-def shard(x, strategy):
-    """Annotate ``x`` with a layout: ``ap.shard(w, (1, 4))`` or ``ap.shard(w, ap.Layout.parse("[_,y]"))``."""
+def shard(x, strategy=None, out_strategy=None, *, in_strategy=None):
+    """Annotate a value with a layout: ``ap.shard(w, (1, 4))``, ``ap.shard(w,
+    ap.Layout.parse("[_,y]"))`` or ``ap.shard(w, ap.Layout((2, 4), ("dp", "mp"))("None",
+    "mp"))``; or an operator-like function with MindSpore's tuples (``ms.shard``):
+    ``ap.shard(fn, in_strategy=((2, 1), (1, 4)), out_strategy=None)`` returns ``fn`` whose
+    operands (and result) carry them, on the device matrix MindSpore derives for the operator
+    it calls (``device_matrix.OperatorSpec``)."""
+    if callable(x) and not hasattr(x, "shape"):
+        return _shard_fn(x, in_strategy if in_strategy is not None else strategy, out_strategy)
+    if strategy is None or out_strategy is not None or in_strategy is not None:
+        raise LayoutError("ap.shard(value, strategy) takes one strategy for a value; "
+                          "in_strategy/out_strategy are for ap.shard(function, ...).")
+    return shard_p.bind(x, spec=_value_spec(strategy))
+
+
+def _value_spec(strategy):
     if isinstance(strategy, str):
         strategy = Layout.parse(strategy)
-    if isinstance(strategy, Layout):
-        spec = strategy
-    else:
-        try:
-            spec = tuple(strategy)          # validated (integers >= 1, fits) by ap.compile
-        except TypeError:
-            raise LayoutError(f"ap.shard strategy {strategy!r} must be a tuple of split counts "
-                              "like (1, 4) or an ap.Layout.") from None
-    return shard_p.bind(x, spec=spec)
+    if isinstance(strategy, (Layout, DeviceSpec)):
+        return strategy
+    if isinstance(strategy, MeshTemplate):
+        raise LayoutError(f"{strategy} is a device matrix, not a layout: call it with one alias "
+                          "per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))('dp', "
+                          "'None').")
+    try:
+        return tuple(strategy)          # validated (integers >= 1, fits) by ap.compile
+    except TypeError:
+        raise LayoutError(f"ap.shard strategy {strategy!r} must be a tuple of split counts "
+                          "like (1, 4) or an ap.Layout.") from None
+
+
+_groups = itertools.count()
+
+
+def _shard_fn(fn, in_strategy, out_strategy):
+    if not isinstance(in_strategy, (tuple, list)):
+        raise LayoutError(f"ap.shard({getattr(fn, '__name__', fn)}, in_strategy="
+                          f"{in_strategy!r}): give one entry per argument: a split tuple, an "
+                          "ap.Layout(...)(...) or None, e.g. ((2, 1), (1, 4)).")
+    plain = lambda s: s is not None and not isinstance(s, (Layout, DeviceSpec, str))
+    counts = tuple(tuple(s) if plain(s) else None for s in in_strategy)
+
+    @functools.wraps(fn)
+    def wrapped(*args):
+        if len(args) != len(in_strategy):
+            raise LayoutError(f"{getattr(fn, '__name__', 'fn')} was given {len(args)} "
+                              f"arguments but in_strategy has {len(in_strategy)} entries.")
+        group = next(_groups)
+        args = [a if s is None else shard_p.bind(
+                    a, spec=OperatorSpec(counts, i, group) if counts[i] is not None
+                    else _value_spec(s))
+                for i, (a, s) in enumerate(zip(args, in_strategy))]
+        out = fn(*args)
+        if out_strategy is None:
+            return out
+        if not isinstance(out_strategy, (tuple, list)) or len(out_strategy) != 1:
+            raise LayoutError(f"out_strategy={out_strategy!r}: give one entry for the "
+                              "operator's one result, e.g. ((8, 1),).")
+        o = out_strategy[0]
+        return shard_p.bind(out, spec=OperatorSpec(counts, -1, group, tuple(o))
+                            if plain(o) else _value_spec(o))
+    return wrapped
 
 
 STAGE_SCOPE = "autopar_stage"

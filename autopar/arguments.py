@@ -16,6 +16,7 @@ import numpy as np
 
 from .annotate import shard_p
 from .config import ParallelMode
+from .device_matrix import DeviceSpec, MeshTemplate, OperatorSpec
 from .errors import ConfigError, LayoutError
 from .graph import type_str
 from .layout import Layout
@@ -86,6 +87,17 @@ def leaf_type(x) -> str:
 def spec_layout(spec, shape, mesh, what) -> Layout:
     if isinstance(spec, str):
         spec = Layout.parse(spec)
+    if isinstance(spec, MeshTemplate):
+        raise LayoutError(f"{what}: {spec} is a device matrix, not a layout: call it with one "
+                          "alias per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))"
+                          "('dp', 'None').")
+    if isinstance(spec, OperatorSpec):
+        spec = spec.resolve(mesh.size, what)
+    if isinstance(spec, DeviceSpec):
+        if len(spec.tensor_map) != len(shape):
+            raise LayoutError(f"{what}: {spec} has {len(spec.tensor_map)} tensor-map entries but "
+                              f"the value has shape {tuple(shape)}; give one per dimension.")
+        spec = spec.to_layout(mesh, what)
     if not isinstance(spec, Layout):
         counts = tuple(spec)
         if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
@@ -155,7 +167,7 @@ def arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) ->
         if len(in_strategy) != len(args):
             raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
                               "arguments; give one per argument (None for 'no constraint').")
-        is_leaf = lambda x: x is None or isinstance(x, (Layout, str)) or (
+        is_leaf = lambda x: x is None or isinstance(x, (Layout, str, DeviceSpec)) or (
             isinstance(x, tuple) and all(isinstance(c, int) for c in x))
         j = 0
         for a, spec in zip(args, in_strategy):

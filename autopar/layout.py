@@ -35,6 +35,17 @@ class Layout:
     dims: tuple[tuple[str, ...], ...]
     partial: frozenset = frozenset()
 
+    def __new__(cls, dims=None, partial=frozenset()):
+        """``Layout(dims, partial)``; MindSpore's form ``Layout((2, 4), ("dp", "mp"))`` (a device
+        matrix and an alias per dimension) returns a ``device_matrix.MeshTemplate``, which
+        called with an alias per tensor dimension (``("dp", "None")``) gives that tensor's
+        layout on the device matrix."""
+        if isinstance(dims, (tuple, list)) and dims and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            from .device_matrix import MeshTemplate
+            return MeshTemplate(dims, partial)
+        return super().__new__(cls)
+
     def __post_init__(self):
         object.__setattr__(self, "dims", tuple(tuple(d) for d in self.dims))
         object.__setattr__(self, "partial", frozenset(self.partial))

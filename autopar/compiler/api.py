@@ -41,6 +41,7 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
+from .operator_specs import mesh_for_device_matrices, with_operator_letters
 from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -392,10 +393,11 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     _check_request(config, strategy, _pipelined(config))
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
-    full = config.mesh()
     t0 = time.monotonic()
-    graph = trace(fn, *args)
+    graph = with_operator_letters(trace(fn, *args))
     t_trace = time.monotonic()
+    config = mesh_for_device_matrices(config, graph, in_strategy)
+    full = config.mesh()
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
         config = config.replace(search_mode=default_search_mode(full))
     names = leaf_names(args)

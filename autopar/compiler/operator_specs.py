@@ -1,0 +1,87 @@
+"""MindSpore's operator tuples placed on the operator they annotate, and the mesh MindSpore's
+device matrices imply.
+
+In: a traced Graph whose ``autopar_shard`` nodes may carry ``device_matrix.OperatorSpec``s
+(from ``ap.shard(fn, in_strategy, out_strategy)``) or ``DeviceSpec``s (``ap.Layout(device_matrix,
+aliases)(...)``), the ParallelConfig and the user's ``in_strategy``. Out:
+- ``with_operator_letters(graph)``: each annotation's OperatorSpecs given the loop letters (the
+  rule table's spec) of the one operator reading all its operands; an annotation no single
+  operator reads keeps none (each operand on its own device matrix).
+- ``mesh_for_device_matrices(config, graph, in_strategy)``: on a one-axis mesh (the default
+  ``mesh_shape``, which holds no device matrix of two dimensions), the config with the
+  coarsest mesh on which every device matrix used is a grouping of whole axes
+  (``device_matrix.refining_mesh``), named by the aliases of an ``ap.Layout`` when one device
+  matrix alone is used; the config unchanged otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import jax
+
+from ..annotate import shard_p
+from ..config import ParallelMode
+from ..device_matrix import DeviceSpec, OperatorSpec, refining_mesh
+from ..graph import Graph
+from ..mesh import default_axis_names
+from ..strategies.rules import rule_for
+
+
+def with_operator_letters(graph: Graph) -> Graph:
+    groups = defaultdict(list)
+    for n in graph.nodes:
+        if n.prim == shard_p.name and isinstance(n.params["spec"], OperatorSpec):
+            groups[n.params["spec"].group].append(n)
+    if not groups:
+        return graph
+    new = {}
+    for nodes in groups.values():
+        ins = [n for n in nodes if n.params["spec"].operand >= 0]
+        readers = [{u.id: (u, i) for u, i in graph.users[n.outputs[0].id]} for n in ins]
+        common = set.intersection(*(set(r) for r in readers)) if readers else set()
+        if len(common) != 1:
+            continue
+        op = readers[0][next(iter(common))][0]
+        spec = rule_for(op).spec(op)
+        first = nodes[0].params["spec"]
+        letters = [()] * len(first.counts)
+        for n, r in zip(ins, readers):
+            letters[n.params["spec"].operand] = tuple(l or "" for l in spec.inputs[r[op.id][1]])
+        out_letters = tuple(l or "" for l in spec.outputs[0]) if spec.outputs else ()
+        for n in nodes:
+            s = n.params["spec"]
+            if s.operand < 0 and graph.producer.get(n.inputs[0].id) is not op:
+                continue                          # the result of something else: its own
+            new[n.id] = dataclasses.replace(n, params={**n.params, "spec": s.with_letters(
+                letters, out_letters)})
+    if not new:
+        return graph
+    return Graph.build(graph.inputs, graph.outputs, [new.get(n.id, n) for n in graph.nodes],
+                       graph.in_tree, graph.out_tree)
+
+
+def mesh_for_device_matrices(config, graph: Graph, in_strategy):
+    if len(config.mesh_shape) != 1 or config.parallel_mode not in (
+            ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL) \
+            or config.pipeline_stages != 1:
+        return config
+    n = config.devices.device_num
+    if n == 1:
+        return config
+    specs = [v.params["spec"] for v in graph.nodes if v.prim == shard_p.name]
+    specs += [s for s in jax.tree.leaves(in_strategy, is_leaf=lambda x: isinstance(
+        x, DeviceSpec)) if isinstance(s, DeviceSpec)]
+    specs = [s.resolve(n, f"ap.shard {s}") if isinstance(s, OperatorSpec) else s
+             for s in specs if isinstance(s, (OperatorSpec, DeviceSpec))]
+    if not specs:
+        return config
+    shape = refining_mesh([s.dev_matrix for s in specs], n)
+    if len(shape) <= 1:                            # every device matrix fits the one axis
+        return config
+    named = {tuple(a for a, d in zip(s.names, s.dev_matrix) if d > 1)
+             for s in specs if s.names}
+    matrices = {tuple(d for d in s.dev_matrix if d > 1) for s in specs}
+    names = (next(iter(named)) if len(named) == 1 and matrices == {shape}
+             else default_axis_names(len(shape)))
+    return config.replace(mesh_shape=shape, mesh_axis_names=names or None)

@@ -1,0 +1,125 @@
+"""MindSpore's operator-level tuples and Layout constructor, as MindSpore means them.
+
+``ap.shard(fn, in_strategy, out_strategy)`` derives the operator's device matrix as MindSpore
+does (repeat leftmost, then one dimension per loop of the operator in order of first
+appearance), with ``device_num`` alone; ``ap.Layout((2, 4), ("dp", "mp"))("dp", "None")``
+gives MindSpore's tensor map. Each rank's slice is checked against MindSpore's rule written
+independently (``test_mindspore_files.ms_rank_slices``); the tensor maps of the Layout form are
+the ones MindSpore 2.10's ``mindspore.Layout(...).to_dict()`` prints. Planning, and one run on
+8 CPU devices.
+"""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autopar as ap
+from autopar.device_matrix import DeviceSpec
+from autopar.errors import LayoutError
+from autopar.mesh import LogicalMesh
+from test_api import assert_same
+from test_mindspore_files import ms_rank_slices
+
+X = jnp.asarray(np.random.default_rng(0).normal(size=(16, 32)), jnp.float32)
+W = jnp.asarray(np.random.default_rng(1).normal(size=(32, 64)), jnp.float32)
+
+
+def matmuls(*strategies, out=None):
+    """x @ w, then (h @ w.T), each a MindSpore-annotated MatMul."""
+    def step(x, w):
+        h = x
+        for s in strategies:
+            h = ap.shard(jnp.matmul, in_strategy=s, out_strategy=out)(
+                h, w if h.shape[1] == w.shape[0] else w.T)
+        return jnp.sum(h * h)
+    return step
+
+
+def config(**kw):
+    return ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, backend="jax",
+                             **kw)
+
+
+def slices(layout, shape, mesh):
+    return [[[sl.start or 0, n if sl.stop is None else sl.stop]
+             for sl, n in zip(layout.block(shape, mesh.coords(r), mesh), shape)]
+            for r in range(mesh.size)]
+
+
+def ms_slices(dev_matrix, tensor_map, shape):
+    item = {"dev_matrix": list(dev_matrix), "tensor_map": tensor_map,
+            "opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
+    return ms_rank_slices(item, shape, 8)
+
+
+@pytest.mark.parametrize("tuples, mesh, dev_matrix, x_map, w_map", [
+    (((2, 1), (1, 4)), (2, 4), (2, 1, 4), [2, -1], [-1, 0]),      # MindSpore's own example
+    (((4, 1), (1, 2)), (4, 2), (4, 1, 2), [2, -1], [-1, 0]),      # on mesh (2, 4) it was wrong
+    (((2, 1), (1, 2)), (2, 2, 2), (2, 2, 1, 2), [2, -1], [-1, 0]),  # repeat 2, leftmost
+    (((1, 2), (2, 4)), (2, 4), (1, 2, 4), [-1, 1], [1, 0]),       # contracted dimension split
+])
+def test_operator_tuples_derive_mindspores_device_matrix(tuples, mesh, dev_matrix, x_map, w_map):
+    s = ap.plan(matmuls(tuples), X, W, config=config())
+    assert s.mesh_shape == mesh
+    m = LogicalMesh.create(s.mesh_shape, s.axis_names)
+    dot = next(o for o in s.ops if o.name.startswith("dot_general"))
+    x_layout, w_layout = dot.in_layouts
+    # each rank's slice of x and w is the one MindSpore's device matrix gives it
+    assert slices(x_layout, X.shape, m) == ms_slices(dev_matrix, x_map, X.shape)
+    assert slices(w_layout, W.shape, m) == ms_slices(dev_matrix, w_map, W.shape)
+
+
+def test_two_device_matrices_share_the_mesh_that_refines_both_and_run():
+    step = matmuls(((2, 1), (1, 4)), ((4, 1), (1, 2)))
+    c = ap.compile(step, X, W, config=config())
+    assert c.strategy.mesh_shape == (2, 2, 2)
+    m = LogicalMesh.create(c.strategy.mesh_shape, c.strategy.axis_names)
+    dots = [o for o in c.strategy.ops if o.name.startswith("dot_general")]
+    assert slices(dots[1].in_layouts[0], (16, 64), m) == ms_slices((4, 1, 2), [2, -1], (16, 64))
+    assert slices(dots[1].in_layouts[1], (64, 32), m) == ms_slices((4, 1, 2), [-1, 0], (64, 32))
+    assert_same(c(X, W), step(X, W))
+
+
+def test_out_strategy_reduce_scatters_over_the_contracted_devices():
+    s = ap.plan(matmuls(((2, 4), (4, 1)), out=((8, 1),)), X, W, config=config())
+    m = LogicalMesh.create(s.mesh_shape, s.axis_names)
+    shard = [o for o in s.ops if o.name.startswith("autopar_shard")][-1]
+    # rows over (i's 2 devices, then k's 4): MindSpore's tensor map [(2, 1), -1] on (2, 4, 1)
+    assert slices(shard.out_layouts[0], (16, 64), m) == ms_slices((2, 4, 1), [[2, 1], -1],
+                                                                   (16, 64))
+
+
+def test_mindspores_layout_constructor():
+    dp_mp = ap.Layout((2, 4), ("dp", "mp"))
+    # the tensor maps MindSpore 2.10 prints for the same calls
+    assert dp_mp("dp", "None") == DeviceSpec((2, 4), (1, -1), ("dp", "mp"))
+    assert dp_mp(("dp", "mp"), "None").tensor_map == ((1, 0), -1)
+    assert ap.Layout((2, 2, 2), ("a", "b", "c"))(("c", "a"), "b").tensor_map == ((0, 2), 1)
+    with pytest.raises(LayoutError, match="'tp' is not one of its aliases"):
+        dp_mp("tp", "None")
+    with pytest.raises(LayoutError, match="one distinct alias"):
+        ap.Layout((2, 4), ("dp",))
+    assert ap.Layout.parse("[x,_]") == ap.Layout(((("x",), ())))   # autopar's form unchanged
+
+
+def test_layout_objects_name_the_mesh_axes_and_run():
+    p, b = {"w1": W, "w2": W.T}, X
+    def step(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w1"]) @ p["w2"])
+    dp_mp = ap.Layout((2, 4), ("dp", "mp"))
+    c = ap.compile(step, p, b, config=config(), in_strategy=(
+        {"w1": dp_mp("None", "mp"), "w2": dp_mp("mp", "None")}, dp_mp("dp", "None")))
+    assert (c.strategy.mesh_shape, c.strategy.axis_names) == ((2, 4), ("dp", "mp"))
+    inputs = {i.name: str(i.layout) for i in c.strategy.inputs}
+    assert inputs == {"w1": "[_,mp]", "w2": "[mp,_]", "arg1": "[dp,_]"}
+    assert_same(c(p, b), step(p, b))
+
+
+def test_tuples_mindspore_refuses_are_refused_with_the_reason():
+    with pytest.raises(LayoutError, match="two ways"):           # k split 2 and 4
+        ap.plan(matmuls(((1, 2), (4, 1))), X, W, config=config())
+    with pytest.raises(LayoutError, match="does not fit the mesh"):
+        ap.plan(matmuls(((4, 1), (1, 2))), X, W, config=config(mesh_shape=(2, 4)))
+    six = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=6)
+    x, w = jnp.ones((6, 6)), jnp.ones((6, 6))
+    with pytest.raises(LayoutError, match="which no single mesh holds"):
+        ap.plan(matmuls(((2, 1), (1, 3)), ((3, 1), (1, 2))), x, w, config=six)
