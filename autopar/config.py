@@ -123,9 +123,18 @@ class ModeOptions:
     parallel_mode: ParallelMode = ParallelMode.STAND_ALONE
     gradients_mean: bool = True
     dataset_strategy: object = None
+    unannotated: str = "propagate"
 
     def __post_init__(self):
         _set(self, parallel_mode=_enum(ParallelMode, self.parallel_mode, "parallel_mode"))
+        if self.unannotated not in ("propagate", "batch"):
+            raise ConfigError(f"unannotated={self.unannotated!r}: choose 'propagate' (operators "
+                              "without a strategy follow the annotated ones) or 'batch' "
+                              "(MindSpore's semi_auto default: their batch dimension split).")
+        if self.unannotated == "batch" and self.parallel_mode is not \
+                ParallelMode.SEMI_AUTO_PARALLEL:
+            raise ConfigError(f"unannotated='batch' is semi_auto_parallel's choice; "
+                              f"parallel_mode is {self.parallel_mode.value}.")
         _flag(self, "gradients_mean")
         ds = self.dataset_strategy
         if isinstance(ds, (list, tuple)):
@@ -374,6 +383,10 @@ class ParallelConfig:
                                               # (replicated), or MindSpore's tuple of split tuples,
                                               # one per batch leaf; None: split in data_parallel
                                               # mode, chosen by the search or propagation otherwise
+    unannotated: str = "propagate"            # semi_auto_parallel: operators without a strategy
+                                              # follow the annotated ones ("propagate") or get
+                                              # MindSpore's default, their batch dimension
+                                              # split over every device ("batch")
     strategy_ckpt_load_file: Optional[str] = None   # compile reuses the strategy saved there
     # compile saves its strategy there: autopar's JSON for a *.json name (loadable), else
     # MindSpore's protobuf strategy checkpoint

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.frozen import cached_hash
-from autopar.graph import Const
+from autopar.graph import Const, Value
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
 
@@ -141,6 +141,60 @@ def candidate_for(node, spec: OpSpec, layout: Layout, mesh: LogicalMesh) -> Cand
     cand = _build(spec, assign, frozenset(), -1, [x.shape for x in node.inputs],
                   [v.shape for v in node.outputs], mesh)
     return cand if cand is not None and all(l == layout for l in cand.out_layouts) else None
+
+
+def batch_candidate(node, cands: list, mesh: LogicalMesh) -> Candidate:
+    """MindSpore's default strategy for an operator semi_auto leaves unannotated: its first
+    operand's dimension 0 (its output's, with no operand) split over every mesh axis of size
+    > 1, nothing else split and no partial sum in or out (the operator's batch dimension, as
+    MindSpore's ``GenerateBatchStrategies``); replicated (``cands[0]``) where that split does
+    not divide the dimension or the operator has none."""
+    axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
+    ranked = [v for v in node.inputs if getattr(v, "shape", ())]
+    lead = ranked[0] if ranked else (node.outputs[0] if node.outputs[0].shape else None)
+    if lead is not None and axes:
+        at = next(i for i, v in enumerate(node.inputs) if v is lead) if ranked else None
+        for c in cands:
+            layout = c.in_layouts[at] if at is not None else c.out_layouts[0]
+            if layout.dims[0] == axes and len(layout.axes) == len(axes) and not c.partial \
+                    and not any(l.partial for l in c.in_layouts) and \
+                    sum(len(a) for _, a in c.assign) == len(axes):
+                return c
+    return cands[0]
+
+
+def batch_defaults(graph, cands: dict, mesh: LogicalMesh, annotated, batch: set) -> dict:
+    """``cands`` with each operator that reads the batch and no annotation touches held to its
+    ``batch_candidate`` (semi_auto's ``unannotated="batch"``). Reading the batch: its first
+    operand with a dimension has the batch's rows in dimension 0: a graph input in ``batch``
+    (positions), or an output that the batch split of such an operator leaves split in
+    dimension 0 (activations and their cotangents; not a sum over the batch, such as a weight
+    gradient). Operators on parameters alone (the update, a weight's transpose) and on sums
+    over the batch follow by propagation, as MindSpore derives its backward operators from the
+    forward strategies and its optimizer's from the parameters'. ``annotated``: the node ids
+    of the annotations (``ap.shard``); the operators reading them or read by them keep their
+    candidates (their outputs carry the batch when their first operand does)."""
+    keep = set(annotated)
+    for n in graph.nodes:
+        if n.id in annotated:
+            keep |= {u.id for v in n.outputs for u, _ in graph.users[v.id]}
+            keep |= {graph.producer[x.id].id for x in n.inputs
+                     if isinstance(x, Value) and x.id in graph.producer}
+    axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
+    rows = {graph.inputs[j].id for j in batch}          # values with the batch's rows in dim 0
+    out = dict(cands)
+    for n in graph.nodes:
+        lead = next((x for x in n.inputs if getattr(x, "shape", ())), None)
+        if not isinstance(lead, Value) or lead.id not in rows:
+            continue
+        if n.id in keep:
+            rows |= {v.id for v in n.outputs if v.shape}
+            continue
+        c = batch_candidate(n, cands[n.id], mesh)
+        out[n.id] = [c]
+        rows |= {v.id for v, l in zip(n.outputs, c.out_layouts)
+                 if l.dims and l.dims[0] == axes and not l.partial}
+    return out
 
 
 def identity_candidate(layout: Layout) -> Candidate:

@@ -123,3 +123,45 @@ def test_tuples_mindspore_refuses_are_refused_with_the_reason():
     x, w = jnp.ones((6, 6)), jnp.ones((6, 6))
     with pytest.raises(LayoutError, match="which no single mesh holds"):
         ap.plan(matmuls(((2, 1), (1, 3)), ((3, 1), (1, 2))), x, w, config=six)
+
+
+def moved(c):
+    return sorted((x.kind.value, x.shape, x.bytes) for x in c.collectives())
+
+
+def test_unannotated_operators_get_mindspores_batch_split():
+    """semi_auto's unannotated="batch": an operator without a strategy splits its batch
+    dimension over every device (MindSpore's default), so a step with no annotation at all
+    moves exactly what data parallelism moves; autopar's default propagates (nothing to
+    propagate here: one device's work, replicated)."""
+    import models as m
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4, backend="jax")
+    batch = ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(unannotated="batch"))
+    dp = ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
+    assert moved(batch) == moved(dp) and {x.kind.value for x in batch.collectives()} == \
+        {"all_reduce"}
+    dots = [o for o in batch.strategy.ops if o.name.startswith("dot_general")]
+    assert all(str(o.in_layouts[0]).startswith("[x,") for o in dots)
+    assert_same(batch(p, b), m.mlp_sgd_step(p, b))
+    prop = ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+    assert not any(o.in_layouts[0].axes for o in prop.ops if o.name.startswith("dot_general"))
+
+
+def test_batch_split_around_an_annotated_operator():
+    """The annotated MatMul keeps MindSpore's tuples; the unannotated operators reading the
+    batch split it over all 8 devices, as in MindSpore."""
+    def step(x, w):
+        h = ap.shard(jnp.matmul, in_strategy=((2, 1), (1, 4)))(x, w)
+        return jnp.sum(jnp.tanh(h) @ w.T)
+    c = ap.compile(step, X, W, config=config(unannotated="batch"), batch_argnums=(0,))
+    assert c.strategy.mesh_shape == (2, 4)
+    dots = [o for o in c.strategy.ops if o.name.startswith("dot_general")]
+    assert [str(l) for l in dots[0].in_layouts] == ["[x,_]", "[_,y]"]
+    tanh = next(o for o in c.strategy.ops if o.name.startswith("tanh"))
+    assert str(tanh.in_layouts[0]) == "[(x,y),_]"
+    assert_same(c(X, W), step(X, W))
+    with pytest.raises(ap.ConfigError, match="semi_auto_parallel's choice"):
+        ap.ParallelConfig(parallel_mode="auto_parallel", device_num=8, unannotated="batch")
+    with pytest.raises(ap.ConfigError, match="choose 'propagate'"):
+        ap.ParallelConfig(unannotated="data")

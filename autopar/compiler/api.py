@@ -27,7 +27,7 @@ from ..program import Compute
 from ..strategies.build import StatePricing
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import identity_candidate
-from ..strategies.candidates import candidates_of
+from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
@@ -305,6 +305,9 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
             cands[nid] = [identity_candidate(layout)]
+        if config.unannotated == "batch" and req.strategy is None:
+            cands = batch_defaults(graph, cands, mesh, fixed, batch_inputs(
+                graph, req.args, req.batch_argnums, pairs))
         if fit is not None:
             cands = fit.nodes(graph, cands)
         if req.strategy is not None:
