@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from .errors import AutoparError, ConfigError, InfeasibleError
+from .errors import AutoparError, ConfigError, InfeasibleError, LayoutError
 
 
 class UserCodeError(ConfigError):
@@ -155,7 +155,11 @@ def _report(args) -> int:
     from . import report
     from .strategies.strategy import Strategy
     _writable(args.output)
-    report.save(Strategy.load(args.strategy), args.output)
+    strategy = Strategy.load(args.strategy)
+    if not isinstance(strategy, Strategy):
+        raise LayoutError(f"{strategy}: a report shows autopar's estimates, which MindSpore's "
+                          "files do not hold; `autopar show` lists its layouts.")
+    report.save(strategy, args.output)
     print(f"wrote {args.output}")
     return 0
 

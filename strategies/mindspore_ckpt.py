@@ -23,7 +23,9 @@ dict holds an int per dimension, or a list for a dimension over several axes.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
+from autopar.device_matrix import DeviceSpec
 from autopar.errors import LayoutError
 
 PACKAGE = "mindspore.straspb"
@@ -148,7 +150,7 @@ def loads(data: bytes, where: str = "the strategy checkpoint") -> dict:
 
 def read(path) -> dict:
     """The dict of the MindSpore strategy checkpoint at ``path``: its JSON for a ``.json``
-    name, else its protobuf."""
+    name (or text starting with ``{``), else its protobuf."""
     import json
     try:
         with open(path, "rb") as f:
@@ -156,7 +158,7 @@ def read(path) -> dict:
     except OSError as e:
         raise LayoutError(f"cannot read the strategy checkpoint {path}: {e.strerror or e}.") \
             from None
-    if not str(path).endswith(".json"):
+    if not str(path).endswith(".json") and not data.lstrip().startswith(b"{"):
         return loads(data, str(path))
     try:
         d = json.loads(data)
@@ -166,3 +168,68 @@ def read(path) -> dict:
     if not isinstance(d, dict) or "parallel_strategy_item" not in d:
         raise LayoutError(f"{path} is not a MindSpore strategy file (no parallel_strategy_item).")
     return d
+
+
+@dataclass(frozen=True)
+class MindSporeLayouts:
+    """A MindSpore strategy file as autopar plans with it (what ``Strategy.load`` returns for
+    one): each parameter's layout (``DeviceSpec``: its device matrix and tensor map; the
+    optimizer-shard fields say how ranks store it, not how operators read it, and are not
+    kept), each operator's split tuples, and the pipeline stage the file is of. Given to
+    ``compile``/``plan`` (``strategy=`` or ``strategy_ckpt_load_file``), the argument leaves
+    named like its parameters keep their layouts and the operators named like its operators
+    (in files autopar wrote) their tuples; the mode plans the rest."""
+    path: str
+    stage: int
+    params: tuple                 # ((name, DeviceSpec), ...)
+    ops: tuple                    # ((name, split tuples), ...)
+
+    @staticmethod
+    def read(path) -> "MindSporeLayouts":
+        d = read(path)
+        try:
+            params = tuple((name, DeviceSpec(p["dev_matrix"], p["tensor_map"]))
+                           for name, p in d["parallel_layout_item"].items())
+        except (KeyError, TypeError) as e:
+            raise LayoutError(f"{path}: a parameter's layout lacks {e}; MindSpore's files give "
+                              "each one dev_matrix and tensor_map.") from None
+        ops = tuple((name, tuple(tuple(t) for t in o["parallel_strategy"]))
+                    for name, o in d["parallel_strategy_item"].items())
+        return MindSporeLayouts(str(path), int(d.get("current_stage", 0)), params, ops)
+
+    def __str__(self) -> str:
+        return (f"MindSpore strategy file {self.path} (stage {self.stage}): "
+                f"{len(self.params)} parameter layouts, {len(self.ops)} operator strategies")
+
+    def table(self) -> str:
+        """Its parameters (device matrix, tensor map, split tuple) and operators (tuples), one
+        per line, as ``autopar show`` prints them."""
+        rows = [str(self), "parameters:"]
+        rows += [f"  {name}: {spec} split {spec.counts()}" for name, spec in self.params]
+        rows += ["operators:"] + [f"  {name}: {list(map(list, t))}" for name, t in self.ops]
+        return "\n".join(rows)
+
+    def in_strategy(self, args, names) -> tuple:
+        """Per argument of the step, the pytree of its leaves' layouts from the file (None for
+        a leaf it does not name). ``names``: (leaf name, is a parameter) per leaf."""
+        import jax
+        import warnings
+        from autopar.errors import AutoparWarning
+        have = dict(self.params)
+        leaves = [have.get(n) for n, _ in names]
+        if not any(leaves):
+            raise LayoutError(
+                f"{self}: none of its parameters ({', '.join(sorted(have)[:6])}...) is an "
+                f"argument of the step (its leaves are named {', '.join(n for n, _ in names[:6])}"
+                "...); name the step's parameters as the file does.")
+        unused = sorted(set(have) - {n for n, _ in names})
+        if unused:
+            warnings.warn(f"{self}: {len(unused)} of its parameters name no argument of the "
+                          f"step ({', '.join(unused[:4])}...): their layouts are not used.",
+                          AutoparWarning, stacklevel=3)
+        out, k = [], 0
+        for a in args:
+            tree = jax.tree.structure(a)
+            out.append(jax.tree.unflatten(tree, leaves[k:k + tree.num_leaves]))
+            k += tree.num_leaves
+        return tuple(out)

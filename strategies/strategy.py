@@ -252,10 +252,12 @@ class Strategy:
         return read(text)
 
     @staticmethod
-    def load(path) -> "Strategy":
-        """The strategy autopar saved at ``path`` (its JSON). A MindSpore strategy checkpoint
-        (protobuf or JSON) holds no traced operators to plan with: LayoutError says so
-        (``mindspore_ckpt.read`` gives its contents)."""
+    def load(path):
+        """The strategy autopar saved at ``path`` (its JSON), or for a MindSpore strategy
+        checkpoint (protobuf, or MindSpore's JSON) a ``mindspore_ckpt.MindSporeLayouts``: its
+        parameters' layouts and operators' tuples, which ``compile``/``plan`` take as
+        ``strategy`` and plan around."""
+        from .mindspore_ckpt import MindSporeLayouts, loads
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -267,18 +269,15 @@ class Strategy:
         except UnicodeDecodeError:
             text = None
         if not str(path).endswith(".json") and not (text or "").lstrip().startswith(("{", "[")):
-            from .mindspore_ckpt import loads
             try:
                 loads(data, str(path))
             except LayoutError:
                 if text is None:            # neither JSON text nor MindSpore's protobuf
                     raise
             else:
-                raise LayoutError(f"{path} is MindSpore's protobuf strategy checkpoint: it "
-                                  "holds split tuples and parameter layouts, not the traced "
-                                  "operators autopar plans with; read it with autopar."
-                                  "strategies.mindspore_ckpt.read, or load a strategy autopar "
-                                  "saved as JSON.")
+                return MindSporeLayouts.read(path)
+        elif '"parallel_strategy_item"' in (text or "") and '"autopar-strategy"' not in text:
+            return MindSporeLayouts.read(path)
         return Strategy.from_json(text)
 
     # ------------------------------------------------------------------ MindSpore JSON

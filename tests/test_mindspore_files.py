@@ -6,6 +6,7 @@ MindSpore's own reader would see. Planning only (no devices run).
 """
 import json
 
+import jax.numpy as jnp
 import pytest
 
 import autopar as ap
@@ -115,11 +116,12 @@ def test_the_file_name_picks_the_format_and_load_says_what_a_mindspore_file_is(t
     assert ap.Strategy.load(tmp_path / "s.json").to_json() == s.to_json()
     s.save(tmp_path / "plan")                                # no .json: MindSpore's protobuf
     assert mc.read(tmp_path / "plan")["parallel_layout_item"]["w1"]["tensor_map"] == [-1, 0]
-    with pytest.raises(LayoutError, match="MindSpore's protobuf strategy checkpoint"):
-        ap.Strategy.load(tmp_path / "plan")
+    got = ap.Strategy.load(tmp_path / "plan")                # its layouts, to plan around
+    assert isinstance(got, mc.MindSporeLayouts)
+    assert dict(got.params)["w1"].tensor_map == (-1, 0)
     s.save(tmp_path / "m.json", format="mindspore")
-    with pytest.raises(LayoutError, match="mindspore_ckpt.read"):
-        ap.Strategy.load(tmp_path / "m.json")
+    assert ap.Strategy.load(tmp_path / "m.json") == mc.MindSporeLayouts(
+        str(tmp_path / "m.json"), got.stage, got.params, got.ops)
     (tmp_path / "junk").write_bytes(b"\xff\xfe not protobuf")
     with pytest.raises(LayoutError, match="not a MindSpore strategy checkpoint"):
         ap.Strategy.load(tmp_path / "junk")
@@ -267,3 +269,29 @@ def test_an_update_mindspore_cannot_describe_is_refused_or_replanned(tmp_path):
         strategy_ckpt_save_file=str(tmp_path / "again.ckpt")))
     assert again.strategy.inputs[0].update is None and (tmp_path / "again.ckpt").exists()
     assert_same(again(p, x), narrow_step(p, x))
+
+
+def test_a_mindspore_file_is_a_plan_to_compile_around(tmp_path):
+    """A strategy file in MindSpore's format (autopar's here, so its operator names match)
+    loaded by strategy_ckpt_load_file with device_num alone: the mesh comes from its device
+    matrices, the parameters keep its layouts, the operators its tuples; the step runs."""
+    p, b = m.mlp_params(), m.mlp_batch()
+    first = semi_auto_plan(ap.Layout.parse("[_,(x,y)]"))
+    first.save(tmp_path / "s.ckpt")
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, backend="jax",
+                            strategy_ckpt_load_file=str(tmp_path / "s.ckpt"))
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    assert c.strategy.mesh_shape == (2, 4)
+    layouts = lambda s: {i.name: str(i.layout) for i in s.inputs if i.is_param}
+    assert layouts(c.strategy) == layouts(first)
+    tuples = lambda s: {o.name: o for o in s.ops}
+    mesh = ap.LogicalMesh.create((2, 4))
+    for name, o in tuples(first).items():
+        assert [l.to_strategy(mesh) for l in tuples(c.strategy)[name].in_layouts] == \
+            [l.to_strategy(mesh) for l in o.in_layouts], name
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    with pytest.raises(LayoutError, match="none of its parameters"):
+        ap.compile(lambda q, x: jnp.sum(q["v"] * x), {"v": jnp.ones((4,))}, jnp.ones((8, 4)),
+                   config=cfg)
+    with pytest.raises(ap.ConfigError, match="semi_auto_parallel or auto_parallel"):
+        ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))

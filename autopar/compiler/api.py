@@ -41,7 +41,8 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
-from .operator_specs import mesh_for_device_matrices, with_operator_letters
+from .operator_specs import (mesh_for_device_matrices, mindspore_constraints, with_operator_letters,
+                             with_tuples)
 from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -173,6 +174,8 @@ class CompileRequest:
     pairs: tuple              # (argument, result) positions of the carried state
     pipelined: bool
     micro: int = 1            # micro-batches every layout must leave the batch rows for
+    op_tuples: dict = dataclasses.field(default_factory=dict)   # operator name -> the split
+                              # tuples a loaded MindSpore file gives it
 
     def micro_fit(self, mesh):
         """The MicroFit of ``micro`` on ``mesh`` (strategies.microbatch), or None without
@@ -305,6 +308,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         cands = candidates_of(graph, mesh)
         for nid, layout in fixed.items():                 # annotated values keep their layout
             cands[nid] = [identity_candidate(layout)]
+        cands = with_tuples(graph, cands, req.op_tuples, mesh)
         if config.unannotated == "batch" and req.strategy is None:
             cands = batch_defaults(graph, cands, mesh, fixed, batch_inputs(
                 graph, req.args, req.batch_argnums, pairs))
@@ -383,6 +387,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     measured first when ``measure``, as ``compile`` does before running here)."""
     config = _config(config)
     batch_argnums = check_call(fn, args, batch_argnums)
+    in_strategy, ops, strategy = mindspore_constraints(strategy, config, args, in_strategy)
     if strategy is not None and not isinstance(strategy, Strategy):
         raise ConfigError(f"strategy={strategy!r} must be an ap.Strategy (ap.Strategy.load(path) "
                           "reads a file; or set strategy_ckpt_load_file in the config).")
@@ -407,7 +412,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
                          in_strategy=in_strategy, strategy=strategy, names=tuple(names),
                          name=getattr(fn, "__name__", "step"), pairs=tuple(state_pairs(graph)),
-                         pipelined=_pipelined(config),
+                         pipelined=_pipelined(config), op_tuples=ops,
                          micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
     if config.pipeline.auto:
         return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),

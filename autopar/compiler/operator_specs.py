@@ -12,6 +12,9 @@ aliases)(...)``), the ParallelConfig and the user's ``in_strategy``. Out:
   coarsest mesh on which every device matrix used is a grouping of whole axes
   (``device_matrix.refining_mesh``), named by the aliases of an ``ap.Layout`` when one device
   matrix alone is used; the config unchanged otherwise.
+- ``mindspore_constraints(layouts, config, args, in_strategy)``: a loaded MindSpore strategy
+  file (``MindSporeLayouts``) as ``(in_strategy, operator name -> split tuples)``, and
+  ``with_tuples``: an operator's candidates held to its tuples.
 """
 from __future__ import annotations
 
@@ -21,10 +24,13 @@ from collections import defaultdict
 import jax
 
 from ..annotate import shard_p
+from ..arguments import leaf_names
 from ..config import ParallelMode
 from ..device_matrix import DeviceSpec, OperatorSpec, refining_mesh
+from ..errors import ConfigError, LayoutError
 from ..graph import Graph
 from ..mesh import default_axis_names
+from ..strategies.mindspore_ckpt import MindSporeLayouts
 from ..strategies.rules import rule_for
 
 
@@ -85,3 +91,33 @@ def mesh_for_device_matrices(config, graph: Graph, in_strategy):
     names = (next(iter(named)) if len(named) == 1 and matrices == {shape}
              else default_axis_names(len(shape)))
     return config.replace(mesh_shape=shape, mesh_axis_names=names or None)
+
+
+def mindspore_constraints(strategy, config, args, in_strategy):
+    """``(in_strategy, operator name -> split tuples, strategy)``: for a loaded MindSpore
+    strategy file (``MindSporeLayouts``) its parameters' layouts and operators' tuples, and no
+    Strategy to load; anything else unchanged."""
+    if not isinstance(strategy, MindSporeLayouts):
+        return in_strategy, {}, strategy
+    if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
+        raise ConfigError(f"{strategy} gives layouts for semi_auto_parallel or auto_parallel to "
+                          f"plan around; parallel_mode is {config.parallel_mode.value}.")
+    if in_strategy is not None:
+        raise ConfigError(f"{strategy} and in_strategy both give argument layouts; give one.")
+    return strategy.in_strategy(args, leaf_names(args)), dict(strategy.ops), None
+
+
+def with_tuples(graph, cands: dict, tuples: dict, mesh) -> dict:
+    """``cands`` with each operator ``tuples`` names held to the candidates whose operands
+    have its MindSpore split tuples on ``mesh``."""
+    out = dict(cands)
+    for n in graph.nodes if tuples else ():
+        if n.name not in tuples:
+            continue
+        out[n.id] = [c for c in cands[n.id]
+                     if tuple(l.to_strategy(mesh) for l in c.in_layouts) == tuples[n.name]]
+        if not out[n.id]:
+            raise LayoutError(f"operator {n.name}: the loaded MindSpore file gives it "
+                              f"{tuples[n.name]}, which no layout of its operands on {mesh} "
+                              "has; plan on the mesh the file was written for.")
+    return out
