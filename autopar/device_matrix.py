@@ -56,6 +56,22 @@ class DeviceSpec:
                               f"device-matrix dimensions 0..{len(dm) - 1} counted from the "
                               "right, each used once.")
 
+    @staticmethod
+    def of_tuple(counts, n: int, what: str = "strategy") -> "DeviceSpec":
+        """MindSpore's layout of one tensor's split tuple by itself on ``n`` devices (a cell's
+        ``shard``, a tensor's strategy): device matrix ``[n / product] + counts`` (the repeat
+        left out when 1), dimension i on device-matrix dimension ``len(counts) - 1 - i``."""
+        counts = tuple(counts)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+            raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1.")
+        used = math.prod(counts)
+        if n % used:
+            raise LayoutError(f"{what}: strategy {counts} splits into {used} parts, which does "
+                              f"not divide the {n} devices.")
+        return DeviceSpec(((n // used,) if n > used else ()) + counts,
+                          tuple(len(counts) - 1 - i if c > 1 else -1
+                                for i, c in enumerate(counts)))
+
     def __str__(self) -> str:
         return f"dev{list(self.dev_matrix)} map{[list(t) if isinstance(t, tuple) else t for t in self.tensor_map]}"
 

@@ -165,3 +165,23 @@ def test_batch_split_around_an_annotated_operator():
         ap.ParallelConfig(parallel_mode="auto_parallel", device_num=8, unannotated="batch")
     with pytest.raises(ap.ConfigError, match="choose 'propagate'"):
         ap.ParallelConfig(unannotated="data")
+
+
+def test_argument_tuples_with_device_num_alone_are_mindspores_tensor_layouts():
+    """in_strategy tuples with device_num alone: each tensor on its own device matrix
+    ([repeat] + tuple, as MindSpore lays out a cell's inputs), the mesh refining them all."""
+    import models as m
+    p, b = m.mlp_params(), m.mlp_batch()
+    c = ap.compile(m.mlp_sgd_step, p, b, config=config(), in_strategy=(
+        {"w1": (2, 2), "b1": None, "w2": (4, 1), "b2": None}, None))
+    assert c.strategy.mesh_shape == (2, 2, 2)
+    mesh = LogicalMesh.create(c.strategy.mesh_shape, c.strategy.axis_names)
+    got = {i.name: i.layout for i in c.strategy.inputs}
+    assert slices(got["w1"], (16, 32), mesh) == ms_slices((2, 2, 2), [1, 0], (16, 32))
+    assert slices(got["w2"], (32, 16), mesh) == ms_slices((2, 4, 1), [1, -1], (32, 16))
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    # a mesh of several axes keeps autopar's mapping of a tuple onto its axes
+    s = ap.plan(m.mlp_sgd_step, p, b, config=config(mesh_shape=(2, 4)), in_strategy=(
+        {"w1": (1, 4), "b1": None, "w2": (4, 1), "b2": None}, None))
+    assert {i.name: str(i.layout) for i in s.inputs if i.name in ("w1", "w2")} == \
+        {"w1": "[_,y]", "w2": "[y,_]"}

@@ -41,8 +41,8 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
-from .operator_specs import (mesh_for_device_matrices, mindspore_constraints, with_operator_letters,
-                             with_tuples)
+from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
+                             tuples_on_device_matrices, with_operator_letters, with_tuples)
 from .search import recursive_search, search
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -402,7 +402,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
-    graph = with_operator_letters(trace(fn, *args))
+    graph, in_strategy = tuples_on_device_matrices(
+        config, with_operator_letters(trace(fn, *args)), in_strategy)
     t_trace = time.monotonic()
     config = mesh_for_device_matrices(config, graph, in_strategy)
     full = config.mesh()

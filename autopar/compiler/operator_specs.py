@@ -7,6 +7,9 @@ aliases)(...)``), the ParallelConfig and the user's ``in_strategy``. Out:
 - ``with_operator_letters(graph)``: each annotation's OperatorSpecs given the loop letters (the
   rule table's spec) of the one operator reading all its operands; an annotation no single
   operator reads keeps none (each operand on its own device matrix).
+- ``tuples_on_device_matrices(config, graph, in_strategy)``: on a one-axis mesh, each plain
+  split tuple of an argument or an ``ap.shard``-ed value as MindSpore lays out a tensor's
+  tuple by itself (``DeviceSpec.of_tuple``: device matrix ``[repeat] + tuple``).
 - ``mesh_for_device_matrices(config, graph, in_strategy)``: on a one-axis mesh (the default
   ``mesh_shape``, which holds no device matrix of two dimensions), the config with the
   coarsest mesh on which every device matrix used is a grouping of whole axes
@@ -67,14 +70,38 @@ def with_operator_letters(graph: Graph) -> Graph:
                        graph.in_tree, graph.out_tree)
 
 
+def tuples_on_device_matrices(config, graph: Graph, in_strategy):
+    """``(graph, in_strategy)`` with each plain split tuple (of an argument, or of a value in
+    ``ap.shard``) made MindSpore's layout of that tensor by itself (``DeviceSpec.of_tuple``)
+    where the mesh has one axis (``mesh_shape`` left out), which holds no split that leaves
+    devices over; unchanged on a mesh of several axes, where tuples map onto its axes."""
+    if not _one_axis(config):
+        return graph, in_strategy
+    n = config.devices.device_num
+    plain = lambda s: isinstance(s, tuple) and all(isinstance(c, int) for c in s)
+    if in_strategy is not None:
+        in_strategy = jax.tree.map(
+            lambda s: DeviceSpec.of_tuple(s, n, f"in_strategy {s}") if plain(s) else s,
+            in_strategy, is_leaf=lambda s: s is None or plain(s))
+    new = {v.id: dataclasses.replace(v, params={**v.params, "spec": DeviceSpec.of_tuple(
+               v.params["spec"], n, f"ap.shard at {v.source or v.name}")})
+           for v in graph.nodes if v.prim == shard_p.name and plain(v.params["spec"])}
+    if new:
+        graph = Graph.build(graph.inputs, graph.outputs, [new.get(v.id, v) for v in graph.nodes],
+                            graph.in_tree, graph.out_tree)
+    return graph, in_strategy
+
+
+def _one_axis(config) -> bool:
+    return len(config.mesh_shape) == 1 and config.devices.device_num > 1 and \
+        config.parallel_mode in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL) \
+        and config.pipeline_stages == 1
+
+
 def mesh_for_device_matrices(config, graph: Graph, in_strategy):
-    if len(config.mesh_shape) != 1 or config.parallel_mode not in (
-            ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL) \
-            or config.pipeline_stages != 1:
+    if not _one_axis(config):
         return config
     n = config.devices.device_num
-    if n == 1:
-        return config
     specs = [v.params["spec"] for v in graph.nodes if v.prim == shard_p.name]
     specs += [s for s in jax.tree.leaves(in_strategy, is_leaf=lambda x: isinstance(
         x, DeviceSpec)) if isinstance(s, DeviceSpec)]
