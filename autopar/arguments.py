@@ -84,6 +84,26 @@ def leaf_type(x) -> str:
     return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(jax.numpy.result_type(x)))
 
 
+def check_counts(spec, shape, devices: int, what) -> tuple:
+    """``spec`` as a split tuple for a value of ``shape`` on ``devices`` devices, or the
+    LayoutError that says what is wrong with it."""
+    counts = tuple(spec)
+    if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
+        raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
+                          "(1 = not split).")
+    if len(counts) != len(shape):
+        raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
+                          f"has shape {tuple(shape)}; give one split count per dimension.")
+    if math.prod(counts) > devices:
+        raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
+                          f"there are only {devices} devices; lower the split counts.")
+    for i, (s, c) in enumerate(zip(shape, counts)):
+        if s % c:
+            raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
+                              f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
+    return tuple(int(c) for c in counts)
+
+
 def spec_layout(spec, shape, mesh, what) -> Layout:
     if isinstance(spec, str):
         spec = Layout.parse(spec)
@@ -99,20 +119,7 @@ def spec_layout(spec, shape, mesh, what) -> Layout:
                               f"the value has shape {tuple(shape)}; give one per dimension.")
         spec = spec.to_layout(mesh, what)
     if not isinstance(spec, Layout):
-        counts = tuple(spec)
-        if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
-            raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
-                              "(1 = not split).")
-        if len(counts) != len(shape):
-            raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
-                              f"has shape {tuple(shape)}; give one split count per dimension.")
-        if math.prod(counts) > mesh.size:
-            raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
-                              f"{mesh} has only {mesh.size} devices; lower the split counts.")
-        for i, (s, c) in enumerate(zip(shape, counts)):
-            if s % c:
-                raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
-                                  f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
+        counts = check_counts(spec, shape, mesh.size, what)
         try:
             spec = Layout.from_strategy(counts, mesh)
         except LayoutError as e:

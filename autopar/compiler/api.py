@@ -403,7 +403,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
     graph, in_strategy = tuples_on_device_matrices(
-        config, with_operator_letters(trace(fn, *args)), in_strategy)
+        config, with_operator_letters(trace(fn, *args)), args, in_strategy)
     t_trace = time.monotonic()
     config = mesh_for_device_matrices(config, graph, in_strategy)
     full = config.mesh()

@@ -27,11 +27,12 @@ from collections import defaultdict
 import jax
 
 from ..annotate import shard_p
-from ..arguments import leaf_names
+from ..arguments import check_counts, leaf_names
 from ..config import ParallelMode
 from ..device_matrix import DeviceSpec, OperatorSpec, refining_mesh
 from ..errors import ConfigError, LayoutError
 from ..graph import Graph
+from ..layout import Layout
 from ..mesh import default_axis_names
 from ..strategies.mindspore_ckpt import MindSporeLayouts
 from ..strategies.rules import rule_for
@@ -70,21 +71,28 @@ def with_operator_letters(graph: Graph) -> Graph:
                        graph.in_tree, graph.out_tree)
 
 
-def tuples_on_device_matrices(config, graph: Graph, in_strategy):
+def tuples_on_device_matrices(config, graph: Graph, args, in_strategy):
     """``(graph, in_strategy)`` with each plain split tuple (of an argument, or of a value in
-    ``ap.shard``) made MindSpore's layout of that tensor by itself (``DeviceSpec.of_tuple``)
-    where the mesh has one axis (``mesh_shape`` left out), which holds no split that leaves
-    devices over; unchanged on a mesh of several axes, where tuples map onto its axes."""
+    ``ap.shard``) checked against its value and made MindSpore's layout of that tensor by
+    itself (``DeviceSpec.of_tuple``) where the mesh has one axis (``mesh_shape`` left out),
+    which holds no split that leaves devices over; unchanged on a mesh of several axes, where
+    tuples map onto its axes."""
     if not _one_axis(config):
         return graph, in_strategy
     n = config.devices.device_num
     plain = lambda s: isinstance(s, tuple) and all(isinstance(c, int) for c in s)
-    if in_strategy is not None:
-        in_strategy = jax.tree.map(
-            lambda s: DeviceSpec.of_tuple(s, n, f"in_strategy {s}") if plain(s) else s,
-            in_strategy, is_leaf=lambda s: s is None or plain(s))
-    new = {v.id: dataclasses.replace(v, params={**v.params, "spec": DeviceSpec.of_tuple(
-               v.params["spec"], n, f"ap.shard at {v.source or v.name}")})
+    own = lambda s, shape, what: DeviceSpec.of_tuple(check_counts(s, shape, n, what), n, what)
+    if in_strategy is not None and len(in_strategy) == len(args):
+        is_leaf = lambda s: s is None or plain(s) or isinstance(s, (str, DeviceSpec, Layout))
+        try:            # a tuple covering a subtree: one layout per leaf under it
+            in_strategy = tuple(jax.tree.map(
+                lambda s, sub: jax.tree.map(lambda x: own(s, x.shape, f"in_strategy {s}"), sub)
+                if plain(s) else s, spec, a, is_leaf=is_leaf)
+                for spec, a in zip(in_strategy, args))
+        except ValueError:
+            pass        # not the arguments' structure: arg_layouts says so
+    new = {v.id: dataclasses.replace(v, params={**v.params, "spec": own(
+               v.params["spec"], v.outputs[0].shape, f"ap.shard at {v.source or v.name}")})
            for v in graph.nodes if v.prim == shard_p.name and plain(v.params["spec"])}
     if new:
         graph = Graph.build(graph.inputs, graph.outputs, [new.get(v.id, v) for v in graph.nodes],
