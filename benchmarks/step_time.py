@@ -8,7 +8,8 @@ For each GPT configuration and parallel mode, autopar plans the step for 2 devic
 same step is timed as
 - autopar native: ``compiled(params, batch)`` on 2 worker processes (collectives overlapped with
   compute, the default), and again with AUTOPAR_OVERLAP=0 (each all-reduce bucket awaited as it
-  is issued) to show what the overlap gains;
+  is issued) to show what the overlap gains, and with AUTOPAR_WHOLE_STEP=1 (each rank's step one
+  compiled executable, its collectives XLA custom calls: runtime.native_step);
 - autopar jax: the same Program through shard_map on 2 CPU devices of this process;
 - JAX SPMD: ``jax.jit(step, in_shardings=<the plan's argument layouts as NamedSharding>)`` on
   the same 2 CPU devices, XLA's own partitioner choosing everything else.
@@ -64,13 +65,16 @@ def measure(name, mode, iters):
 
     out = {"config": name, "mode": mode, **c}
     cfg = dict(parallel_mode=mode, device_num=2, progress=False)
-    for label, backend, overlap in (("native_ms", "native", "1"), ("native_no_overlap_ms", "native", "0"),
-                                    ("autopar_jax_ms", "jax", "1")):
+    for label, backend, overlap, whole in (
+            ("native_ms", "native", "1", "0"), ("native_no_overlap_ms", "native", "0", "0"),
+            ("native_whole_step_ms", "native", "1", "1"), ("autopar_jax_ms", "jax", "1", "0")):
         os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
+        os.environ["AUTOPAR_WHOLE_STEP"] = whole
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         compiled.close()
     os.environ.pop("AUTOPAR_OVERLAP")
+    os.environ.pop("AUTOPAR_WHOLE_STEP")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(compiled.program.mesh.shape),
                              compiled.program.mesh.axis_names)
     flat, tree = jax.tree.flatten((p, b))
@@ -79,6 +83,7 @@ def measure(name, mode, iters):
     spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings)
     out["jax_spmd_ms"] = median_ms(lambda: host(spmd(*flat)), iters)
     out["spmd_over_native"] = round(out["jax_spmd_ms"] / out["native_ms"], 2)
+    out["spmd_over_whole_step"] = round(out["jax_spmd_ms"] / out["native_whole_step_ms"], 2)
     out["overlap_gain"] = round(out["native_no_overlap_ms"] / out["native_ms"], 2)
     out["collectives"] = len(compiled.collectives())
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}

@@ -62,7 +62,8 @@ def _check_algorithm(name: str) -> None:
 class RuntimeOptions:
     """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
     ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
-    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0`` and ``AUTOPAR_TCP_STREAMS=S``
+    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S`` and
+    ``AUTOPAR_WHOLE_STEP=1``
     in the caller, so a benchmark may still set them; nothing below reads the environment."""
     # all-reduce buckets run while the compute after them does (False: each is awaited as
     # issued, to measure what the overlap gains)
@@ -82,12 +83,18 @@ class RuntimeOptions:
     # go out on whichever connection is free (more than one pays where one flow is capped
     # below the link, as a NIC's per-flow limits or one core per flow do)
     tcp_streams: int = 1
+    # each rank's whole step as one compiled executable, its collectives XLA custom calls
+    # (runtime.native_step): Python runs once per step, not once per instruction; no
+    # all-reduce buckets or overlap yet. Programs it cannot run (a Reduction Server) run
+    # instruction by instruction
+    whole_step: bool = False
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
         return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
                    direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
-                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")))
+                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
+                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1")
 
 
 def _streams(text: str) -> int:
@@ -126,6 +133,7 @@ class WorkerState:
     steps: list = field(default_factory=list)
     frees: list = field(default_factory=list)
     stage: Any = None                         # native_pipeline: the loaded StagePayload
+    whole: Any = None                         # native_step.WholeStep, when the options ask
     reducers: list = field(default_factory=list)   # the job's Reduction Server ranks
     stats: dict = field(default_factory=_fresh_stats)
     thread: Optional[ThreadPoolExecutor] = None
@@ -313,6 +321,12 @@ def load(comm, payload, cache=None):
     WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
     if comm.rank not in devices:
         return True
+    WORKER.whole = None
+    if payload.options.whole_step:
+        from .native_step import WholeStep, supported
+        if supported(payload) is None:
+            WORKER.payload, WORKER.whole = payload, WholeStep(comm, payload)
+            return True
     compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions
                                           if isinstance(ins, tuple)], devices, cache))
     steps = [("segment", next(compiled), ins[2], ins[3])
@@ -417,6 +431,12 @@ def run(comm, blocks):
         stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
         return None
     meter = PeakMeter()
+    if WORKER.whole is not None:
+        results = WORKER.whole(blocks)
+        stats["input_bytes"] = [b.nbytes for b in blocks]
+        meter.stop(sum(stats["input_bytes"]))
+        return results if comm.rank == 0 else [x if s else None
+                                                for x, s in zip(results, p.split)]
     regs = dict(zip(p.inputs, blocks))
     comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap)
 

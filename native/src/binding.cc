@@ -14,6 +14,7 @@
 #include <string>
 
 #include "algorithms/algorithms.h"
+#include "calls.h"
 #include "checks.h"
 #include "comm.h"
 #include "shm.h"
@@ -58,23 +59,6 @@ void check_copyable(const py::array& a, const std::string& what) {
         "numbers can be sent to another process");
 }
 
-ReduceOp op_of(const std::string& s, const std::string& where) {
-  static const std::map<std::string, ReduceOp> ops{
-      {"sum", ReduceOp::sum}, {"prod", ReduceOp::prod}, {"max", ReduceOp::max}, {"min", ReduceOp::min}};
-  auto it = ops.find(s);
-  if (it == ops.end()) bad(where + ": op='" + s + "' must be sum, prod, max or min");
-  return it->second;
-}
-
-using AllReduce = void (*)(Comm&, const Group&, void*, size_t, DType, ReduceOp);
-const std::map<std::string, AllReduce>& allreduce_algorithms() {
-  static const std::map<std::string, AllReduce> m{
-      {"ring", allreduce_ring}, {"halving_doubling", allreduce_halving_doubling},
-      {"recursive_doubling", allreduce_recursive_doubling}, {"tree", allreduce_tree}, {"2d_ring", allreduce_2d_ring}, {"2d_torus", allreduce_2d_torus},
-      {"2d_mesh", allreduce_2d_mesh}, {"direct", allreduce_direct}};
-  return m;
-}
-
 // The layout every buffer needs: C-contiguous (the collectives see flat bytes) and aligned to
 // its element size (the reductions load whole elements).
 void check_layout(const py::array& a, const std::string& what) {
@@ -102,19 +86,6 @@ void check_apart(const py::array& in, const py::array& out, const std::string& o
     bad(op + ": input and output share memory; pass separate arrays");
 }
 
-// What the ranks of a call must agree on besides its size, as a 64-bit FNV-1a hash: the
-// collective and its parameters (`what`) and the group's ranks in order.
-uint64_t signature(const std::string& what, const Group* g) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  };
-  mix(what);
-  if (g)
-    for (int r : g->ranks) mix("," + std::to_string(r));
-  return h;
-}
-
 // A copy collective's dtype in the signature: kind and item size (dtype.name costs a Python call).
 std::string type_tag(const py::array& a) {
   return std::string(1, a.dtype().kind()) + std::to_string(a.itemsize());
@@ -126,7 +97,15 @@ class PyComm {
          bool direct)
       // hosts is copied, not moved: the copy may be made before segment() checks it
       : comm_(rank, size, segment(rank, size, fd, hosts, timeout), hosts, timeout,
-              shm_within_hosts, direct) {}
+              shm_within_hosts, direct) {
+    handle_ = register_comm(&comm_);
+  }
+  ~PyComm() { unregister_comm(&comm_); }
+  PyComm(const PyComm&) = delete;
+  PyComm& operator=(const PyComm&) = delete;
+
+  // What a custom call names this communicator by (xla_ffi.cc), valid while it lives.
+  int64_t ffi_handle() const { return handle_; }
 
   Group group(const std::vector<int>& ranks, const std::string& op) {
     return check_group(ranks, comm_.rank(), comm_.size(), op);
@@ -146,10 +125,10 @@ class PyComm {
     if (server) reducer_ranks(reducers, ranks, "all_reduce");
     char* p = writable(a, "all_reduce: array");
     DType t = dtype_of(a, "all_reduce: array");
-    ReduceOp r = op_of(op, "all_reduce");
+    ReduceOp r = reduce_op(op, "all_reduce");
     Group g = group(ranks, "all_reduce");
     size_t n = size_t(a.size());
-    uint64_t sig = signature("all_reduce/" + algorithm + "/" + dtype_name(t) + "/" + op, &g);
+    uint64_t sig = call_signature("all_reduce/" + algorithm + "/" + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
     comm_.set_call({"all_reduce(" + algorithm + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
                     uint64_t(a.nbytes()), sig});
@@ -194,8 +173,8 @@ class PyComm {
           std::to_string(b.len[size_t(g.me)]) + " elements of the input's dtype, not " +
           std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
     check_apart(in, out, "reduce_scatter");
-    ReduceOp r = op_of(op, "reduce_scatter");
-    uint64_t sig = signature(std::string("reduce_scatter/") + dtype_name(t) + "/" + op, &g);
+    ReduceOp r = reduce_op(op, "reduce_scatter");
+    uint64_t sig = call_signature(std::string("reduce_scatter/") + dtype_name(t) + "/" + op, &g);
     py::gil_scoped_release release;
     comm_.set_call({"reduce_scatter(" + std::to_string(in.size()) + " x " + dtype_name(t) + ")",
                     uint64_t(in.nbytes()), sig});
@@ -214,7 +193,7 @@ class PyComm {
           std::to_string(out.size()) + " of " + std::string(py::str(out.dtype())));
     check_apart(in, out, "all_gather");
     size_t es = size_t(in.itemsize());
-    uint64_t sig = signature("all_gather/" + type_tag(in), &g);
+    uint64_t sig = call_signature("all_gather/" + type_tag(in), &g);
     py::gil_scoped_release release;
     comm_.set_call({"all_gather(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
                     sig});
@@ -235,7 +214,7 @@ class PyComm {
           ", output " + std::to_string(out.size()) + " elements)");
     check_apart(in, out, "all_to_all");
     size_t es = size_t(in.itemsize());
-    uint64_t sig = signature("all_to_all/" + type_tag(in), &g);
+    uint64_t sig = call_signature("all_to_all/" + type_tag(in), &g);
     py::gil_scoped_release release;
     comm_.set_call({"all_to_all(" + std::to_string(in.size()) + " elements)", uint64_t(in.nbytes()),
                     sig});
@@ -252,7 +231,7 @@ class PyComm {
     Group g = group(ranks, "broadcast");
     check_root(root, g.size(), "broadcast");
     size_t bytes = size_t(a.nbytes());
-    uint64_t sig = signature("broadcast/" + type_tag(a) + "/" + std::to_string(root), &g);
+    uint64_t sig = call_signature("broadcast/" + type_tag(a) + "/" + std::to_string(root), &g);
     py::gil_scoped_release release;
     comm_.set_call({"broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")",
                     bytes, sig});
@@ -269,7 +248,7 @@ class PyComm {
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
     comm_.set_call({"send(" + std::to_string(bytes) + " bytes to " + std::to_string(peer) + ")", bytes,
-                    signature("send/recv", nullptr)});
+                    call_signature("send/recv", nullptr)});
     comm_.send(peer, p, bytes);
   }
 
@@ -280,13 +259,13 @@ class PyComm {
     size_t bytes = size_t(a.nbytes());
     py::gil_scoped_release release;
     comm_.set_call({"recv(" + std::to_string(bytes) + " bytes from " + std::to_string(peer) + ")",
-                    bytes, signature("send/recv", nullptr)});
+                    bytes, call_signature("send/recv", nullptr)});
     comm_.recv(peer, p, bytes);
   }
 
   void barrier(const std::vector<int>& ranks, std::optional<double> timeout) {
     Group g = group(ranks, "barrier");
-    uint64_t sig = signature("barrier", &g);
+    uint64_t sig = call_signature("barrier", &g);
     if (timeout && !(*timeout > 0))
       throw std::invalid_argument("barrier: timeout must be a positive number of seconds");
     py::gil_scoped_release release;
@@ -362,6 +341,7 @@ class PyComm {
   }
 
   Comm comm_;
+  int64_t handle_ = 0;
   bool tcp_connected_ = false;
 };
 
@@ -415,6 +395,8 @@ PYBIND11_MODULE(_native, m) {
               "a peer's single-copy reads of this rank's memory are not counted)")
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")
+      .def_property_readonly("ffi_handle", &PyComm::ffi_handle,
+                             "the handle the XLA custom calls (ffi_targets) name this Comm by")
       .def_property_readonly("timeout", [](PyComm& c) { return c.comm().timeout(); },
                              "seconds a collective waits for a peer before failing")
       .def("all_reduce", &PyComm::all_reduce, py::arg("array"), py::arg("ranks"),
@@ -439,6 +421,13 @@ PYBIND11_MODULE(_native, m) {
       .def("connect_tcp", &PyComm::connect_tcp, py::arg("rendezvous"), py::arg("token"),
            py::arg("host") = "127.0.0.1", py::arg("streams") = 1,
            "connect to every rank no shared memory reaches, over `streams` TCP connections each");
+
+  m.def("ffi_targets", [] {
+    py::dict out;
+    for (auto& kv : ffi_handlers()) out[py::str(kv.first)] = py::capsule(kv.second);
+    return out;
+  }, "name -> XLA FFI handler (a PyCapsule) of each collective as a custom call, for "
+     "jax.ffi.register_ffi_target(f'autopar_{name}', capsule, platform='cpu')");
 
   std::vector<std::string> names;
   for (auto& kv : allreduce_algorithms()) names.push_back(kv.first);

@@ -1,0 +1,297 @@
+// autopar's collectives as XLA custom calls (the FFI of the headers jaxlib ships), so a rank's
+// whole step compiles into one executable: runtime/native_step.py registers these handlers
+// with jax.ffi.register_ffi_target as "autopar_<name>" and calls them through jax.ffi.ffi_call.
+//
+// Every handler takes, after its data, an int32 scalar `order` and returns one: the Python side
+// threads them from call to call, so the collectives of a step keep program order in the
+// compiled executable on every rank (XLA would otherwise be free to reorder independent
+// calls, and ranks would pair different collectives). Attributes: `comm`, the communicator's
+// handle (calls.h: a live Comm of this process, else an error); `ranks`, the group; `op`,
+// `algorithm`, `root`, `peer` as the Python binding's. Each checks its buffers' sizes against
+// the group before moving anything; an autopar CollectiveError comes back as an XLA error whose
+// message starts with "autopar CollectiveError:" (the worker raises it as one), any other
+// failure with "autopar:".
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "calls.h"
+#include "checks.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace autopar {
+namespace {
+
+using Ranks = ffi::Span<const int64_t>;
+
+DType dtype_of(ffi::DataType t, const std::string& what) {
+  switch (t) {
+    case ffi::DataType::F32: return DType::f32;
+    case ffi::DataType::F64: return DType::f64;
+    case ffi::DataType::F16: return DType::f16;
+    case ffi::DataType::BF16: return DType::bf16;
+    case ffi::DataType::S32: return DType::i32;
+    case ffi::DataType::S64: return DType::i64;
+    default:
+      throw ArgumentError(what + " must be float32, float64, float16, bfloat16, int32 or int64 "
+                          "to be reduced (XLA dtype " + std::to_string(int(t)) + ")");
+  }
+}
+
+Group group_of(Comm& c, Ranks ranks, const std::string& op) {
+  std::vector<int> rs;
+  for (int64_t r : ranks) {
+    if (r < 0 || r >= c.size())
+      throw ArgumentError(op + ": rank " + std::to_string(r) + " is outside [0, " +
+                          std::to_string(c.size()) + ")");
+    rs.push_back(int(r));
+  }
+  return check_group(rs, c.rank(), c.size(), op);
+}
+
+size_t element_size(const ffi::AnyBuffer& b) {
+  size_t n = b.element_count();
+  return n ? b.size_bytes() / n : 0;
+}
+
+// f run, with every failure an XLA error; the order token written.
+template <typename F>
+ffi::Error guarded(ffi::Result<ffi::AnyBuffer>& order_out, F f) {
+  try {
+    f();
+  } catch (const CollectiveError& e) {
+    return ffi::Error(ffi::ErrorCode::kAborted, std::string("autopar CollectiveError: ") + e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("autopar: ") + e.what());
+  }
+  if (order_out->size_bytes() >= sizeof(int32_t)) {
+    int32_t zero = 0;
+    std::memcpy(order_out->untyped_data(), &zero, sizeof zero);
+  }
+  return ffi::Error::Success();
+}
+
+void copy_if_apart(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y) {
+  if (y->untyped_data() != x.untyped_data() && x.size_bytes())
+    std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+}
+
+ffi::Error AllReduce(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                     std::string_view op, std::string_view algorithm) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    std::string alg(algorithm), o(op);
+    auto it = allreduce_algorithms().find(alg);
+    if (it == allreduce_algorithms().end())
+      throw ArgumentError("all_reduce: algorithm='" + alg + "' is not one of the custom call's "
+                          "(autopar._native.ALLREDUCE_ALGORITHMS)");
+    DType t = dtype_of(x.element_type(), "all_reduce: input");
+    ReduceOp r = reduce_op(o, "all_reduce");
+    Group g = group_of(c, ranks, "all_reduce");
+    if (y->size_bytes() != x.size_bytes()) throw ArgumentError("all_reduce: output size differs");
+    copy_if_apart(x, y);
+    size_t n = x.element_count();
+    c.set_call({"all_reduce(" + alg + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
+                uint64_t(x.size_bytes()),
+                call_signature("all_reduce/" + alg + "/" + dtype_name(t) + "/" + o, &g)});
+    it->second(c, g, y->untyped_data(), n, t, r);
+  });
+}
+
+ffi::Error AllGather(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    Group g = group_of(c, ranks, "all_gather");
+    if (y->size_bytes() != x.size_bytes() * size_t(g.size()))
+      throw ArgumentError("all_gather: the output must hold group size x the input");
+    size_t n = x.element_count(), es = element_size(x);
+    c.set_call({"all_gather(" + std::to_string(n) + " elements)", uint64_t(x.size_bytes()),
+                call_signature("all_gather/" + std::to_string(es), &g)});
+    if (reaches_all(c, g) && x.size_bytes() >= kDirectCopyMin)
+      allgather_direct(c, g, x.untyped_data(), y->untyped_data(), n, es);
+    else
+      allgather_ring(c, g, x.untyped_data(), y->untyped_data(), n, es);
+  });
+}
+
+ffi::Error ReduceScatter(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                         std::string_view op) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    std::string o(op);
+    DType t = dtype_of(x.element_type(), "reduce_scatter: input");
+    ReduceOp r = reduce_op(o, "reduce_scatter");
+    Group g = group_of(c, ranks, "reduce_scatter");
+    size_t n = x.element_count();
+    Blocks b(n, g.size());
+    if (y->element_count() != b.len[size_t(g.me)])
+      throw ArgumentError("reduce_scatter: the output must hold this rank's block");
+    c.set_call({"reduce_scatter(" + std::to_string(n) + " x " + dtype_name(t) + ")",
+                uint64_t(x.size_bytes()),
+                call_signature(std::string("reduce_scatter/") + dtype_name(t) + "/" + o, &g)});
+    reduce_scatter_ring(c, g, x.untyped_data(), y->untyped_data(), n, t, r);
+  });
+}
+
+ffi::Error AllToAll(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                    ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    Group g = group_of(c, ranks, "all_to_all");
+    size_t n = x.element_count(), es = element_size(x);
+    if (y->size_bytes() != x.size_bytes() || n % size_t(g.size()))
+      throw ArgumentError("all_to_all: input and output must have one size, a multiple of the "
+                          "group's");
+    size_t count = n / size_t(g.size());
+    c.set_call({"all_to_all(" + std::to_string(n) + " elements)", uint64_t(x.size_bytes()),
+                call_signature("all_to_all/" + std::to_string(es), &g)});
+    if (reaches_all(c, g) && count * es >= kDirectCopyMin)
+      alltoall_direct(c, g, x.untyped_data(), y->untyped_data(), count, es);
+    else
+      alltoall_pairwise(c, g, x.untyped_data(), y->untyped_data(), count, es);
+  });
+}
+
+ffi::Error Broadcast(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                     int64_t root) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    Group g = group_of(c, ranks, "broadcast");
+    if (root < 0 || root >= g.size())
+      throw ArgumentError("broadcast: root " + std::to_string(root) + " is outside the group");
+    if (y->size_bytes() != x.size_bytes()) throw ArgumentError("broadcast: output size differs");
+    copy_if_apart(x, y);
+    size_t bytes = x.size_bytes();
+    c.set_call({"broadcast(" + std::to_string(bytes) + " bytes from " + std::to_string(root) + ")",
+                bytes, call_signature("broadcast/" + std::to_string(root), &g)});
+    if (reaches_all(c, g) && bytes >= kDirectCopyMin)
+      broadcast_direct(c, g, y->untyped_data(), bytes, int(root));
+    else
+      broadcast_chain(c, g, y->untyped_data(), bytes, int(root));
+  });
+}
+
+void linked(Comm& c, int64_t peer, const std::string& op) {
+  if (peer < 0 || peer >= c.size() || peer == c.rank() || c.link_kind(int(peer)) == "none")
+    throw ArgumentError(op + ": rank " + std::to_string(peer) + " is not a linked peer");
+}
+
+ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order,
+                int64_t handle, int64_t peer) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    linked(c, peer, "send");
+    c.set_call({"send(" + std::to_string(x.size_bytes()) + " bytes to " + std::to_string(peer) + ")",
+                uint64_t(x.size_bytes()), call_signature("send/recv", nullptr)});
+    c.send(int(peer), x.untyped_data(), x.size_bytes());
+  });
+}
+
+ffi::Error Recv(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> order,
+                int64_t handle, int64_t peer) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    linked(c, peer, "recv");
+    c.set_call({"recv(" + std::to_string(y->size_bytes()) + " bytes from " +
+                std::to_string(peer) + ")", uint64_t(y->size_bytes()),
+                call_signature("send/recv", nullptr)});
+    c.recv(int(peer), y->untyped_data(), y->size_bytes());
+  });
+}
+
+ffi::Error Barrier(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    Group g = group_of(c, ranks, "barrier");
+    c.set_call({"barrier", 0, call_signature("barrier", &g)});
+    c.barrier(g);
+  });
+}
+
+XLA_FFI_DEFINE_HANDLER(FfiAllReduce, AllReduce,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks")
+                                  .Attr<std::string_view>("op")
+                                  .Attr<std::string_view>("algorithm"));
+XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks"));
+XLA_FFI_DEFINE_HANDLER(FfiReduceScatter, ReduceScatter,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks")
+                                  .Attr<std::string_view>("op"));
+XLA_FFI_DEFINE_HANDLER(FfiAllToAll, AllToAll,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks"));
+XLA_FFI_DEFINE_HANDLER(FfiBroadcast, Broadcast,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks")
+                                  .Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(FfiSend, Send,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("peer"));
+XLA_FFI_DEFINE_HANDLER(FfiRecv, Recv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("peer"));
+XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<Ranks>("ranks"));
+
+}  // namespace
+
+std::map<std::string, void*> ffi_handlers() {
+  return {{"all_reduce", reinterpret_cast<void*>(FfiAllReduce)},
+          {"all_gather", reinterpret_cast<void*>(FfiAllGather)},
+          {"reduce_scatter", reinterpret_cast<void*>(FfiReduceScatter)},
+          {"all_to_all", reinterpret_cast<void*>(FfiAllToAll)},
+          {"broadcast", reinterpret_cast<void*>(FfiBroadcast)},
+          {"send", reinterpret_cast<void*>(FfiSend)},
+          {"recv", reinterpret_cast<void*>(FfiRecv)},
+          {"barrier", reinterpret_cast<void*>(FfiBarrier)}};
+}
+
+}  // namespace autopar

@@ -1,0 +1,197 @@
+"""A rank's whole step as one compiled executable: its segments and its collectives (XLA
+custom calls into autopar's C++ collectives, ``native/src/xla_ffi.cc``) in one jitted function,
+compiled once per rank, so Python runs once per step instead of once per instruction.
+
+In: the worker's ``Comm`` and the loaded ``ProgramPayload`` (segments as ``jax.export`` bytes;
+collectives as ``Collective``s), then per call the rank's argument blocks. Out: the rank's
+results, as numpy arrays. The collectives keep program order on every rank through an int32
+token each custom call takes and returns (a chain XLA cannot reorder); all-reduces are fused
+into buckets as the interpreted runner's are (``bucket_bytes``, each with its cheapest
+algorithm by the plan's prices); slices and partial zeros are array operations inside the
+function. Not yet: overlap of communication with compute (the custom calls run in turn). A collective that fails raises
+``CollectiveError`` as the interpreted runner's do. Not here (``supported`` says why): the
+Reduction Server, whose reducer ranks serve a step from Python.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.errors import CollectiveError
+from autopar.graph import Const
+from autopar.program import Collective, StepKind, checked_table
+
+_MARK = "autopar CollectiveError:"
+_registered = []
+
+
+def register_targets() -> None:
+    """Register the custom calls with XLA's CPU platform (once per process)."""
+    if not _registered:
+        import jax
+        from autopar import _native
+        for name, capsule in _native.ffi_targets().items():
+            jax.ffi.register_ffi_target(f"autopar_{name}", capsule, platform="cpu")
+        _registered.append(True)
+
+
+def supported(payload) -> str | None:
+    """Why ``payload`` cannot run as one executable, or None."""
+    for ins in payload.instructions:
+        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE and (
+                "reduction_server" in (ins.algorithm, *(p[0] for p in ins.prices))):
+            return "its all-reduces may go through a Reduction Server"
+    return None
+
+
+class WholeStep:
+    """Callable: the rank's argument blocks -> its results (see the module docstring)."""
+
+    def __init__(self, comm, payload):
+        import jax
+        from jax import export
+        register_targets()
+        self.comm, self.payload = comm, payload
+        self.handle = np.int64(comm.ffi_handle)
+        self.segments = {k: export.deserialize(ins[1])
+                         for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
+        self.fn = jax.jit(self._step)
+
+    def __call__(self, blocks) -> list:
+        try:
+            out = self.fn(*blocks)
+            return [np.asarray(x) for x in out]
+        except Exception as e:        # noqa: BLE001 - XLA's error type varies by jaxlib version
+            text = str(e)
+            if _MARK in text:
+                raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
+            raise
+
+    def _step(self, *blocks):
+        import jax.numpy as jnp
+        p = self.payload
+        regs = dict(zip(p.inputs, blocks))
+        self.order, self.bucket = jnp.zeros((), jnp.int32), []
+
+        def get(r):
+            if isinstance(r, Const):
+                return jnp.asarray(r.value, r.dtype)
+            if r not in regs:                      # a pending all-reduce's result
+                regs.update(self._flush())
+            return regs[r]
+        for k, ins in enumerate(p.instructions):
+            if isinstance(ins, tuple):
+                outs = self.segments[k].call(*[get(i) for i in ins[2]])
+                regs.update(zip(ins[3], outs))
+                continue
+            axes = tuple(a for a in ins.axes if p.mesh.axis_size(a) > 1)
+            if not axes:
+                regs[ins.out] = get(ins.src)
+            elif ins.kind == StepKind.ALL_REDUCE:
+                regs.update(self._defer(ins, get(ins.src), axes))
+            else:
+                regs.update(self._flush())         # every rank issues in program order
+                ranks, me = p.mesh.group(self.comm.rank, axes)
+                regs[ins.out], self.order = _LOWER[ins.kind](self, ins, get(ins.src), ranks, me,
+                                                             self.order)
+        regs.update(self._flush())
+        return [get(o) for o in p.outputs if not isinstance(o, Const)]
+
+    def _defer(self, st, x, axes) -> dict:
+        """All-reduces fused as the interpreted runner's buckets: consecutive ones over the
+        same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
+        one of them (``get``) issues it; the results that issuing made, by register."""
+        key = (axes, x.dtype, st.op)
+        done = self._flush() if self.bucket and key != self.bucket[0][0] else {}
+        self.bucket.append((key, st, x))
+        if sum(b[2].size * b[2].dtype.itemsize for b in self.bucket) >= self.payload.bucket_bytes:
+            done.update(self._flush())
+        return done
+
+    def _flush(self) -> dict:
+        import dataclasses
+        import jax.numpy as jnp
+        if not self.bucket:
+            return {}
+        items, self.bucket = self.bucket, []
+        (axes, _, _), st, _ = items[0]
+        flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items]) if len(items) > 1 \
+            else jnp.ravel(items[0][2])
+        if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
+            nbytes = flat.size * flat.dtype.itemsize
+            st = dataclasses.replace(st, algorithm=min(
+                st.prices, key=lambda q: q[1] + q[2] * nbytes)[0])
+        ranks, me = self.payload.mesh.group(self.comm.rank, axes)
+        flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
+        out, at = {}, 0
+        for _, s, x in items:
+            out[s.out] = flat[at:at + x.size].reshape(x.shape)
+            at += x.size
+        return out
+
+    def call(self, name, results, *operands, aliases=None, **attrs):
+        """Custom call ``autopar_<name>``: ``results`` (ShapeDtypeStructs) and the order token
+        out, ``operands`` and the order token in."""
+        import jax
+        import jax.numpy as jnp
+        token = jax.ShapeDtypeStruct((), jnp.int32)
+        return jax.ffi.ffi_call(f"autopar_{name}", (*results, token), has_side_effect=True,
+                                input_output_aliases=aliases)(*operands, comm=self.handle,
+                                                              **attrs)
+
+
+def _ranks(ranks):
+    return np.asarray(ranks, np.int64)
+
+
+def _like(x, shape=None):
+    import jax
+    return jax.ShapeDtypeStruct(x.shape if shape is None else shape, x.dtype)
+
+
+def _all_reduce(step, st, x, ranks, me, order):
+    return step.call("all_reduce", (_like(x),), x, order, aliases={0: 0}, ranks=_ranks(ranks),
+                     op=st.op, algorithm=st.algorithm)
+
+
+def _all_gather(step, st, x, ranks, me, order):
+    import jax.numpy as jnp
+    n = len(ranks)
+    out, order = step.call("all_gather", (_like(x, (n,) + x.shape),), x, order,
+                           ranks=_ranks(ranks))
+    if st.dim == 0:
+        return out.reshape((n * x.shape[0],) + x.shape[1:]), order
+    return jnp.concatenate([out[i] for i in range(n)], axis=st.dim), order
+
+
+def _reduce_scatter(step, st, x, ranks, me, order):
+    import jax.numpy as jnp
+    front = jnp.moveaxis(x, st.dim, 0)
+    shape = (front.shape[0] // len(ranks),) + front.shape[1:]
+    out, order = step.call("reduce_scatter", (_like(x, shape),), front, order,
+                           ranks=_ranks(ranks), op=st.op)
+    return jnp.moveaxis(out, 0, st.dim), order
+
+
+def _all_to_all(step, st, x, ranks, me, order):
+    import jax.numpy as jnp
+    n = len(ranks)
+    parts = jnp.stack(jnp.split(x, n, axis=st.dst_dim))       # block j goes to rank j
+    out, order = step.call("all_to_all", (_like(parts),), parts, order, ranks=_ranks(ranks))
+    return jnp.concatenate([out[i] for i in range(n)], axis=st.dim), order
+
+
+def _slice(step, st, x, ranks, me, order):
+    from jax import lax
+    c = x.shape[st.dim] // len(ranks)
+    return lax.slice_in_dim(x, me * c, (me + 1) * c, axis=st.dim), order
+
+
+def _partial_zero(step, st, x, ranks, me, order):
+    import jax.numpy as jnp
+    return (x if me == 0 else jnp.zeros_like(x)), order
+
+
+_LOWER = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
+                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
+                        StepKind.REDUCE_SCATTER: _reduce_scatter,
+                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "whole-step executable")

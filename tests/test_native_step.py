@@ -1,0 +1,71 @@
+"""The native runtime's whole-step executables (AUTOPAR_WHOLE_STEP=1, runtime.native_step):
+each rank's segments and collectives compiled into one jitted function, the collectives XLA
+custom calls into autopar's C++ (native/src/xla_ffi.cc). Every plan gives the single-device
+step; the custom calls check their communicator handle and their buffers."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autopar as ap
+import models as m
+from test_api import assert_same
+
+
+def whole(comm):
+    from autopar.runtime.native_backend import WORKER
+    return WORKER.whole is not None
+
+
+def run_whole(monkeypatch, fn, args, **cfg):
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
+    config = ap.ParallelConfig(backend="native", progress=False, **cfg)
+    with ap.compile(fn, *args, config=config) as c:
+        assert_same(c(*args), fn(*args))
+        assert all(c.on_workers(whole))
+        assert_same(c(*args), fn(*args))           # the compiled executable, called again
+        return c.collectives()
+
+
+@pytest.mark.native
+def test_data_parallel_step_is_one_executable(monkeypatch):
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    kinds = run_whole(monkeypatch, m.mlp_sgd_step, (p, b), parallel_mode="data_parallel",
+                      device_num=2)
+    assert {x.kind.value for x in kinds} == {"all_reduce"}
+
+
+@pytest.mark.native
+def test_every_collective_kind_inside_the_executable(monkeypatch):
+    """A GPT block planned by auto_parallel on 2x2 (all-gathers, all-to-alls, slices, partial
+    sums) and the parallel optimizer's reduce-scatters, on 4 ranks."""
+    p, b = m.gpt_params(), m.gpt_batch(batch=4)
+    kinds = run_whole(monkeypatch, m.gpt_sgd_step, (p, b), parallel_mode="auto_parallel",
+                      device_num=4, mesh_shape=(2, 2), search_mode="dynamic_programming")
+    sizes = (64, 256, 64)
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=64, sizes=sizes)
+    kinds += run_whole(monkeypatch, m.mlp_sgd_step, (p, b), parallel_mode="data_parallel",
+                       device_num=4, enable_parallel_optimizer=True, optimizer_level="level2",
+                       parallel_optimizer_threshold=0)
+    assert {"all_reduce", "all_gather", "reduce_scatter"} <= {x.kind.value for x in kinds}
+
+
+def test_a_custom_call_refuses_a_communicator_it_does_not_know():
+    from autopar import _native
+    from autopar.runtime.native_step import register_targets
+    register_targets()
+    comm = _native.Comm(0, 1, -1)
+    token = jax.ShapeDtypeStruct((), jnp.int32)
+    x = jnp.ones((4,), jnp.float32)
+
+    def call(handle, ranks):
+        return jax.ffi.ffi_call("autopar_all_reduce", (jax.ShapeDtypeStruct((4,), jnp.float32),
+                                                        token), has_side_effect=True)(
+            x, jnp.zeros((), jnp.int32), comm=np.int64(handle), ranks=np.asarray(ranks, np.int64),
+            op="sum", algorithm="ring")
+    y, _ = call(comm.ffi_handle, [0])                 # a group of one: the input itself
+    assert np.array_equal(np.asarray(y), np.ones(4))
+    with pytest.raises(Exception, match="not a live Comm"):
+        call(comm.ffi_handle + 8, [0])
+    with pytest.raises(Exception, match="outside"):
+        call(comm.ffi_handle, [3])
