@@ -432,7 +432,9 @@ def run(comm, blocks):
         return None
     meter = PeakMeter()
     if WORKER.whole is not None:
+        t0 = time.perf_counter()
         results = WORKER.whole(blocks)
+        stats["step_seconds"] = time.perf_counter() - t0
         stats["input_bytes"] = [b.nbytes for b in blocks]
         meter.stop(sum(stats["input_bytes"]))
         return results if comm.rank == 0 else [x if s else None

@@ -69,3 +69,30 @@ def test_a_custom_call_refuses_a_communicator_it_does_not_know():
         call(comm.ffi_handle + 8, [0])
     with pytest.raises(Exception, match="outside"):
         call(comm.ffi_handle, [3])
+
+
+@pytest.mark.native
+def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_works(monkeypatch):
+    """Failure behaviour as the interpreted runner's: a rank stopped (SIGSTOP) leaves its peer
+    waiting inside a custom call; the call raises CollectiveError within the bound, and the
+    next call runs on new workers."""
+    import os
+    import signal
+    import time
+    from test_native_failures import BOUND, TIMEOUT, pids_gone, worker_pid
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,
+                            collective_timeout=TIMEOUT)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    assert all(c.on_workers(whole))
+    pids = c.on_workers(worker_pid)
+    os.kill(pids[1], signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(ap.CollectiveError):
+        c(p, b)
+    assert time.monotonic() - start < BOUND
+    assert pids_gone(pids)
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    c.close()
