@@ -96,3 +96,35 @@ def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_wo
     assert pids_gone(pids)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     c.close()
+
+
+def broadcast_send_recv_barrier(comm):
+    """In a worker: broadcast from rank 1, rank 0 sends twice that to rank 1, a barrier; all
+    custom calls in one jitted function."""
+    from autopar.runtime.native_step import register_targets
+    register_targets()
+    h, ranks = np.int64(comm.ffi_handle), np.arange(comm.size, dtype=np.int64)
+    token = jax.ShapeDtypeStruct((), jnp.int32)
+    call = lambda name, *results: jax.ffi.ffi_call(f"autopar_{name}", (*results, token),
+                                                   has_side_effect=True)
+
+    def f(x):
+        like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        y, o = call("broadcast", like)(x, jnp.zeros((), jnp.int32), comm=h, ranks=ranks,
+                                       root=np.int64(1))
+        if comm.rank == 0:
+            (o,) = call("send")(y * 2, o, comm=h, peer=np.int64(1))
+            z = y
+        else:
+            z, o = call("recv", like)(o, comm=h, peer=np.int64(0))
+        (o,) = call("barrier")(o, comm=h, ranks=ranks)
+        return z, o
+    z, _ = jax.jit(f)(jnp.full((4,), float(comm.rank), jnp.float32))
+    return np.asarray(z).tolist()
+
+
+@pytest.mark.native
+def test_broadcast_send_recv_and_barrier_as_custom_calls():
+    from autopar.runtime.launcher import Job
+    with Job(2, timeout=10.0) as j:
+        assert j.call(broadcast_send_recv_barrier, [()] * 2) == [[1.0] * 4, [2.0] * 4]

@@ -216,70 +216,45 @@ ffi::Error Barrier(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t ha
   });
 }
 
+// The bindings: data in and out, the order token in and out, the communicator.
+auto in_out() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>()
+      .Attr<int64_t>("comm");
+}
+
 XLA_FFI_DEFINE_HANDLER(FfiAllReduce, AllReduce,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks")
-                                  .Attr<std::string_view>("op")
-                                  .Attr<std::string_view>("algorithm"));
-XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks"));
+                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op")
+                           .Attr<std::string_view>("algorithm"));
+XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather, in_out().Attr<Ranks>("ranks"));
 XLA_FFI_DEFINE_HANDLER(FfiReduceScatter, ReduceScatter,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks")
-                                  .Attr<std::string_view>("op"));
-XLA_FFI_DEFINE_HANDLER(FfiAllToAll, AllToAll,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks"));
+                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op"));
+XLA_FFI_DEFINE_HANDLER(FfiAllToAll, AllToAll, in_out().Attr<Ranks>("ranks"));
 XLA_FFI_DEFINE_HANDLER(FfiBroadcast, Broadcast,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks")
-                                  .Attr<int64_t>("root"));
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("root"));
 XLA_FFI_DEFINE_HANDLER(FfiSend, Send,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("peer"));
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm")
+                           .Attr<int64_t>("peer"));
 XLA_FFI_DEFINE_HANDLER(FfiRecv, Recv,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("peer"));
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm")
+                           .Attr<int64_t>("peer"));
 XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<Ranks>("ranks"));
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm")
+                           .Attr<Ranks>("ranks"));
 
 }  // namespace
 
