@@ -316,10 +316,14 @@ def compile_shared(comm, segments, ranks, cache):
 
 def load(comm, payload, cache=None):
     """Compile the program's segments (a job runs one program), shared across the ranks of
-    the mesh; a Reduction Server rank (after them) only keeps the payload."""
+    the mesh; a Reduction Server rank (after them) only keeps the payload, and waits at a
+    barrier of the whole job until the devices' ranks have compiled: its answer would
+    otherwise come at once and start the launcher's clock on the compiling ranks (which a
+    loaded machine's compiles outlast)."""
     devices = list(range(payload.mesh.size))
     WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
     if comm.rank not in devices:
+        _compiled_everywhere(comm)
         return True
     WORKER.whole = None
     if payload.options.whole_step:
@@ -334,7 +338,14 @@ def load(comm, payload, cache=None):
     WORKER.payload, WORKER.steps = payload, steps
     WORKER.frees = _last_reads(steps, payload.outputs)
     WORKER.comm_thread()
+    if WORKER.reducers:
+        _compiled_everywhere(comm)
     return True
+
+
+def _compiled_everywhere(comm):
+    """Every rank of the job, reducers included, past its compiles (``COMPILE_TIMEOUT``)."""
+    comm.barrier(list(range(comm.size)), timeout=max(comm.timeout, COMPILE_TIMEOUT))
 
 
 def _last_reads(steps, outputs):
