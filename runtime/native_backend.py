@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 import functools
 import gc
-import os
 import shutil
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, checked_table
 
 from . import wire
+from .options import RuntimeOptions
 
 
 def _check_algorithm(name: str) -> None:
@@ -56,52 +56,6 @@ def _check_algorithm(name: str) -> None:
         raise CollectiveError(f"the plan asks for all-reduce algorithm {name!r}, which the native "
                               f"runtime does not have (it has {sorted(known)}); re-plan with this "
                               "autopar version, whose cost table names only those.")
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
-    ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
-    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S`` and
-    ``AUTOPAR_WHOLE_STEP=1``
-    in the caller, so a benchmark may still set them; nothing below reads the environment."""
-    # all-reduce buckets run while the compute after them does (False: each is awaited as
-    # issued, to measure what the overlap gains)
-    overlap: bool = True
-    # single-copy transfers between ranks on shared memory, through process_vm_readv/writev: a
-    # message of 1 MiB or more is read by the receiver straight from the sender's memory, and
-    # the "direct" all-reduce and the large all-gathers, all-to-alls and broadcasts read their
-    # peers' buffers themselves. On only where every rank of the job can reach the others'
-    # memory. False: everything goes through the shared-memory slots (two copies; the
-    # "direct" all-reduce runs the ring) -- to measure what single-copy gains
-    direct: bool = True
-    # (Linux network namespace, IPv4 address) per host of the program's topology: each host's
-    # ranks run in its namespace and reach the other hosts over TCP (``tools.netns`` makes
-    # such hosts on one machine). Empty: every rank on this host, shared memory between all
-    hosts: tuple = ()
-    # TCP connections per pair of ranks on different hosts: a message is cut into chunks that
-    # go out on whichever connection is free (more than one pays where one flow is capped
-    # below the link, as a NIC's per-flow limits or one core per flow do)
-    tcp_streams: int = 1
-    # each rank's whole step as one compiled executable, its collectives XLA custom calls
-    # (runtime.native_step): Python runs once per step, not once per instruction; no
-    # all-reduce buckets or overlap yet. Programs it cannot run (a Reduction Server) run
-    # instruction by instruction
-    whole_step: bool = False
-
-    @classmethod
-    def from_env(cls) -> "RuntimeOptions":
-        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
-                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
-                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
-                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1")
-
-
-def _streams(text: str) -> int:
-    if not text.strip().isdigit():
-        raise ConfigError(f"AUTOPAR_TCP_STREAMS={text!r}: give a whole number of TCP connections "
-                          "per pair of ranks, 1 to 16.")
-    return int(text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -524,10 +478,7 @@ class CommScheduler:
         for (_, x), at, end in zip(items, offsets, offsets[1:]):
             flat[at:at + x.size] = np.ravel(x)
             flat[at + x.size:end] = 0
-        st = items[0][0]
-        if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
-            st = dataclasses.replace(st, algorithm=min(
-                st.prices, key=lambda p: p[1] + p[2] * flat.nbytes)[0])
+        st = for_bucket(items[0][0], len(items), flat.nbytes)
         fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
         if not self.overlap:
             fut.result()
@@ -554,6 +505,16 @@ class CommScheduler:
         """Issue what is pending and wait until every collective of the step is done."""
         self.flush()
         self.thread.submit(lambda: None).result()
+
+
+def for_bucket(st, tensors: int, nbytes: int):
+    """The all-reduce ``st`` for a bucket of ``tensors`` fused into ``nbytes``: the plan priced
+    each tensor alone, so a bucket of several takes the algorithm its prices make cheapest
+    for the bucket's size."""
+    if tensors == 1:
+        return st
+    return dataclasses.replace(st, algorithm=min(st.prices,
+                                                 key=lambda p: p[1] + p[2] * nbytes)[0])
 
 
 @functools.lru_cache(maxsize=None)

@@ -70,7 +70,7 @@ class WholeStep:
         import jax.numpy as jnp
         p = self.payload
         regs = dict(zip(p.inputs, blocks))
-        self.order, self.bucket = jnp.zeros((), jnp.int32), []
+        self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
 
         def get(r):
             if isinstance(r, Const):
@@ -103,23 +103,20 @@ class WholeStep:
         key = (axes, x.dtype, st.op)
         done = self._flush() if self.bucket and key != self.bucket[0][0] else {}
         self.bucket.append((key, st, x))
-        if sum(b[2].size * b[2].dtype.itemsize for b in self.bucket) >= self.payload.bucket_bytes:
+        self.bucket_bytes += x.size * x.dtype.itemsize
+        if self.bucket_bytes >= self.payload.bucket_bytes:
             done.update(self._flush())
         return done
 
     def _flush(self) -> dict:
-        import dataclasses
         import jax.numpy as jnp
+        from .native_backend import for_bucket
         if not self.bucket:
             return {}
-        items, self.bucket = self.bucket, []
+        items, self.bucket, nbytes, self.bucket_bytes = self.bucket, [], self.bucket_bytes, 0
         (axes, _, _), st, _ = items[0]
-        flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items]) if len(items) > 1 \
-            else jnp.ravel(items[0][2])
-        if len(items) > 1:            # the plan priced each tensor alone; re-pick for the bucket
-            nbytes = flat.size * flat.dtype.itemsize
-            st = dataclasses.replace(st, algorithm=min(
-                st.prices, key=lambda q: q[1] + q[2] * nbytes)[0])
+        flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items])
+        st = for_bucket(st, len(items), nbytes)
         ranks, me = self.payload.mesh.group(self.comm.rank, axes)
         flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
         out, at = {}, 0

@@ -18,7 +18,7 @@ import time
 
 import jax
 
-from ..config import (NATIVE_MAX_RANKS, Backend, OptimizerLevel, ParallelConfig, ParallelMode,
+from ..config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode,
                       SearchMode)
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError
@@ -41,6 +41,7 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
+from .checks import check_backend, check_request, config_of
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
 from .search import recursive_search, search
@@ -249,10 +250,10 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     made once and checked the same on every process (``compiler.multiprocess``), and every
     process gets the whole results, as numpy arrays.
     """
-    config = _config(config)
+    config = config_of(config)
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
-    _check_backend(config)
+    check_backend(config)
     local = ()
     if config.backend is Backend.JAX and multi_process():
         (graph, strat, program), local = plan_for_processes(
@@ -343,23 +344,6 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
                     program, out_comm)
 
 
-def _check_request(config, strategy, pipelined):
-    """The combinations of config and loaded strategy autopar refuses, with how to fix them."""
-    mode = config.parallel_mode
-    if mode is ParallelMode.HYBRID_PARALLEL and strategy is not None:
-        raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
-                          "strategy to load; unset strategy / strategy_ckpt_config.")
-    if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
-        raise ConfigError(
-            "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
-            "device_num times the gradient of the step you wrote; autopar keeps the single-device "
-            "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
-    if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
-        raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
-                          "autopar does not load yet; plan again (pipeline_stage_devices) "
-                          "instead of loading it.")
-
-
 def _gc_paused(f):
     """``f`` run with Python's cyclic garbage collector paused (restored after, and left alone
     when the caller had paused it). Planning a deep model allocates millions of short-lived
@@ -385,7 +369,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     ``auto_pipeline`` considers), check the memory cap, assemble the Strategy. Without a
     topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
     measured first when ``measure``, as ``compile`` does before running here)."""
-    config = _config(config)
+    config = config_of(config)
     batch_argnums = check_call(fn, args, batch_argnums)
     in_strategy, ops, strategy = mindspore_constraints(strategy, config, args, in_strategy)
     if strategy is not None and not isinstance(strategy, Strategy):
@@ -398,7 +382,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if strategy is not None and config.pipeline.auto:          # the loaded plan's pipeline
         config = config.replace(pipeline_stages=max(len(strategy.stages), 1),
                                 micro_batches=strategy.micro_batches)
-    _check_request(config, strategy, _pipelined(config))
+    check_request(config, strategy, _pipelined(config))
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
@@ -419,35 +403,6 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
         return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
                              lambda r, cache: _staged(r, full, cache))
     return _plan_traced(req, full, t0, t_trace)
-
-
-def _config(config) -> ParallelConfig:
-    """``config``, or the context's when None; ConfigError for anything else."""
-    if config is None:
-        return context_config()
-    if not isinstance(config, ParallelConfig):
-        raise ConfigError(f"config={config!r} must be an ap.ParallelConfig, e.g. "
-                          "ap.ParallelConfig(parallel_mode='data_parallel', device_num=2).")
-    return config
-
-
-def _check_backend(config) -> None:
-    """ConfigError when the backend cannot run ``config``'s devices (checked before planning,
-    not at the first call)."""
-    n = config.devices.device_num
-    if config.backend is Backend.NATIVE and multi_process():
-        raise ConfigError("backend='native' in a multi-process JAX runtime would start one "
-                          "native job per process; use backend='jax' (every process runs its "
-                          "devices' part of the plan), or start a single process.")
-    if config.backend is Backend.NATIVE and n > NATIVE_MAX_RANKS:
-        raise ConfigError(f"device_num={n}: the native backend runs at most {NATIVE_MAX_RANKS} "
-                          "ranks (one worker process each, on this host); use backend='jax' or "
-                          "fewer devices, or ap.plan to plan for more without running.")
-    if config.backend is Backend.JAX and n > len(jax.devices()):
-        raise ConfigError(f"device_num={n} but JAX sees {len(jax.devices())} device(s) "
-                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS="
-                          f"--xla_force_host_platform_device_count={n} before importing jax, or "
-                          "lower device_num.")
 
 
 def _pipelined(config) -> bool:

@@ -1,0 +1,59 @@
+"""What compile refuses before planning: the config a call means (``config_of``: the given
+one, or the context's), a backend that cannot run its devices (``check_backend``), and
+combinations of config and loaded strategy autopar does not plan (``check_request``). In: a
+ParallelConfig (and a loaded Strategy). Out: the config, or a ConfigError saying what and how
+to fix it."""
+from __future__ import annotations
+
+import jax
+
+from ..config import NATIVE_MAX_RANKS, Backend, ParallelConfig, ParallelMode
+from ..context import context_config
+from ..errors import ConfigError
+from ..runtime.jax_distributed import multi_process
+
+
+def config_of(config) -> ParallelConfig:
+    """``config``, or the context's when None; ConfigError for anything else."""
+    if config is None:
+        return context_config()
+    if not isinstance(config, ParallelConfig):
+        raise ConfigError(f"config={config!r} must be an ap.ParallelConfig, e.g. "
+                          "ap.ParallelConfig(parallel_mode='data_parallel', device_num=2).")
+    return config
+
+
+def check_backend(config) -> None:
+    """ConfigError when the backend cannot run ``config``'s devices (checked before planning,
+    not at the first call)."""
+    n = config.devices.device_num
+    if config.backend is Backend.NATIVE and multi_process():
+        raise ConfigError("backend='native' in a multi-process JAX runtime would start one "
+                          "native job per process; use backend='jax' (every process runs its "
+                          "devices' part of the plan), or start a single process.")
+    if config.backend is Backend.NATIVE and n > NATIVE_MAX_RANKS:
+        raise ConfigError(f"device_num={n}: the native backend runs at most {NATIVE_MAX_RANKS} "
+                          "ranks (one worker process each, on this host); use backend='jax' or "
+                          "fewer devices, or ap.plan to plan for more without running.")
+    if config.backend is Backend.JAX and n > len(jax.devices()):
+        raise ConfigError(f"device_num={n} but JAX sees {len(jax.devices())} device(s) "
+                          f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS="
+                          f"--xla_force_host_platform_device_count={n} before importing jax, or "
+                          "lower device_num.")
+
+
+def check_request(config, strategy, pipelined):
+    """The combinations of config and loaded strategy autopar refuses, with how to fix them."""
+    mode = config.parallel_mode
+    if mode is ParallelMode.HYBRID_PARALLEL and strategy is not None:
+        raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
+                          "strategy to load; unset strategy / strategy_ckpt_config.")
+    if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
+        raise ConfigError(
+            "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
+            "device_num times the gradient of the step you wrote; autopar keeps the single-device "
+            "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
+    if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
+        raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
+                          "autopar does not load yet; plan again (pipeline_stage_devices) "
+                          "instead of loading it.")

@@ -1,0 +1,55 @@
+"""How the native runtime runs a program (``RuntimeOptions``): overlap, single-copy transfers,
+namespace hosts, TCP streams per pair of ranks, whole-step executables. In: the fields, or the
+caller's environment (``from_env``). Out: a frozen value the runner ships with the program."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from autopar.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
+    ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
+    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S`` and
+    ``AUTOPAR_WHOLE_STEP=1``
+    in the caller, so a benchmark may still set them; nothing below reads the environment."""
+    # all-reduce buckets run while the compute after them does (False: each is awaited as
+    # issued, to measure what the overlap gains)
+    overlap: bool = True
+    # single-copy transfers between ranks on shared memory, through process_vm_readv/writev: a
+    # message of 1 MiB or more is read by the receiver straight from the sender's memory, and
+    # the "direct" all-reduce and the large all-gathers, all-to-alls and broadcasts read their
+    # peers' buffers themselves. On only where every rank of the job can reach the others'
+    # memory. False: everything goes through the shared-memory slots (two copies; the
+    # "direct" all-reduce runs the ring) -- to measure what single-copy gains
+    direct: bool = True
+    # (Linux network namespace, IPv4 address) per host of the program's topology: each host's
+    # ranks run in its namespace and reach the other hosts over TCP (``tools.netns`` makes
+    # such hosts on one machine). Empty: every rank on this host, shared memory between all
+    hosts: tuple = ()
+    # TCP connections per pair of ranks on different hosts: a message is cut into chunks that
+    # go out on whichever connection is free (more than one pays where one flow is capped
+    # below the link, as a NIC's per-flow limits or one core per flow do)
+    tcp_streams: int = 1
+    # each rank's whole step as one compiled executable, its collectives XLA custom calls
+    # (runtime.native_step): Python runs once per step, not once per instruction; no
+    # all-reduce buckets or overlap yet. Programs it cannot run (a Reduction Server) run
+    # instruction by instruction
+    whole_step: bool = False
+
+    @classmethod
+    def from_env(cls) -> "RuntimeOptions":
+        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
+                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
+                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
+                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1")
+
+
+def _streams(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ConfigError(f"AUTOPAR_TCP_STREAMS={text!r}: give a whole number of TCP connections "
+                          "per pair of ranks, 1 to 16.")
+    return int(text)
