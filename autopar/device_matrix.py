@@ -194,16 +194,11 @@ class OperatorSpec:
         return replace(self, letters=tuple(tuple(l) for l in letters),
                        out_letters=tuple(out_letters))
 
-    def own(self) -> "OperatorSpec":
-        """This operand alone on its own device matrix."""
-        c = self.out if self.operand < 0 else self.counts[self.operand]
-        return replace(self, counts=(c,), operand=0, out=None,
-                       letters=(tuple(f"d{i}" for i in range(len(c))),))
-
     def resolve(self, n: int, what: str = "strategy") -> DeviceSpec:
         """The operand's DeviceSpec on ``n`` devices (letters filled in)."""
-        if self.letters is None:
-            return self.own().resolve(n, what)
+        if self.letters is None:                    # this operand alone: [repeat] + tuple
+            return DeviceSpec.of_tuple(self.out if self.operand < 0 else
+                                       self.counts[self.operand], n, what)
         split, order = {}, []
         for letters, counts in zip(self.letters, self.counts):
             if counts is None:

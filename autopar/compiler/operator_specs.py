@@ -65,6 +65,11 @@ def with_operator_letters(graph: Graph) -> Graph:
                 continue                          # the result of something else: its own
             new[n.id] = dataclasses.replace(n, params={**n.params, "spec": s.with_letters(
                 letters, out_letters)})
+    return _replaced(graph, new)
+
+
+def _replaced(graph: Graph, new: dict) -> Graph:
+    """``graph`` with the nodes of ``new`` (node id -> Node) in their places."""
     if not new:
         return graph
     return Graph.build(graph.inputs, graph.outputs, [new.get(n.id, n) for n in graph.nodes],
@@ -94,10 +99,7 @@ def tuples_on_device_matrices(config, graph: Graph, args, in_strategy):
     new = {v.id: dataclasses.replace(v, params={**v.params, "spec": own(
                v.params["spec"], v.outputs[0].shape, f"ap.shard at {v.source or v.name}")})
            for v in graph.nodes if v.prim == shard_p.name and plain(v.params["spec"])}
-    if new:
-        graph = Graph.build(graph.inputs, graph.outputs, [new.get(v.id, v) for v in graph.nodes],
-                            graph.in_tree, graph.out_tree)
-    return graph, in_strategy
+    return _replaced(graph, new), in_strategy
 
 
 def _one_axis(config) -> bool:
