@@ -9,6 +9,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax                  # noqa: E402
+
 import autopar as ap        # noqa: E402
 import gpt_model as gpt     # noqa: E402
 
@@ -23,7 +25,7 @@ def main():
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, mesh_shape=(2, 2),
                             search_mode="dynamic_programming", max_device_memory="64MB")
     compiled = ap.compile(gpt.sgd_step, params, data, config=cfg)
-    gpt.check_same(compiled(params, data), gpt.sgd_step(params, data), "auto_parallel on 4 ranks")
+    gpt.check_same(compiled(params, data), jax.jit(gpt.sgd_step)(params, data), "auto_parallel on 4 ranks")
     dp = ap.plan(gpt.sgd_step, params, data,
                  config=ap.ParallelConfig(parallel_mode="data_parallel", device_num=4))
     s = compiled.strategy

@@ -42,7 +42,7 @@ def main():
     compiled = ap.compile(per_device_step, params, batch, config=cfg,
                           in_strategy=({"w1": "[_,y]", "w2": "[y,_]"}, "[x,_]"))
     loss, new = compiled(params, batch)
-    ref_loss, ref = single_device_step(params, batch)
+    ref_loss, ref = jax.jit(single_device_step)(params, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  (loss, new), (ref_loss, ref))
     print(f"loss {float(loss):.6f} on 4 native ranks, the same as the single-device step")

@@ -9,6 +9,8 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax                  # noqa: E402
+
 import autopar as ap        # noqa: E402
 import gpt_model as gpt     # noqa: E402
 
@@ -27,7 +29,7 @@ def main():
     print(f"loaded in {loaded.timings['search']:.2f} s (strategy search: {loaded.strategy.search})")
     same = [a.out_layouts for a in loaded.strategy.ops] == [a.out_layouts for a in searched.strategy.ops]
     print(f"the loaded layouts are the searched ones: {same}")
-    gpt.check_same(loaded(params, data), gpt.sgd_step(params, data), "the loaded strategy")
+    gpt.check_same(loaded(params, data), jax.jit(gpt.sgd_step)(params, data), "the loaded strategy")
     ap.Strategy.load(path).save(path.replace(".json", ".ckpt"))   # MindSpore protobuf
     print(f"also written as MindSpore's strategy checkpoint: {path.replace('.json', '.ckpt')}")
     ap.reset_auto_parallel_context()

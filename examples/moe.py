@@ -54,7 +54,7 @@ def main():
                             dataset_strategy="data_parallel", search_time=20)
     compiled = ap.compile(step, params, batch, config=cfg)
     loss, new = compiled(params, batch)
-    ref_loss, ref = step(params, batch)
+    ref_loss, ref = jax.jit(step)(params, batch)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  (loss, new), (ref_loss, ref))
     print(f"loss {float(loss):.6f}, the same as the single-device step\n")

@@ -10,6 +10,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import time                 # noqa: E402
 
+import jax                  # noqa: E402
+
 import autopar as ap        # noqa: E402
 import gpt_model as gpt     # noqa: E402
 
@@ -23,7 +25,7 @@ def main():
     t = time.monotonic()
     got = compiled(params, data)
     first = time.monotonic() - t
-    gpt.check_same(got, gpt.sgd_step(params, data), "2 stages x 2 devices, 4 micro-batches")
+    gpt.check_same(got, jax.jit(gpt.sgd_step)(params, data), "2 stages x 2 devices, 4 micro-batches")
     t = time.monotonic()
     compiled(params, data)
     print(f"first call {first:.1f} s (workers start, segments compile), then "

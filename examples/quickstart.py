@@ -42,7 +42,7 @@ def main():
     compiled = ap.compile(step, params, batch, config=cfg, in_strategy=(None, ((2, 1), (2, 1))))
     loss, new_params = compiled(params, batch)
 
-    ref_loss, ref_params = step(params, batch)
+    ref_loss, ref_params = jax.jit(step)(params, batch)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  new_params, ref_params)

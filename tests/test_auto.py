@@ -171,10 +171,10 @@ def test_default_search_mode_follows_the_mesh(mesh, solver):
 @pytest.mark.slow
 def test_recursive_programming_cuts_each_axis_and_matches_single_device():
     """One cut per mesh axis on a (2, 2, 2) mesh: the plan runs, gives the single-device values
-    and stays within 10% of data parallelism and 15% of the joint search over all axes (each cut
-    commits before the next is seen, and the joint search is not exact on this graph either:
-    either may come out ahead). Since the cost model prices reductions and recursive doubling
-    the cuts come out 6% above dp and 10% above the joint search (before: within 5% of both)."""
+    and stays within 10% of data parallelism (since the cost model prices reductions and
+    recursive doubling the cuts come out 6% above it). How the cuts compare with the joint
+    search over all axes is measured in benchmarks/plan_gpt.py (BENCHMARKS.md): dynamic
+    programming over this 3-axis mesh took a minute of a loaded CI machine here."""
     p, b = m.gpt_params(d=64, vocab=128, seq=16), m.gpt_batch(batch=8, seq=16, vocab=128)
     cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=8,
                             mesh_shape=(2, 2, 2), search_mode="recursive_programming")
@@ -182,9 +182,7 @@ def test_recursive_programming_cuts_each_axis_and_matches_single_device():
     assert c.strategy.search == "recursive_programming"
     assert_same(c(p, b), m.gpt_sgd_step(p, b))
     dp = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
-    joint = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(search_mode="dynamic_programming"))
     assert c.strategy.step_time <= dp.step_time * 1.10
-    assert 1 / 1.15 <= c.strategy.step_time / joint.step_time <= 1.15
 
 
 def test_recursive_programming_never_enumerates_the_product(monkeypatch):

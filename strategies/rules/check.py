@@ -20,9 +20,11 @@ For one node, ``check_node``:
 4. reassembles each result per its output layout (summing over partial axes; replicas are
    compared one by one) and compares with ``primitive.bind(*global, **node.params)``: floats to
    rtol = atol = 1e-5, ints and bools exactly.
-``check_graphs`` checks each distinct (primitive, operand types, params) once, and runs the
-candidates of several nodes, with their unsharded references, in one jitted program (about
-``batch`` candidates per compilation; compiling is what costs time).
+``check_graphs`` checks one node of each class once (``node_class``: the primitive, its params,
+its operands' dtypes and each dimension's divisibility by the mesh's split sizes, which decide
+its candidates and the rule's arithmetic), and runs the candidates of several nodes, with their
+unsharded references, in one jitted program (about ``batch`` candidates per compilation;
+compiling is what costs time).
 """
 from __future__ import annotations
 
@@ -94,14 +96,14 @@ def check_graph(graph, mesh, jax_mesh, seed: int = 0, batch: int = DEFAULT_BATCH
 
 def check_graphs(graphs, mesh, jax_mesh, seed: int = 0,
                  batch: int = DEFAULT_BATCH) -> CheckReport:
-    """Check every distinct node signature of ``graphs`` once; ``batch`` candidates (of several
+    """Check one node of each ``node_class`` of ``graphs``; ``batch`` candidates (of several
     nodes) share one compiled program."""
     _check_meshes(mesh, jax_mesh)
     rng = np.random.default_rng(seed)
     seen, jobs = set(), []
     for graph in graphs:
         for node in graph.nodes:
-            key = node_signature(node)
+            key = node_class(node, mesh)
             if key not in seen:
                 seen.add(key)
                 jobs.append(_plan(node, rule_for(node), mesh, rng))
@@ -127,6 +129,24 @@ def node_signature(node) -> tuple:
     params = tuple(sorted((k, repr(_plain(v))) for k, v in node.params.items()))
     return (node.prim, tuple(operand(x) for x in node.inputs),
             tuple((v.shape, str(v.dtype)) for v in node.outputs), params)
+
+
+def node_class(node, mesh) -> tuple:
+    """``node_signature`` with every dimension of a non-constant operand or result replaced by
+    how the mesh can split it (for each product of axis sizes: divides it, equals it; and
+    whether it is 1). Nodes of one class have the same candidates and run the same rule code
+    (shapes the rule computes are in the params, which stay exact), so checking one checks
+    all; a 2 x 2 mesh finds 142 classes among the 268 signatures of the test models."""
+    sizes = {1}
+    for n in (mesh.axis_size(a) for a in mesh.axis_names):
+        sizes |= {s * n for s in sizes}
+    sizes = sorted(sizes - {1})
+
+    def dims(shape):
+        return tuple((d == 1,) + tuple((d % s == 0, d == s) for s in sizes) for d in shape)
+    prim, operands, results, params = node_signature(node)
+    operands = tuple(o if o[0] == "const" else (o[0], dims(o[1]), o[2]) for o in operands)
+    return prim, operands, tuple((dims(sh), dt) for sh, dt in results), params
 
 
 def _plain(v):
