@@ -14,8 +14,12 @@ same step is timed as
 - JAX SPMD: ``jax.jit(step, in_shardings=<the plan's argument layouts as NamedSharding>)`` on
   the same 2 CPU devices, XLA's own partitioner choosing everything else.
 Every call goes from host numpy arrays to host numpy results (inputs placed, outputs fetched),
-median of --iters calls after 2 warm-ups. Out: one JSON object per (config, mode) with
-milliseconds per step and the ratio JAX SPMD / autopar native (above 1: autopar is faster).
+median of --iters calls after 2 warm-ups. Then as a training loop runs (``loss, params =
+step(params, batch)``, the loss read each step): ``native_resident_loop_ms`` with the whole
+step and AUTOPAR_RESIDENT=1 (the parameters stay in the workers, runtime.resident), against
+``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). Out: one JSON object per (config,
+mode) with milliseconds per step and the ratios JAX SPMD / autopar native (above 1: autopar is
+faster).
 """
 import argparse
 import json
@@ -50,6 +54,16 @@ def median_ms(call, iters):
     return float(np.median(times)) * 1e3
 
 
+def loop_ms(step, params, batch, iters):
+    """A training loop's time per step: the step's parameters come from the step before."""
+    state = [params]
+
+    def call():
+        loss, state[0] = step(state[0], batch)
+        float(loss)
+    return median_ms(call, iters)
+
+
 def host(tree):
     return jax.tree.map(np.asarray, jax.block_until_ready(tree))
 
@@ -73,8 +87,12 @@ def measure(name, mode, iters):
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         compiled.close()
-    os.environ.pop("AUTOPAR_OVERLAP")
-    os.environ.pop("AUTOPAR_WHOLE_STEP")
+    os.environ["AUTOPAR_RESIDENT"] = "1"
+    compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend="native", **cfg))
+    out["native_resident_loop_ms"] = loop_ms(compiled, p, b, iters)
+    compiled.close()
+    for k in ("AUTOPAR_OVERLAP", "AUTOPAR_WHOLE_STEP", "AUTOPAR_RESIDENT"):
+        os.environ.pop(k)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(compiled.program.mesh.shape),
                              compiled.program.mesh.axis_names)
     flat, tree = jax.tree.flatten((p, b))
@@ -82,8 +100,13 @@ def measure(name, mode, iters):
                  for lay in compiled.program.in_layouts]
     spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings)
     out["jax_spmd_ms"] = median_ms(lambda: host(spmd(*flat)), iters)
+    placed = [jax.device_put(x, sh) for x, sh in zip(flat, shardings)]
+    out["jax_spmd_loop_ms"] = loop_ms(lambda *a: spmd(*jax.tree.leaves(a)),
+                                      *jax.tree.unflatten(tree, placed), iters)
     out["spmd_over_native"] = round(out["jax_spmd_ms"] / out["native_ms"], 2)
     out["spmd_over_whole_step"] = round(out["jax_spmd_ms"] / out["native_whole_step_ms"], 2)
+    out["spmd_loop_over_resident_loop"] = round(out["jax_spmd_loop_ms"] /
+                                                out["native_resident_loop_ms"], 2)
     out["overlap_gain"] = round(out["native_no_overlap_ms"] / out["native_ms"], 2)
     out["collectives"] = len(compiled.collectives())
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}

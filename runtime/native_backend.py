@@ -10,7 +10,8 @@ serialised, so the workers never see the user's Python function), starts a
 ``runtime.launcher.Job`` with ``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
 program into every worker; the workers stay alive until the runner is closed or collected, so
 a second call pays only for the step. Per call, rank r gets its block of every argument
-(``Layout.block`` at ``mesh.coords(r)``) and runs the instructions: segments through their
+(``Layout.block`` at ``mesh.coords(r)``; with ``RuntimeOptions.resident`` only a key for a
+result of an earlier call it still holds, ``runtime.resident``) and runs the instructions: segments through their
 exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into buckets of up to
@@ -44,7 +45,7 @@ from autopar.errors import AutoparError, CollectiveError, ConfigError
 from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, checked_table
 
-from . import wire
+from . import resident, wire
 from .options import RuntimeOptions
 
 
@@ -208,6 +209,11 @@ class NativeRunner(WorkerRunner):
                      if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
                      for a in (ins.algorithm, *(price[0] for price in ins.prices)))
         self.reducers = program.mesh.topology.reducers if served else 0
+        self._resident = resident.Residency() if self.options.resident else None
+        self._global_avals = [  # (global shape, dtype) per non-constant result
+            (tuple(n * c for n, c in zip(program.avals[o][0], l.splits(program.mesh))),
+             program.avals[o][1]) for o, l in zip(program.outputs, program.out_layouts)
+            if not isinstance(o, Const)]
         self._start()
 
     def _loads(self):
@@ -216,23 +222,41 @@ class NativeRunner(WorkerRunner):
     def __call__(self, flat_args):
         mesh, p = self.program.mesh, self.program
         self._ready()
-        per_rank = []
-        for r in range(mesh.size):
-            coords = mesh.coords(r)
-            per_rank.append(([contiguous(np.asarray(x)[l.block(np.shape(x), coords, mesh)])
-                              for x, l in zip(flat_args, p.in_layouts)],))
-        per_rank += [([],)] * self.reducers
-        ranks = self._call(run, per_rank)[:mesh.size]
+        res, job = self._resident, self.job
+        per_rank = [[] for _ in range(mesh.size)]
+        for x, l in zip(flat_args, p.in_layouts):
+            ref = res.ref_for(x, job, l) if res else None
+            if ref is not None:
+                for blocks in per_rank:
+                    blocks.append(ref)
+                continue
+            x = np.asarray(x)
+            for r, blocks in enumerate(per_rank):
+                blocks.append(contiguous(x[l.block(np.shape(x), mesh.coords(r), mesh)]))
+        keys = {} if res is None else self._resident_keys()
+        drop = res.drops() if res else []
+        try:
+            ranks = self._call(run, [(b, keys, drop) for b in per_rank]
+                               + [([], {}, drop)] * self.reducers)[:mesh.size]
+        except AutoparError:
+            if res and not self.job.failure:
+                res.dropped_later(drop)          # the workers may not have got to them
+            raise
         out, k = [], 0
         for o, l in zip(p.outputs, p.out_layouts):
             if isinstance(o, Const):
                 out.append(o.value)
                 continue
             # a sharded result: each rank's block in its place
-            out.append(ranks[0][k] if l.is_replicated() else
-                       l.assemble([got[k] for got in ranks], mesh))
+            x = ranks[0][k] if l.is_replicated() else l.assemble([got[k] for got in ranks], mesh)
+            out.append(res.kept(x, keys[k], job, l) if k in keys else x)
             k += 1
         return out
+
+    def _resident_keys(self) -> dict:
+        """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
+        return {k: self._resident.key() for k, (shape, dtype) in enumerate(self._global_avals)
+                if np.dtype(dtype).itemsize * int(np.prod(shape)) >= resident.RESIDENT_BYTES}
 
 
 def host_ids(topology) -> list[int]:
@@ -389,8 +413,12 @@ def execute(st, get, comms) -> list:
     return [(st.out, comms.run(st, get(st.src)))]
 
 
-def run(comm, blocks):
+def run(comm, blocks, keys=None, drop=()):
+    """One step on this rank: its argument blocks (``resident.Ref``s for blocks it kept) ->
+    its results (rank 0: all; the others: their split ones); it also keeps the results under
+    ``keys`` (result index -> key, ``resident``) and forgets those under ``drop``."""
     p, stats = WORKER.payload, WORKER.stats
+    blocks = resident.take(blocks, drop)
     workers = list(range(p.mesh.size))
     if comm.rank not in workers:           # a reducer: serve the step's Reduction Servers
         stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
@@ -400,10 +428,19 @@ def run(comm, blocks):
         t0 = time.perf_counter()
         results = WORKER.whole(blocks)
         stats["step_seconds"] = time.perf_counter() - t0
-        stats["input_bytes"] = [b.nbytes for b in blocks]
-        meter.stop(sum(stats["input_bytes"]))
-        return results if comm.rank == 0 else [x if s else None
-                                                for x, s in zip(results, p.split)]
+    else:
+        results = _interpret(comm, blocks, workers)
+    stats["input_bytes"] = [b.nbytes for b in blocks]
+    meter.stop(sum(stats["input_bytes"]))
+    resident.keep(results, keys or {})
+    if comm.rank == 0:
+        return results
+    return [x if s else None for x, s in zip(results, p.split)]  # rank 0 sent the replicated ones
+
+
+def _interpret(comm, blocks, workers) -> list:
+    """The loaded program's steps in turn (collectives on the comm thread): the results."""
+    p, stats = WORKER.payload, WORKER.stats
     regs = dict(zip(p.inputs, blocks))
     comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap)
 
@@ -424,13 +461,9 @@ def run(comm, blocks):
         comms.close()
     if WORKER.reducers:
         comm.release_reducers(WORKER.reducers, workers)
-    stats["input_bytes"] = [b.nbytes for b in blocks]
-    meter.stop(sum(stats["input_bytes"]))
     stats["all_reduce_calls"] += len(comms.buckets)
     stats["buckets"], stats["host"] = comms.buckets, comm.host
-    if comm.rank == 0:
-        return results
-    return [x if s else None for x, s in zip(results, p.split)]  # rank 0 sent the replicated ones
+    return results
 
 
 def stats(comm):

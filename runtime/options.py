@@ -14,8 +14,7 @@ class RuntimeOptions:
     """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
     ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
     ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S`` and
-    ``AUTOPAR_WHOLE_STEP=1``
-    in the caller, so a benchmark may still set them; nothing below reads the environment."""
+    ``AUTOPAR_WHOLE_STEP=1``, ``AUTOPAR_RESIDENT=1`` in the caller, so a benchmark may still set them; nothing below reads the environment."""
     # all-reduce buckets run while the compute after them does (False: each is awaited as
     # issued, to measure what the overlap gains)
     overlap: bool = True
@@ -39,13 +38,18 @@ class RuntimeOptions:
     # all-reduce buckets or overlap yet. Programs it cannot run (a Reduction Server) run
     # instruction by instruction
     whole_step: bool = False
+    # results of 64 KiB or more stay in the workers between calls (runtime.resident): the
+    # caller gets NativeArrays read back on first use, and passing one back to its step sends
+    # only its key, so parameters and optimizer state do not cross the control channel
+    resident: bool = False
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
         return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
                    direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
                    tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
-                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1")
+                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1",
+                   resident=os.environ.get("AUTOPAR_RESIDENT", "0") == "1")
 
 
 def _streams(text: str) -> int:

@@ -175,3 +175,39 @@ def test_planned_memory_is_within_15_percent_of_each_ranks_measured_peak(monkeyp
     est = c.strategy.peak_memory
     got = np.median(peaks, axis=0)
     assert all(0.85 <= est / g <= 1.15 for g in got), (est, peaks)
+
+
+def kept_keys(comm):
+    from autopar.runtime import resident
+    return sorted(resident.STORE)
+
+
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_resident_results_stay_in_the_workers_and_a_loop_matches_the_single_device_one(
+        monkeypatch, whole):
+    """AUTOPAR_RESIDENT=1 (runtime.resident): results of 64 KiB or more stay in the workers
+    too; passed back unchanged, only their keys go. A training loop on a Megatron 2x2 layout
+    (split and replicated parameters) gives the single-device loop's values; blocks of results
+    that were dropped leave the workers; a result made writable and changed is sent whole."""
+    monkeypatch.setenv("AUTOPAR_RESIDENT", "1")
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
+    sizes = (64, 256, 64)                              # w1, w2: 64 KiB; biases and loss small
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=16, sizes=sizes)
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4, mesh_shape=(2, 2),
+                            backend="native", progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=(MEGATRON, None))
+    got, want = p, p
+    for _ in range(3):
+        loss, got = c(got, b)
+        want_loss, want = m.mlp_sgd_step(want, b)
+        assert_same((loss, got), (want_loss, want))
+    assert not got["w1"].flags.writeable and not got["w2"].flags.writeable
+    keys = c.on_workers(kept_keys)
+    # the last two calls' w1 and w2: the first call's were dropped at the third, the second's
+    # (collected as the third returned) go at the next call
+    assert keys == [[2, 3, 4, 5]] * 4
+    got["w1"].setflags(write=True)
+    got["w1"] += 1.0                                   # changed: sent whole, not by key
+    want = dict(want, w1=np.asarray(want["w1"]) + 1.0)
+    assert_same(c(got, b), m.mlp_sgd_step(want, b))
+    c.close()

@@ -1,0 +1,114 @@
+"""Results that stay in the native workers between calls (``RuntimeOptions.resident``).
+
+A training step threads its parameters and optimizer state through every call. With residency
+on, each rank also keeps its block of every result of ``RESIDENT_BYTES`` or more, and the caller
+gets that result as a read-only numpy array. Passed back unchanged to the step that made it, in
+the layout the step takes for that argument, only its key goes to the workers; so a loop
+``loss, params = step(params, batch)`` sends the batch in, not the parameters. The results
+are ordinary numpy arrays (JAX, numpy and optax take them as before); an array made writable
+again (``flags.writeable = True``) is sent whole, as any other argument, since it may have
+changed. A block is dropped in the workers at the call after its array was garbage collected.
+
+Caller side: ``Residency`` (a runner's bookkeeping). Worker side: ``take`` (argument blocks, a
+``Ref`` replaced by the block it names; dropped keys forgotten), ``keep`` (results stored
+under their keys).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.errors import CollectiveError
+
+RESIDENT_BYTES = 64 << 10       # results this large or larger stay in the workers too
+
+# ------------------------------------------------------------------ worker side
+
+STORE: dict = {}                # this worker's kept blocks, by key
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An argument block already in the worker, by key."""
+    key: int
+
+
+def take(blocks, drop) -> list:
+    """Forget the blocks under ``drop``; ``blocks`` with each ``Ref`` replaced by its block."""
+    for key in drop:
+        STORE.pop(key, None)
+    out = []
+    for b in blocks:
+        if isinstance(b, Ref):
+            if b.key not in STORE:
+                raise CollectiveError(f"a resident argument (key {b.key}) is not in this worker; "
+                                      "it was dropped or made by another job.")
+            b = STORE[b.key]
+        out.append(b)
+    return out
+
+
+def keep(results, keys) -> None:
+    """Store ``results[i]`` under ``keys[i]`` for each result index in ``keys``."""
+    for i, key in keys.items():
+        STORE[key] = results[i]
+
+
+# ------------------------------------------------------------------ caller side
+
+@dataclass(frozen=True)
+class _Kept:
+    array: weakref.ref
+    key: int
+    job: object
+    layout: object
+
+
+class Residency:
+    """A runner's results kept in its workers: fresh keys, each kept result's array (by id,
+    weakly), and the keys whose arrays are gone (dropped at the next call)."""
+
+    def __init__(self):
+        self._keys = itertools.count()
+        self._gone, self._lock = [], threading.Lock()
+        self._kept: dict[int, _Kept] = {}
+
+    def key(self) -> int:
+        return next(self._keys)
+
+    def kept(self, array: np.ndarray, key: int, job, layout) -> np.ndarray:
+        """Record that the workers of ``job`` hold ``array`` (a result in ``layout``) under
+        ``key``; ``array``, now read-only."""
+        array.flags.writeable = False
+        self._kept[id(array)] = _Kept(weakref.ref(array), key, job, layout)
+        weakref.finalize(array, self._release, id(array), key)
+        return array
+
+    def _release(self, ident, key) -> None:
+        with self._lock:
+            self._gone.append(key)
+            if ident in self._kept and self._kept[ident].key == key:
+                del self._kept[ident]
+
+    def drops(self) -> list:
+        """The keys whose arrays are gone since the last call (the workers drop them)."""
+        with self._lock:
+            out, self._gone = self._gone, []
+        return out
+
+    def dropped_later(self, keys) -> None:
+        with self._lock:
+            self._gone.extend(keys)
+
+    def ref_for(self, x, job, layout):
+        """``Ref`` for ``x`` when it is a result the workers of ``job`` hold in ``layout``,
+        still read-only; else None."""
+        k = self._kept.get(id(x))
+        if k is None or k.array() is not x or k.job is not job or k.layout != layout or \
+                not isinstance(x, np.ndarray) or x.flags.writeable:
+            return None
+        return Ref(k.key)
