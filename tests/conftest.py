@@ -17,9 +17,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_flag = "--xla_force_host_platform_device_count=8"
-if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+# the tests' programs are tiny and run a few times each: XLA's CPU backend compiles them with
+# LLVM's cheapest settings (compiling is most of the suite's time: test_api.py takes 35% less
+# CPU), the same operations; the native workers inherit them, the examples run as users run them
+for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0",
+              "--xla_llvm_disable_expensive_passes=true"):
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_ENABLE_X64", "0")
 # plans in tests are priced on the fixed ``local`` preset, not on this machine's calibration
 # (tools/calibrate.py), so they are the same on every machine; tests of the calibration unset it

@@ -6,6 +6,7 @@ over the 8 devices and compare them with the single-device step. The launcher's 
 (rank prefixes, the first failure stopping the others) is tested on tiny scripts.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.xdist_group("multiprocess")
 
 
 def launch(*args, cwd=HERE, timeout=600):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ)     # the conftest's compile flags, not its device count
+    env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                              env.get("XLA_FLAGS", "")).strip()
     return subprocess.run([sys.executable, "-m", "autopar.cli", "launch", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
