@@ -87,7 +87,7 @@ def measure(name, mode, iters):
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         compiled.close()
-    os.environ["AUTOPAR_RESIDENT"] = "1"
+    os.environ.update(AUTOPAR_OVERLAP="1", AUTOPAR_WHOLE_STEP="1", AUTOPAR_RESIDENT="1")
     compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend="native", **cfg))
     out["native_resident_loop_ms"] = loop_ms(compiled, p, b, iters)
     compiled.close()
