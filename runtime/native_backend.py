@@ -27,10 +27,8 @@ ranks release them at the step's end.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
-import functools
 import gc
 import shutil
 import sys
@@ -43,9 +41,10 @@ import numpy as np
 
 from autopar.errors import AutoparError, CollectiveError, ConfigError
 from autopar.graph import Const
-from autopar.program import Collective, Segment, StepKind, checked_table
+from autopar.program import Collective, Segment, StepKind
 
-from . import resident, wire
+from . import resident
+from .comm_scheduler import CommScheduler, contiguous
 from .options import RuntimeOptions
 
 
@@ -106,11 +105,6 @@ class WorkerState:
 WORKER = WorkerState()        # this process's, when it is a worker of a job
 # seconds a rank waits at a load's barrier for its peers' compiles (see compile_shared)
 COMPILE_TIMEOUT = 300.0
-
-
-def contiguous(x):
-    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)."""
-    return np.asarray(x, order="C")
 
 
 def shippable(instructions) -> tuple:
@@ -442,7 +436,8 @@ def _interpret(comm, blocks, workers) -> list:
     """The loaded program's steps in turn (collectives on the comm thread): the results."""
     p, stats = WORKER.payload, WORKER.stats
     regs = dict(zip(p.inputs, blocks))
-    comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap)
+    comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap,
+                          thread=WORKER.comm_thread(), reducers=WORKER.reducers)
 
     def get(r):
         if isinstance(r, Const):
@@ -472,137 +467,3 @@ def stats(comm):
     measured step's peak memory (``PeakMeter``; None until ``measure_memory`` turned
     measuring on and a step ran) and its host id."""
     return dict(WORKER.stats)
-
-
-class CommScheduler:
-    """The collectives of one step, issued by one background thread in program order (every
-    rank must issue them in the same order). All-reduces are deferred and fused: consecutive
-    ones over the same axes and dtype share one flat buffer until it holds ``bucket_bytes`` or a
-    later instruction reads one of them (Horovod's tensor fusion, DDP's buckets), reduced with
-    the cost table's algorithm for the bucket's size; the compute that follows runs while a
-    bucket is reduced (``overlap``; False waits for each bucket as it is issued)."""
-
-    def __init__(self, comm, mesh, bucket_bytes, overlap=True):
-        self.comm, self.mesh, self.limit, self.overlap = comm, mesh, bucket_bytes, overlap
-        self.thread = WORKER.comm_thread()
-        self.bucket, self.key, self.bytes = [], None, 0
-        self.futures = {}             # register -> (future of the flat result, offset, shape)
-        self.buckets = []             # (tensors, bytes, algorithm) per all-reduce call issued
-        self.last = None              # the future of the latest bucket issued
-
-    def all_reduce(self, st, x):
-        key = (st.axes, x.dtype, st.op)
-        if self.bucket and key != self.key:
-            self.flush()
-        self.bucket.append((st, x))
-        self.key, self.bytes = key, self.bytes + x.nbytes
-        if self.bytes >= self.limit:
-            self.flush()
-
-    def flush(self):
-        if not self.bucket:
-            return
-        items, self.bucket, self.bytes = self.bucket, [], 0
-        # a fresh buffer, reduced in place, each tensor starting on an aligned boundary (its
-        # result is a view XLA reads in place); the padding is zeros
-        pad = wire.ALIGN // items[0][1].itemsize
-        offsets = np.cumsum([0] + [-(-x.size // pad) * pad for _, x in items])
-        flat = wire.empty((int(offsets[-1]),), items[0][1].dtype)
-        for (_, x), at, end in zip(items, offsets, offsets[1:]):
-            flat[at:at + x.size] = np.ravel(x)
-            flat[at + x.size:end] = 0
-        st = for_bucket(items[0][0], len(items), flat.nbytes)
-        fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh)
-        if not self.overlap:
-            fut.result()
-        self.buckets.append((len(items), flat.nbytes, st.algorithm))
-        for (st, x), at in zip(items, offsets):
-            self.futures[st.out] = (fut, int(at), x.shape)
-
-    def wait(self, reg):
-        if any(st.out == reg for st, _ in self.bucket):
-            self.flush()
-        fut, offset, shape = self.futures.pop(reg)
-        flat = fut.result()
-        return flat[offset:offset + int(np.prod(shape))].reshape(shape)
-
-    def run(self, st, x):
-        """Any other step, in order after the pending all-reduces: on this thread when none is
-        in flight (a hand-off to the comm thread and back costs more than a small collective)."""
-        self.flush()
-        if self.last is None or self.last.done():
-            return _step(self.comm, st, x, self.mesh)
-        return self.thread.submit(_step, self.comm, st, x, self.mesh).result()
-
-    def close(self):
-        """Issue what is pending and wait until every collective of the step is done."""
-        self.flush()
-        self.thread.submit(lambda: None).result()
-
-
-def for_bucket(st, tensors: int, nbytes: int):
-    """The all-reduce ``st`` for a bucket of ``tensors`` fused into ``nbytes``: the plan priced
-    each tensor alone, so a bucket of several takes the algorithm its prices make cheapest
-    for the bucket's size."""
-    if tensors == 1:
-        return st
-    return dataclasses.replace(st, algorithm=min(st.prices,
-                                                 key=lambda p: p[1] + p[2] * nbytes)[0])
-
-
-@functools.lru_cache(maxsize=None)
-def _group(mesh, rank, axes):
-    return mesh.group(rank, axes)
-
-
-def _step(comm, st, x, mesh):
-    x = contiguous(x)
-    axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
-    if not axes:
-        return x
-    ranks, me = _group(mesh, comm.rank, axes)
-    return _STEPS[st.kind](comm, st, x, ranks, me)
-
-
-def _slice(comm, st, x, ranks, me):
-    c = x.shape[st.dim] // len(ranks)
-    return wire.aligned(np.take(x, range(me * c, (me + 1) * c), axis=st.dim))
-
-
-def _partial_zero(comm, st, x, ranks, me):
-    return x if me == 0 else wire.zeros(x.shape, x.dtype)
-
-
-def _all_reduce(comm, st, x, ranks, me):
-    servers = WORKER.reducers if st.algorithm == "reduction_server" else []
-    comm.all_reduce(x, ranks, st.op, st.algorithm, servers)   # in place: the scheduler hands it
-    return x                                          # a fresh buffer
-
-
-def _all_gather(comm, st, x, ranks, me):
-    n = len(ranks)
-    out = wire.empty((n,) + x.shape, x.dtype)
-    comm.all_gather(x, out, ranks)
-    if st.dim == 0:                   # the blocks already lie in order: no second copy
-        return out.reshape((n * x.shape[0],) + x.shape[1:])
-    return wire.aligned(np.concatenate(list(out), axis=st.dim))
-
-
-def _reduce_scatter(comm, st, x, ranks, me):
-    front = contiguous(np.moveaxis(x, st.dim, 0))
-    out = wire.empty((front.shape[0] // len(ranks),) + front.shape[1:], x.dtype)
-    comm.reduce_scatter(front, out, ranks)
-    return wire.aligned(np.moveaxis(out, 0, st.dim))
-
-
-def _all_to_all(comm, st, x, ranks, me):
-    parts = np.stack(np.split(x, len(ranks), axis=st.dst_dim))   # block j goes to rank j
-    out = np.empty_like(parts)
-    comm.all_to_all(parts, out, ranks)
-    return wire.aligned(np.concatenate(list(out), axis=st.dim))
-
-
-_STEPS = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
-                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
-                        StepKind.REDUCE_SCATTER: _reduce_scatter,
-                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "native runtime")

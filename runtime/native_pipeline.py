@@ -10,7 +10,7 @@ sends it, in the peer's order. Per call a rank gets its block of each argument i
 
 - a forward or backward task runs that phase on the micro-batch's registers; ``post`` runs once
   on the accumulated values;
-- collectives inside the stage go through ``native_backend.CommScheduler`` (gradient all-reduces of
+- collectives inside the stage go through ``comm_scheduler.CommScheduler`` (gradient all-reduces of
   ``post`` fused into buckets, overlapping the compute after them);
 - a ``Transfer`` send is queued on a thread per destination, so a rank never waits for its
   receiver: a ``block`` transfer goes to the rank at the same position of the other stage, a
@@ -39,13 +39,14 @@ from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, Mi
                                       Route, Transfer, TransferKind, schedule)
 
 from . import native_backend as nb
+from .comm_scheduler import CommScheduler
 from . import wire
 
 
 @dataclass(frozen=True)
 class StageGroups:
     """A stage's mesh seen from global ranks: ``group`` shifts the stage's ranks by
-    ``offset`` (its first rank), so ``native_backend._step`` runs unchanged."""
+    ``offset`` (its first rank), so ``comm_scheduler._step`` runs unchanged."""
     mesh: object
     offset: int
 
@@ -279,8 +280,9 @@ class _StageStep:
         """Run phase ``name`` on micro-batch ``m`` (None: ``post``, on the accumulated sums)."""
         step, keep = self.step, self.payload.keep
         regs = step if m is None else self.micro[m]
-        comms = nb.CommScheduler(self.comm, self.payload.groups, self.payload.bucket_bytes,
-                                 self.payload.options.overlap)
+        comms = CommScheduler(self.comm, self.payload.groups, self.payload.bucket_bytes,
+                              self.payload.options.overlap, thread=nb.WORKER.comm_thread(),
+                              reducers=nb.WORKER.reducers)
         if name == "post":
             for r, v in self.acc.items():
                 step[r] = (wire.aligned(np.concatenate(v[1], axis=v[0]))

@@ -110,7 +110,7 @@ class WholeStep:
 
     def _flush(self) -> dict:
         import jax.numpy as jnp
-        from .native_backend import for_bucket
+        from .comm_scheduler import for_bucket
         if not self.bucket:
             return {}
         items, self.bucket, nbytes, self.bucket_bytes = self.bucket, [], self.bucket_bytes, 0
