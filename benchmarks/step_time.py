@@ -2,14 +2,17 @@
 against JAX's own SPMD execution of the same layouts, in one run on this machine.
 
 Run: python benchmarks/step_time.py [--config small medium] [--mode data_parallel auto_parallel]
-     [--iters 20]
+     [--iters 20] [--bucket-bytes 26214400]
 
 For each GPT configuration and parallel mode, autopar plans the step for 2 devices; then the
 same step is timed as
 - autopar native: ``compiled(params, batch)`` on 2 worker processes (collectives overlapped with
   compute, the default), and again with AUTOPAR_OVERLAP=0 (each all-reduce bucket awaited as it
   is issued) to show what the overlap gains, and with AUTOPAR_WHOLE_STEP=1 (each rank's step one
-  compiled executable, its collectives XLA custom calls: runtime.native_step);
+  compiled executable, its collectives XLA custom calls: runtime.native_step), with and
+  without the overlap of full buckets inside it (``--bucket-bytes`` sets the bucket size,
+  ``allreduce_fusion_bytes``: with the default 25 MiB the GPTs' gradients make one bucket,
+  awaited at once);
 - autopar jax: the same Program through shard_map on 2 CPU devices of this process;
 - JAX SPMD: ``jax.jit(step, in_shardings=<the plan's argument layouts as NamedSharding>)`` on
   the same 2 CPU devices, XLA's own partitioner choosing everything else.
@@ -68,7 +71,7 @@ def host(tree):
     return jax.tree.map(np.asarray, jax.block_until_ready(tree))
 
 
-def measure(name, mode, iters):
+def measure(name, mode, iters, bucket_bytes=25 << 20):
     c = CONFIGS[name]
     p = jax.tree.map(np.asarray, m.gpt_params(vocab=c["vocab"], seq=c["seq"], d=c["d"], heads=c["heads"]))
     b = jax.tree.map(np.asarray, m.gpt_batch(batch=c["batch"], seq=c["seq"], vocab=c["vocab"]))
@@ -78,10 +81,14 @@ def measure(name, mode, iters):
         return loss, m.sgd(params, grads)
 
     out = {"config": name, "mode": mode, **c}
-    cfg = dict(parallel_mode=mode, device_num=2, progress=False)
+    out["bucket_bytes"] = bucket_bytes
+    cfg = dict(parallel_mode=mode, device_num=2, progress=False,
+               allreduce_fusion_bytes=bucket_bytes)
     for label, backend, overlap, whole in (
             ("native_ms", "native", "1", "0"), ("native_no_overlap_ms", "native", "0", "0"),
-            ("native_whole_step_ms", "native", "1", "1"), ("autopar_jax_ms", "jax", "1", "0")):
+            ("native_whole_step_ms", "native", "1", "1"),
+            ("native_whole_step_no_overlap_ms", "native", "0", "1"),
+            ("autopar_jax_ms", "jax", "1", "0")):
         os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
         os.environ["AUTOPAR_WHOLE_STEP"] = whole
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
@@ -108,6 +115,8 @@ def measure(name, mode, iters):
     out["spmd_loop_over_resident_loop"] = round(out["jax_spmd_loop_ms"] /
                                                 out["native_resident_loop_ms"], 2)
     out["overlap_gain"] = round(out["native_no_overlap_ms"] / out["native_ms"], 2)
+    out["whole_step_overlap_gain"] = round(out["native_whole_step_no_overlap_ms"] /
+                                           out["native_whole_step_ms"], 2)
     out["collectives"] = len(compiled.collectives())
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -117,10 +126,12 @@ def main():
     p.add_argument("--config", nargs="+", default=["small", "medium"], choices=sorted(CONFIGS))
     p.add_argument("--mode", nargs="+", default=["data_parallel", "auto_parallel"])
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--bucket-bytes", type=int, default=25 << 20,
+                   help="all-reduce bucket size (allreduce_fusion_bytes), default 25 MiB")
     args = p.parse_args()
     for name in args.config:
         for mode in args.mode:
-            print(json.dumps(measure(name, mode, args.iters)), flush=True)
+            print(json.dumps(measure(name, mode, args.iters, args.bucket_bytes)), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ results, as numpy arrays. The collectives keep program order on every rank throu
 token each custom call takes and returns (a chain XLA cannot reorder); all-reduces are fused
 into buckets as the interpreted runner's are (``bucket_bytes``, each with its cheapest
 algorithm by the plan's prices); slices and partial zeros are array operations inside the
-function. Not yet: overlap of communication with compute (the custom calls run in turn). A collective that fails raises
-``CollectiveError`` as the interpreted runner's do. Not here (``supported`` says why): the
+function. A bucket issued because it is full (not because its result is read) overlaps the
+compute after it, as the interpreted runner's (``RuntimeOptions.overlap``): ``all_reduce_start``
+hands it to the communicator's own thread and ``all_reduce_done`` takes the result where it
+is first read; an optimization barrier ties the next segment's inputs to the start and the done
+waits behind the last segment's output, so XLA can move neither across the compute between
+them. A collective that fails raises ``CollectiveError`` as the interpreted runner's do. Not here (``supported`` says why): the
 Reduction Server, whose reducer ranks serve a step from Python.
 """
 from __future__ import annotations
@@ -55,8 +59,12 @@ class WholeStep:
         self.segments = {k: export.deserialize(ins[1])
                          for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
         self.fn = jax.jit(self._step)
+        self.avals = None
 
     def __call__(self, blocks) -> list:
+        if self.avals is None:
+            import jax
+            self.avals = [jax.ShapeDtypeStruct(np.shape(b), np.asarray(b).dtype) for b in blocks]
         try:
             out = self.fn(*blocks)
             return [np.asarray(x) for x in out]
@@ -66,22 +74,35 @@ class WholeStep:
                 raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
             raise
 
+    def scheduled(self) -> str:
+        """The compiled executable's HLO in the order XLA runs it (after a first call)."""
+        return self.fn.lower(*self.avals).compile().as_text()
+
     def _step(self, *blocks):
         import jax.numpy as jnp
         p = self.payload
+        from jax import lax
         regs = dict(zip(p.inputs, blocks))
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
+        self.started, self.fence, self.latest = {}, None, None
 
         def get(r):
             if isinstance(r, Const):
                 return jnp.asarray(r.value, r.dtype)
-            if r not in regs:                      # a pending all-reduce's result
+            if r in self.started:                  # a started bucket's result: wait here
+                regs.update(self._finish(self.started[r]))
+            elif r not in regs:                    # in the bucket not issued yet
                 regs.update(self._flush())
             return regs[r]
         for k, ins in enumerate(p.instructions):
             if isinstance(ins, tuple):
-                outs = self.segments[k].call(*[get(i) for i in ins[2]])
+                args = [get(i) for i in ins[2]]
+                if self.fence is not None and args:   # the segment runs after the start
+                    _, *args = lax.optimization_barrier((self.fence, *args))
+                    self.fence = None
+                outs = self.segments[k].call(*args)
                 regs.update(zip(ins[3], outs))
+                self.latest = outs[0] if outs else self.latest
                 continue
             axes = tuple(a for a in ins.axes if p.mesh.axis_size(a) > 1)
             if not axes:
@@ -94,6 +115,8 @@ class WholeStep:
                 regs[ins.out], self.order = _LOWER[ins.kind](self, ins, get(ins.src), ranks, me,
                                                              self.order)
         regs.update(self._flush())
+        for started in {id(b): b for b in self.started.values()}.values():
+            regs.update(self._finish(started))      # every start is awaited, read or not
         return [get(o) for o in p.outputs if not isinstance(o, Const)]
 
     def _defer(self, st, x, axes) -> dict:
@@ -101,14 +124,17 @@ class WholeStep:
         same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
         one of them (``get``) issues it; the results that issuing made, by register."""
         key = (axes, x.dtype, st.op)
-        done = self._flush() if self.bucket and key != self.bucket[0][0] else {}
+        overlap = self.payload.options.overlap
+        done = self._flush(overlap) if self.bucket and key != self.bucket[0][0] else {}
         self.bucket.append((key, st, x))
         self.bucket_bytes += x.size * x.dtype.itemsize
         if self.bucket_bytes >= self.payload.bucket_bytes:
-            done.update(self._flush())
+            done.update(self._flush(overlap))
         return done
 
-    def _flush(self) -> dict:
+    def _flush(self, start=False) -> dict:
+        """Issue the bucket: awaited here (its results, by register), or with ``start``
+        handed to the communicator's thread (nothing yet: ``get`` finishes it when read)."""
         import jax.numpy as jnp
         from .comm_scheduler import for_bucket
         if not self.bucket:
@@ -118,12 +144,25 @@ class WholeStep:
         flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items])
         st = for_bucket(st, len(items), nbytes)
         ranks, me = self.payload.mesh.group(self.comm.rank, axes)
-        flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
-        out, at = {}, 0
-        for _, s, x in items:
-            out[s.out] = flat[at:at + x.size].reshape(x.shape)
-            at += x.size
-        return out
+        if not start:
+            flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
+            return _split(items, flat)
+        key, self.order = self.call("all_reduce_start", (_like(np.int32(0)),), flat,
+                                       self.order, ranks=_ranks(ranks), op=st.op,
+                                       algorithm=st.algorithm)
+        self.fence = self.order
+        started = (key, _like(flat), items)
+        self.started.update((s.out, started) for _, s, _ in items)
+        return {}
+
+    def _finish(self, started) -> dict:
+        """Wait for a started bucket (behind the last segment's output) and split it."""
+        key, like, items = started
+        after = self.latest if self.latest is not None else self.order
+        flat, self.order = self.call("all_reduce_done", (like,), key, self.order, after)
+        for _, s, _ in items:
+            del self.started[s.out]
+        return _split(items, flat)
 
     def call(self, name, results, *operands, aliases=None, **attrs):
         """Custom call ``autopar_<name>``: ``results`` (ShapeDtypeStructs) and the order token
@@ -134,6 +173,15 @@ class WholeStep:
         return jax.ffi.ffi_call(f"autopar_{name}", (*results, token), has_side_effect=True,
                                 input_output_aliases=aliases)(*operands, comm=self.handle,
                                                               **attrs)
+
+
+def _split(items, flat) -> dict:
+    """A bucket's reduced values, by register, out of its flat result."""
+    out, at = {}, 0
+    for _, s, x in items:
+        out[s.out] = flat[at:at + x.size].reshape(x.shape)
+        at += x.size
+    return out
 
 
 def _ranks(ranks):

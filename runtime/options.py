@@ -34,13 +34,14 @@ class RuntimeOptions:
     # below the link, as a NIC's per-flow limits or one core per flow do)
     tcp_streams: int = 1
     # each rank's whole step as one compiled executable, its collectives XLA custom calls
-    # (runtime.native_step): Python runs once per step, not once per instruction; no
-    # all-reduce buckets or overlap yet. Programs it cannot run (a Reduction Server) run
-    # instruction by instruction
+    # (runtime.native_step): Python runs once per step, not once per instruction; all-reduces
+    # in buckets, full ones overlapping the compute after them (``overlap``) on the
+    # communicator's own thread. Programs it cannot run (a Reduction Server) run instruction
+    # by instruction
     whole_step: bool = False
     # results of 64 KiB or more stay in the workers between calls (runtime.resident): the
-    # caller gets NativeArrays read back on first use, and passing one back to its step sends
-    # only its key, so parameters and optimizer state do not cross the control channel
+    # caller gets read-only numpy arrays, and passing one back unchanged to its step sends only
+    # its key, so parameters and optimizer state do not go to the workers again
     resident: bool = False
 
     @classmethod

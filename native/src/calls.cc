@@ -5,6 +5,7 @@
 #include <set>
 
 #include "algorithms/algorithms.h"
+#include "inflight.h"
 
 namespace autopar {
 
@@ -51,8 +52,11 @@ int64_t register_comm(Comm* c) {
 }
 
 void unregister_comm(Comm* c) {
-  std::lock_guard<std::mutex> lock(live_mu);
-  live().erase(c);
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live().erase(c);
+  }
+  forget_inflight(c);        // its started collectives finish while c still lives
 }
 
 Comm& registered_comm(int64_t handle) {

@@ -23,7 +23,8 @@ uint64_t call_signature(const std::string& what, const Group* g);
 // "sum", "prod", "max" or "min"; ArgumentError naming `where` otherwise.
 ReduceOp reduce_op(const std::string& s, const std::string& where);
 
-// The communicators custom calls may use: registered while their Python Comm lives.
+// The communicators custom calls may use: registered while their Python Comm lives;
+// unregistering one also finishes and stops its started collectives (inflight.h).
 int64_t register_comm(Comm* c);
 void unregister_comm(Comm* c);
 // The communicator of `handle`, or ArgumentError when none of this process has it.

@@ -10,7 +10,9 @@
 // `algorithm`, `root`, `peer` as the Python binding's. Each checks its buffers' sizes against
 // the group before moving anything; an autopar CollectiveError comes back as an XLA error whose
 // message starts with "autopar CollectiveError:" (the worker raises it as one), any other
-// failure with "autopar:".
+// failure with "autopar:". all_reduce_start / all_reduce_done run a bucket's all-reduce on the
+// communicator's own thread (inflight.h) while the executable computes; every other handler
+// first waits for what was started to finish, so the links are used by one thread at a time.
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -19,6 +21,7 @@
 #include "algorithms/algorithms.h"
 #include "calls.h"
 #include "checks.h"
+#include "inflight.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -80,33 +83,93 @@ void copy_if_apart(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y) {
     std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
 }
 
+// An all-reduce of n elements of x's type checked and bound: run(c, data) reduces data in place.
+struct BoundAllReduce {
+  AllReduceFn fn;
+  Group g;
+  size_t n;
+  DType t;
+  ReduceOp r;
+  Comm::Call call;
+  void run(Comm& c, void* data) const {
+    c.set_call(call);
+    fn(c, g, data, n, t, r);
+  }
+};
+
+BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks,
+                               std::string_view op, std::string_view algorithm) {
+  std::string alg(algorithm), o(op);
+  auto it = allreduce_algorithms().find(alg);
+  if (it == allreduce_algorithms().end())
+    throw ArgumentError("all_reduce: algorithm='" + alg + "' is not one of the custom call's "
+                        "(autopar._native.ALLREDUCE_ALGORITHMS)");
+  DType t = dtype_of(x.element_type(), "all_reduce: input");
+  ReduceOp r = reduce_op(o, "all_reduce");
+  Group g = group_of(c, ranks, "all_reduce");
+  size_t n = x.element_count();
+  Comm::Call call{"all_reduce(" + alg + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
+                  uint64_t(x.size_bytes()),
+                  call_signature("all_reduce/" + alg + "/" + dtype_name(t) + "/" + o, &g)};
+  return {it->second, g, n, t, r, call};
+}
+
+// The communicator of `handle`, with no started collective still running on its thread (a
+// collective on this thread must not share the links with one there).
+Comm& idle_comm(int64_t handle) {
+  Comm& c = registered_comm(handle);
+  inflight_of(c).drain();
+  return c;
+}
+
 ffi::Error AllReduce(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
                      ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
                      std::string_view op, std::string_view algorithm) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
-    std::string alg(algorithm), o(op);
-    auto it = allreduce_algorithms().find(alg);
-    if (it == allreduce_algorithms().end())
-      throw ArgumentError("all_reduce: algorithm='" + alg + "' is not one of the custom call's "
-                          "(autopar._native.ALLREDUCE_ALGORITHMS)");
-    DType t = dtype_of(x.element_type(), "all_reduce: input");
-    ReduceOp r = reduce_op(o, "all_reduce");
-    Group g = group_of(c, ranks, "all_reduce");
+    Comm& c = idle_comm(handle);
+    BoundAllReduce b = bind_all_reduce(c, x, ranks, op, algorithm);
     if (y->size_bytes() != x.size_bytes()) throw ArgumentError("all_reduce: output size differs");
     copy_if_apart(x, y);
-    size_t n = x.element_count();
-    c.set_call({"all_reduce(" + alg + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
-                uint64_t(x.size_bytes()),
-                call_signature("all_reduce/" + alg + "/" + dtype_name(t) + "/" + o, &g)});
-    it->second(c, g, y->untyped_data(), n, t, r);
+    b.run(c, y->untyped_data());
+  });
+}
+
+// all_reduce_start: x copied and its all-reduce queued on the communicator's thread (inflight.h);
+// out: the id all_reduce_done takes.
+ffi::Error AllReduceStart(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> id,
+                          ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                          std::string_view op, std::string_view algorithm) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    BoundAllReduce b = bind_all_reduce(c, x, ranks, op, algorithm);
+    if (id->size_bytes() != sizeof(int32_t))
+      throw ArgumentError("all_reduce_start: the id output must be one int32");
+    int32_t k = int32_t(inflight_of(c).start(x.untyped_data(), x.size_bytes(),
+                                             [&c, b](void* data) { b.run(c, data); }));
+    std::memcpy(id->untyped_data(), &k, sizeof k);
+  });
+}
+
+// all_reduce_done: waits for the started all-reduce `id` and writes its result; `after` is
+// not read: the step passes a value computed after the start, so XLA cannot move the wait
+// before the compute it should overlap.
+ffi::Error AllReduceDone(ffi::AnyBuffer id, ffi::AnyBuffer, ffi::AnyBuffer,
+                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> order,
+                         int64_t handle) {
+  return guarded(order, [&] {
+    Comm& c = registered_comm(handle);
+    if (id.size_bytes() != sizeof(int32_t))
+      throw ArgumentError("all_reduce_done: the id must be one int32 (all_reduce_start's)");
+    int32_t k;
+    std::memcpy(&k, id.untyped_data(), sizeof k);
+    inflight_of(c).wait(k, y->untyped_data(), y->size_bytes());
   });
 }
 
 ffi::Error AllGather(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
                      ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     Group g = group_of(c, ranks, "all_gather");
     if (y->size_bytes() != x.size_bytes() * size_t(g.size()))
       throw ArgumentError("all_gather: the output must hold group size x the input");
@@ -124,7 +187,7 @@ ffi::Error ReduceScatter(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyB
                          ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
                          std::string_view op) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     std::string o(op);
     DType t = dtype_of(x.element_type(), "reduce_scatter: input");
     ReduceOp r = reduce_op(o, "reduce_scatter");
@@ -143,7 +206,7 @@ ffi::Error ReduceScatter(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyB
 ffi::Error AllToAll(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     Group g = group_of(c, ranks, "all_to_all");
     size_t n = x.element_count(), es = element_size(x);
     if (y->size_bytes() != x.size_bytes() || n % size_t(g.size()))
@@ -163,7 +226,7 @@ ffi::Error Broadcast(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffe
                      ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
                      int64_t root) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     Group g = group_of(c, ranks, "broadcast");
     if (root < 0 || root >= g.size())
       throw ArgumentError("broadcast: root " + std::to_string(root) + " is outside the group");
@@ -187,7 +250,7 @@ void linked(Comm& c, int64_t peer, const std::string& op) {
 ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order,
                 int64_t handle, int64_t peer) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     linked(c, peer, "send");
     c.set_call({"send(" + std::to_string(x.size_bytes()) + " bytes to " + std::to_string(peer) + ")",
                 uint64_t(x.size_bytes()), call_signature("send/recv", nullptr)});
@@ -198,7 +261,7 @@ ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> or
 ffi::Error Recv(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> order,
                 int64_t handle, int64_t peer) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     linked(c, peer, "recv");
     c.set_call({"recv(" + std::to_string(y->size_bytes()) + " bytes from " +
                 std::to_string(peer) + ")", uint64_t(y->size_bytes()),
@@ -209,7 +272,7 @@ ffi::Error Recv(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::
 
 ffi::Error Barrier(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
   return guarded(order, [&] {
-    Comm& c = registered_comm(handle);
+    Comm& c = idle_comm(handle);
     Group g = group_of(c, ranks, "barrier");
     c.set_call({"barrier", 0, call_signature("barrier", &g)});
     c.barrier(g);
@@ -229,6 +292,17 @@ auto in_out() {
 XLA_FFI_DEFINE_HANDLER(FfiAllReduce, AllReduce,
                        in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op")
                            .Attr<std::string_view>("algorithm"));
+XLA_FFI_DEFINE_HANDLER(FfiAllReduceStart, AllReduceStart,
+                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op")
+                           .Attr<std::string_view>("algorithm"));
+XLA_FFI_DEFINE_HANDLER(FfiAllReduceDone, AllReduceDone,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm"));
 XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather, in_out().Attr<Ranks>("ranks"));
 XLA_FFI_DEFINE_HANDLER(FfiReduceScatter, ReduceScatter,
                        in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op"));
@@ -260,6 +334,8 @@ XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
 
 std::map<std::string, void*> ffi_handlers() {
   return {{"all_reduce", reinterpret_cast<void*>(FfiAllReduce)},
+          {"all_reduce_start", reinterpret_cast<void*>(FfiAllReduceStart)},
+          {"all_reduce_done", reinterpret_cast<void*>(FfiAllReduceDone)},
           {"all_gather", reinterpret_cast<void*>(FfiAllGather)},
           {"reduce_scatter", reinterpret_cast<void*>(FfiReduceScatter)},
           {"all_to_all", reinterpret_cast<void*>(FfiAllToAll)},
