@@ -85,15 +85,20 @@ _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from autopar.runtime import worker; sys.exit(worker.main(sys.argv[2:]))")
 
 
-def _worker_command() -> list[str]:
-    """The command that starts a worker importing exactly the ``autopar`` this process
-    imported: ``python -c`` with a bootstrap that replaces the worker's ``sys.path`` with this
-    process's (the folder holding this ``autopar`` first, ``''`` read as the working directory
-    now, as multiprocessing's spawn does) before anything is imported. ``python -m`` would put
-    the working directory first, so a source checkout there (``./autopar`` without its built
+def _worker_path() -> tuple[list, str]:
+    """The ``sys.path`` a worker imports exactly the ``autopar`` this process imported with
+    (the folder holding it first, ``''`` read as the working directory now, as
+    multiprocessing's spawn does), and that package's folder. ``python -m`` would put the
+    working directory first, so a source checkout there (``./autopar`` without its built
     ``_native``) would shadow an installed package. The worker checks the package it got."""
     package = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
-    path = [os.path.dirname(package)] + [p or os.getcwd() for p in sys.path]
+    return [os.path.dirname(package)] + [p or os.getcwd() for p in sys.path], package
+
+
+def _worker_command() -> list[str]:
+    """The command that starts a worker: ``python -c`` with a bootstrap that sets
+    ``sys.path`` to ``_worker_path``'s before anything is imported."""
+    path, package = _worker_path()
     return [sys.executable, "-c", _BOOT, json.dumps(path), package]
 
 
@@ -119,7 +124,7 @@ def _places(namespaces, hosts, tcp) -> dict:
 
 class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
-                 direct: bool = True, namespaces=None, tcp_streams: int = 1):
+                 direct: bool = True, namespaces=None, tcp_streams: int = 1, fork: bool = True):
         from autopar import _native
         if isinstance(nranks, bool) or not isinstance(nranks, int) or \
                 not 1 <= nranks <= NATIVE_MAX_RANKS:
@@ -143,13 +148,20 @@ class Job:
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
         rendezvous = f"{places[hosts[0]][1]}:{_free_port()}" if tcp else ""
         env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
-        command = _worker_command()
-        self.procs = [subprocess.Popen(
-            [*places[hosts[r]][0], *command, address, str(r), str(nranks),
-             str(self.segment.fd), ",".join(map(str, hosts)), str(timeout),
-             "1" if inter_host == "tcp" else "0", rendezvous, "1" if direct else "0",
-             places[hosts[r]][1], str(tcp_streams)],
-            pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL) for r in range(nranks)]
+        args = [[address, str(r), str(nranks), str(self.segment.fd), ",".join(map(str, hosts)),
+                 str(timeout), "1" if inter_host == "tcp" else "0", rendezvous,
+                 "1" if direct else "0", places[hosts[r]][1], str(tcp_streams)]
+                for r in range(nranks)]
+        if fork and namespaces is None:        # forked from a warm server (forkserver.py)
+            from . import forkserver
+            path, package = _worker_path()
+            self.procs = [forkserver.spawn(path, [package, *a], env, fd_args=(4,))
+                          for a in args]
+        else:
+            command = _worker_command()
+            self.procs = [subprocess.Popen([*places[hosts[r]][0], *command, *args[r]],
+                                           pass_fds=(self.segment.fd,), env=env,
+                                           stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False
         self.conns = [None] * nranks                 # filled in by _accept

@@ -90,7 +90,10 @@ def pids_gone(pids):
 
 
 def autopar_threads():
-    return {t for t in threading.enumerate() if t.is_alive() and t is not threading.main_thread()}
+    """Live threads but the main one and the fork server's reader, which serves every job of
+    this process (runtime/forkserver.py)."""
+    return {t for t in threading.enumerate() if t.is_alive() and t is not threading.main_thread()
+            and t.name != "autopar-forkserver"}
 
 
 # --- tests --------------------------------------------------------------------------------------
@@ -194,14 +197,15 @@ def test_a_worker_that_imported_another_autopar_fails_the_start_with_that_cause(
     """The worker checks it imported the caller's package; the start fails with that cause,
     not with a clean-up error (the control socket's folder is gone by then)."""
     from autopar.runtime import launcher
-    real = launcher._worker_command()
-    monkeypatch.setattr(launcher, "_worker_command", lambda: real[:-1] + ["/elsewhere/autopar"])
-    with pytest.raises(CollectiveError) as err:
-        Job(2, timeout=TIMEOUT)
-    msg = str(err.value)
-    assert "failed to start: ImportError: the worker imported autopar from" in msg, msg
-    assert "the caller from /elsewhere/autopar" in msg
-    assert err.value.__context__ is None and err.value.__cause__ is None
+    path, _ = launcher._worker_path()
+    monkeypatch.setattr(launcher, "_worker_path", lambda: (path, "/elsewhere/autopar"))
+    for fork in (True, False):               # forked from the warm server, or started anew
+        with pytest.raises(CollectiveError) as err:
+            Job(2, timeout=TIMEOUT, fork=fork)
+        msg = str(err.value)
+        assert "failed to start: ImportError: the worker imported autopar from" in msg, msg
+        assert "the caller from /elsewhere/autopar" in msg
+        assert err.value.__context__ is None and err.value.__cause__ is None
 
 
 def test_a_worker_that_exits_before_connecting_is_named(monkeypatch):
@@ -209,7 +213,7 @@ def test_a_worker_that_exits_before_connecting_is_named(monkeypatch):
     monkeypatch.setattr(launcher, "_worker_command",
                         lambda: [launcher.sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(CollectiveError, match=r"exited with code 3") as err:
-        Job(2, timeout=TIMEOUT)
+        Job(2, timeout=TIMEOUT, fork=False)
     assert err.value.__context__ is None
 
 
@@ -249,8 +253,12 @@ def test_a_rank_stopped_between_calls_fails_the_next_call_whatever_its_arguments
 
 
 def _children() -> set:
-    """Pids of this process's live child processes."""
-    me = str(os.getpid())
+    """Pids of this process's live child processes, the workers its fork servers forked
+    counted as children and the servers themselves not (they serve every job of this process,
+    runtime/forkserver.py)."""
+    from autopar.runtime import forkserver
+    servers = forkserver.server_pids()
+    parents = {str(os.getpid())} | {str(p) for p in servers}
     out = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -259,9 +267,9 @@ def _children() -> set:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[1] == me and fields[0] != "Z":
+            if fields[1] in parents and fields[0] != "Z":
                 out.add(int(pid))
-    return out
+    return out - servers
 
 
 @pytest.mark.slow
@@ -273,6 +281,7 @@ def test_soak_500_calls_with_workers_killed_at_random_moments():
     import random
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     want = m.mlp_sgd_step(p, b)
+    Job(2, timeout=TIMEOUT).close()      # the fork server, which stays, is started before
     before = (_children(), len(os.listdir("/proc/self/fd")), autopar_threads(),
               set(os.listdir("/dev/shm")))
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,

@@ -260,7 +260,7 @@ def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch)
     """A 2-host job: rank 1 is stopped (SIGSTOP) as it is started and continued only once the
     five strangers are connected to rank 0's rendezvous, so the strangers come first.
     direct=False: rank 0 then goes to the rendezvous without waiting for rank 1's single-copy
-    probe."""
+    probe. fork=False: the workers are started with Popen, which the test intercepts."""
     port = launcher._free_port()
     monkeypatch.setattr(launcher, "_free_port", lambda: port)
     stopped, found = [], {}
@@ -287,7 +287,8 @@ def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch)
     t = threading.Thread(target=strangers)
     t.start()
     try:
-        with Job(2, hosts=[0, 1], inter_host="tcp", timeout=20.0, direct=False) as j:
+        with Job(2, hosts=[0, 1], inter_host="tcp", timeout=20.0, direct=False,
+                 fork=False) as j:
             t.join(30)
             assert len(stopped) == 1 and "error" not in found, found
             assert j.call(link_kinds, [()] * 2) == [["none", "tcp"], ["tcp", "none"]]
