@@ -12,7 +12,10 @@ module-level function ``fn(comm, *args)`` on every rank (``comm`` an ``autopar._
 and returns the per-rank results; ``job.close()`` stops the workers.
 
 The workers run ``autopar.runtime.worker`` from the package this process imported, whatever
-the working directory (``_worker_command``). They inherit the job's shared memory segment (a
+the working directory (``_worker_path``): forked from a warm server that has imported it
+(``forkserver.py``; ``job.keep_warm()`` after a job's start has warm workers ready for the
+next), or started as new processes (``fork=False``, and always where ranks run in network
+namespaces). They inherit the job's shared memory segment (a
 memfd: nothing is ever named in /dev/shm, so nothing outlives them), reach
 the caller over a Unix socket authenticated with the job's random token (passed in the
 environment, not the command line), and exit when the caller goes away. A monitor thread
@@ -152,11 +155,13 @@ class Job:
                  str(timeout), "1" if inter_host == "tcp" else "0", rendezvous,
                  "1" if direct else "0", places[hosts[r]][1], str(tcp_streams)]
                 for r in range(nranks)]
+        self._warm = None                        # (path, env) of the fork server, if forked
         if fork and namespaces is None:        # forked from a warm server (forkserver.py)
             from . import forkserver
             path, package = _worker_path()
             self.procs = [forkserver.spawn(path, [package, *a], env, fd_args=(4,))
                           for a in args]
+            self._warm = (path, env)
         else:
             command = _worker_command()
             self.procs = [subprocess.Popen([*places[hosts[r]][0], *command, *args[r]],
@@ -427,6 +432,14 @@ class Job:
 
     def _grace(self) -> float:
         return min(self.timeout / 2, _GRACE)
+
+    def keep_warm(self) -> None:
+        """Have as many warm workers as this job has ranks ready for the next job of this
+        process (forked workers only: runtime/forkserver.py). Call it once the job's own start
+        work (loading its program) is done, so their warming does not compete with it."""
+        if self._warm is not None:
+            from . import forkserver
+            forkserver.keep_warm(*self._warm, self.nranks)
 
     def close(self):
         """Stop the workers (they exit on their own when the caller goes away, too)."""

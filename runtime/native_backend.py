@@ -164,6 +164,7 @@ class WorkerRunner:
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
         self._call(fn, [args + (cache,) for args in per_rank])
+        self.job.keep_warm()
 
     def _call(self, fn, per_rank):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing

@@ -61,7 +61,8 @@ def _pin(rank: int, size: int) -> None:
     and XLA runs it on one thread (more would only take turns on that core)."""
     cores = sorted(os.sched_getaffinity(0))
     if size <= len(cores):
-        os.sched_setaffinity(0, {cores[rank]})
+        for tid in os.listdir("/proc/self/task"):   # every thread: a warm worker (forkserver)
+            os.sched_setaffinity(int(tid), {cores[rank]})   # has XLA's already
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
 

@@ -254,10 +254,10 @@ def test_a_rank_stopped_between_calls_fails_the_next_call_whatever_its_arguments
 
 def _children() -> set:
     """Pids of this process's live child processes, the workers its fork servers forked
-    counted as children and the servers themselves not (they serve every job of this process,
-    runtime/forkserver.py)."""
+    counted as children and the servers and their warm workers waiting for a job not (they
+    serve every job of this process, runtime/forkserver.py)."""
     from autopar.runtime import forkserver
-    servers = forkserver.server_pids()
+    servers = forkserver.kept_pids()
     parents = {str(os.getpid())} | {str(p) for p in servers}
     out = set()
     for pid in os.listdir("/proc"):
