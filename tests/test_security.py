@@ -1,6 +1,7 @@
 """SECURITY.md's claims that code can check: autopar unpickles only on the native runtime's
-local control channel (a Unix socket in a private folder, HMAC-authenticated), and the job
-token never appears on a worker's command line or stays in its environment."""
+local control channel (a Unix socket in a private folder, HMAC-authenticated) and between the
+caller and its fork server (an anonymous socketpair), and the job token never appears on a
+worker's command line or stays in its environment."""
 import ast
 import os
 import stat
@@ -37,7 +38,12 @@ def test_the_only_unpickling_is_the_control_channel():
         hits = unpickling & set(_calls(path))
         if hits:
             found[str(path.relative_to(ROOT))] = hits
-    assert found == {"runtime/wire.py": {"pickle.loads"}}, found
+    assert found == {"runtime/wire.py": {"pickle.loads"},
+                     "runtime/forkserver.py": {"pickle.loads"}}, found
+    # the fork server's messages travel over a socketpair: nothing it could be reached by
+    fork = (ROOT / "runtime" / "forkserver.py").read_text()
+    assert "socket.socketpair(" in fork and not any(
+        f".{call}(" in fork for call in ("bind", "listen", "connect", "accept")), fork
     # wire.recv is used on the Job's connections only, which are AF_UNIX
     users = {str(p.relative_to(ROOT)) for p in _sources()
              if "wire.recv" in p.read_text() and p.name != "wire.py"}
