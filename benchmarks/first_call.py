@@ -44,18 +44,9 @@ def measure(name, round_, step, params, data, cfg, **kw):
 
 
 def quickstart_args():
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    r = np.random.default_rng(0)
-    params = {"w1": r.normal(0, 0.2, (32, 64)), "b1": np.zeros(64),
-              "w2": r.normal(0, 0.2, (64, 32)), "b2": np.zeros(32)}
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
-    batch = (jnp.asarray(r.normal(size=(16, 32)), jnp.float32),
-             jnp.asarray(r.normal(size=(16, 32)), jnp.float32))
     cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4),
                             progress=False)
-    return (qs.step, params, batch, cfg), {"in_strategy": (None, ((2, 1), (2, 1)))}
+    return (qs.step, *qs.inputs(), cfg), {"in_strategy": qs.IN_STRATEGY}
 
 
 def main():

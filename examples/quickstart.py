@@ -29,17 +29,25 @@ def step(params, batch):
     return loss, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
 
 
-def main():
+def inputs():
+    """Parameters and a batch of 16 rows."""
     r = np.random.default_rng(0)
     params = {"w1": r.normal(0, 0.2, (32, 64)), "b1": np.zeros(64),
               "w2": r.normal(0, 0.2, (64, 32)), "b2": np.zeros(32)}
     params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
     batch = (jnp.asarray(r.normal(size=(16, 32)), jnp.float32),
              jnp.asarray(r.normal(size=(16, 32)), jnp.float32))
+    return params, batch
 
+
+# the batch is split over x (data parallel), the weights over y (tensor parallel)
+IN_STRATEGY = (None, ((2, 1), (2, 1)))
+
+
+def main():
+    params, batch = inputs()
     cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4))
-    # the batch is split over x (data parallel), the weights over y (tensor parallel)
-    compiled = ap.compile(step, params, batch, config=cfg, in_strategy=(None, ((2, 1), (2, 1))))
+    compiled = ap.compile(step, params, batch, config=cfg, in_strategy=IN_STRATEGY)
     loss, new_params = compiled(params, batch)
 
     ref_loss, ref_params = jax.jit(step)(params, batch)
