@@ -191,10 +191,7 @@ def _fields_of(key, value) -> dict:
     if key in ("strategy_ckpt_load_file", "strategy_ckpt_save_file"):
         return {key: value or None}
     if key in _MINDSPORE_ONLY:
-        out = _converted(key, value)
-        _ignored(key, value)
-        _kept[key] = value
-        return out
+        return _mindspore_only(key, value)
     if key not in _DICTS:
         return {key: value}
     if not isinstance(value, dict):
@@ -205,11 +202,13 @@ def _fields_of(key, value) -> dict:
                           f"{', '.join(_DICTS[key])}.")
     out = {}
     for k, v in value.items():
-        out.update(_fields_of_sub(k, v) if _DICTS[key][k] is None else {_DICTS[key][k]: v})
+        out.update(_mindspore_only(k, v) if _DICTS[key][k] is None else {_DICTS[key][k]: v})
     return out
 
 
-def _fields_of_sub(key, value) -> dict:
+def _mindspore_only(key, value) -> dict:
+    """A MindSpore-only key (or sub-key): what it converts to, warned about where autopar does
+    not do what it asks, and kept for ``get_auto_parallel_context``."""
     out = _converted(key, value)
     _ignored(key, value)
     _kept[key] = value

@@ -187,9 +187,9 @@ class Planner:
         n, alpha, beta, inner, _ = self._group(axes)
         if n <= 1:
             return ()
-        shared = self._shared(axes)
-        t0 = all_reduce_times(0, n, alpha, beta, inner, self._gamma, shared, self._reducers(n))
-        t1 = all_reduce_times(1, n, alpha, beta, inner, self._gamma, shared, self._reducers(n))
+        at = lambda nbytes: all_reduce_times(nbytes, n, alpha, beta, inner, self._gamma,
+                                             self._shared(axes), self._reducers(n))
+        t0, t1 = at(0), at(1)
         return tuple((a, t0[a], t1[a] - t0[a]) for a in ALL_REDUCE if a in t0)
 
     def _reducers(self, n: int) -> int:
