@@ -69,9 +69,45 @@ class Fd {
   int fd_;
 };
 
+// The bytes a link has received in stream order and not yet handed on, [begin, end) of buf:
+// both links' recv_some hand them out from here.
+class InOrder {
+ public:
+  explicit InOrder(size_t n) : buf_(n) {}
+  // Whether recv_some(n, align) should read the sockets first.
+  bool short_of(size_t n, size_t align) const {
+    return end_ - begin_ < std::min(n, align) || end_ == begin_;
+  }
+  // Free bytes at the end (what is left moved to the front once the end is reached), and
+  // where they start; added(k) counts k bytes written there.
+  size_t room() {
+    if (end_ == buf_.size() && begin_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+      end_ -= begin_, begin_ = 0;
+    }
+    return buf_.size() - end_;
+  }
+  char* tail() { return buf_.data() + end_; }
+  void added(size_t k) { end_ += k; }
+  // Hand up to n bytes to consume (a multiple of align unless all n); the bytes handed.
+  size_t take(size_t n, size_t align, const std::function<void(const char*, size_t)>& consume) {
+    size_t have = end_ - begin_, k = std::min(n, have);
+    if (k < n) k -= k % align;
+    if (k == 0) return 0;
+    consume(buf_.data() + begin_, k);
+    begin_ += k;
+    if (begin_ == end_) begin_ = end_ = 0;
+    return k;
+  }
+
+ private:
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;
+};
+
 class TcpLink : public Link {
  public:
-  TcpLink(Fd fd, int peer) : fd_(std::move(fd)), peer_(peer), buf_(1 << 18) {
+  TcpLink(Fd fd, int peer) : fd_(std::move(fd)), peer_(peer), in_(1 << 18) {
     int one = 1;
     setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     fcntl(fd_.get(), F_SETFL, fcntl(fd_.get(), F_GETFL) | O_NONBLOCK);
@@ -87,27 +123,19 @@ class TcpLink : public Link {
 
   size_t recv_some(size_t n, size_t align, char* /*direct*/,
                    const std::function<void(const char*, size_t)>& consume) override {
-    if (end_ - begin_ < std::min(n, align) || end_ == begin_) fill();
-    size_t have = end_ - begin_, k = std::min(n, have);
-    if (k < n) k -= k % align;
-    if (k == 0) return 0;
-    consume(buf_.data() + begin_, k);
-    begin_ += k;
-    if (begin_ == end_) begin_ = end_ = 0;
-    return k;
+    if (in_.short_of(n, align)) fill();
+    return in_.take(n, align, consume);
   }
 
   std::string kind() const override { return "tcp"; }
 
  private:
   void fill() {
-    if (end_ == buf_.size()) {
-      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
-      end_ -= begin_, begin_ = 0;
-    }
-    ssize_t k = ::recv(fd_.get(), buf_.data() + end_, buf_.size() - end_, MSG_DONTWAIT);
+    size_t room = in_.room();
+    if (room == 0) return;                 // full: recv_some hands out what it has
+    ssize_t k = ::recv(fd_.get(), in_.tail(), room, MSG_DONTWAIT);
     if (k > 0) {
-      end_ += size_t(k);
+      in_.added(size_t(k));
     } else if (k == 0) {
       throw std::runtime_error("rank " + std::to_string(peer_) + " closed the connection");
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -118,8 +146,7 @@ class TcpLink : public Link {
 
   Fd fd_;
   int peer_;
-  std::vector<char> buf_;
-  size_t begin_ = 0, end_ = 0;
+  InOrder in_;
 };
 
 // Several connections to one peer carrying one byte stream (NCCL Fast Socket's design). The
@@ -134,7 +161,8 @@ class TcpLink : public Link {
 class MultiTcpLink : public Link {
  public:
   MultiTcpLink(std::vector<Fd> fds, int peer)
-      : fds_(std::move(fds)), peer_(peer), out_(fds_.size()), in_(fds_.size()), buf_(4 * kChunk) {
+      : fds_(std::move(fds)), peer_(peer), out_(fds_.size()), in_(fds_.size()),
+        ordered_(4 * kChunk) {
     for (Fd& f : fds_) {
       int one = 1;
       setsockopt(f.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -168,14 +196,8 @@ class MultiTcpLink : public Link {
 
   size_t recv_some(size_t n, size_t align, char* /*direct*/,
                    const std::function<void(const char*, size_t)>& consume) override {
-    if (end_ - begin_ < std::min(n, align) || end_ == begin_) pump();
-    size_t have = end_ - begin_, k = std::min(n, have);
-    if (k < n) k -= k % align;
-    if (k == 0) return 0;
-    consume(buf_.data() + begin_, k);
-    begin_ += k;
-    if (begin_ == end_) begin_ = end_ = 0;
-    return k;
+    if (ordered_.short_of(n, align)) pump();
+    return ordered_.take(n, align, consume);
   }
 
   std::string kind() const override { return "tcp x" + std::to_string(fds_.size()); }
@@ -191,7 +213,7 @@ class MultiTcpLink : public Link {
   };
   struct In {                  // the chunk a connection is receiving
     Header h{0, 0};
-    size_t hgot = 0, got = 0, flushed = 0;   // header bytes; payload bytes read; in buf_
+    size_t hgot = 0, got = 0, flushed = 0;   // header bytes; payload bytes read; in ordered_
     std::vector<char> ahead;   // payload that arrived before its turn
   };
 
@@ -230,15 +252,7 @@ class MultiTcpLink : public Link {
                              std::to_string(peer_) + " lost (" + std::strerror(errno) + ")");
   }
 
-  size_t space() {
-    if (end_ == buf_.size() && begin_ > 0) {
-      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
-      end_ -= begin_, begin_ = 0;
-    }
-    return buf_.size() - end_;
-  }
-
-  // Move what every connection has into buf_, in stream order.
+  // Move what every connection has into ordered_, in stream order.
   void pump() {
     promote();
     for (size_t s = 0; s < fds_.size(); ++s) {
@@ -255,11 +269,12 @@ class MultiTcpLink : public Link {
           c.got = c.flushed = 0;
         }
         size_t k;
-        if (c.h.offset + c.flushed == received_ && c.flushed == c.got) {   // in order: to buf_
-          size_t room = std::min<size_t>(space(), c.h.bytes - c.got);
+        if (c.h.offset + c.flushed == received_ && c.flushed == c.got) {   // in order
+          size_t room = std::min<size_t>(ordered_.room(), c.h.bytes - c.got);
           if (room == 0) break;
-          k = read(s, buf_.data() + end_, room);
-          c.got += k, c.flushed += k, end_ += k, received_ += k;
+          k = read(s, ordered_.tail(), room);
+          ordered_.added(k);
+          c.got += k, c.flushed += k, received_ += k;
         } else if (c.got < c.h.bytes) {                                     // ahead: held
           c.ahead.resize(kChunk);
           k = read(s, c.ahead.data() + c.got, c.h.bytes - c.got);
@@ -274,17 +289,18 @@ class MultiTcpLink : public Link {
     promote();
   }
 
-  // Copy held chunks whose turn has come into buf_.
+  // Copy held chunks whose turn has come into ordered_.
   void promote() {
     for (bool moved = true; moved;) {
       moved = false;
       for (In& c : in_) {
         if (c.hgot < sizeof(Header) || c.h.offset + c.flushed != received_ || c.flushed == c.got)
           continue;
-        size_t k = std::min(space(), c.got - c.flushed);
+        size_t k = std::min(ordered_.room(), c.got - c.flushed);
         if (k == 0) return;
-        std::memcpy(buf_.data() + end_, c.ahead.data() + c.flushed, k);
-        c.flushed += k, end_ += k, received_ += k;
+        std::memcpy(ordered_.tail(), c.ahead.data() + c.flushed, k);
+        ordered_.added(k);
+        c.flushed += k, received_ += k;
         if (c.flushed == c.h.bytes) c.hgot = 0;
         moved = true;
       }
@@ -297,9 +313,8 @@ class MultiTcpLink : public Link {
   std::vector<In> in_;
   uint64_t assigned_ = 0, reported_ = 0;   // sender: stream bytes given to connections, taken
   size_t next_ = 0;                        // the connection offered the next chunk first
-  std::vector<char> buf_;                  // receiver: in-order bytes [begin_, end_)
-  size_t begin_ = 0, end_ = 0;
-  uint64_t received_ = 0;                  // stream bytes in buf_ so far
+  InOrder ordered_;                        // receiver: the stream's bytes in order
+  uint64_t received_ = 0;                  // stream bytes in ordered_ so far
 };
 
 // Blocking full read/write with a deadline (to an admitted peer: one that showed the token).
