@@ -79,12 +79,12 @@ def _short(x) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def leaf_type(x) -> str:
-    """Shape and dtype of an argument leaf as JAX will see it (float64 -> float32 unless x64).
-    An array's own dtype is its type (``result_type`` would say the same, at 30 us a call);
-    scalars and other leaves go through ``result_type``."""
+def leaf_type(x) -> tuple:
+    """(shape, dtype) of an argument leaf as JAX will see it (float64 -> float32 unless x64),
+    to compare (``type_str(*t)`` prints it). An array's own dtype is its type (``result_type``
+    would say the same, at 30 us a call); scalars and other leaves go through ``result_type``."""
     dtype = x.dtype if isinstance(x, (np.ndarray, jax.Array)) else jax.numpy.result_type(x)
-    return type_str(np.shape(x), jax.dtypes.canonicalize_dtype(dtype))
+    return tuple(np.shape(x)), jax.dtypes.canonicalize_dtype(dtype)
 
 
 def check_counts(spec, shape, devices: int, what) -> tuple:

@@ -40,6 +40,16 @@ def test_data_parallel_mlp_golden(mesh):
     assert all(i.layout.dims[0] for i in c.strategy.inputs if not i.is_param)
 
 
+def test_a_step_called_with_other_shapes_or_dtypes_says_which():
+    p, b = m.mlp_params(), m.mlp_batch()
+    c = ap.compile(m.mlp_sgd_step, p, b, config=ap.ParallelConfig(backend="jax"))
+    with pytest.raises(ap.ConfigError, match=r"compiled for arguments \[.*f32\[8,16\].*\] .* "
+                                             r"called with \[.*f32\[4,16\].*compile again"):
+        c(p, m.mlp_batch(batch=4))
+    with pytest.raises(ap.ConfigError, match=r"called with \[.*i32\["):
+        c(jax.tree.map(lambda x: np.asarray(x, np.int32), p), b)
+
+
 def test_on_workers_needs_native_workers():
     """``on_workers`` says why it cannot run: before the first call on the native backend, and
     on the jax backend at all; ``close`` and ``with`` leave a step that still runs."""

@@ -36,6 +36,7 @@ from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
+from ..graph import type_str
 from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, leaf_type,
                          state_pairs)
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
@@ -131,8 +132,9 @@ class Compiled:
         flat, tree = jax.tree.flatten(args)
         got = [leaf_type(x) for x in flat]
         if tree != self._in_tree or got != self._leaf_types:
-            raise ConfigError(f"compiled for arguments {self._leaf_types} ({self._in_tree}) but "
-                              f"called with {got} ({tree}); compile again for new shapes.")
+            raise ConfigError(f"compiled for arguments {_types(self._leaf_types)} "
+                              f"({self._in_tree}) but called with {_types(got)} ({tree}); "
+                              "compile again for new shapes.")
         if self._runner is None:
             t0 = time.monotonic()
             logger.info("starting the %s runner on %d device(s)", self.config.backend.value,
@@ -140,6 +142,10 @@ class Compiled:
             self._runner = self._make_runner()
             self._timings["start"] = time.monotonic() - t0
         return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
+
+
+def _types(leaf_types) -> str:
+    return "[" + ", ".join(type_str(*t) for t in leaf_types) + "]"
 
 
 def default_search_mode(mesh) -> SearchMode:
