@@ -17,7 +17,7 @@ imported read theirs as they were imported, so a caller whose environment has ch
 ``_KEEP`` servers are kept, the least recently used closed first. A server exits when its
 caller goes away; it reaps its children and reports their exit codes.
 
-``keep_warm(path, env, n)`` (``Job.keep_warm``, once a job's program is loaded) has the server
+``keep_warm(path, env, n)`` (``Job.keep_warm``, when a compiled step is closed) has the server
 fork n warm workers that start their JAX backend and compile once, then wait; the next job's
 ranks are handed to them, so its load skips that (about 0.4 s of CPU per rank: the quick
 start's 8 ranks on 2 cores load in 1.1-1.2 s instead of 3.3). Messages travel pickled over a
@@ -178,8 +178,8 @@ def _key(path, env) -> tuple:
 def keep_warm(path: list, env: dict, n: int) -> None:
     """Ask the server of ``(path, env)``, if there is one, to keep ``n`` warm workers ready
     (each has started its JAX backend and compiled once: a job's first load then skips that,
-    about 0.4 s of CPU per rank). Call it once a job's own start is done, so their warming
-    does not compete with it."""
+    about 0.4 s of CPU per rank). Call it when a job is done, so their warming does not take
+    cores from its steps."""
     with _servers_lock:
         server = _servers.get(_key(path, env))
         if server is not None and server.alive:

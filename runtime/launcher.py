@@ -13,7 +13,7 @@ and returns the per-rank results; ``job.close()`` stops the workers.
 
 The workers run ``autopar.runtime.worker`` from the package this process imported, whatever
 the working directory (``_worker_path``): forked from a warm server that has imported it
-(``forkserver.py``; ``job.keep_warm()`` after a job's start has warm workers ready for the
+(``forkserver.py``; ``job.keep_warm()`` as a job is closed has warm workers ready for the
 next), or started as new processes (``fork=False``, and always where ranks run in network
 namespaces). They inherit the job's shared memory segment (a
 memfd: nothing is ever named in /dev/shm, so nothing outlives them), reach
@@ -435,8 +435,8 @@ class Job:
 
     def keep_warm(self) -> None:
         """Have as many warm workers as this job has ranks ready for the next job of this
-        process (forked workers only: runtime/forkserver.py). Call it once the job's own start
-        work (loading its program) is done, so their warming does not compete with it."""
+        process (forked workers only: runtime/forkserver.py). Call it when the job is done
+        (``WorkerRunner.close``), so their warming does not take cores from its steps."""
         if self._warm is not None:
             from . import forkserver
             forkserver.keep_warm(*self._warm, self.nranks)

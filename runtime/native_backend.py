@@ -164,7 +164,6 @@ class WorkerRunner:
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
         self._call(fn, [args + (cache,) for args in per_rank])
-        self.job.keep_warm()
 
     def _call(self, fn, per_rank):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
@@ -182,8 +181,12 @@ class WorkerRunner:
             self._start()
 
     def close(self):
-        """Stop the workers; calling the runner again starts new ones."""
+        """Stop the workers; calling the runner again starts new ones. Closed by its user,
+        the job has as many warm workers readied for the next one (``Job.keep_warm``): warming
+        them while this job ran would have taken the cores from its steps."""
         self._finalizer()
+        if getattr(self, "job", None) is not None:
+            self.job.keep_warm()
 
 
 class NativeRunner(WorkerRunner):
