@@ -18,7 +18,6 @@ from .annotate import shard_p
 from .config import ParallelMode
 from .device_matrix import DeviceSpec, MeshTemplate, OperatorSpec
 from .errors import ConfigError, LayoutError
-from .graph import type_str
 from .layout import Layout
 
 

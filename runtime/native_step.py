@@ -13,8 +13,9 @@ compute after it, as the interpreted runner's (``RuntimeOptions.overlap``): ``al
 hands it to the communicator's own thread and ``all_reduce_done`` takes the result where it
 is first read; an optimization barrier ties the next segment's inputs to the start and the done
 waits behind the last segment's output, so XLA can move neither across the compute between
-them. A collective that fails raises ``CollectiveError`` as the interpreted runner's do. Not here (``supported`` says why): the
-Reduction Server, whose reducer ranks serve a step from Python.
+them. A collective that fails raises ``CollectiveError`` as the interpreted runner's do. Not
+here (``supported`` says why): the Reduction Server, whose reducer ranks serve a step from
+Python.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ class WholeStep:
 
     def _step(self, *blocks):
         import jax.numpy as jnp
-        p = self.payload
         from jax import lax
+        p = self.payload
         regs = dict(zip(p.inputs, blocks))
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
         self.started, self.fence, self.latest = {}, None, None
@@ -147,9 +148,8 @@ class WholeStep:
         if not start:
             flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
             return _split(items, flat)
-        key, self.order = self.call("all_reduce_start", (_like(np.int32(0)),), flat,
-                                       self.order, ranks=_ranks(ranks), op=st.op,
-                                       algorithm=st.algorithm)
+        key, self.order = self.call("all_reduce_start", (_like(np.int32(0)),), flat, self.order,
+                                    ranks=_ranks(ranks), op=st.op, algorithm=st.algorithm)
         self.fence = self.order
         started = (key, _like(flat), items)
         self.started.update((s.out, started) for _, s, _ in items)
