@@ -72,10 +72,13 @@ def test_a_custom_call_refuses_a_communicator_it_does_not_know():
 
 
 @pytest.mark.native
-def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_works(monkeypatch):
+@pytest.mark.parametrize("bucket", [25 << 20, 4 << 10])
+def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_works(monkeypatch,
+                                                                                    bucket):
     """Failure behaviour as the interpreted runner's: a rank stopped (SIGSTOP) leaves its peer
-    waiting inside a custom call; the call raises CollectiveError within the bound, and the
-    next call runs on new workers."""
+    waiting inside a custom call (with 4 KiB buckets, in all_reduce_done while the all-reduce
+    waits on the communicator's thread); the call raises CollectiveError within the bound, and
+    the next call runs on new workers."""
     import os
     import signal
     import time
@@ -83,10 +86,12 @@ def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_wo
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,
-                            collective_timeout=TIMEOUT)
+                            collective_timeout=TIMEOUT, allreduce_fusion_bytes=bucket)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     assert all(c.on_workers(whole))
+    if bucket < 25 << 20:
+        assert "autopar_all_reduce_start" in c.on_workers(schedule)[0]
     pids = c.on_workers(worker_pid)
     os.kill(pids[1], signal.SIGSTOP)
     start = time.monotonic()
