@@ -163,6 +163,17 @@ _servers: dict = {}          # environment key -> _Server, least recently used f
 _servers_lock = threading.Lock()
 
 
+def _forget_servers() -> None:
+    """In a child forked from the caller (``multiprocessing``'s fork, ``os.fork``): the
+    servers, their sockets and reader threads are the parent's, so the child starts its own
+    (the copies of the sockets close with the dropped objects; the parent's stay open)."""
+    global _servers, _servers_lock
+    _servers, _servers_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_servers)
+
+
 def kept_pids() -> set:
     """The pids of the processes kept between jobs: this process's live fork servers and the
     warm workers waiting in them."""

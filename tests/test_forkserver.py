@@ -51,3 +51,30 @@ def test_exit_codes_come_back_as_popen_gives_them():
     assert j.procs[1].wait(10) == -signal.SIGKILL
     j.close()
     assert all(p.poll() is not None for p in j.procs)
+
+
+def test_a_process_forked_from_the_caller_starts_its_own_server():
+    """multiprocessing's fork (or os.fork) after a job: the child cannot use the parent's
+    server (its reader thread did not come along); it starts its own, and the parent's goes on."""
+    def job_sum():
+        with Job(2, timeout=20.0) as j:
+            got = j.call(backend_up_and_sum, [(np.ones(3, np.float32),)] * 2)
+        return all(np.array_equal(x, np.full(3, 2.0, np.float32)) for _, x in got)
+    assert job_sum()
+    parents = forkserver.kept_pids()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if job_sum() and not (forkserver.kept_pids() & parents) else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked process hung starting a job (the parent's server was used?)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert job_sum()
