@@ -53,6 +53,7 @@ def test_exit_codes_come_back_as_popen_gives_them():
     assert all(p.poll() is not None for p in j.procs)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")   # the child runs no JAX itself
 def test_a_process_forked_from_the_caller_starts_its_own_server():
     """multiprocessing's fork (or os.fork) after a job: the child cannot use the parent's
     server (its reader thread did not come along); it starts its own, and the parent's goes on."""
