@@ -49,20 +49,31 @@ def _send(sock, msg, fds=()) -> None:
 
 
 def _recv(sock):
-    """One message and the descriptors that came with it; (None, []) at the end."""
-    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    """One message and the descriptors that came with it; (None, []) at the end (the other
+    side closed, or went away with messages of ours unread: a reset)."""
+    try:
+        head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS)
+    except ConnectionResetError:
+        return None, []
     if not head:
         return None, []
-    while len(head) < _HEADER.size:
-        head += sock.recv(_HEADER.size - len(head))
-    (n,) = _HEADER.unpack(head)
+    try:
+        head += _exactly(sock, _HEADER.size - len(head))
+        (n,) = _HEADER.unpack(head)
+        data = _exactly(sock, n)
+    except (ConnectionResetError, EOFError):
+        return None, fds
+    return pickle.loads(data), fds
+
+
+def _exactly(sock, n: int) -> bytes:
     data = bytearray()
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            return None, fds
+            raise EOFError
         data += chunk
-    return pickle.loads(bytes(data)), fds
+    return bytes(data)
 
 
 class Forked:
