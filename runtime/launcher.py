@@ -170,6 +170,7 @@ class Job:
         self.failure: str | None = None
         self.closed = False
         self.conns = [None] * nranks                 # filled in by _accept
+        self._boxes = [(wire.Box(), wire.Box()) for _ in range(nranks)]   # to / from rank r
         self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
         try:
             try:
@@ -282,7 +283,7 @@ class Job:
             if any(e[0] == "unresponsive" for e in errors.values()):
                 break                            # the job is failed: the rest get nothing to run
             try:
-                wire.send(c, ("call", name, tuple(args)))
+                wire.send(c, ("call", name, tuple(args)), self._boxes[r][0])
                 pending[c] = r
             except BlockingIOError:
                 errors[r] = self._unresponsive(r, "took no byte of the call's arguments in "
@@ -321,7 +322,7 @@ class Job:
                 if answered is None:
                     answered, first = time.monotonic(), r
                 try:
-                    reply = wire.recv(c)
+                    reply = wire.recv(c, self._boxes[r][1])
                 except BlockingIOError:
                     errors[r] = self._unresponsive(r, "stopped sending its answer for the "
                                                       "collective timeout")
@@ -448,6 +449,8 @@ class Job:
         self.closed = True
         self._finalizer()
         self._dir.cleanup()
+        for box in (b for pair in self._boxes for b in pair):
+            box.close()
 
     @staticmethod
     def _stop(procs, conns):

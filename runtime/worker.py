@@ -8,8 +8,8 @@ host's: where it listens for TCP links); the job token
 in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
 up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
 traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
-exception's type name. Calls and replies travel as ``runtime.wire`` messages (arrays out of
-band, received aligned). Exits when the caller closes the socket or goes away.
+exception's type name. Calls and replies travel as ``runtime.wire`` messages (their arrays in
+shared memory, one ``wire.Box`` each way, received aligned). Exits when the caller closes the socket or goes away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
@@ -99,16 +99,17 @@ def main(argv):
         conn.send(("failed", rank, f"{type(e).__name__}: {e}"))
         return 1
     conn.send(("ready",))
+    incoming, outgoing = wire.Box(), wire.Box()
     while True:
         try:
-            msg = wire.recv(conn)
+            msg = wire.recv(conn, incoming)
         except (EOFError, OSError):
             return 0                  # the caller closed the job or is gone
         _, (module, name), args = msg
         try:
-            wire.send(conn, ("ok", _resolve(module, name)(comm, *args)))
+            wire.send(conn, ("ok", _resolve(module, name)(comm, *args)), outgoing)
         except Exception as e:        # noqa: BLE001 - reported to the caller
             kind = "CollectiveError" if isinstance(e, CollectiveError) else type(e).__name__
-            wire.send(conn, ("error", kind, str(e), traceback.format_exc()))
+            wire.send(conn, ("error", kind, str(e), traceback.format_exc()), outgoing)
 
 

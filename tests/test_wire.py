@@ -27,3 +27,25 @@ def test_small_large_and_empty_arrays_arrive_equal_aligned_and_writable():
     assert got["scalar"] == 2.5 and got["text"] == "kept"
     got["small"][0][0, 0] = 9.0                   # packed arrays are views of one buffer:
     assert got["small"][1][0, 0] == obj["small"][1][0, 0]      # writing one leaves the others
+
+
+def test_arrays_through_a_shared_memory_box_arrive_equal_and_own_their_memory():
+    rng = np.random.default_rng(1)
+    a, b = Pipe()
+    out, into = wire.Box(), wire.Box()
+    got = []
+    for size in (10, wire.PACK // 4 + 1, 3):      # the second message grows the box
+        obj = {"large": rng.normal(size=(size,)), "small": [np.arange(5, dtype=np.int16) + size],
+               "empty": np.zeros((0,), np.float32), "text": size}
+        sender = threading.Thread(target=wire.send, args=(a, obj, out))
+        sender.start()
+        got.append((obj, wire.recv(b, into)))
+        sender.join()
+    assert into.size == out.size >= (wire.PACK // 4 + 1) * 8
+    for obj, back in got:                          # later messages overwrote the box: each
+        assert back["text"] == obj["text"]         # message's arrays are copies of their own
+        for x, y in ((back["large"], obj["large"]), (back["small"][0], obj["small"][0]),
+                     (back["empty"], obj["empty"])):
+            assert x.dtype == y.dtype and np.array_equal(x, y)
+            assert x.flags.writeable and (x.size == 0 or wire.is_aligned(x))
+    out.close(), into.close()
