@@ -431,6 +431,7 @@ def run(comm, blocks, keys=None, drop=()):
     stats["input_bytes"] = [b.nbytes for b in blocks]
     meter.stop(sum(stats["input_bytes"]))
     resident.keep(results, keys or {})
+    results = [np.asarray(x) for x in results]      # the whole step's are JAX arrays
     if comm.rank == 0:
         return results
     return [x if s else None for x, s in zip(results, p.split)]  # rank 0 sent the replicated ones

@@ -162,3 +162,32 @@ def test_buckets_overlap_the_compute_after_them_inside_the_executable(monkeypatc
     between = [sum(bool(re.search(r"\b(fusion|dot|convolution|call)\(", ln))
                    for ln in lines[s:d]) for s, d in zip(starts, dones)]
     assert max(between) > 0, between
+
+
+def dispatch(comm):
+    """In a worker: the whole step's JAX effects, and its custom calls (all, with a side
+    effect in the compiled HLO)."""
+    import jax
+    from autopar.runtime.native_backend import WORKER
+    step = WORKER.whole
+    effects = jax.make_jaxpr(step._step)(*step.avals).effects
+    calls = [ln for ln in step.scheduled().splitlines() if 'custom_call_target="autopar_' in ln]
+    return (len(effects), len(calls),
+            sum("custom_call_has_side_effect=true" in ln for ln in calls))
+
+
+@pytest.mark.native
+def test_the_step_has_no_jax_effect_so_jit_dispatches_it_from_cpp_and_xla_keeps_every_call(
+        monkeypatch):
+    """A JAX effect (jax.ffi.ffi_call's side effect) keeps a jitted function off jit's C++
+    dispatch; the collectives' own primitive has none, while XLA still sees each custom call
+    as side-effecting (never dropped, merged or moved), so 4 KiB buckets make several."""
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
+    p, b = m.gpt_params(), m.gpt_batch(batch=4)
+    config = ap.ParallelConfig(backend="native", progress=False, parallel_mode="data_parallel",
+                               device_num=2, allreduce_fusion_bytes=4 << 10)
+    with ap.compile(m.gpt_sgd_step, p, b, config=config) as c:
+        assert_same(c(p, b), m.gpt_sgd_step(p, b))
+        for effects, calls, side_effecting in c.on_workers(dispatch):
+            assert effects == 0
+            assert calls == side_effecting > 4
