@@ -70,6 +70,7 @@ class ProgramPayload:
     split: tuple
     bucket_bytes: int
     options: RuntimeOptions
+    in_avals: tuple = ()          # (local shape, dtype) per argument register
 
 
 def _fresh_stats() -> dict:
@@ -202,7 +203,7 @@ class NativeRunner(WorkerRunner):
         self._payload = ProgramPayload(
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
             outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
-            options=self.options)
+            options=self.options, in_avals=tuple(program.avals[r] for r in program.inputs))
         served = any(a == "reduction_server" for ins in instructions
                      if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
                      for a in (ins.algorithm, *(price[0] for price in ins.prices)))
@@ -267,27 +268,33 @@ def host_ids(topology) -> list[int]:
 # --- in the workers ---------------------------------------------------------------------------
 
 def compile_shared(comm, segments, ranks, cache):
-    """The compiled executables of serialised segments that every rank of ``ranks`` runs:
-    in rounds, the i-th of them compiles segment ``round * len(ranks) + i`` into the job's XLA
-    cache directory ``cache``, and after the rounds every rank loads the rest from it (one
-    compile per segment for the job rather than one per rank; a round is one compile long,
-    and its barrier waits up to ``COMPILE_TIMEOUT`` rather than the collective timeout: a
-    compile on a loaded machine can take longer than a collective may wait)."""
+    """The compiled executables of serialised segments that every rank of ``ranks`` runs
+    (``compile_rounds``)."""
     import jax
     from jax import export
     exported = [export.deserialize(b) for b in segments]
-    compile_ = lambda e: jax.jit(e.call).lower(*e.in_avals).compile()
+    return compile_rounds(comm, [lambda e=e: jax.jit(e.call).lower(*e.in_avals).compile()
+                                 for e in exported], ranks, cache)
+
+
+def compile_rounds(comm, compiles, ranks, cache):
+    """``[c() for c in compiles]``, each compiled once for the job: in rounds, the i-th rank
+    of ``ranks`` runs ``compiles[round * len(ranks) + i]`` into the job's XLA cache directory
+    ``cache``, and after the rounds every rank loads the rest from it (a round is one compile
+    long, and its barrier waits up to ``COMPILE_TIMEOUT`` rather than the collective timeout:
+    a compile on a loaded machine can take longer than a collective may wait)."""
+    import jax
     if cache is None or len(ranks) == 1:
-        return [compile_(e) for e in exported]
+        return [c() for c in compiles]
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    out, me, n = [None] * len(exported), ranks.index(comm.rank), len(ranks)
-    for start in range(0, len(exported), n):
-        if start + me < len(exported):
-            out[start + me] = compile_(exported[start + me])
+    out, me, n = [None] * len(compiles), ranks.index(comm.rank), len(ranks)
+    for start in range(0, len(compiles), n):
+        if start + me < len(compiles):
+            out[start + me] = compiles[start + me]()
         comm.barrier(list(ranks), timeout=max(comm.timeout, COMPILE_TIMEOUT))
-    return [c if c is not None else compile_(e) for c, e in zip(out, exported)]
+    return [done if done is not None else c() for done, c in zip(out, compiles)]
 
 
 def load(comm, payload, cache=None):
@@ -305,7 +312,7 @@ def load(comm, payload, cache=None):
     if payload.options.whole_step:
         from .native_step import WholeStep, supported
         if supported(payload) is None:
-            WORKER.payload, WORKER.whole = payload, WholeStep(comm, payload)
+            WORKER.payload, WORKER.whole = payload, WholeStep(comm, payload, devices, cache)
             return True
     compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions
                                           if isinstance(ins, tuple)], devices, cache))

@@ -23,6 +23,8 @@ Python.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from autopar.errors import CollectiveError
@@ -53,13 +55,13 @@ def register_targets():
 
 def _lower(ctx, *operands, target, results, aliases, attrs):
     """``autopar_<target>`` as an XLA FFI custom call with a side effect; ``attrs``' tuples
-    become int64 arrays."""
+    become int64 arrays, their ints int64 scalars."""
     import jax
     del results
     rule = jax.ffi.ffi_lowering(target, has_side_effect=True,
                                 operand_output_aliases=dict(aliases) if aliases else None)
-    return rule(ctx, *operands, **{k: np.asarray(v, np.int64) if isinstance(v, tuple) else v
-                                   for k, v in attrs})
+    return rule(ctx, *operands, **{k: np.asarray(v, np.int64) if isinstance(v, tuple) else
+                                   np.int64(v) if isinstance(v, int) else v for k, v in attrs})
 
 
 def supported(payload) -> str | None:
@@ -74,26 +76,30 @@ def supported(payload) -> str | None:
 class WholeStep:
     """Callable: the rank's argument blocks -> its results (see the module docstring)."""
 
-    def __init__(self, comm, payload):
+    def __init__(self, comm, payload, ranks=None, cache=None):
+        """Compiled here, once for the job's ``ranks`` (``compile_rounds`` through the job's XLA
+        cache ``cache``): every rank's executable is the same, its rank an argument."""
         import jax
         from jax import export
+        from .native_backend import compile_rounds
         self.primitive = register_targets()
         self.comm, self.payload = comm, payload
         self.handle = np.int64(comm.ffi_handle)
         self.segments = {k: export.deserialize(ins[1])
                          for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
-        self.fn = jax.jit(self._step)
-        self.avals = None
+        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in payload.in_avals] + \
+            [jax.ShapeDtypeStruct((), np.int32)]
+        lowered = jax.jit(self._step).lower(*self.avals)
+        (self.fn,) = compile_rounds(comm, [lowered.compile], list(ranks or [comm.rank]), cache)
+        self.rank = np.int32(comm.rank)
 
     def __call__(self, blocks) -> list:
         """The results as JAX arrays (computed): kept in the worker (``resident``) they go
         back into the next call as they are; numpy arrays that viewed them cost 0.8 ms more
         per call of the small GPT."""
         import jax
-        if self.avals is None:
-            self.avals = [jax.ShapeDtypeStruct(np.shape(b), np.asarray(b).dtype) for b in blocks]
         try:
-            *out, _ = self.fn(*blocks)           # the last: the order token
+            *out, _ = self.fn(*blocks, self.rank)     # the last: the order token
             return jax.block_until_ready(out)
         except Exception as e:        # noqa: BLE001 - XLA's error type varies by jaxlib version
             text = str(e)
@@ -102,13 +108,14 @@ class WholeStep:
             raise
 
     def scheduled(self) -> str:
-        """The compiled executable's HLO in the order XLA runs it (after a first call)."""
-        return self.fn.lower(*self.avals).compile().as_text()
+        """The compiled executable's HLO in the order XLA runs it."""
+        return self.fn.as_text()
 
     def _step(self, *blocks):
         import jax.numpy as jnp
         from jax import lax
         p = self.payload
+        *blocks, self.me = blocks                  # this rank, traced: one executable for all
         regs = dict(zip(p.inputs, blocks))
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
         self.started, self.fence, self.latest = {}, None, None
@@ -138,8 +145,8 @@ class WholeStep:
                 regs.update(self._defer(ins, get(ins.src), axes))
             else:
                 regs.update(self._flush())         # every rank issues in program order
-                ranks, me = p.mesh.group(self.comm.rank, axes)
-                regs[ins.out], self.order = _LOWER[ins.kind](self, ins, get(ins.src), ranks, me,
+                groups, me = self._groups(axes)
+                regs[ins.out], self.order = _LOWER[ins.kind](self, ins, get(ins.src), groups, me,
                                                              self.order)
         regs.update(self._flush())
         for started in {id(b): b for b in self.started.values()}.values():
@@ -170,12 +177,12 @@ class WholeStep:
         (axes, _, _), st, _ = items[0]
         flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items])
         st = for_bucket(st, len(items), nbytes)
-        ranks, me = self.payload.mesh.group(self.comm.rank, axes)
+        groups, me = self._groups(axes)
         if not start:
-            flat, self.order = _all_reduce(self, st, flat, ranks, me, self.order)
+            flat, self.order = _all_reduce(self, st, flat, groups, me, self.order)
             return _split(items, flat)
         key, self.order = self.call("all_reduce_start", (_like(np.int32(0)),), flat, self.order,
-                                    ranks=_ranks(ranks), op=st.op, algorithm=st.algorithm)
+                                    **groups.attrs(), op=st.op, algorithm=st.algorithm)
         self.fence = self.order
         started = (key, _like(flat), items)
         self.started.update((s.out, started) for _, s, _ in items)
@@ -189,6 +196,18 @@ class WholeStep:
         for _, s, _ in items:
             del self.started[s.out]
         return _split(items, flat)
+
+    def _groups(self, axes):
+        """The mesh's ranks in groups over ``axes`` (all of them: the executable is every
+        rank's), and this rank's position in its group (traced, from the rank argument)."""
+        import jax.numpy as jnp
+        mesh = self.payload.mesh
+        groups = sorted({mesh.group(r, axes)[0] for r in range(mesh.size)})
+        where = np.zeros(mesh.size, np.int32)
+        for g in groups:
+            where[list(g)] = np.arange(len(g))
+        return _Groups(tuple(r for g in groups for r in g), len(groups[0])), \
+            jnp.asarray(where)[self.me]
 
     def call(self, name, results, *operands, aliases=None, **attrs):
         """Custom call ``autopar_<name>``: ``results`` (ShapeDtypeStructs) and the order token
@@ -212,8 +231,15 @@ def _split(items, flat) -> dict:
     return out
 
 
-def _ranks(ranks):
-    return tuple(int(r) for r in ranks)
+@dataclass(frozen=True)
+class _Groups:
+    """A collective's groups: ``table``, every group's ranks one after another, each ``size``
+    long (the custom call picks the one holding its rank)."""
+    table: tuple
+    size: int
+
+    def attrs(self) -> dict:
+        return dict(ranks=self.table, group=self.size)
 
 
 def _like(x, shape=None):
@@ -221,47 +247,46 @@ def _like(x, shape=None):
     return jax.ShapeDtypeStruct(x.shape if shape is None else shape, x.dtype)
 
 
-def _all_reduce(step, st, x, ranks, me, order):
-    return step.call("all_reduce", (_like(x),), x, order, aliases={0: 0}, ranks=_ranks(ranks),
+def _all_reduce(step, st, x, groups, me, order):
+    return step.call("all_reduce", (_like(x),), x, order, aliases={0: 0}, **groups.attrs(),
                      op=st.op, algorithm=st.algorithm)
 
 
-def _all_gather(step, st, x, ranks, me, order):
+def _all_gather(step, st, x, groups, me, order):
     import jax.numpy as jnp
-    n = len(ranks)
-    out, order = step.call("all_gather", (_like(x, (n,) + x.shape),), x, order,
-                           ranks=_ranks(ranks))
+    n = groups.size
+    out, order = step.call("all_gather", (_like(x, (n,) + x.shape),), x, order, **groups.attrs())
     if st.dim == 0:
         return out.reshape((n * x.shape[0],) + x.shape[1:]), order
     return jnp.concatenate([out[i] for i in range(n)], axis=st.dim), order
 
 
-def _reduce_scatter(step, st, x, ranks, me, order):
+def _reduce_scatter(step, st, x, groups, me, order):
     import jax.numpy as jnp
     front = jnp.moveaxis(x, st.dim, 0)
-    shape = (front.shape[0] // len(ranks),) + front.shape[1:]
-    out, order = step.call("reduce_scatter", (_like(x, shape),), front, order,
-                           ranks=_ranks(ranks), op=st.op)
+    shape = (front.shape[0] // groups.size,) + front.shape[1:]
+    out, order = step.call("reduce_scatter", (_like(x, shape),), front, order, **groups.attrs(),
+                           op=st.op)
     return jnp.moveaxis(out, 0, st.dim), order
 
 
-def _all_to_all(step, st, x, ranks, me, order):
+def _all_to_all(step, st, x, groups, me, order):
     import jax.numpy as jnp
-    n = len(ranks)
+    n = groups.size
     parts = jnp.stack(jnp.split(x, n, axis=st.dst_dim))       # block j goes to rank j
-    out, order = step.call("all_to_all", (_like(parts),), parts, order, ranks=_ranks(ranks))
+    out, order = step.call("all_to_all", (_like(parts),), parts, order, **groups.attrs())
     return jnp.concatenate([out[i] for i in range(n)], axis=st.dim), order
 
 
-def _slice(step, st, x, ranks, me, order):
+def _slice(step, st, x, groups, me, order):
     from jax import lax
-    c = x.shape[st.dim] // len(ranks)
-    return lax.slice_in_dim(x, me * c, (me + 1) * c, axis=st.dim), order
+    c = x.shape[st.dim] // groups.size
+    return lax.dynamic_slice_in_dim(x, me * c, c, axis=st.dim), order
 
 
-def _partial_zero(step, st, x, ranks, me, order):
+def _partial_zero(step, st, x, groups, me, order):
     import jax.numpy as jnp
-    return (x if me == 0 else jnp.zeros_like(x)), order
+    return jnp.where(me == 0, x, jnp.zeros_like(x)), order
 
 
 _LOWER = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,

@@ -58,17 +58,19 @@ def test_a_custom_call_refuses_a_communicator_it_does_not_know():
     token = jax.ShapeDtypeStruct((), jnp.int32)
     x = jnp.ones((4,), jnp.float32)
 
-    def call(handle, ranks):
+    def call(handle, ranks, group=1):
         return jax.ffi.ffi_call("autopar_all_reduce", (jax.ShapeDtypeStruct((4,), jnp.float32),
                                                         token), has_side_effect=True)(
             x, jnp.zeros((), jnp.int32), comm=np.int64(handle), ranks=np.asarray(ranks, np.int64),
-            op="sum", algorithm="ring")
+            group=np.int64(group), op="sum", algorithm="ring")
     y, _ = call(comm.ffi_handle, [0])                 # a group of one: the input itself
     assert np.array_equal(np.asarray(y), np.ones(4))
     with pytest.raises(Exception, match="not a live Comm"):
         call(comm.ffi_handle + 8, [0])
     with pytest.raises(Exception, match="outside"):
         call(comm.ffi_handle, [3])
+    with pytest.raises(Exception, match="whole groups"):
+        call(comm.ffi_handle, [0], group=2)
 
 
 @pytest.mark.native
@@ -109,6 +111,7 @@ def broadcast_send_recv_barrier(comm):
     from autopar.runtime.native_step import register_targets
     register_targets()
     h, ranks = np.int64(comm.ffi_handle), np.arange(comm.size, dtype=np.int64)
+    group = np.int64(comm.size)
     token = jax.ShapeDtypeStruct((), jnp.int32)
     call = lambda name, *results: jax.ffi.ffi_call(f"autopar_{name}", (*results, token),
                                                    has_side_effect=True)
@@ -116,13 +119,13 @@ def broadcast_send_recv_barrier(comm):
     def f(x):
         like = jax.ShapeDtypeStruct(x.shape, x.dtype)
         y, o = call("broadcast", like)(x, jnp.zeros((), jnp.int32), comm=h, ranks=ranks,
-                                       root=np.int64(1))
+                                       group=group, root=np.int64(1))
         if comm.rank == 0:
             (o,) = call("send")(y * 2, o, comm=h, peer=np.int64(1))
             z = y
         else:
             z, o = call("recv", like)(o, comm=h, peer=np.int64(0))
-        (o,) = call("barrier")(o, comm=h, ranks=ranks)
+        (o,) = call("barrier")(o, comm=h, ranks=ranks, group=group)
         return z, o
     z, _ = jax.jit(f)(jnp.full((4,), float(comm.rank), jnp.float32))
     return np.asarray(z).tolist()

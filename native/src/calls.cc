@@ -2,7 +2,6 @@
 #include "calls.h"
 
 #include <mutex>
-#include <set>
 
 #include "algorithms/algorithms.h"
 #include "inflight.h"
@@ -39,34 +38,41 @@ ReduceOp reduce_op(const std::string& s, const std::string& where) {
 
 namespace {
 std::mutex live_mu;
-std::set<Comm*>& live() {
-  static std::set<Comm*> s;
-  return s;
+// Live communicators by handle: 1, 2, ... in the order this process made them, so a worker's
+// one Comm has the same handle on every rank and a step's executable is the same for all.
+std::map<int64_t, Comm*>& live() {
+  static std::map<int64_t, Comm*> m;
+  return m;
 }
+int64_t next_handle = 1;
 }  // namespace
 
 int64_t register_comm(Comm* c) {
   std::lock_guard<std::mutex> lock(live_mu);
-  live().insert(c);
-  return int64_t(reinterpret_cast<intptr_t>(c));
+  live()[next_handle] = c;
+  return next_handle++;
 }
 
 void unregister_comm(Comm* c) {
   {
     std::lock_guard<std::mutex> lock(live_mu);
-    live().erase(c);
+    for (auto it = live().begin(); it != live().end(); ++it)
+      if (it->second == c) {
+        live().erase(it);
+        break;
+      }
   }
   forget_inflight(c);        // its started collectives finish while c still lives
 }
 
 Comm& registered_comm(int64_t handle) {
   std::lock_guard<std::mutex> lock(live_mu);
-  Comm* c = reinterpret_cast<Comm*>(intptr_t(handle));
-  if (!live().count(c))
+  auto it = live().find(handle);
+  if (it == live().end())
     throw ArgumentError("custom call: communicator handle " + std::to_string(handle) +
                         " is not a live Comm of this process (pass comm.ffi_handle of the "
                         "Comm the step was built for)");
-  return *c;
+  return *it->second;
 }
 
 }  // namespace autopar

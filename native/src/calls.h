@@ -1,7 +1,7 @@
 // What the Python binding and the XLA custom calls (xla_ffi.cc) share: the all-reduce
 // algorithms by name, a call's signature (what every rank of a group must agree on), reduce
 // operators by name, and the communicators alive in this process, which a custom call reaches
-// by a handle (the Comm's address, accepted only while it is registered).
+// by a handle (1, 2, ... in the order the process made them; accepted only while registered).
 #pragma once
 
 #include <cstdint>

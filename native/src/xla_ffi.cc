@@ -6,7 +6,9 @@
 // threads them from call to call, so the collectives of a step keep program order in the
 // compiled executable on every rank (XLA would otherwise be free to reorder independent
 // calls, and ranks would pair different collectives). Attributes: `comm`, the communicator's
-// handle (calls.h: a live Comm of this process, else an error); `ranks`, the group; `op`,
+// handle (calls.h: a live Comm of this process, else an error); `ranks`, the groups of the
+// collective's partition one after another, each `group` ranks long, of which the handler
+// takes the one holding its own rank (so every rank's executable is the same); `op`,
 // `algorithm`, `root`, `peer` as the Python binding's. Each checks its buffers' sizes against
 // the group before moving anything; an autopar CollectiveError comes back as an XLA error whose
 // message starts with "autopar CollectiveError:" (the worker raises it as one), any other
@@ -45,15 +47,26 @@ DType dtype_of(ffi::DataType t, const std::string& what) {
   }
 }
 
-Group group_of(Comm& c, Ranks ranks, const std::string& op) {
-  std::vector<int> rs;
-  for (int64_t r : ranks) {
-    if (r < 0 || r >= c.size())
-      throw ArgumentError(op + ": rank " + std::to_string(r) + " is outside [0, " +
-                          std::to_string(c.size()) + ")");
-    rs.push_back(int(r));
+// This rank's group among `ranks` (groups of `size` ranks, one after another).
+Group group_of(Comm& c, Ranks ranks, int64_t size, const std::string& op) {
+  if (size < 1 || ranks.size() % size_t(size))
+    throw ArgumentError(op + ": `ranks` must hold whole groups of `group` (" +
+                        std::to_string(size) + ") ranks, not " + std::to_string(ranks.size()));
+  for (size_t start = 0; start < ranks.size(); start += size_t(size)) {
+    std::vector<int> rs;
+    bool mine = false;
+    for (size_t i = start; i < start + size_t(size); ++i) {
+      int64_t r = ranks[i];
+      if (r < 0 || r >= c.size())
+        throw ArgumentError(op + ": rank " + std::to_string(r) + " is outside [0, " +
+                            std::to_string(c.size()) + ")");
+      rs.push_back(int(r));
+      mine = mine || r == c.rank();
+    }
+    if (mine) return check_group(rs, c.rank(), c.size(), op);
   }
-  return check_group(rs, c.rank(), c.size(), op);
+  throw ArgumentError(op + ": no group of `ranks` holds this rank (" + std::to_string(c.rank()) +
+                      ")");
 }
 
 size_t element_size(const ffi::AnyBuffer& b) {
@@ -97,7 +110,7 @@ struct BoundAllReduce {
   }
 };
 
-BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks,
+BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks, int64_t group,
                                std::string_view op, std::string_view algorithm) {
   std::string alg(algorithm), o(op);
   auto it = allreduce_algorithms().find(alg);
@@ -106,7 +119,7 @@ BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks,
                         "(autopar._native.ALLREDUCE_ALGORITHMS)");
   DType t = dtype_of(x.element_type(), "all_reduce: input");
   ReduceOp r = reduce_op(o, "all_reduce");
-  Group g = group_of(c, ranks, "all_reduce");
+  Group g = group_of(c, ranks, group, "all_reduce");
   size_t n = x.element_count();
   Comm::Call call{"all_reduce(" + alg + ", " + std::to_string(n) + " x " + dtype_name(t) + ")",
                   uint64_t(x.size_bytes()),
@@ -123,11 +136,11 @@ Comm& idle_comm(int64_t handle) {
 }
 
 ffi::Error AllReduce(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
-                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks, int64_t group,
                      std::string_view op, std::string_view algorithm) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    BoundAllReduce b = bind_all_reduce(c, x, ranks, op, algorithm);
+    BoundAllReduce b = bind_all_reduce(c, x, ranks, group, op, algorithm);
     if (y->size_bytes() != x.size_bytes()) throw ArgumentError("all_reduce: output size differs");
     copy_if_apart(x, y);
     b.run(c, y->untyped_data());
@@ -138,10 +151,11 @@ ffi::Error AllReduce(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffe
 // out: the id all_reduce_done takes.
 ffi::Error AllReduceStart(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> id,
                           ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                          int64_t group,
                           std::string_view op, std::string_view algorithm) {
   return guarded(order, [&] {
     Comm& c = registered_comm(handle);
-    BoundAllReduce b = bind_all_reduce(c, x, ranks, op, algorithm);
+    BoundAllReduce b = bind_all_reduce(c, x, ranks, group, op, algorithm);
     if (id->size_bytes() != sizeof(int32_t))
       throw ArgumentError("all_reduce_start: the id output must be one int32");
     int32_t k = int32_t(inflight_of(c).start(x.untyped_data(), x.size_bytes(),
@@ -167,10 +181,11 @@ ffi::Error AllReduceDone(ffi::AnyBuffer id, ffi::AnyBuffer, ffi::AnyBuffer,
 }
 
 ffi::Error AllGather(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
-                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                     int64_t group) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    Group g = group_of(c, ranks, "all_gather");
+    Group g = group_of(c, ranks, group, "all_gather");
     if (y->size_bytes() != x.size_bytes() * size_t(g.size()))
       throw ArgumentError("all_gather: the output must hold group size x the input");
     size_t n = x.element_count(), es = element_size(x);
@@ -185,13 +200,14 @@ ffi::Error AllGather(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffe
 
 ffi::Error ReduceScatter(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                         int64_t group,
                          std::string_view op) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
     std::string o(op);
     DType t = dtype_of(x.element_type(), "reduce_scatter: input");
     ReduceOp r = reduce_op(o, "reduce_scatter");
-    Group g = group_of(c, ranks, "reduce_scatter");
+    Group g = group_of(c, ranks, group, "reduce_scatter");
     size_t n = x.element_count();
     Blocks b(n, g.size());
     if (y->element_count() != b.len[size_t(g.me)])
@@ -204,10 +220,10 @@ ffi::Error ReduceScatter(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyB
 }
 
 ffi::Error AllToAll(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
-                    ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+                    ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks, int64_t group) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    Group g = group_of(c, ranks, "all_to_all");
+    Group g = group_of(c, ranks, group, "all_to_all");
     size_t n = x.element_count(), es = element_size(x);
     if (y->size_bytes() != x.size_bytes() || n % size_t(g.size()))
       throw ArgumentError("all_to_all: input and output must have one size, a multiple of the "
@@ -223,11 +239,11 @@ ffi::Error AllToAll(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer
 }
 
 ffi::Error Broadcast(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
-                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                     ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks, int64_t group,
                      int64_t root) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    Group g = group_of(c, ranks, "broadcast");
+    Group g = group_of(c, ranks, group, "broadcast");
     if (root < 0 || root >= g.size())
       throw ArgumentError("broadcast: root " + std::to_string(root) + " is outside the group");
     if (y->size_bytes() != x.size_bytes()) throw ArgumentError("broadcast: output size differs");
@@ -270,10 +286,11 @@ ffi::Error Recv(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::
   });
 }
 
-ffi::Error Barrier(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks) {
+ffi::Error Barrier(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks ranks,
+                   int64_t group) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    Group g = group_of(c, ranks, "barrier");
+    Group g = group_of(c, ranks, group, "barrier");
     c.set_call({"barrier", 0, call_signature("barrier", &g)});
     c.barrier(g);
   });
@@ -290,10 +307,12 @@ auto in_out() {
 }
 
 XLA_FFI_DEFINE_HANDLER(FfiAllReduce, AllReduce,
-                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op")
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group")
+                           .Attr<std::string_view>("op")
                            .Attr<std::string_view>("algorithm"));
 XLA_FFI_DEFINE_HANDLER(FfiAllReduceStart, AllReduceStart,
-                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op")
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group")
+                           .Attr<std::string_view>("op")
                            .Attr<std::string_view>("algorithm"));
 XLA_FFI_DEFINE_HANDLER(FfiAllReduceDone, AllReduceDone,
                        ffi::Ffi::Bind()
@@ -303,12 +322,15 @@ XLA_FFI_DEFINE_HANDLER(FfiAllReduceDone, AllReduceDone,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm"));
-XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather, in_out().Attr<Ranks>("ranks"));
+XLA_FFI_DEFINE_HANDLER(FfiAllGather, AllGather,
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group"));
 XLA_FFI_DEFINE_HANDLER(FfiReduceScatter, ReduceScatter,
-                       in_out().Attr<Ranks>("ranks").Attr<std::string_view>("op"));
-XLA_FFI_DEFINE_HANDLER(FfiAllToAll, AllToAll, in_out().Attr<Ranks>("ranks"));
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group")
+                           .Attr<std::string_view>("op"));
+XLA_FFI_DEFINE_HANDLER(FfiAllToAll, AllToAll,
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group"));
 XLA_FFI_DEFINE_HANDLER(FfiBroadcast, Broadcast,
-                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("root"));
+                       in_out().Attr<Ranks>("ranks").Attr<int64_t>("group").Attr<int64_t>("root"));
 XLA_FFI_DEFINE_HANDLER(FfiSend, Send,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()
@@ -328,7 +350,7 @@ XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm")
-                           .Attr<Ranks>("ranks"));
+                           .Attr<Ranks>("ranks").Attr<int64_t>("group"));
 
 }  // namespace
 
