@@ -18,12 +18,15 @@ def whole(comm):
 
 
 def run_whole(monkeypatch, fn, args, calls=1, **cfg):
+    """The step's results on whole-step workers equal ``fn``'s, and every rank runs the same
+    executable (its rank an argument: compiled once for the job); the plan's collectives."""
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
     config = ap.ParallelConfig(backend="native", progress=False, **cfg)
     with ap.compile(fn, *args, config=config) as c:
         for _ in range(calls):                     # again: the compiled executable, reused
             assert_same(c(*args), fn(*args))
         assert all(c.on_workers(whole))
+        assert len(set(c.on_workers(schedule))) == 1
         return c.collectives()
 
 
