@@ -6,20 +6,24 @@ Run: python benchmarks/step_time.py [--config small medium] [--mode data_paralle
 
 For each GPT configuration and parallel mode, autopar plans the step for 2 devices; then the
 same step is timed as
-- autopar native: ``compiled(params, batch)`` on 2 worker processes (collectives overlapped with
-  compute, the default), and again with AUTOPAR_OVERLAP=0 (each all-reduce bucket awaited as it
-  is issued) to show what the overlap gains, and with AUTOPAR_WHOLE_STEP=1 (each rank's step one
-  compiled executable, its collectives XLA custom calls: runtime.native_step), with and
-  without the overlap of full buckets inside it (``--bucket-bytes`` sets the bucket size,
+- autopar native, interpreted (``native_ms``): ``compiled(params, batch)`` on 2 worker
+  processes with AUTOPAR_WHOLE_STEP=0 (a Python interpreter in each worker walks the program,
+  collectives overlapped with compute), and again with AUTOPAR_OVERLAP=0 (each all-reduce
+  bucket awaited as it is issued) to show what the overlap gains;
+- autopar native, whole step (``native_whole_step_ms``, the runtime's default): each rank's
+  step one compiled executable, its collectives XLA custom calls (runtime.native_step), with
+  and without the overlap of full buckets inside it (``--bucket-bytes`` sets the bucket size,
   ``allreduce_fusion_bytes``: with the default 25 MiB the GPTs' gradients make one bucket,
-  awaited at once);
+  awaited at once); these per-call columns run with AUTOPAR_RESIDENT=0 (the same arguments
+  sent every call);
 - autopar jax: the same Program through shard_map on 2 CPU devices of this process;
 - JAX SPMD: ``jax.jit(step, in_shardings=<the plan's argument layouts as NamedSharding>)`` on
   the same 2 CPU devices, XLA's own partitioner choosing everything else.
 Every call goes from host numpy arrays to host numpy results (inputs placed, outputs fetched),
 median of --iters calls after 2 warm-ups. Then as a training loop runs (``loss, params =
-step(params, batch)``, the loss read each step): ``native_resident_loop_ms`` with the whole
-step and AUTOPAR_RESIDENT=1 (the parameters stay in the workers, runtime.resident), against
+step(params, batch)``, the loss read each step): ``native_resident_loop_ms`` with the runtime's
+defaults, whole step and results kept in the workers (runtime.resident: only the batch goes
+in), against
 ``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). Out: one JSON object per (config,
 mode) with milliseconds per step and the ratios JAX SPMD / autopar native (above 1: autopar is
 faster).
@@ -91,6 +95,7 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
             ("autopar_jax_ms", "jax", "1", "0")):
         os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
         os.environ["AUTOPAR_WHOLE_STEP"] = whole
+        os.environ["AUTOPAR_RESIDENT"] = "0"
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         compiled.close()

@@ -433,6 +433,8 @@ def run(comm, blocks, keys=None, drop=()):
         t0 = time.perf_counter()
         results = WORKER.whole(blocks)
         stats["step_seconds"] = time.perf_counter() - t0
+        stats["buckets"], stats["host"] = WORKER.whole.buckets, comm.host
+        stats["all_reduce_calls"] += len(WORKER.whole.buckets)
     else:
         results = _interpret(comm, blocks, workers)
     stats["input_bytes"] = [b.nbytes for b in blocks]

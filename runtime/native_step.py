@@ -118,6 +118,7 @@ class WholeStep:
         *blocks, self.me = blocks                  # this rank, traced: one executable for all
         regs = dict(zip(p.inputs, blocks))
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
+        self.buckets = []          # (tensors, bytes, algorithm) per all-reduce the step makes
         self.started, self.fence, self.latest = {}, None, None
 
         def get(r):
@@ -177,6 +178,7 @@ class WholeStep:
         (axes, _, _), st, _ = items[0]
         flat = jnp.concatenate([jnp.ravel(x) for _, _, x in items])
         st = for_bucket(st, len(items), nbytes)
+        self.buckets.append((len(items), nbytes, st.algorithm))
         groups, me = self._groups(axes)
         if not start:
             flat, self.order = _all_reduce(self, st, flat, groups, me, self.order)

@@ -13,8 +13,9 @@ from autopar.errors import ConfigError
 class RuntimeOptions:
     """How the native runtime runs a program, shipped with it (``overlap`` in the payload,
     ``direct`` and ``tcp_streams`` to the job's workers as they build their ``Comm``).
-    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S`` and
-    ``AUTOPAR_WHOLE_STEP=1``, ``AUTOPAR_RESIDENT=1`` in the caller, so a benchmark may still set them; nothing below reads the environment."""
+    ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S``,
+    ``AUTOPAR_WHOLE_STEP=0`` and ``AUTOPAR_RESIDENT=0`` in the caller, so a benchmark may still
+    set them; nothing below reads the environment."""
     # all-reduce buckets run while the compute after them does (False: each is awaited as
     # issued, to measure what the overlap gains)
     overlap: bool = True
@@ -37,20 +38,21 @@ class RuntimeOptions:
     # (runtime.native_step): Python runs once per step, not once per instruction; all-reduces
     # in buckets, full ones overlapping the compute after them (``overlap``) on the
     # communicator's own thread. Programs it cannot run (a Reduction Server) run instruction
-    # by instruction
-    whole_step: bool = False
+    # by instruction, as all do with False (a Python interpreter in each worker walking the
+    # program, one compiled segment per call)
+    whole_step: bool = True
     # results of 64 KiB or more stay in the workers between calls (runtime.resident): the
     # caller gets read-only numpy arrays, and passing one back unchanged to its step sends only
     # its key, so parameters and optimizer state do not go to the workers again
-    resident: bool = False
+    resident: bool = True
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":
         return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
                    direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
                    tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
-                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "0") == "1",
-                   resident=os.environ.get("AUTOPAR_RESIDENT", "0") == "1")
+                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "1") != "0",
+                   resident=os.environ.get("AUTOPAR_RESIDENT", "1") != "0")
 
 
 def _streams(text: str) -> int:
