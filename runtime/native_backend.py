@@ -7,13 +7,16 @@ and optimizer state keep their layout from step to step).
 
 The caller exports every ``Segment`` once with ``jax.export`` (``shippable``: local shapes,
 serialised, so the workers never see the user's Python function), starts a
-``runtime.launcher.Job`` with ``mesh.size`` ranks (host ids from the topology's innermost level, ``host_ids``) and loads the
-program into every worker; the workers stay alive until the runner is closed or collected, so
-a second call pays only for the step. Per call, rank r gets its block of every argument
-(``Layout.block`` at ``mesh.coords(r)``; with ``RuntimeOptions.resident`` only a key for a
-result of an earlier call it still holds, ``runtime.resident``) and runs the instructions:
-segments through their exported executables, collectives through ``Comm`` over
-``mesh.group(r, axes)`` (first axis major, as in jax_collectives), slices locally; each register is freed after its last reader.
+``runtime.launcher.Job`` with ``mesh.size`` ranks (host ids from the topology's innermost
+level, ``host_ids``) and loads the program into every worker; the workers stay alive until the
+runner is closed or collected, so a second call pays only for the step. Per call, rank r gets
+its block of every argument (``Layout.block`` at ``mesh.coords(r)``; with
+``RuntimeOptions.resident``, the default, only a key for a result of an earlier call it still
+holds, ``runtime.resident``). By default (``RuntimeOptions.whole_step``) it runs its whole step
+as one executable (``runtime.native_step``); otherwise, and for a program with a Reduction
+Server, it runs the instructions: segments through their exported executables, collectives
+through ``Comm`` over ``mesh.group(r, axes)`` (first axis major, as in jax_collectives),
+slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into buckets of up to
 ``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
 (``CommScheduler``), each bucket with the algorithm its all-reduces' prices

@@ -1,18 +1,22 @@
 """A rank's whole step as one compiled executable: its segments and its collectives (XLA
 custom calls into autopar's C++ collectives, ``native/src/xla_ffi.cc``) in one jitted function,
-compiled once per rank, so Python runs once per step instead of once per instruction.
+so Python runs once per step instead of once per instruction.
 
-In: the worker's ``Comm`` and the loaded ``ProgramPayload`` (segments as ``jax.export`` bytes;
-collectives as ``Collective``s), then per call the rank's argument blocks. Out: the rank's
-results, as numpy arrays. The collectives keep program order on every rank through an int32
-token each custom call takes and returns (a chain XLA cannot reorder); all-reduces are fused
-into buckets as the interpreted runner's are (``bucket_bytes``, each with its cheapest
-algorithm by the plan's prices); slices and partial zeros are array operations inside the
-function. The custom calls are a primitive of this module's (``_custom_call``) rather than
-``jax.ffi.ffi_call``, whose side effect is a JAX effect that keeps the whole step off jit's C++
-dispatch (the small GPT's step took 4.8 ms of a worker's time per call through Python's
-dispatch, 1.2 ms through C++'s); XLA still sees them as side-effecting, and the order token
-the last one returns is an output of the step, so no pass drops or reorders them. A bucket issued because it is full (not because its result is read) overlaps the
+In: the worker's ``Comm``, the loaded ``ProgramPayload`` (segments as ``jax.export`` bytes;
+collectives as ``Collective``s; the arguments' shapes), the job's device ranks and XLA cache
+folder, then per call the rank's argument blocks. Out: the rank's results, as JAX arrays.
+Every rank's executable is the same: the rank is an argument (slices and partial zeros index
+by it) and each custom call gets every group of its partition, picking the one holding its
+rank, so rank 0 compiles it into the job's cache and the others load it (``compile_rounds``).
+The collectives keep program order on every rank through an int32 token each custom call
+takes and returns (a chain XLA cannot reorder); all-reduces are fused into buckets as the
+interpreted runner's are (``bucket_bytes``, each with its cheapest algorithm by the plan's
+prices). The custom calls are a primitive of this module's (``register_targets``) rather
+than ``jax.ffi.ffi_call``, whose side effect is a JAX effect that keeps a jitted function off
+jit's C++ dispatch (the small GPT's step took 4.8 ms of a worker's time per call through
+Python's dispatch, 1.3 ms through C++'s); XLA still sees them as side-effecting, and the
+order token the last one returns is an output of the step, so no pass drops or reorders
+them. A bucket issued because it is full (not because its result is read) overlaps the
 compute after it, as the interpreted runner's (``RuntimeOptions.overlap``): ``all_reduce_start``
 hands it to the communicator's own thread and ``all_reduce_done`` takes the result where it
 is first read; an optimization barrier ties the next segment's inputs to the start and the done
