@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 import gc
+import math
 import shutil
 import sys
 import tempfile
@@ -216,6 +217,8 @@ class NativeRunner(WorkerRunner):
             (tuple(n * c for n, c in zip(program.avals[o][0], l.splits(program.mesh))),
              program.avals[o][1]) for o, l in zip(program.outputs, program.out_layouts)
             if not isinstance(o, Const)]
+        self._kept = [k for k, (shape, dtype) in enumerate(self._global_avals)   # kept results
+                      if np.dtype(dtype).itemsize * math.prod(shape) >= resident.RESIDENT_BYTES]
         self._start()
 
     def _loads(self):
@@ -257,8 +260,7 @@ class NativeRunner(WorkerRunner):
 
     def _resident_keys(self) -> dict:
         """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
-        return {k: self._resident.key() for k, (shape, dtype) in enumerate(self._global_avals)
-                if np.dtype(dtype).itemsize * int(np.prod(shape)) >= resident.RESIDENT_BYTES}
+        return {k: self._resident.key() for k in self._kept}
 
 
 def host_ids(topology) -> list[int]:
