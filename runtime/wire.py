@@ -9,9 +9,10 @@ parameters at every segment that reads them, and holds the copies for a while af
 
 In: shapes and dtypes (``empty``), arrays (``aligned``), picklable objects (``send``), and for
 each direction of a connection a ``Box``: shared memory the sender writes a message's arrays
-into. Out: C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the
-object ``send`` sent, its arrays (pickle protocol 5, out of band) copied once out of the box
-into such memory. Without a box the arrays' bytes travel through the socket instead (two
+into (messages of up to ``BOX_BYTES``; larger ones stream through the socket). Out:
+C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the object
+``send`` sent, its arrays (pickle protocol 5, out of band) copied once out of the box into
+such memory. Without a box the arrays' bytes travel through the socket instead (two
 kernel copies and one more in ``multiprocessing``'s reader): a worker's 4 MB of results took
 about 5 ms of the caller's time per call that way.
 """
@@ -61,9 +62,11 @@ PACK = 64 << 10    # arrays smaller than this travel together in one message
 
 
 def send(conn, obj, box: "Box | None" = None) -> None:
-    """Send ``obj`` over a ``multiprocessing`` connection. With a ``box``: its pickle, after
-    the bytes of its contiguous arrays were written into the box, each at an ALIGN-byte offset
-    (a larger box, when needed, goes with the message as a descriptor). Without: its pickle,
+    """Send ``obj`` over a ``multiprocessing`` connection. With a ``box`` and arrays of at most
+    ``BOX_BYTES`` in all: its pickle, after the bytes of its contiguous arrays were written
+    into the box, each at an ALIGN-byte offset (a larger box, when needed, goes with the message
+    as a descriptor). Else (larger messages stream, so that a first call's parameters, sent to
+    every rank, are not held in shared memory once per rank at once): its pickle,
     then the bytes of its arrays of ``PACK`` bytes or more, each a message of its own, then the
     smaller ones together in one message, each at an ALIGN-byte offset (a step's many small
     arguments cost one system call, not one each)."""
@@ -71,11 +74,12 @@ def send(conn, obj, box: "Box | None" = None) -> None:
     head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
     sizes = [r.nbytes for r in raws]
-    if box is not None:
-        offsets, total = _packing(sizes)
+    offsets, total = _packing(sizes)
+    if box is not None and total <= BOX_BYTES:
         fd = box.reserve(total)
         for r, at in zip(raws, offsets):
-            box.mm[at:at + r.nbytes] = r
+            if r.nbytes:                 # an empty one needs no box (there may be none yet)
+                box.mm[at:at + r.nbytes] = r
         conn.send((head, sizes, box.size if fd is not None else 0))
         if fd is not None:
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
@@ -115,16 +119,17 @@ def recv(conn, box: "Box | None" = None):
                 _, fds, _, _ = socket.recv_fds(s, 1, 1)
             box.attach(fds[0], grown[0])
         offsets, _ = _packing(sizes)
+        held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
         large = [i for i, n in enumerate(sizes) if n >= PACK]
         small = [i for i, n in enumerate(sizes) if n < PACK]
         for i in large:
             views[i] = empty((sizes[i],), np.uint8)
-            views[i][:] = box.array[offsets[i]:offsets[i] + sizes[i]]
+            views[i][:] = held[offsets[i]:offsets[i] + sizes[i]]
         if small:
             _, packed = _packing([sizes[i] for i in small])
             pack, at = empty((max(packed, 1),), np.uint8), 0
             for i in small:
-                pack[at:at + sizes[i]] = box.array[offsets[i]:offsets[i] + sizes[i]]
+                pack[at:at + sizes[i]] = held[offsets[i]:offsets[i] + sizes[i]]
                 views[i] = pack[at:at + sizes[i]]
                 at += -(-sizes[i] // ALIGN) * ALIGN
         return pickle.loads(head, buffers=views)
@@ -142,6 +147,9 @@ def recv(conn, box: "Box | None" = None):
     return pickle.loads(head, buffers=views)
 
 
+BOX_BYTES = 64 << 20    # messages up to this go through a Box, larger ones the socket
+
+
 class Box:
     """Shared memory (a memfd mapping) for the arrays of the messages one side of a connection
     sends: the sender's ``reserve`` grows it (a new mapping, its descriptor sent with the next
@@ -153,10 +161,12 @@ class Box:
 
     def reserve(self, nbytes: int) -> int | None:
         """Make room for ``nbytes``: None if there is, else the new mapping's descriptor (the
-        caller sends, then closes it). Grows at least twofold, by whole pages."""
+        caller sends, then closes it). Grows at least twofold, by whole pages, to at most
+        ``BOX_BYTES`` (``send`` sends a larger message through the socket)."""
         if nbytes <= self.size:
             return None
-        size = -(-max(nbytes, 2 * self.size) // mmap.PAGESIZE) * mmap.PAGESIZE
+        size = min(max(nbytes, 2 * self.size), max(nbytes, BOX_BYTES))
+        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
         fd = os.memfd_create("autopar-wire", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         self._map(fd, size)

@@ -49,3 +49,21 @@ def test_arrays_through_a_shared_memory_box_arrive_equal_and_own_their_memory():
             assert x.dtype == y.dtype and np.array_equal(x, y)
             assert x.flags.writeable and (x.size == 0 or wire.is_aligned(x))
     out.close(), into.close()
+
+
+def test_a_message_over_box_bytes_streams_through_the_socket(monkeypatch):
+    """A first call's parameters go to every rank at once: above BOX_BYTES they stream, so
+    shared memory does not hold a copy per rank; smaller messages still use the box, and a
+    message of empty arrays needs none."""
+    monkeypatch.setattr(wire, "BOX_BYTES", 1 << 16)
+    a, b = Pipe()
+    out, into = wire.Box(), wire.Box()
+    for obj, size in ((np.zeros((0, 3)), 0), (np.arange(1 << 18, dtype=np.float64), 0),
+                      (np.arange(10, dtype=np.float64), wire.mmap.PAGESIZE)):
+        sender = threading.Thread(target=wire.send, args=(a, obj, out))
+        sender.start()
+        got = wire.recv(b, into)
+        sender.join()
+        assert got.dtype == obj.dtype and np.array_equal(got, obj) and got.flags.writeable
+        assert out.size == into.size == size
+    out.close(), into.close()
