@@ -25,7 +25,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
@@ -33,9 +32,8 @@ sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
 RANKS = 4
 
 
-def build(name, mode):
-    """The step, host parameters and batch of step_time.py's configuration ``name``, and its
-    plan for RANKS devices (backend ``backend``)."""
+def build(name):
+    """The step, host parameters and batch of step_time.py's configuration ``name``."""
     import jax
     import numpy as np
     import models as m
@@ -58,26 +56,14 @@ def config(mode, backend):
                              if mode == "auto_parallel" else None)
 
 
-def median_loop_ms(call, iters) -> float:
-    import numpy as np
-    for _ in range(2):
-        call()
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
-
-
 def worker(name, mode, iters):
     """In each of the launched processes: JAX SPMD's loop over the 4 processes' devices."""
     import autopar as ap
-    import step_time  # noqa: F401 - first: it adds a device count, which init_distributed sets
+    from step_time import median_ms   # first: it adds a device count, which init_distributed sets
     ap.init_distributed()
     import jax
     import numpy as np
-    step, p, b = build(name, mode)
+    step, p, b = build(name)
     program = ap.compile(step, p, b, config=config(mode, "jax")).program
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(program.mesh.shape),
                              program.mesh.axis_names)
@@ -97,7 +83,7 @@ def worker(name, mode, iters):
     def call():
         loss, state[0] = spmd(*jax.tree.leaves((state[0], batch)))
         float(np.asarray(loss.addressable_data(0)))
-    ms = median_loop_ms(call, iters)
+    ms = median_ms(call, iters)
     print("RESULT " + json.dumps({"process": jax.process_index(), "ms": ms}), flush=True)
 
 
@@ -119,7 +105,8 @@ def jax_multiprocess_ms(name, mode, iters) -> float:
 
 def native_ms(name, mode, iters) -> float:
     import autopar as ap
-    step, p, b = build(name, mode)
+    from step_time import median_ms
+    step, p, b = build(name)
     compiled = ap.compile(step, p, b, config=config(mode, "native"))
     state = [p]
 
@@ -127,7 +114,7 @@ def native_ms(name, mode, iters) -> float:
         loss, state[0] = compiled(state[0], b)
         float(loss)
     try:
-        return median_loop_ms(call, iters)
+        return median_ms(call, iters)
     finally:
         compiled.close()
 
