@@ -25,8 +25,7 @@ from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies.build import StatePricing
-from ..strategies.cost_model import memory_timeline, program_memory
-from ..strategies.candidates import identity_candidate
+from ..strategies.cost_model import call_overhead, compute_time, memory_timeline, program_memory
 from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
@@ -45,7 +44,7 @@ from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
-from .search import recursive_search, search
+from .search import recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
@@ -300,7 +299,8 @@ class MeshPlan:
 
 def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     """Layouts for every operator of the step on ``mesh`` by the config's mode, then the
-    parallel optimizer, then lowering (the Program itself only without a pipeline)."""
+    parallel optimizer, then lowering (the Program itself only without a pipeline): ``_finish``
+    (auto_parallel's: ``_cheapest`` of the plans its search offers)."""
     config, graph, pipelined, pairs = req.config, req.graph, req.pipelined, req.pairs
     mode = config.parallel_mode
     planner = Planner(mesh)
@@ -310,24 +310,53 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     fit = req.micro_fit(mesh) if req.strategy is None else None
     if req.strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
             config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        assignment = recursive_search(req, search_config, mesh, planner, fixed, fit)
+        return _cheapest(req, mesh, planner,
+                         recursive_search(req, search_config, mesh, planner, fixed, fit))
+    cands = with_fixed(candidates_of(graph, mesh), fixed)    # annotated values keep theirs
+    cands = with_tuples(graph, cands, req.op_tuples, mesh)
+    if config.unannotated == "batch" and req.strategy is None:
+        cands = batch_defaults(graph, cands, mesh, fixed, batch_inputs(
+            graph, req.args, req.batch_argnums, pairs))
+    if fit is not None:
+        cands = fit.nodes(graph, cands)
+    if req.strategy is not None:
+        assignment = _from_strategy(req.strategy, graph, mesh, cands, req.names)
+    elif mode is ParallelMode.AUTO_PARALLEL:
+        return _cheapest(req, mesh, planner, search(req, search_config, mesh, planner, cands, fit))
     else:
-        cands = candidates_of(graph, mesh)
-        for nid, layout in fixed.items():                 # annotated values keep their layout
-            cands[nid] = [identity_candidate(layout)]
-        cands = with_tuples(graph, cands, req.op_tuples, mesh)
-        if config.unannotated == "batch" and req.strategy is None:
-            cands = batch_defaults(graph, cands, mesh, fixed, batch_inputs(
-                graph, req.args, req.batch_argnums, pairs))
-        if fit is not None:
-            cands = fit.nodes(graph, cands)
-        if req.strategy is not None:
-            assignment = _from_strategy(req.strategy, graph, mesh, cands, req.names)
-        elif mode is ParallelMode.AUTO_PARALLEL:
-            assignment = search(req, search_config, mesh, planner, cands, fit)
-        else:
-            assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
-                                   reshard_cost(planner), cands)
+        assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
+                               reshard_cost(planner), cands)
+    return _finish(req, mesh, planner, assignment)
+
+
+def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
+    """Of auto_parallel's plans ``found`` (the search's first, then data parallelism's: see
+    ``search``), the one whose lowered program is estimated fastest, as its Strategy will say
+    (``_estimate``); the first on a tie, and the others only within max_device_memory. A
+    pipeline's stage is planned further by the stage planner: its first plan."""
+    plans = [_finish(req, mesh, planner, a) for a in (found[:1] if req.pipelined else found)]
+    if len(plans) == 1:
+        return plans[0]
+    cap = req.config.max_device_memory
+    fits = lambda p: cap is None or program_memory(p.program, memory_timeline(p.program))[0] <= cap
+    return min((p for k, p in enumerate(plans) if k == 0 or fits(p)),
+               key=lambda p: _estimate(req, p))
+
+
+def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
+    """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports: its
+    operators, its communication and one call's overhead."""
+    graph, program = req.graph, plan.program
+    return (sum(compute_time(n, plan.assignment.choice[n.id], plan.mesh) for n in graph.nodes)
+            + sum(plan.comm.values()) + plan.out_comm
+            + call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config)))
+
+
+def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
+    """The MeshPlan of ``assignment``: the parallel optimizer's updates, the state's result
+    layouts, and the lowered Program (without a pipeline) or only its communication."""
+    config, graph, pipelined, pairs = req.config, req.graph, req.pipelined, req.pairs
+    mode = config.parallel_mode
     updates = {}
     is_param = [p for _, p in req.names]
     if config.enable_parallel_optimizer and mesh.size > 1:

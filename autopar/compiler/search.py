@@ -18,7 +18,7 @@ from ..progress import Progress
 from ..arguments import fixed_layouts
 from ..strategies import recursive, solvers
 from ..strategies.build import build_problem, default_arg_options
-from ..strategies.candidates import identity_candidate
+from ..strategies.candidates import candidates_of, identity_candidate
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.solvers import trws
 from ..redistribution.lower import plan_steps
@@ -43,7 +43,11 @@ BOUND_MAX = 10.0           # ... and never for longer than this many seconds
 
 def search(req, config, mesh, planner, cands, fit):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
-    (``fit``: the MicroFit its layouts must pass, or None). The Assignment's ``bound``: the
+    (``fit``: the MicroFit its layouts must pass, or None). Out: the plans for the caller to
+    lower and compare by their estimated step: the cheapest in the search's model first, then
+    data parallelism's or the solver's answer, whichever that is not (when the problem can
+    express data parallelism and it fits): the search prices every collective on its own,
+    where the runtime fuses gradient all-reduces into buckets. Each Assignment's ``bound``: the
     solver's proven lower bound; while the gap exceeds ``BOUND_TOLERANCE``, its ``prove``
     tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
     ``BOUND_SHARE`` times as long as the search took (at least a second, at most ``BOUND_MAX``
@@ -67,9 +71,10 @@ def search(req, config, mesh, planner, cands, fit):
     best = list(solution.choice)
     bound = solution.lower_bound
     baseline = _data_parallel_choice(req, config, mesh, planner, cands, built)
-    if baseline is not None and built.problem.feasible(baseline) and \
-            built.problem.cost(baseline) < built.problem.cost(best):
-        best = baseline
+    if baseline is not None and not built.problem.feasible(baseline):
+        baseline = None
+    if baseline is not None and built.problem.cost(baseline) < built.problem.cost(best):
+        best, baseline = baseline, best
     cost = built.problem.cost(best)
     took = time.monotonic() - t0
 
@@ -86,10 +91,15 @@ def search(req, config, mesh, planner, cands, fit):
             proved.append(None if better == -math.inf else min(better, cost))
         return proved[0]
 
-    choice, inputs = built.assignment(best)
     loose = bound is None or cost - bound > BOUND_TOLERANCE * abs(cost)
-    return Assignment(choice, inputs, cost, built.held(best, choice),
-                      None if bound is None else min(bound, cost), prove if loose else None)
+    bound = None if bound is None else min(bound, cost)
+
+    def assignment(picked):
+        choice, inputs = built.assignment(picked)
+        return Assignment(choice, inputs, built.problem.cost(picked), built.held(picked, choice),
+                          bound, prove if loose else None)
+    return (assignment(best),) + (() if baseline is None or baseline == best else
+                                  (assignment(baseline),))
 
 
 BASELINE_OPERATORS = 4000
@@ -98,11 +108,19 @@ BASELINE_OPERATORS = 4000
 def _data_parallel_choice(req, config, mesh, planner, cands, built):
     """data_parallel's plan of the step as a choice of ``built``'s problem (None when the
     problem cannot express it, e.g. arguments pinned otherwise by in_strategy, or when there is
-    no data-parallel plan, e.g. a batch the mesh does not divide): auto_parallel
-    keeps it when the solver's answer costs more (the solvers are heuristic on graphs that are
-    not trees), so its plan is never estimated slower than data parallelism's. Only on graphs
-    of up to ``BASELINE_OPERATORS`` operators: data_parallel's propagation costs about a
-    millisecond per operator, as much as the search itself on the large graphs."""
+    no data-parallel plan): auto_parallel keeps it when the solver's answer costs more (the
+    solvers are heuristic on graphs that are not trees), and offers it beside the answer to
+    the lowered comparison (``search``)."""
+    got = data_parallel_assignment(req, config, mesh, planner, cands)
+    return None if got is None else built.choice_of(got.choice, got.inputs, got.held)
+
+
+def data_parallel_assignment(req, config, mesh, planner, cands):
+    """data_parallel's plan of the step on ``mesh`` as an Assignment (its cost: the resharding
+    seconds propagation counts), or None: no data-parallel plan here (e.g. a batch the mesh
+    does not divide), a mesh of one device, or a graph over ``BASELINE_OPERATORS`` operators
+    (data_parallel's propagation costs about a millisecond per operator, as much as the search
+    itself on the large graphs)."""
     if mesh.size < 2 or len(req.graph.nodes) > BASELINE_OPERATORS:
         return None
     dp = config.replace(parallel_mode=ParallelMode.DATA_PARALLEL, enable_parallel_optimizer=False)
@@ -112,17 +130,19 @@ def _data_parallel_choice(req, config, mesh, planner, cands, built):
         args = dp_req.arg_layouts(mesh)
     except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
         return None
-    got = propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands)
-    return built.choice_of(got.choice, got.inputs, got.held)
+    return propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands)
 
 
 def recursive_search(req, config, mesh, planner, fixed, fit):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
-    solved by dynamic programming (strategies/recursive.py)."""
+    solved by dynamic programming (strategies/recursive.py). Out: as ``search``'s, the cuts'
+    plan and then data parallelism's (``data_parallel_assignment``; on a mesh of one axis, as
+    propagation needs every operator's candidates on the whole mesh, the product of the axes
+    this search never enumerates; not with a MicroFit, which propagation does not see)."""
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     progress = _progress(req.name, "recursive_programming", config)
     try:
-        return recursive.search(
+        found = recursive.search(
             req.graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()},
             req.arg_layouts(mesh), seconds, config.max_device_memory,
             solvers.get("dynamic_programming"), time_limit=config.search_time,
@@ -130,3 +150,14 @@ def recursive_search(req, config, mesh, planner, fixed, fit):
             state_pairs=req.pairs, state_pricing=req.state_pricing(), fit=fit)
     finally:
         progress.close()
+    dp = None if fit is not None or len(mesh.shape) > 1 or \
+        len(req.graph.nodes) > BASELINE_OPERATORS else data_parallel_assignment(
+            req, config, mesh, planner, with_fixed(candidates_of(req.graph, mesh), fixed))
+    return (found,) + (() if dp is None or dp.choice == found.choice else (dp,))
+
+
+def with_fixed(cands, fixed):
+    """``cands`` with each annotated value's layout its only candidate."""
+    for nid, layout in fixed.items():
+        cands[nid] = [identity_candidate(layout)]
+    return cands

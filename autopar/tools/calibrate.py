@@ -12,8 +12,12 @@ process's JAX devices) and a device count. Out:
   this process, read plus write, best of 10, times the share of this machine's cores a device
   gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
   bandwidth), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
-  model's alpha: the call, the segment it splits, the wait for the peers) and ``beta`` (fitted
-  so the cost model's ring all-reduce of 4 MB takes what it measured). Last, a whole training
+  model's alpha: the call, the segment it splits, the wait for the peers; timed between
+  matmuls of ~1 ms, a chain with the all-reduces alternated with the same chain without, as a
+  step's collectives sit between operators whose time varies from rank to rank, where each
+  waits for the slowest: back to back with nothing between, a whole-step executable's 1 KB
+  all-reduce costs less than the step's noise) and ``beta`` (fitted so the cost model's ring
+  all-reduce of 4 MB takes what it measured). Last, a whole training
   step (``_reference``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
   than priced (``_fit``; ``compute_slowdown`` in the measurements).
@@ -43,6 +47,7 @@ from autopar.topology import Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
 CHAIN = 8                         # operators chained in a timed step
+WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
 MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
                                        # topology.SMALL_DOT and LARGE_DOT FLOPs each
 
@@ -125,6 +130,27 @@ def _time_step(step, args, backend, n, reps=7) -> float:
         return _median_call(c, args, reps)
 
 
+def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
+    """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both compiled as
+    ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
+    machine's load falls on both alike."""
+    from autopar.compiler.api import compile as ap_compile
+    from autopar.config import ParallelConfig
+    import jax
+    cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
+                         progress=False, topology=Topology.local(n))
+    layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
+    with ap_compile(step_a, *args, config=cfg, in_strategy=layouts) as a, \
+            ap_compile(step_b, *args, config=cfg, in_strategy=layouts) as b:
+        def call(c):
+            t = time.perf_counter()
+            jax.block_until_ready(c(*args))
+            return time.perf_counter() - t
+        for _ in range(2):
+            call(a), call(b)
+        return float(np.median([call(a) - call(b) for _ in range(pairs)]))
+
+
 def _elementwise_bandwidth(x) -> float:
     import jax
     scale = jax.jit(lambda v: v * 1.0001)
@@ -139,6 +165,7 @@ def _elementwise_bandwidth(x) -> float:
 
 
 def _steps():
+    import jax.numpy as jnp
     from jax import lax
 
     from autopar import comm
@@ -160,7 +187,16 @@ def _steps():
         for _ in range(CHAIN):
             x = lax.optimization_barrier(x * 0.5)
         return x
-    return add_one, matmuls, all_reduces, no_reduces
+
+    def amid_compute(reduce):
+        def step(x, w, s):            # WAIT_CHAIN x (a matmul, then a 1 KB all-reduce or not)
+            for _ in range(WAIT_CHAIN):
+                x = jnp.tanh(x @ w)
+                s = lax.optimization_barrier(s + x[0, :256])
+                s = comm.all_reduce(s, "x") if reduce else s
+            return x, s
+        return step
+    return add_one, matmuls, all_reduces, no_reduces, amid_compute
 
 
 def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
@@ -168,7 +204,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     from autopar.mesh import LogicalMesh
     if n < 2:
         raise ConfigError("calibrate needs at least 2 devices to measure the links.")
-    add_one, matmuls, all_reduces, no_reduces = _steps()
+    add_one, matmuls, all_reduces, no_reduces, amid_compute = _steps()
     rng = np.random.default_rng(0)
     small = np.ones(SMALL, np.float32)
     big = rng.random(BIG, dtype=np.float32)
@@ -183,6 +219,11 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     t_host = _time_step(add_one, (big,), backend, n)
     t_ar = {k: _time_step(all_reduces, (a,), backend, n) - _time_step(no_reduces, (a,), backend, n)
             for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
+    w512 = (rng.standard_normal((512, 512)) / np.sqrt(512)).astype(np.float32)
+    amid = (rng.standard_normal((WAIT_ROWS, 512)).astype(np.float32), w512,
+            np.zeros(256, np.float32))
+    per_amid = _paired_difference(amid_compute(True), amid_compute(False), amid, backend,
+                                  n) / WAIT_CHAIN
     mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
     # the rate of one matmul at each reference size (topology.SMALL_DOT, LARGE_DOT)
@@ -201,7 +242,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     d1, d2 = (model(b, big.nbytes) - model(b, 1024) for b in (1e-10, 2e-10))
     slope = (d2 - d1) / 1e-10
     beta = max((per_big - per_small - (d1 - slope * 1e-10)) / slope, 1e-12)
-    launch = max(per_small - model(beta, 1024), 0.0)
+    launch = max(per_amid - model(beta, 1024), 0.0)
     topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
     run = _reference_run(topo, backend, n)
     k = _fit(run)
@@ -212,6 +253,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
                   "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
                   "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
+                  "all_reduce_1KB_amid_compute_us": per_amid * 1e6,
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
                   "reference_step_ms": run[0] * 1e3,
                   "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k}

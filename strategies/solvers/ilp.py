@@ -355,6 +355,8 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         hint = min(hints, key=lambda s: s.cost)
         best = (hint.cost, np.asarray(hint.choice, np.int64))
     anytime.offer(best[0], best[1])
+    if progress is not None:      # reported also when CP-SAT improves on nothing
+        progress(f"ilp: from cost {best[0]:.9g} (the hint) at {time.perf_counter() - t0:.1f} s")
     optimal, lower = False, -math.inf
     while True:
         bound, hint = best
