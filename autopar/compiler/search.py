@@ -14,6 +14,7 @@ import time
 
 from ..config import ParallelMode
 from ..errors import AutoparError
+from ..layout import Layout
 from ..progress import Progress
 from ..arguments import fixed_layouts
 from ..strategies import recursive, solvers
@@ -68,14 +69,14 @@ def search(req, config, mesh, planner, cands, fit):
             built.problem, time_limit=config.search_time, progress=progress)
     finally:
         progress.close()
-    best = list(solution.choice)
     bound = solution.lower_bound
-    baseline = _data_parallel_choice(req, config, mesh, planner, cands, built)
-    if baseline is not None and not built.problem.feasible(baseline):
-        baseline = None
-    if baseline is not None and built.problem.cost(baseline) < built.problem.cost(best):
-        best, baseline = baseline, best
-    cost = built.problem.cost(best)
+    offered = {}                        # the choices, first seen first, cheapest in the model first
+    for c in (list(solution.choice), _data_parallel_choice(req, config, mesh, planner, cands, built),
+              _replicated_choice(req, mesh, cands, built)):
+        if c is not None and (not offered or built.problem.feasible(c)):
+            offered.setdefault(tuple(c), c)
+    offered = sorted(offered.values(), key=built.problem.cost)      # stable: the solver's first
+    cost = built.problem.cost(offered[0])
     took = time.monotonic() - t0
 
     proved = []                         # the answer, once asked (a MeshPlan is reused)
@@ -98,11 +99,23 @@ def search(req, config, mesh, planner, cands, fit):
         choice, inputs = built.assignment(picked)
         return Assignment(choice, inputs, built.problem.cost(picked), built.held(picked, choice),
                           bound, prove if loose else None)
-    return (assignment(best),) + (() if baseline is None or baseline == best else
-                                  (assignment(baseline),))
+    return tuple(assignment(c) for c in offered)
 
 
 BASELINE_OPERATORS = 4000
+
+
+def _replicated_choice(req, mesh, cands, built):
+    """Every operator replicated (each device runs the whole step: no communication at all;
+    on a model too small to pay for a collective the fastest plan, and one the solvers, exact
+    only on trees, can miss) as a choice of ``built``'s problem; annotated values keep their
+    layouts. None where the problem cannot express it."""
+    if mesh.size < 2 or len(req.graph.nodes) > BASELINE_OPERATORS:
+        return None
+    pinned = req.arg_layouts(mesh)
+    inputs = tuple(pinned.get(j) or Layout.replicated(len(v.shape))
+                   for j, v in enumerate(req.graph.inputs))
+    return built.choice_of({n.id: cands[n.id][0] for n in req.graph.nodes}, inputs, {})
 
 
 def _data_parallel_choice(req, config, mesh, planner, cands, built):
@@ -136,9 +149,10 @@ def data_parallel_assignment(req, config, mesh, planner, cands):
 def recursive_search(req, config, mesh, planner, fixed, fit):
     """auto_parallel with search_mode='recursive_programming': one cut per mesh axis, each
     solved by dynamic programming (strategies/recursive.py). Out: as ``search``'s, the cuts'
-    plan and then data parallelism's (``data_parallel_assignment``; on a mesh of one axis, as
-    propagation needs every operator's candidates on the whole mesh, the product of the axes
-    this search never enumerates; not with a MicroFit, which propagation does not see)."""
+    plan, then data parallelism's (``data_parallel_assignment``) and, with nothing annotated,
+    every operator replicated; those two only on a mesh of one axis, as they need every
+    operator's candidates on the whole mesh, the product of the axes this search never
+    enumerates, and not with a MicroFit, which they do not see."""
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     progress = _progress(req.name, "recursive_programming", config)
     try:
@@ -150,10 +164,19 @@ def recursive_search(req, config, mesh, planner, fixed, fit):
             state_pairs=req.pairs, state_pricing=req.state_pricing(), fit=fit)
     finally:
         progress.close()
-    dp = None if fit is not None or len(mesh.shape) > 1 or \
-        len(req.graph.nodes) > BASELINE_OPERATORS else data_parallel_assignment(
-            req, config, mesh, planner, with_fixed(candidates_of(req.graph, mesh), fixed))
-    return (found,) + (() if dp is None or dp.choice == found.choice else (dp,))
+    if fit is not None or len(mesh.shape) > 1 or len(req.graph.nodes) > BASELINE_OPERATORS:
+        return (found,)
+    cands = with_fixed(candidates_of(req.graph, mesh), fixed)
+    offered = [found, data_parallel_assignment(req, config, mesh, planner, cands)]
+    if not fixed and not req.arg_layouts(mesh):        # nothing pinned: nothing to convert
+        offered.append(Assignment({n.id: cands[n.id][0] for n in req.graph.nodes},
+                                  tuple(Layout.replicated(len(v.shape))
+                                        for v in req.graph.inputs), 0.0))
+    unique = []
+    for a in offered:
+        if a is not None and all(a.choice != u.choice for u in unique):
+            unique.append(a)
+    return tuple(unique)
 
 
 def with_fixed(cands, fixed):
