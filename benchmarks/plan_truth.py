@@ -12,7 +12,10 @@ second row-split; GPT: ``user_gpt.megatron``) and auto_parallel (default search)
 on this machine's calibrated topology for that backend (``autopar calibrate``; measured first
 when not cached). Each compiled step is called from host arrays to host results; after 2
 warm-up calls per plan the three plans' calls are interleaved round-robin for ``--iters``
-rounds, so the machine's load drifts over them alike, and each plan's median is kept.
+rounds, so the machine's load drifts over them alike, each round starting one plan later
+(the same native program measured ~10% slower third in a round than first or second, on
+mlp-small: auto_parallel, always third, lost to its own plan run second), and each plan's
+median is kept.
 Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
 ratio, ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
 two, and ``auto_same_as``: the other plan auto_parallel's is the same as (``same_as``), if
@@ -74,10 +77,10 @@ def measure(name, devices, backend, iters):
             for _ in range(2):
                 call(c)
         times = {mode: [] for mode in PLANS}
-        for _ in range(iters):
-            for mode, c in compiled.items():
+        for i in range(iters):
+            for mode in PLANS[i % 3:] + PLANS[:i % 3]:        # each plan in each place alike
                 t = time.perf_counter()
-                call(c)
+                call(compiled[mode])
                 times[mode].append(time.perf_counter() - t)
         out = {"model": name, "devices": devices, "backend": backend,
                "oversubscribed": devices > (os.cpu_count() or 1)}
