@@ -361,6 +361,19 @@ def test_strategy_reports_the_gap_its_search_proved():
     assert semi.search_cost is None and semi.search_bound is None and "gap" not in semi.table()
 
 
+def _small_gpt_at_4(backend, level, **rates):
+    """benchmarks/step_time.py's small GPT on 4 devices of a topology of one ``level`` and
+    ``rates``: ``((params, batch), plan(mode, search_mode=None, **plan_kwargs))``."""
+    topo = ap.Topology((level,), **rates)
+    args = m.gpt_params(vocab=64, seq=8, d=32, heads=4), m.gpt_batch(batch=4, seq=8, vocab=64)
+
+    def plan(mode, search=None, **kw):
+        return ap.plan(m.gpt_sgd_step, *args, config=ap.ParallelConfig(
+            parallel_mode=mode, device_num=4, backend=backend, topology=topo,
+            search_mode=search, progress=False), **kw)
+    return args, plan
+
+
 def test_auto_keeps_the_plan_whose_lowered_step_is_estimated_faster():
     """The search prices every collective's ``launch`` on its own, but the native runtime fuses
     gradient all-reduces into buckets, which the Strategy's estimate counts: data parallelism's
@@ -368,16 +381,13 @@ def test_auto_keeps_the_plan_whose_lowered_step_is_estimated_faster():
     constants (launch 128 us), recursive programming's own plan for a small GPT at 4 devices
     (operators sharded, all-gathered, its gradients reduce-scattered) priced 4.1 ms against data
     parallelism's 2.6 ms once lowered; auto_parallel now lowers both and keeps the faster."""
-    topo = ap.Topology((Level("host", 4, alpha=5e-6, beta=2.5e-10, launch=1.28e-4),),
-                       flops=26e9, mem_bandwidth=8e9, step_overhead=1.8e-3, host_beta=9e-10,
-                       small_dot_flops=22e9)
-    p, b = m.gpt_params(vocab=64, seq=8, d=32, heads=4), m.gpt_batch(batch=4, seq=8, vocab=64)
-    cfg = lambda mode, search=None: ap.ParallelConfig(
-        parallel_mode=mode, device_num=4, backend="native", topology=topo, search_mode=search,
-        progress=False)
-    dp = ap.plan(m.gpt_sgd_step, p, b, config=cfg("data_parallel"))
+    _, plan = _small_gpt_at_4("native", Level("host", 4, alpha=5e-6, beta=2.5e-10,
+                                              launch=1.28e-4),
+                              flops=26e9, mem_bandwidth=8e9, step_overhead=1.8e-3,
+                              host_beta=9e-10, small_dot_flops=22e9)
+    dp = plan("data_parallel")
     for search in ("dynamic_programming", "recursive_programming"):
-        auto = ap.plan(m.gpt_sgd_step, p, b, config=cfg("auto_parallel", search))
+        auto = plan("auto_parallel", search)
         assert auto.search == search
         assert auto.step_time <= dp.step_time * (1 + 1e-9), (search, auto.step_time, dp.step_time)
 
@@ -388,17 +398,13 @@ def test_auto_replicates_a_step_too_small_to_pay_for_a_collective():
     no communication); the solvers, exact only on trees, sharded operators and all-gathered
     them instead (2.1 ms against 1.2 ms in their own model): auto_parallel offers the
     replicated plan beside data parallelism's and keeps the cheaper."""
-    topo = ap.Topology((Level("host", 4, alpha=5e-6, beta=3e-10, launch=1e-4),),
-                       flops=22e9, mem_bandwidth=14e9, step_overhead=6e-4, host_beta=5e-10,
-                       small_dot_flops=19e9)
-    p, b = m.gpt_params(vocab=64, seq=8, d=32, heads=4), m.gpt_batch(batch=4, seq=8, vocab=64)
-    cfg = lambda mode, search=None: ap.ParallelConfig(
-        parallel_mode=mode, device_num=4, backend="jax", topology=topo, search_mode=search,
-        progress=False)
-    rep = jax.tree.map(lambda x: "[" + ",".join("_" * np.ndim(x)) + "]", (p, b))
-    alone = ap.plan(m.gpt_sgd_step, p, b, config=cfg("semi_auto_parallel"), in_strategy=rep)
+    args, plan = _small_gpt_at_4("jax", Level("host", 4, alpha=5e-6, beta=3e-10, launch=1e-4),
+                                 flops=22e9, mem_bandwidth=14e9, step_overhead=6e-4,
+                                 host_beta=5e-10, small_dot_flops=19e9)
+    rep = jax.tree.map(lambda x: "[" + ",".join("_" * np.ndim(x)) + "]", args)
+    alone = plan("semi_auto_parallel", in_strategy=rep)
     assert not alone.collectives
     for search in ("dynamic_programming", "recursive_programming"):
-        auto = ap.plan(m.gpt_sgd_step, p, b, config=cfg("auto_parallel", search))
+        auto = plan("auto_parallel", search)
         assert auto.step_time <= alone.step_time * (1 + 1e-9), (search, auto.step_time)
         assert not auto.collectives and all(i.layout.is_replicated() for i in auto.inputs)
