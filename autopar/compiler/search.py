@@ -45,10 +45,11 @@ BOUND_MAX = 10.0           # ... and never for longer than this many seconds
 def search(req, config, mesh, planner, cands, fit):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
     (``fit``: the MicroFit its layouts must pass, or None). Out: the plans for the caller to
-    lower and compare by their estimated step: the cheapest in the search's model first, then
-    data parallelism's or the solver's answer, whichever that is not (when the problem can
-    express data parallelism and it fits): the search prices every collective on its own,
-    where the runtime fuses gradient all-reduces into buckets. Each Assignment's ``bound``: the
+    lower and compare by their estimated step, cheapest in the search's model first: the
+    solver's answer, data parallelism's plan and every operator replicated (each of the last two
+    where the problem can express it and it fits): the search prices every collective on its
+    own, where the runtime fuses gradient all-reduces into buckets, and its solvers are exact
+    only on trees. Each Assignment's ``bound``: the
     solver's proven lower bound; while the gap exceeds ``BOUND_TOLERANCE``, its ``prove``
     tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
     ``BOUND_SHARE`` times as long as the search took (at least a second, at most ``BOUND_MAX``
@@ -70,7 +71,7 @@ def search(req, config, mesh, planner, cands, fit):
     finally:
         progress.close()
     bound = solution.lower_bound
-    offered = {}                        # the choices, first seen first, cheapest in the model first
+    offered = {}                        # distinct choices; the solver's kept even if it overflows
     for c in (list(solution.choice), _data_parallel_choice(req, config, mesh, planner, cands, built),
               _replicated_choice(req, mesh, cands, built)):
         if c is not None and (not offered or built.problem.feasible(c)):
