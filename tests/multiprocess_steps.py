@@ -42,7 +42,8 @@ def main():
     blk.update(wqkv=(1, 4), bqkv=(4,), wo=(4, 1), w1=(1, 4), b1=(4,), w2=(4, 1))
     megatron = ({k: (blk if k.startswith("h") else None) for k in p}, ((2, 1), (2, 1)))
     dp = dict(parallel_mode="data_parallel", device_num=8)
-    case("data_parallel", m.gpt_sgd_step, (p, b), config=dp)
+    # the global batch (every process passes all rows) is run by semi_auto and auto_parallel;
+    # data parallelism and the pipeline run on each process's own rows (process_local) below
     case("semi_auto", m.gpt_sgd_step, (p, b), config=dict(
         parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4)),
         in_strategy=megatron)
@@ -52,8 +53,6 @@ def main():
     auto = dict(parallel_mode="auto_parallel", device_num=8, mesh_shape=(2, 4),
                 search_mode="recursive_programming")
     case("auto_parallel", m.gpt_sgd_step, (p, b), config=auto)
-    case("pipeline", m.gpt_pipeline_step, (p, b), config=dict(
-        dp, pipeline_stages=2, micro_batches=2))
     case("parallel_optimizer", m.gpt_adam_step, (p, m.adam_init(p), b), config=dict(
         dp, enable_parallel_optimizer=True))
     case("data_parallel process_local", m.gpt_sgd_step, (p, b), local=(p, rows), config=dp,
