@@ -25,6 +25,14 @@ FORMAT = "autopar-strategy"
 VERSION = 1
 
 
+def step_seconds(ops, output_comm: float, overhead: float) -> float:
+    """A step's estimated seconds from its OpStrategy ``ops``: their compute plus the
+    communication feeding them and the results' (no overlap assumed) plus the per-call
+    ``overhead``. What a Strategy reports, and what auto_parallel ranks its lowered plans by
+    before a Strategy exists."""
+    return sum(o.compute_time + o.comm_time for o in ops) + output_comm + overhead
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputStrategy:
     name: str            # pytree path of the argument leaf, e.g. "params.h0.w1"
@@ -130,9 +138,8 @@ class Strategy:
 
     @property
     def step_time(self) -> float:
-        """Estimated step time: compute plus communication (no overlap assumed) plus the
-        per-call overhead."""
-        return self.compute_time + self.comm_time + self.overhead_time
+        """Estimated step time (``step_seconds``)."""
+        return step_seconds(self.ops, self.output_comm_time, self.overhead_time)
 
     @property
     def pipeline_time(self) -> float:

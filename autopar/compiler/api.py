@@ -25,12 +25,12 @@ from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
 from ..program import Compute
 from ..strategies.build import StatePricing
-from ..strategies.cost_model import call_overhead, compute_time, memory_timeline, program_memory
+from ..strategies.cost_model import call_overhead, memory_timeline, program_memory
 from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
-from ..strategies.strategy import InputStrategy, Strategy
+from ..strategies.strategy import InputStrategy, Strategy, step_seconds
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
@@ -344,12 +344,12 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
 
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
-    """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports: its
-    operators, its communication and one call's overhead."""
+    """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports, from the
+    same OpStrategies and overhead (``step_seconds``)."""
     graph, program = req.graph, plan.program
-    return (sum(compute_time(n, plan.assignment.choice[n.id], plan.mesh) for n in graph.nodes)
-            + sum(plan.comm.values()) + plan.out_comm
-            + call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config)))
+    ops = _op_strategies(graph, req.names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
+    return step_seconds(ops, plan.out_comm,
+                        call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config)))
 
 
 def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
