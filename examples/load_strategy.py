@@ -19,7 +19,7 @@ def main():
     params, data = gpt.init(), gpt.batch()
     path = os.path.join(tempfile.mkdtemp(), "gpt_strategy.json")
     ap.set_auto_parallel_context(parallel_mode="auto_parallel", device_num=4, mesh_shape=(2, 2),
-                                 search_mode="dynamic_programming", backend="jax",
+                                 search_mode="recursive_programming", backend="jax",
                                  strategy_ckpt_config={"save_file": path})
     searched = ap.compile(gpt.sgd_step, params, data)          # the config comes from the context
     print(f"searched in {searched.timings['search']:.2f} s, saved {path}")
