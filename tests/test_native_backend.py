@@ -36,9 +36,11 @@ def test_mlp_step_on_four_ranks(mode, mesh, strategy):
 
 
 def test_gpt_block_on_four_ranks():
+    """Recursive programming's plan (dynamic programming's for this GPT runs in
+    test_native_step.py's every-collective test) on 4 native ranks."""
     p, b = m.gpt_params(), m.gpt_batch(batch=4)
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, mesh_shape=(2, 2),
-                            search_mode="dynamic_programming", backend="native", progress=False)
+                            search_mode="recursive_programming", backend="native", progress=False)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     kinds = {x.kind for x in c.collectives()}
     assert kinds                                  # the plan communicates
