@@ -2,6 +2,7 @@
 IOPDDL example (tests/data), and IOPDDL problem G under a short time limit (benchmark tier:
 the public problems are read from the folder named by ``AUTOPAR_IOPDDL``)."""
 import itertools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -235,6 +236,41 @@ def test_lagrangian_bound_lies_below_the_optimum():
             bounded += 1
             assert sol.lower_bound <= best.cost + 1e-9 * abs(best.cost)
     assert bounded >= 10
+
+
+def test_whole_problem_on_a_thread():
+    """The whole reduced problem's LP relaxation and MIP (solved on a thread beside the search
+    when the problem is one small MIP) prove bounds never above brute force's optimum, the MIP
+    finds it, and the LP's rounding keeps only feasible answers, none below the optimum."""
+    from autopar.strategies.solvers import brute
+    from autopar.strategies.solvers.random_problems import random_problem as tiny
+    checked = 0
+    for seed in range(25):
+        problem = tiny(seed, limit="tight")
+        try:
+            best = brute.solve(problem).cost
+        except InfeasibleError:
+            continue
+        red = reduce(problem)
+        if red.num_nodes == 0:
+            continue
+        st = local_search._State(red)
+        now = time.monotonic()
+        search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
+        search.initial()
+        whole = local_search._Whole(search.mip, st, 5.0, 0.0)
+        whole.thread.join()
+        lp, mip = whole.relax, whole.mip
+        assert whole.done() and lp.choice is not None and mip.optimal, seed
+        assert red.offset + lp.bound <= best + 1e-9 * abs(best), seed
+        assert red.offset + mip.bound <= best + 1e-9 * abs(best), seed
+        assert red.cost(mip.choice) == pytest.approx(best, rel=1e-9), seed
+        search.round(lp, search.mip, None, time.monotonic() + 2)
+        if search.best is not None:
+            full = red.expand(search.best)
+            assert problem.feasible(full) and problem.cost(full) >= best - 1e-9 * abs(best), seed
+            checked += 1
+    assert checked >= 10
 
 
 def classes_grid(side=12, classes=3, copies=2, seed=0) -> SearchProblem:

@@ -26,15 +26,20 @@ Algorithm:
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
    that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
-6. MIP phase (region_mip.py, HiGHS): the whole reduced problem when its model is small (after a
-   short Lagrangian phase), else connected regions with every other node fixed -- first around
-   the merge's fractional nodes, then random -- sized so each solves in seconds. The whole
-   MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
+6. MIP phase (region_mip.py, HiGHS): connected regions with every other node fixed -- first
+   around the merge's fractional nodes, then random -- sized so each solves in seconds. When
+   the whole reduced problem's model is small, its LP relaxation is solved from the start on a
+   second thread (HiGHS releases the GIL) while a short Lagrangian phase and the regions go on;
+   once it is solved, its optimum is a proven bound, it is rounded as in the merge phase, and
+   the whole problem is solved as one MIP (HiGHS' MIP starts by solving that same LP, so it is
+   not tried when the LP was not solved in time). The whole MIP's dual bound (plus the
+   reduction's offset) is the Solution's proven ``bound``.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
 asked for less than the time left, since it checks its limit only between steps.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -59,6 +64,7 @@ class LocalSearchOptions:
     lagrangian_share: float = 0.5      # share of the time for the Lagrangian phase otherwise
     pool_size: int = 40           # Lagrangian solutions whose strategies the merge LP offers
     merge_share: float = 0.5      # most of the time left that the merge LP may take
+    round_share: float = 0.25     # ... and the MIP that rounds the whole problem's LP (one MIP)
     lagrangian_sweeps: int = 3    # TRW-S sweeps per price update
     region_columns: int = 10_000  # starting MIP size of a region (grows/shrinks with success)
     region_seconds: float = 8.0   # time limit of one region MIP
@@ -223,6 +229,33 @@ class _Domains:
                 if new.any() and (new != self.left[w]).any():
                     self.left[w] = new
                     todo.append(w)
+
+
+class _Whole:
+    """The whole reduced problem on a thread of its own (HiGHS releases the GIL, so the search
+    goes on beside it on the second core): its LP relaxation (``relax``), then its MIP
+    (``mip``, relative gap ``gap``), each a RegionResult once solved, all within ``time_limit``
+    seconds. The MIP is not tried when the LP was not solved: HiGHS' MIP starts with it."""
+
+    def __init__(self, mip: RegionMip, st: _State, time_limit: float, gap: float):
+        model = mip.build(st.choice, st.slack, np.arange(st.n))     # here: st changes later
+        self.relax = self.mip = None
+        self.relaxed = threading.Event()
+        self.thread = threading.Thread(target=self._solve, args=(model, time_limit, gap),
+                                       daemon=True)
+        self.thread.start()
+
+    def _solve(self, model, time_limit, gap):
+        end = time.monotonic() + time_limit
+        try:
+            self.relax = RegionMip.relax_model(model, time_limit)
+        finally:
+            self.relaxed.set()
+        if self.relax.choice is not None:
+            self.mip = RegionMip.solve_model(model, end - time.monotonic(), gap)
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
 
 
 class _Search:
@@ -406,9 +439,8 @@ class _Search:
 
     # ------------------------------------------------------------------ merge phase
     def merge(self, seconds: float) -> tuple:
-        """LP over the strategies the pooled solutions use, rounded; the nodes it left
-        fractional and their neighbours re-solved as a MIP over the same strategies; then
-        repaired and descended. Returns the fractional nodes."""
+        """LP over the strategies the pooled solutions use, rounded (``round``). Returns the
+        nodes it left fractional."""
         st = self.st
         end = time.monotonic() + seconds
         pool = self.pool[::max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
@@ -417,22 +449,34 @@ class _Search:
         self.restore()
         base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
         res = sub.relax(base, st.slack, np.arange(st.n), self.mip_seconds(0.7 * seconds))
+        return self.round(res, sub, keep, end)
+
+    def round(self, res, sub: RegionMip, keep, end: float) -> tuple:
+        """An LP answer ``res`` of ``sub`` (whose node ``x`` offers the strategies ``keep[x]``;
+        every strategy when ``keep`` is None) rounded: the nodes it left fractional and their
+        neighbours re-solved as a MIP over the same strategies until ``end`` (not when that
+        is half the problem or more: the whole MIP's work), then repaired and descended.
+        Returns the fractional nodes."""
+        st = self.st
         if res.choice is None:
             return ()
+        original = (lambda c: c) if keep is None else \
+            (lambda c: np.array([k[s] for k, s in zip(keep, c)], np.int64))
         choice = res.choice.copy()
         unsure = np.array(res.unsure, np.int64)
         if len(unsure):
-            st.load(np.array([k[s] for k, s in zip(keep, choice)], np.int64))
+            st.load(original(choice))
             near = np.unique(np.concatenate([unsure] + [st.nbr_ids[x] for x in unsure]))
-            fix = sub.solve(choice, st.slack, near, self.mip_seconds(end - time.monotonic()),
-                            1e-4)
-            if fix.choice is not None:
-                choice[fix.nodes] = fix.choice
-        st.load(np.array([k[s] for k, s in zip(keep, choice)], np.int64))
+            if 2 * len(near) < st.n:
+                fix = sub.solve(choice, st.slack, near,
+                                self.mip_seconds(end - time.monotonic()), 1e-4)
+                if fix.choice is not None:
+                    choice[fix.nodes] = fix.choice
+        st.load(original(choice))
         if self.repair(max(1.0, 0.1 * self.time_left())):
             self.descend()
             self.remember()
-        self.report("merged")
+        self.report("merged" if keep is not None else "relaxed")
         return tuple(int(x) for x in unsure)
 
     # ------------------------------------------------------------------ MIP phase
@@ -481,12 +525,13 @@ class _Search:
             st.set(int(x), int(s))
         return res
 
-    def regions(self, seeds=()):
-        """Region MIPs around ``seeds`` first, then around random nodes, until time runs out."""
+    def regions(self, seeds=(), stop=lambda: False):
+        """Region MIPs around ``seeds`` first, then around random nodes, until time runs out
+        or ``stop()``."""
         budget = float(self.opts.region_columns)
         seeds = list(seeds)
         self.rng.shuffle(seeds)
-        while True:
+        while not stop():
             limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
             if limit < 0.05:
                 return
@@ -521,6 +566,8 @@ class _Search:
         self.report("start")
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
         one_mip = everything <= self.opts.whole_mip_columns
+        whole = _Whole(self.mip, st, self.mip_seconds(self.time_left()),
+                       0.0 if everything < 20_000 else 1e-6) if one_mip else None
         left = self.time_left()
         share = min(0.15 * left, 10.0) if one_mip else self.opts.lagrangian_share * left
         if st.has_memory.any() or not one_mip:
@@ -532,14 +579,29 @@ class _Search:
             unsure = self.merge(self.opts.merge_share * self.time_left())
             self.restore()
         if one_mip:
-            res = self.region_move(np.arange(st.n), self.mip_seconds(self.time_left()),
-                                   0.0 if everything < 20_000 else 1e-6)
-            if res.bound is not None:            # the whole problem's: a proven lower bound
+            self.regions(stop=whole.relaxed.is_set)
+            lp = whole.relax
+            if lp is not None and lp.choice is not None:
+                self.prove(st.r.offset + lp.bound)
+                unsure = self.round(lp, self.mip, None,
+                                    time.monotonic() + self.opts.round_share * self.time_left())
+                if self.best is not None:
+                    self.restore()
+            self.regions(unsure, stop=whole.done)
+            res = whole.mip if whole.done() else None
+            if res is not None and res.bound is not None:   # the whole problem's: proven
                 self.prove(st.r.offset + res.bound)
-            self.report("whole MIP")
-            if res.optimal and res.choice is not None:
-                self.optimal = everything < 20_000
-                return
+            if res is not None and res.choice is not None:
+                st.load(res.choice)
+                if not st.overflow():
+                    self.descend()
+                    self.remember()
+                if self.best is not None:
+                    self.restore()
+                self.report("whole MIP")
+                if res.optimal:
+                    self.optimal = everything < 20_000
+                    return
         self.regions(unsure)
 
 

@@ -41,7 +41,8 @@ class RegionResult:
     variables: int                  # model columns
     unsure: tuple = ()              # nodes whose LP values were fractional (relax only)
     bound: Optional[float] = None   # HiGHS's lower bound on the region's objective (cost units;
-                                    # nodes outside the region held as they were)
+                                    # nodes outside the region held as they were): the MIP's
+                                    # dual bound, or the optimum of the LP relaxation
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,7 +195,11 @@ class RegionMip:
         """The region's MIP, built and solved by HiGHS within about ``time_limit`` seconds."""
         t0 = time.monotonic()
         m = self.build(choice, slack, nodes)
-        time_limit -= time.monotonic() - t0
+        return self.solve_model(m, time_limit - (time.monotonic() - t0), gap)
+
+    @staticmethod
+    def solve_model(m: "_Model", time_limit: float, gap: float = 1e-6) -> RegionResult:
+        """``solve`` on a model ``build`` made (HiGHS releases the GIL: a thread may run it)."""
         integrality = np.zeros(len(m.cost))
         integrality[:m.nx] = 1
         res = milp(m.cost, constraints=LinearConstraint(m.a, m.rhs, m.rhs),
@@ -208,17 +213,23 @@ class RegionMip:
         return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost), bound=bound)
 
     def relax(self, choice, slack, nodes, time_limit: float) -> RegionResult:
-        """The region's LP relaxation, rounded to each node's largest ``x``."""
+        """The region's LP relaxation, rounded to each node's largest ``x``; its ``bound`` is
+        the LP's optimum (a lower bound on the region's objective)."""
         t0 = time.monotonic()
         m = self.build(choice, slack, nodes)
-        time_limit -= time.monotonic() - t0
+        return self.relax_model(m, time_limit - (time.monotonic() - t0))
+
+    @staticmethod
+    def relax_model(m: "_Model", time_limit: float) -> RegionResult:
+        """``relax`` on a model ``build`` made (HiGHS releases the GIL: a thread may run it)."""
         res = linprog(m.cost, A_eq=m.a, b_eq=m.rhs, bounds=np.stack([m.lb, m.ub], 1),
                       method="highs", options={"time_limit": max(0.05, float(time_limit))})
         if res.x is None or res.status != 0:
             return RegionResult(m.nodes, None, False, len(m.cost))
         top = np.maximum.reduceat(res.x[:m.nx], m.xoff[:-1])
         unsure = tuple(int(x) for x in m.nodes[top < 1 - 1e-6])
-        return RegionResult(m.nodes, m.pick(res.x), False, len(m.cost), unsure)
+        return RegionResult(m.nodes, m.pick(res.x), False, len(m.cost), unsure,
+                            float(res.fun) * m.scale)
 
     def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
         """Rows of the running-sum memory model, or None when the region cannot overflow."""
