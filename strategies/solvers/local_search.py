@@ -28,12 +28,12 @@ Algorithm:
    their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
 6. MIP phase (region_mip.py, HiGHS): connected regions with every other node fixed -- first
    around the merge's fractional nodes, then random -- sized so each solves in seconds. When
-   the whole reduced problem's model is small, its LP relaxation is solved from the start on a
-   second thread (HiGHS releases the GIL) while a short Lagrangian phase and the regions go on;
-   once it is solved, its optimum is a proven bound, it is rounded as in the merge phase, and
-   the whole problem is solved as one MIP (HiGHS' MIP starts by solving that same LP, so it is
-   not tried when the LP was not solved in time). The whole MIP's dual bound (plus the
-   reduction's offset) is the Solution's proven ``bound``.
+   the whole reduced problem's model is small, a second thread (HiGHS releases the GIL) solves
+   it from the start -- its LP relaxation, then the whole MIP (HiGHS' MIP starts by solving
+   that LP, so it is not tried when the LP was not solved in time) -- while a short Lagrangian
+   phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
+   merge phase; the MIP's answer is taken when better and ends the search when proven optimal.
+   The whole MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
 asked for less than the time left, since it checks its limit only between steps.
 """
