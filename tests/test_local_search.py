@@ -177,6 +177,29 @@ def test_message_passing_bound_lies_below_every_choice():
     assert checked >= 50
 
 
+def test_native_message_passing_checks_its_arguments():
+    """The C++ sweeps (autopar._native.MessagePassing) refuse inconsistent arrays with an error
+    naming what is wrong, before reading them."""
+    from autopar import _native
+    from autopar.errors import NativeArgumentError
+    ok = dict(sizes=np.array([2, 3]), edges=np.array([[0, 1]]), forward=np.zeros(6),
+              backward=np.zeros(6), offsets=np.array([0, 6]))
+    choice, bound = _native.MessagePassing(**ok).sweep(np.arange(5.0), 1)
+    assert list(choice) == [0, 0] and bound == 2.0          # unary [0, 1] and [2, 3, 4]
+    for key, value, what in [("sizes", np.array([0, 3]), "at least one strategy"),
+                             ("edges", np.array([[0, 0]]), "distinct"),
+                             ("edges", np.array([[0, 2]]), "distinct"),
+                             ("offsets", np.array([0, 5]), "matrix has 5 values"),
+                             ("forward", np.zeros(5), "forward and backward need 6")]:
+        with pytest.raises(NativeArgumentError, match=what):
+            _native.MessagePassing(**{**ok, key: value})
+    mp = _native.MessagePassing(**ok)
+    with pytest.raises(NativeArgumentError, match="unary has 4 values"):
+        mp.sweep(np.zeros(4), 1)
+    with pytest.raises(NativeArgumentError, match="sweeps = 0"):
+        mp.sweep(np.zeros(5), 0)
+
+
 def test_reductions_shrink_functional_chain():
     # a chain where each edge allows one strategy of the next per strategy of the previous
     k, n = 3, 6

@@ -53,7 +53,8 @@ def search(req, config, mesh, planner, cands, fit):
     solver's proven lower bound; while the gap exceeds ``BOUND_TOLERANCE``, its ``prove``
     tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
     ``BOUND_SHARE`` times as long as the search took (at least a second, at most ``BOUND_MAX``
-    and what ``search_time`` leaves), run only for the plan a Strategy reports."""
+    and what ``search_time`` leaves; less once its sweeps stall), run only for the plan a
+    Strategy reports."""
     t0 = time.monotonic()
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     fixed = req.arg_layouts(mesh)

@@ -23,6 +23,10 @@
 namespace py = pybind11;
 using namespace autopar;
 
+namespace autopar {
+void bind_message_passing(py::module_& m);  // trws_binding.cc
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& m) { throw ArgumentError(m); }
@@ -348,7 +352,8 @@ class PyComm {
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "autopar's native collectives (C++17): shared-memory and TCP transports";
+  m.doc() = "autopar's native code (C++17): the collectives over shared memory and TCP, and "
+            "TRW-S message passing for the strategy solvers";
   // held for the life of the process: a static py::object would be released after the
   // interpreter is gone
   py::module_ errors = py::module_::import("autopar.errors");
@@ -428,6 +433,8 @@ PYBIND11_MODULE(_native, m) {
     return out;
   }, "name -> XLA FFI handler (a PyCapsule) of each collective as a custom call, for "
      "jax.ffi.register_ffi_target(f'autopar_{name}', capsule, platform='cpu')");
+
+  bind_message_passing(m);
 
   std::vector<std::string> names;
   for (auto& kv : allreduce_algorithms()) names.push_back(kv.first);

@@ -20,73 +20,39 @@ from typing import Optional
 
 import numpy as np
 
+from autopar import _native
+
 FORBIDDEN = 1e17          # problem costs at or above this mark an impossible strategy or pair
+STALL_SWEEPS = 50         # bound() stops once this many sweeps raised its bound by less than
+STALL_SHARE = 1e-4        # ... this share of the target cost
 
 
 class MessagePassing:
+    """The recurrence above; the sweeps run in C++ (``autopar._native.MessagePassing``,
+    native/src/trws.cc), which releases the GIL."""
+
     def __init__(self, num_nodes: int, sizes, edges, edge_costs):
         finite = [m[np.isfinite(m)] for m in edge_costs]
         top = max([float(np.abs(f).max()) for f in finite if f.size] + [1.0])
         big = 1e4 * top                           # stands in for a forbidden pair
         self.big = big
         self.n = num_nodes
-        self.before = [[] for _ in range(num_nodes)]   # (edge, j, M oriented (i, j)) with j < i
-        self.after = [[] for _ in range(num_nodes)]
-        self.into = []                                 # per edge: [message into u, into v]
-        for e, ((u, v), m) in enumerate(zip(edges, edge_costs)):
-            u, v = int(u), int(v)
-            m = np.where(np.isfinite(m), m, big)
-            self.into.append([np.zeros(m.shape[0]), np.zeros(m.shape[1])])
-            # slot k: the message into the node itself; 1 - k: the one it sends
-            if u < v:
-                self.after[u].append((e, v, m, 0))
-                self.before[v].append((e, u, m.T, 1))
-            else:
-                self.before[u].append((e, v, m, 0))
-                self.after[v].append((e, u, m.T, 1))
-        self.incoming = [np.zeros(int(k)) for k in sizes]
-        self.gamma = np.array([1.0 / max(1, len(b), len(a))
-                               for b, a in zip(self.before, self.after)])
+        self.sizes = np.asarray(sizes, np.int64).reshape(num_nodes)
+        mats = [np.where(np.isfinite(m), m, big).astype(np.float64) for m in edge_costs]
+        offsets = np.concatenate([[0], np.cumsum([m.size for m in mats], dtype=np.int64)])
+        flat = lambda parts: np.concatenate(parts) if parts else np.zeros(0)
+        self._kernel = _native.MessagePassing(
+            self.sizes, np.asarray(edges, np.int64).reshape(-1, 2),
+            flat([m.ravel() for m in mats]), flat([m.T.ravel() for m in mats]),
+            offsets.astype(np.int64))
         self.bound = -np.inf
-
-    def _send(self, i, h, links) -> float:
-        """Messages from ``i`` (node term ``h``) along ``links``; returns the sum of each new
-        message's minimum before it is shifted to 0."""
-        hg = self.gamma[i] * h
-        shifted = 0.0
-        for e, j, m, k in links:
-            msg = (hg - self.into[e][k])[:, None] + m
-            new = msg.min(0)
-            low = float(new.min())
-            shifted += low
-            new -= low
-            self.incoming[j] += new - self.into[e][1 - k]
-            self.into[e][1 - k] = new
-        return shifted
 
     def sweep(self, unary, sweeps: int = 1) -> np.ndarray:
         """``sweeps`` forward+backward passes; the choice of the last forward pass. Each
         backward pass also sets ``bound`` (see ``lower_bound``)."""
-        x = np.zeros(self.n, np.int64)
-        for _ in range(sweeps):
-            for i in range(self.n):
-                h = unary[i] + self.incoming[i]
-                p = h.copy()
-                for e, j, m, k in self.before[i]:
-                    p += m[:, x[j]] - self.into[e][k]
-                x[i] = int(np.argmin(p))
-                self._send(i, h, self.after[i])
-            bound = 0.0
-            for i in range(self.n - 1, -1, -1):
-                h = unary[i] + self.incoming[i]
-                low = float(h.min())
-                bound += low + self._send(i, h - low, self.before[i])
-            self.bound = bound
+        flat = np.concatenate(unary).astype(np.float64) if self.n else np.zeros(0)
+        x, self.bound = self._kernel.sweep(flat, sweeps)
         return x
-
-    def beliefs(self, unary) -> list:
-        """Per node, ``unary + incoming messages`` (min-marginals up to a shift)."""
-        return [u + m for u, m in zip(unary, self.incoming)]
 
     def lower_bound(self) -> float:
         """A lower bound on ``sum_i unary_i(x_i) + sum_e M_e(x_u, x_v)`` over every choice that
@@ -103,7 +69,9 @@ def bound(problem, seconds: float, target: Optional[float] = None,
     """The best TRW-S lower bound on every choice's cost of ``problem`` (a SearchProblem; its
     memory limit relaxed, so the bound holds under it too) proved by sweeps within
     ``seconds``, stopping early once it is within ``tolerance`` (relative) of ``target`` (a
-    known choice's cost). None when no sweep finished in time."""
+    known choice's cost), or once the last ``STALL_SWEEPS`` sweeps raised it by less than
+    ``STALL_SHARE`` of ``target`` (of the bound without one). None when no sweep finished in
+    time."""
     deadline = time.monotonic() + seconds
     unary = [np.where(c >= FORBIDDEN, np.inf, c).astype(np.float64) for c in problem.node_costs]
     edges, mats = [], []
@@ -116,7 +84,7 @@ def bound(problem, seconds: float, target: Optional[float] = None,
             mats.append(m)
     passing = MessagePassing(problem.num_nodes, [len(c) for c in unary],
                              np.asarray(edges, np.int64).reshape(-1, 2), mats)
-    best, took = None, 0.0
+    best, took, history = None, 0.0, []
     while time.monotonic() + took < deadline:       # a sweep that cannot finish is not begun
         t0 = time.monotonic()
         passing.sweep(unary, 1)
@@ -124,7 +92,12 @@ def bound(problem, seconds: float, target: Optional[float] = None,
         got = passing.lower_bound()
         if np.isfinite(got) and (best is None or got > best):
             best = got
-        if best is not None and target is not None and \
-                target - best <= tolerance * abs(target):
+        if best is None:
+            continue
+        if target is not None and target - best <= tolerance * abs(target):
+            break
+        history.append(best)
+        if len(history) > STALL_SWEEPS and best - history[-1 - STALL_SWEEPS] <= \
+                STALL_SHARE * abs(best if target is None else target):
             break
     return best
