@@ -10,7 +10,7 @@ import pytest
 
 from autopar.errors import InfeasibleError
 from autopar.strategies.problem import SearchProblem
-from autopar.strategies.solvers import local_search
+from autopar.strategies.solvers import local_search, search_state
 from autopar.strategies.solvers.graph_reduction import reduce
 from autopar.strategies.solvers.trws import MessagePassing
 from reference import cheapest
@@ -277,7 +277,7 @@ def test_whole_problem_on_a_thread():
         red = reduce(problem)
         if red.num_nodes == 0:
             continue
-        st = local_search._State(red)
+        st = search_state.State(red)
         now = time.monotonic()
         search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
         search.initial()
@@ -334,7 +334,7 @@ def test_start_keeps_clear_of_forbidden_pairs():
     p = classes_grid()
     red = reduce(p)
     assert red.num_nodes == p.num_nodes                  # nothing merged
-    st = local_search._State(red)
+    st = search_state.State(red)
     search = local_search._Search(st, local_search.LocalSearchOptions(), np.inf, None, 0.0)
     search.initial()
     assert np.isfinite(st.total()) and not st.overflow()

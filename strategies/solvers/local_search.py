@@ -6,11 +6,12 @@ a ``progress(str)`` callback (about once a second). Out: a feasible ``Solution``
 strategy combination has a finite cost).
 
 Algorithm:
-1. ``reduce`` (reduce.py) shrinks the problem exactly: forbidden and dominated strategies go,
-   nodes whose choice is a function of a neighbour's merge into it, leaves fold.
-2. ``_State`` keeps the choice and the free memory ``slack`` at every kept time step; a node's
-   memory is piecewise constant over its own pieces, so "which strategies fit" is one
-   ``minimum.reduceat`` over the node's span and one comparison of a (strategies, pieces) table.
+1. ``reduce`` (graph_reduction.py) shrinks the problem exactly: forbidden and dominated
+   strategies go, nodes whose choice is a function of a neighbour's merge into it, leaves fold.
+2. ``State`` (search_state.py) keeps the choice and the free memory ``slack`` at every kept
+   time step; a node's memory is piecewise constant over its own pieces, so "which strategies
+   fit" is one ``minimum.reduceat`` over the node's span and one comparison of a (strategies,
+   pieces) table.
 3. Start: the least-memory strategy per node among those arc consistency leaves it with the
    nodes fixed before it (no forbidden pair), repaired until it fits, then 1-opt descent;
    repairs never move a node into a forbidden pair.
@@ -49,8 +50,9 @@ import numpy as np
 from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
-from .graph_reduction import ReducedProblem, reduce, restrict
+from .graph_reduction import reduce, restrict
 from .region_mip import RegionMip
+from .search_state import Domains, State
 from .trws import MessagePassing
 
 
@@ -71,173 +73,13 @@ class LocalSearchOptions:
     progress_every: float = 1.0   # seconds between progress messages
 
 
-class _State:
-    """Choice, slack and per-node views of a ReducedProblem."""
-
-    def __init__(self, r: ReducedProblem):
-        n = r.num_nodes
-        self.r = r
-        self.n = n
-        self.cost = [c.astype(np.float64) for c in r.node_costs]
-        self.sizes = np.array([len(c) for c in self.cost], np.int64)
-        self.nbrs = [[] for _ in range(n)]       # (w, M oriented (x, w))
-        for (u, v), m in zip(r.edges, r.edge_costs):
-            self.nbrs[u].append((int(v), m))
-            self.nbrs[v].append((int(u), m.T))
-        self.nbr_ids = [np.array([w for w, _ in nb], np.int64) for nb in self.nbrs]
-        self._flat(r)
-        self._memory_tables(r)
-        self.choice = np.zeros(n, np.int64)
-        self.slack = r.capacity.astype(np.int64).copy()
-
-    def _flat(self, r: ReducedProblem):
-        self.node_off = np.concatenate([[0], np.cumsum(self.sizes)])[:-1]
-        self.node_flat = np.concatenate(self.cost) if self.n else np.zeros(0)
-        esz = np.array([m.size for m in r.edge_costs], np.int64)
-        self.edge_off = np.concatenate([[0], np.cumsum(esz)])[:-1]
-        self.edge_flat = (np.concatenate([m.ravel() for m in r.edge_costs]) if len(esz)
-                          else np.zeros(0))
-        self.eu, self.ev = r.edges[:, 0], r.edges[:, 1]
-        self.esv = self.sizes[self.ev] if len(esz) else np.zeros(0, np.int64)
-
-    def _memory_tables(self, r: ReducedProblem):
-        by_node = [[] for _ in range(self.n)]
-        for t in r.terms:
-            by_node[t.node].append(t)
-        self.span = np.zeros((self.n, 2), np.int64)
-        self.starts, self.lens, self.table = [], [], []
-        for x, ts in enumerate(by_node):
-            if not ts:
-                self.starts.append(None)
-                self.lens.append(None)
-                self.table.append(None)
-                continue
-            cuts = np.unique([b for t in ts for b in (t.lo, t.hi)])
-            d = np.zeros((len(self.cost[x]), len(cuts)), np.int64)
-            for t in ts:
-                a, b = np.searchsorted(cuts, [t.lo, t.hi])
-                d[:, a] += t.usage
-                d[:, b] -= t.usage
-            self.span[x] = cuts[0], cuts[-1]
-            self.starts.append((cuts[:-1] - cuts[0]).astype(np.intp))
-            self.lens.append(np.diff(cuts))
-            self.table.append(np.cumsum(d, 1)[:, :-1])
-        self.has_memory = np.array([d is not None for d in self.table], bool)
-
-    # ------------------------------------------------------------------ queries
-    def local(self, x) -> np.ndarray:
-        """Cost of each strategy of ``x`` with its neighbours as now."""
-        out = self.cost[x].copy()
-        ch = self.choice
-        for w, m in self.nbrs[x]:
-            out += m[:, ch[w]]
-        return out
-
-    def avail(self, x) -> np.ndarray:
-        """Memory ``x`` may use per piece with every other node as now."""
-        lo, hi = self.span[x]
-        return np.minimum.reduceat(self.slack[lo:hi], self.starts[x]) + \
-            self.table[x][self.choice[x]]
-
-    def fits(self, x) -> np.ndarray:
-        """Strategies of ``x`` that fit with every other node as now."""
-        if self.table[x] is None:
-            return np.ones(len(self.cost[x]), bool)
-        return (self.table[x] <= self.avail(x)).all(1)
-
-    def total(self, choice=None, forbidden=np.inf) -> float:
-        """The cost of ``choice`` (the current one by default), each forbidden pair it uses
-        counted as ``forbidden``."""
-        ch = self.choice if choice is None else choice
-        if self.n == 0:
-            return self.r.offset
-        out = self.r.offset + float(self.node_flat[self.node_off + ch].sum())
-        if len(self.eu):
-            pairs = self.edge_flat[self.edge_off + ch[self.eu] * self.esv + ch[self.ev]]
-            out += float(np.where(np.isfinite(pairs), pairs, forbidden).sum())
-        return out
-
-    def price(self, lam) -> list:
-        """Node costs plus memory priced at ``lam`` per byte and kept step."""
-        out = []
-        for x in range(self.n):
-            d = self.table[x]
-            if d is None:
-                out.append(self.cost[x])
-            else:
-                lo, hi = self.span[x]
-                out.append(self.cost[x] + d @ np.add.reduceat(lam[lo:hi], self.starts[x]))
-        return out
-
-    # ------------------------------------------------------------------ updates
-    def set(self, x, s):
-        old = self.choice[x]
-        if old == s:
-            return
-        d = self.table[x]
-        if d is not None:
-            lo, hi = self.span[x]
-            self.slack[lo:hi] -= np.repeat(d[s] - d[old], self.lens[x])
-        self.choice[x] = s
-
-    def min_slack(self, nodes) -> int:
-        best = 0
-        for x in nodes:
-            if self.table[x] is not None:
-                lo, hi = self.span[x]
-                best = min(best, int(self.slack[lo:hi].min()))
-        return best
-
-    def load(self, choice):
-        self.choice = np.asarray(choice, np.int64).copy()
-        delta = np.zeros(len(self.slack) + 1, np.int64)
-        for x in np.flatnonzero(self.has_memory):
-            lo, hi = self.span[x]
-            d = self.table[x][self.choice[x]]
-            cuts = self.starts[x] + lo
-            np.add.at(delta, cuts, d)
-            np.add.at(delta, np.append(cuts[1:], hi), -d)
-        self.slack = self.r.capacity.astype(np.int64) - np.cumsum(delta)[:-1]
-
-    def overflow(self) -> bool:
-        return bool(self.slack.size) and int(self.slack.min()) < 0
-
-
-class _Domains:
-    """The strategies each node may still take without a forbidden pair (infinite edge cost),
-    kept arc consistent as nodes are fixed: fixing a node narrows its neighbours to the
-    strategies with a finite pair with it, and each narrowing spreads the same way. A node
-    left with nothing keeps what it had (a conflict a later repair or descent must mend)."""
-
-    def __init__(self, st: _State):
-        self.st = st
-        self.finite = [np.isfinite(c) for c in st.cost]
-        self.allowed = [[(w, np.isfinite(m)) for w, m in nb] for nb in st.nbrs]
-        self.reset()
-
-    def reset(self):
-        self.left = [f.copy() for f in self.finite]
-
-    def fix(self, x, s):
-        self.left[x] = np.zeros(len(self.left[x]), bool)
-        self.left[x][s] = True
-        todo = [x]
-        while todo:
-            y = todo.pop()
-            for w, ok in self.allowed[y]:
-                new = self.left[w] & ok[self.left[y]].any(0)
-                if new.any() and (new != self.left[w]).any():
-                    self.left[w] = new
-                    todo.append(w)
-
-
 class _Whole:
     """The whole reduced problem on a thread of its own (HiGHS releases the GIL, so the search
     goes on beside it on the second core): its LP relaxation (``relax``), then its MIP
     (``mip``, relative gap ``gap``), each a RegionResult once solved, all within ``time_limit``
     seconds. The MIP is not tried when the LP was not solved: HiGHS' MIP starts with it."""
 
-    def __init__(self, mip: RegionMip, st: _State, time_limit: float, gap: float):
+    def __init__(self, mip: RegionMip, st: State, time_limit: float, gap: float):
         model = mip.build(st.choice, st.slack, np.arange(st.n))     # here: st changes later
         self.relax = self.mip = None
         self.relaxed = threading.Event()
@@ -259,7 +101,7 @@ class _Whole:
 
 
 class _Search:
-    def __init__(self, st: _State, opts: LocalSearchOptions, deadline: float,
+    def __init__(self, st: State, opts: LocalSearchOptions, deadline: float,
                  progress: Optional[Callable[[str], None]], started: float):
         self.st = st
         self.opts = opts
@@ -274,7 +116,7 @@ class _Search:
         self.bound = None             # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
         self.pool = []                # solutions met in the Lagrangian phase
-        self.domains = None           # _Domains, made when first needed
+        self.domains = None           # Domains, made when first needed
         self.start = None
 
     def time_left(self) -> float:
@@ -319,10 +161,10 @@ class _Search:
     def consistent(self, prefer) -> np.ndarray:
         """A choice using no forbidden pair where arc consistency can keep it so: nodes in
         breadth-first order, each taking ``pick[prefer(x, pick)]`` among the strategies
-        ``pick`` (an index array) left to it by the choices before it (``_Domains``)."""
+        ``pick`` (an index array) left to it by the choices before it (``Domains``)."""
         st = self.st
         if self.domains is None:
-            self.domains = _Domains(st)
+            self.domains = Domains(st)
         dom = self.domains
         dom.reset()
         choice = np.full(st.n, -1, np.int64)
@@ -613,7 +455,7 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     check_fits(problem)
     limit = options.default_time if time_limit is None else float(time_limit)
     red = reduce(problem)
-    st = _State(red)
+    st = State(red)
     expand_time = 0.02 + 3e-6 * problem.num_nodes
     margin = min(options.margin, 0.1 * limit) + options.margin_share * limit + expand_time
     deadline = started + limit - margin
