@@ -44,7 +44,7 @@ class MessagePassing:
         self._kernel = _native.MessagePassing(
             self.sizes, np.asarray(edges, np.int64).reshape(-1, 2),
             flat([m.ravel() for m in mats]), flat([m.T.ravel() for m in mats]),
-            offsets.astype(np.int64))
+            offsets)
         self.bound = -np.inf
 
     def sweep(self, unary, sweeps: int = 1) -> np.ndarray:
