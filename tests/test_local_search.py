@@ -200,6 +200,92 @@ def test_native_message_passing_checks_its_arguments():
         mp.sweep(np.zeros(5), 0)
 
 
+def test_native_state_loops_match_numpy():
+    """State's price, load and 1-opt descent (C++, native/src/search_state.cc) give exactly
+    what the same loops in numpy give (prices to rounding), on random problems whose memory
+    binds; the descent's slack is the slack its choice loads."""
+    from autopar.strategies.solvers.random_problems import random_medium_problem
+
+    def price(st, lam):
+        return np.concatenate([st.cost[x] if st.table[x] is None else st.cost[x] + st.table[x]
+                               @ np.add.reduceat(lam[st.span[x][0]:st.span[x][1]], st.starts[x])
+                               for x in range(st.n)])
+
+    def slack(st, choice):
+        delta = np.zeros(len(st.slack) + 1, np.int64)
+        for x in np.flatnonzero(st.has_memory):
+            lo, hi = st.span[x]
+            d, cuts = st.table[x][choice[x]], st.starts[x] + lo
+            np.add.at(delta, cuts, d)
+            np.add.at(delta, np.append(cuts[1:], hi), -d)
+        return st.r.capacity.astype(np.int64) - np.cumsum(delta)[:-1]
+
+    def descend(st, order):
+        todo, head = [int(x) for x in order], 0
+        queued = np.zeros(st.n, bool)
+        queued[todo] = True
+        while head < len(todo):
+            x = todo[head]
+            head, queued[x] = head + 1, False
+            loc = st.local(x)
+            loc[~st.fits(x)] = np.inf
+            s = int(np.argmin(loc))
+            if loc[s] < loc[st.choice[x]]:
+                st.set(x, s)
+                for w in st.nbr_ids[x]:
+                    if not queued[w]:
+                        queued[w] = True
+                        todo.append(int(w))
+
+    moved = 0
+    for seed in range(12):
+        red = reduce(random_medium_problem(seed, nodes=80, limit=("tight", "exact")[seed % 2]))
+        st, ref = search_state.State(red), search_state.State(red)
+        rng = np.random.default_rng(seed)
+        lam = rng.random(len(st.slack)) * rng.integers(0, 3, len(st.slack))
+        np.testing.assert_allclose(st.price(lam), price(st, lam), rtol=1e-12)
+        choice = np.array([rng.integers(k) for k in st.sizes])
+        st.load(choice)
+        ref.load(choice)
+        assert np.array_equal(st.slack, slack(st, choice))
+        order = rng.permutation(st.n)
+        moved += st.descend(order, 10.0)
+        descend(ref, order)
+        assert np.array_equal(st.choice, ref.choice) and np.array_equal(st.slack, ref.slack)
+        assert np.array_equal(st.slack, slack(st, st.choice))
+    assert moved > 100
+
+
+def test_native_state_checks_its_arguments():
+    """autopar._native.SearchState refuses inconsistent tables, and choice or slack arrays it
+    cannot write in place, with an error naming what is wrong."""
+    from autopar import _native
+    from autopar.errors import NativeArgumentError
+    ok = dict(sizes=np.array([2, 3]), node_costs=np.arange(5.0), edges=np.array([[0, 1]]),
+              forward=np.zeros(6), backward=np.zeros(6), offsets=np.array([0, 6]),
+              piece_off=np.array([0, 1, 1]), piece_start=np.array([1]), piece_len=np.array([2]),
+              table=np.array([4, 7]), table_off=np.array([0, 2, 2]), capacity=np.full(3, 10))
+    st = _native.SearchState(**ok)
+    choice, slack = np.array([1, 0]), np.zeros(3, np.int64)
+    st.load(choice, slack)
+    assert list(slack) == [10, 3, 3]
+    assert st.descend(choice, slack, np.array([0, 1]), 1.0) == 1 and list(choice) == [0, 0]
+    assert list(slack) == [10, 6, 6]
+    assert list(st.price(np.array([0.0, 1.0, 0.5]))) == [6.0, 11.5, 2.0, 3.0, 4.0]
+    for key, value, what in [("node_costs", np.zeros(4), "one per strategy, 5"),
+                             ("piece_len", np.array([3]), "within the 3 steps"),
+                             ("table", np.array([4]), "table_off's total is 2"),
+                             ("table_off", np.array([0, 1, 1]), "strategies x pieces = 2")]:
+        with pytest.raises(NativeArgumentError, match=what):
+            _native.SearchState(**{**ok, key: value})
+    with pytest.raises(NativeArgumentError, match="slack must be a writeable C-contiguous int64"):
+        st.load(choice, np.zeros(3, np.int32))
+    with pytest.raises(NativeArgumentError, match=r"choice\[1\] = 3"):
+        st.load(np.array([0, 3]), slack)
+    with pytest.raises(NativeArgumentError, match=r"order\[0\] = 2"):
+        st.descend(choice, slack, np.array([2]), 1.0)
+
+
 def test_reductions_shrink_functional_chain():
     # a chain where each edge allows one strategy of the next per strategy of the previous
     k, n = 3, 6

@@ -25,6 +25,7 @@ using namespace autopar;
 
 namespace autopar {
 void bind_message_passing(py::module_& m);  // trws_binding.cc
+void bind_search_state(py::module_& m);     // search_state_binding.cc
 }
 
 namespace {
@@ -435,6 +436,7 @@ PYBIND11_MODULE(_native, m) {
      "jax.ffi.register_ffi_target(f'autopar_{name}', capsule, platform='cpu')");
 
   bind_message_passing(m);
+  bind_search_state(m);
 
   std::vector<std::string> names;
   for (auto& kv : allreduce_algorithms()) names.push_back(kv.first);

@@ -220,30 +220,12 @@ class _Search:
 
     # ------------------------------------------------------------------ 1-opt
     def descend(self, nodes=None):
-        """1-opt over ``nodes`` (all by default): each to its cheapest strategy that fits,
-        revisiting neighbours of moved nodes, until no move helps."""
-        st = self.st
-        todo = list(range(st.n)) if nodes is None else [int(x) for x in nodes]
-        self.rng.shuffle(todo)
-        queued = np.zeros(st.n, bool)
-        queued[todo] = True
-        head = 0
-        while head < len(todo):
-            if head % 256 == 0 and self.time_left() <= 0:
-                return
-            x = todo[head]
-            head += 1
-            queued[x] = False
-            loc = st.local(x)
-            cur = st.choice[x]
-            loc[~st.fits(x)] = np.inf
-            s = int(np.argmin(loc))
-            if loc[s] < loc[cur]:
-                st.set(x, s)
-                for w in st.nbr_ids[x]:
-                    if not queued[w]:
-                        queued[w] = True
-                        todo.append(int(w))
+        """1-opt over ``nodes`` (all by default, in random order): each to its cheapest
+        strategy that fits, revisiting neighbours of moved nodes, until no move helps
+        (``State.descend``, in C++)."""
+        order = np.arange(self.st.n) if nodes is None else np.array(nodes, np.int64)
+        self.rng.shuffle(order)
+        self.st.descend(order, max(self.time_left(), 0.0))
 
     # ------------------------------------------------------------------ Lagrangian phase
     def lagrangian(self, until: float):
@@ -267,8 +249,9 @@ class _Search:
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
             if not np.isfinite(st.total()):    # forbidden pairs: the nearest choice without
-                st.load(self.consistent(       # (x's strategy where left, else the cheapest)
-                    lambda i, pick: np.lexsort((unary[i][pick], pick != x[i]))[0]))
+                at = st.node_off               # (x's strategy where left, else the cheapest)
+                st.load(self.consistent(
+                    lambda i, pick: np.lexsort((unary[at[i] + pick], pick != x[i]))[0]))
             better = False
             if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
                 self.descend()

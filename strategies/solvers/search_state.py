@@ -4,12 +4,15 @@ ReducedProblem, the memory it leaves free, and the strategies arc consistency le
 In: a ``ReducedProblem``. Out: ``State`` -- the choice, the free memory ``slack`` at every kept
 time step, and per-node queries (cost of each strategy with the neighbours as now, which
 strategies fit) and updates; ``Domains`` -- per node the strategies still possible without a
-forbidden pair, kept arc consistent as nodes are fixed.
+forbidden pair, kept arc consistent as nodes are fixed. The loops over every node (``load``,
+``price``, the 1-opt ``descend``) run in C++ (``autopar._native.SearchState``,
+native/src/search_state.cc) on the same tables, writing ``choice`` and ``slack`` in place.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from autopar import _native
 from .graph_reduction import ReducedProblem
 
 
@@ -29,6 +32,7 @@ class State:
         self.nbr_ids = [np.array([w for w, _ in nb], np.int64) for nb in self.nbrs]
         self._flat(r)
         self._memory_tables(r)
+        self._kernel = self._native(r)
         self.choice = np.zeros(n, np.int64)
         self.slack = r.capacity.astype(np.int64).copy()
 
@@ -66,6 +70,25 @@ class State:
             self.table.append(np.cumsum(d, 1)[:, :-1])
         self.has_memory = np.array([d is not None for d in self.table], bool)
 
+    def _native(self, r: ReducedProblem):
+        """The loops of ``load``, ``price`` and ``descend`` in C++ (native/src/search_state.cc)
+        over the same tables, flat."""
+        flat = lambda parts, t: np.concatenate(parts).astype(t) if parts else np.zeros(0, t)
+        offsets = lambda counts: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        pieces = [0 if a is None else len(a) for a in self.starts]
+        mats = list(r.edge_costs)
+        return _native.SearchState(
+            self.sizes, self.node_flat, np.asarray(r.edges, np.int64).reshape(-1, 2),
+            flat([m.ravel() for m in mats], np.float64),
+            flat([m.T.ravel() for m in mats], np.float64), offsets([m.size for m in mats]),
+            offsets(pieces),
+            flat([a + lo for a, (lo, _) in zip(self.starts, self.span) if a is not None],
+                 np.int64),
+            flat([ln for ln in self.lens if ln is not None], np.int64),
+            flat([d.ravel() for d in self.table if d is not None], np.int64),
+            offsets([len(c) * p for c, p in zip(self.cost, pieces)]),
+            r.capacity.astype(np.int64))
+
     # ------------------------------------------------------------------ queries
     def local(self, x) -> np.ndarray:
         """Cost of each strategy of ``x`` with its neighbours as now."""
@@ -99,17 +122,10 @@ class State:
             out += float(np.where(np.isfinite(pairs), pairs, forbidden).sum())
         return out
 
-    def price(self, lam) -> list:
-        """Node costs plus memory priced at ``lam`` per byte and kept step."""
-        out = []
-        for x in range(self.n):
-            d = self.table[x]
-            if d is None:
-                out.append(self.cost[x])
-            else:
-                lo, hi = self.span[x]
-                out.append(self.cost[x] + d @ np.add.reduceat(lam[lo:hi], self.starts[x]))
-        return out
+    def price(self, lam) -> np.ndarray:
+        """Node costs plus memory priced at ``lam`` per byte and kept step, flat in node order
+        (node ``x``'s at ``node_off[x]``)."""
+        return self._kernel.price(np.asarray(lam, np.float64))
 
     # ------------------------------------------------------------------ updates
     def set(self, x, s):
@@ -131,15 +147,15 @@ class State:
         return best
 
     def load(self, choice):
-        self.choice = np.asarray(choice, np.int64).copy()
-        delta = np.zeros(len(self.slack) + 1, np.int64)
-        for x in np.flatnonzero(self.has_memory):
-            lo, hi = self.span[x]
-            d = self.table[x][self.choice[x]]
-            cuts = self.starts[x] + lo
-            np.add.at(delta, cuts, d)
-            np.add.at(delta, np.append(cuts[1:], hi), -d)
-        self.slack = self.r.capacity.astype(np.int64) - np.cumsum(delta)[:-1]
+        self.choice = np.array(choice, np.int64)
+        self._kernel.load(self.choice, self.slack)
+
+    def descend(self, order, seconds: float) -> int:
+        """1-opt from the nodes of ``order``: each to its cheapest strategy that fits (the
+        first among equals), revisiting neighbours of moved nodes, until no move helps or
+        ``seconds`` pass. Returns the moves made."""
+        return self._kernel.descend(self.choice, self.slack, np.asarray(order, np.int64),
+                                    float(seconds))
 
     def overflow(self) -> bool:
         return bool(self.slack.size) and int(self.slack.min()) < 0

@@ -48,9 +48,11 @@ class MessagePassing:
         self.bound = -np.inf
 
     def sweep(self, unary, sweeps: int = 1) -> np.ndarray:
-        """``sweeps`` forward+backward passes; the choice of the last forward pass. Each
-        backward pass also sets ``bound`` (see ``lower_bound``)."""
-        flat = np.concatenate(unary).astype(np.float64) if self.n else np.zeros(0)
+        """``sweeps`` forward+backward passes over ``unary`` (one array per node, or all flat
+        in node order); the choice of the last forward pass. Each backward pass also sets
+        ``bound`` (see ``lower_bound``)."""
+        flat = np.concatenate(unary) if isinstance(unary, list) and unary else unary
+        flat = np.asarray(flat, np.float64).reshape(-1)
         x, self.bound = self._kernel.sweep(flat, sweeps)
         return x
 

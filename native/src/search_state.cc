@@ -1,0 +1,155 @@
+// local_search's state loops: see search_state.h and
+// autopar/strategies/solvers/search_state.py.
+#include "search_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <utility>
+
+namespace autopar {
+
+SearchState::SearchState(std::vector<int64_t> sizes, std::vector<double> node_costs,
+                         std::vector<int64_t> edges, std::vector<double> forward,
+                         std::vector<double> backward, std::vector<int64_t> offsets,
+                         std::vector<int64_t> piece_off, std::vector<int64_t> piece_start,
+                         std::vector<int64_t> piece_len, std::vector<int64_t> table,
+                         std::vector<int64_t> table_off, std::vector<int64_t> capacity)
+    : sizes_(std::move(sizes)),
+      node_costs_(std::move(node_costs)),
+      forward_(std::move(forward)),
+      backward_(std::move(backward)),
+      piece_off_(std::move(piece_off)),
+      piece_start_(std::move(piece_start)),
+      piece_len_(std::move(piece_len)),
+      table_(std::move(table)),
+      table_off_(std::move(table_off)),
+      capacity_(std::move(capacity)) {
+  const int64_t n = static_cast<int64_t>(sizes_.size());
+  node_off_.assign(n + 1, 0);
+  int64_t widest = 1, most_pieces = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    node_off_[i + 1] = node_off_[i] + sizes_[i];
+    widest = std::max(widest, sizes_[i]);
+    most_pieces = std::max(most_pieces, piece_off_[i + 1] - piece_off_[i]);
+  }
+  links_.resize(n);
+  const int64_t m = static_cast<int64_t>(edges.size()) / 2;
+  for (int64_t e = 0; e < m; ++e) {      // edge order, as the Python State sums neighbours
+    const int64_t u = edges[2 * e], v = edges[2 * e + 1];
+    links_[u].push_back({v, forward_.data() + offsets[e]});
+    links_[v].push_back({u, backward_.data() + offsets[e]});
+  }
+  loc_.resize(widest);
+  low_.resize(most_pieces);
+}
+
+void SearchState::load(const int64_t* choice, int64_t* slack) const {
+  const int64_t steps = num_steps();
+  std::vector<int64_t> delta(steps + 1, 0);
+  for (int64_t x = 0; x < num_nodes(); ++x) {
+    const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+    const int64_t* row = table_.data() + table_off_[x] + choice[x] * pieces;
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t at = piece_start_[piece_off_[x] + p];
+      delta[at] += row[p];
+      delta[at + piece_len_[piece_off_[x] + p]] -= row[p];
+    }
+  }
+  int64_t used = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    used += delta[t];
+    slack[t] = capacity_[t] - used;
+  }
+}
+
+void SearchState::price(const double* lam, double* out) const {
+  for (int64_t x = 0; x < num_nodes(); ++x) {
+    const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+    double* o = out + node_off_[x];
+    const double* c = node_costs_.data() + node_off_[x];
+    for (int64_t s = 0; s < sizes_[x]; ++s) o[s] = c[s];
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t at = piece_start_[piece_off_[x] + p];
+      double sum = 0.0;
+      for (int64_t t = at; t < at + piece_len_[piece_off_[x] + p]; ++t) sum += lam[t];
+      const int64_t* col = table_.data() + table_off_[x] + p;
+      for (int64_t s = 0; s < sizes_[x]; ++s)
+        o[s] += static_cast<double>(col[s * pieces]) * sum;
+    }
+  }
+}
+
+void SearchState::local(int64_t x, const int64_t* choice, double* out) const {
+  const int64_t sx = sizes_[x];
+  const double* c = node_costs_.data() + node_off_[x];
+  for (int64_t s = 0; s < sx; ++s) out[s] = c[s];
+  for (const Link& l : links_[x]) {
+    const int64_t sw = sizes_[l.other];
+    const double* col = l.mat + choice[l.other];
+    for (int64_t s = 0; s < sx; ++s) out[s] += col[s * sw];
+  }
+}
+
+void SearchState::move(int64_t x, int64_t s, int64_t* choice, int64_t* slack) const {
+  const int64_t old = choice[x];
+  const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+  const int64_t* t = table_.data() + table_off_[x];
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t diff = t[s * pieces + p] - t[old * pieces + p];
+    if (diff == 0) continue;
+    const int64_t at = piece_start_[piece_off_[x] + p];
+    for (int64_t k = at; k < at + piece_len_[piece_off_[x] + p]; ++k) slack[k] -= diff;
+  }
+  choice[x] = s;
+}
+
+int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* order,
+                             int64_t count, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(seconds));
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> todo(order, order + count);
+  std::vector<char> queued(num_nodes(), 0);
+  for (int64_t x : todo) queued[x] = 1;
+  int64_t moves = 0;
+  for (size_t head = 0; head < todo.size(); ++head) {
+    if (head % 256 == 0 && Clock::now() >= end) break;
+    const int64_t x = todo[head];
+    queued[x] = 0;
+    local(x, choice, loc_.data());
+    const int64_t sx = sizes_[x], cur = choice[x];
+    const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+    if (pieces > 0) {     // a strategy fits where its usage is within what the others leave
+      const int64_t* t = table_.data() + table_off_[x];
+      for (int64_t p = 0; p < pieces; ++p) {
+        const int64_t at = piece_start_[piece_off_[x] + p];
+        const int64_t* lo = slack + at;
+        low_[p] = *std::min_element(lo, lo + piece_len_[piece_off_[x] + p]) +
+                  t[cur * pieces + p];
+      }
+      for (int64_t s = 0; s < sx; ++s)
+        for (int64_t p = 0; p < pieces; ++p)
+          if (t[s * pieces + p] > low_[p]) {
+            loc_[s] = inf;
+            break;
+          }
+    }
+    int64_t best = 0;
+    for (int64_t s = 1; s < sx; ++s)
+      if (loc_[s] < loc_[best]) best = s;
+    if (loc_[best] < loc_[cur]) {
+      move(x, best, choice, slack);
+      ++moves;
+      for (const Link& l : links_[x])
+        if (!queued[l.other]) {
+          queued[l.other] = 1;
+          todo.push_back(l.other);
+        }
+    }
+  }
+  return moves;
+}
+
+}  // namespace autopar
