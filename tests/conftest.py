@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(__file__))   # tests/models.py
 
 # test modules whose tests start processes of their own (native workers, examples, installs):
 # under pytest-xdist (``-n``) they run one at a time in one group, beside the in-process tests
-_PROCESS_MODULES = {"test_examples.py", "test_install.py", "test_cli.py"}
+_PROCESS_MODULES = {"test_examples.py", "test_cli.py"}
 
 
 def pytest_collection_modifyitems(config, items):

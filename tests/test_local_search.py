@@ -389,7 +389,7 @@ def classes_grid(side=12, classes=3, copies=2, seed=0) -> SearchProblem:
     cheap copy: not a function from one node's strategy to the next, so nothing merges, and
     the least-memory start breaks many pairs."""
     rng = np.random.default_rng(seed)
-    n, k = side * side, classes * copies
+    n = side * side
     cls = np.repeat(np.arange(classes), copies)
     costs, usages = [], []
     for _ in range(n):
