@@ -157,6 +157,16 @@ def test_solve_reports_the_lower_bound_and_gap():
     assert got["choice"] == [0, 0, 2, 1, 0] and got["usage_limit"] == 50
 
 
+def test_solve_counts_its_time_limit_from_the_process_start():
+    """``autopar solve``'s clock starts when its process did, so its time limit covers the
+    interpreter's start and the imports, as a contest's wall clock does."""
+    code = ("import time; time.sleep(1.0); from autopar import cli; "
+            "print(time.monotonic() - cli._process_start())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 1.0 <= float(r.stdout) < 100
+
+
 def test_solve_round_trips_a_written_problem(tmp_path):
     from autopar.strategies.solvers.random_problems import random_problem
     p = random_problem(7)
