@@ -24,8 +24,8 @@ namespace py = pybind11;
 using namespace autopar;
 
 namespace autopar {
-void bind_message_passing(py::module_& m);  // trws_binding.cc
-void bind_search_state(py::module_& m);     // search_state_binding.cc
+void bind_message_passing(py::module_& m);  // solvers_binding.cc
+void bind_search_state(py::module_& m);     // solvers_binding.cc
 }
 
 namespace {
