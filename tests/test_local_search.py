@@ -201,9 +201,9 @@ def test_native_message_passing_checks_its_arguments():
 
 
 def test_native_state_loops_match_numpy():
-    """State's price, load and 1-opt descent (C++, native/src/search_state.cc) give exactly
-    what the same loops in numpy give (prices to rounding), on random problems whose memory
-    binds; the descent's slack is the slack its choice loads."""
+    """State's price, load, memory repair and 1-opt descent (C++, native/src/search_state.cc)
+    give exactly what the same loops in numpy give (prices to rounding), on random problems
+    whose memory binds; the slack they leave is the slack their choice loads."""
     from autopar.strategies.solvers.random_problems import random_medium_problem
 
     def price(st, lam):
@@ -237,7 +237,27 @@ def test_native_state_loops_match_numpy():
                         queued[w] = True
                         todo.append(int(w))
 
-    moved = 0
+    def repair(st, order):
+        while st.overflow():
+            over = np.concatenate([[0], np.cumsum(st.slack < 0)])
+            touch = (over[st.span[:, 1]] - over[st.span[:, 0]] > 0) & st.has_memory
+            moved = False
+            for x in [x for x in order if touch[x]]:
+                d, cur = st.table[x], st.choice[x]
+                excess = np.maximum(d - st.avail(x), 0).sum(1)
+                gain = excess[cur] - excess
+                loc = st.local(x)
+                with np.errstate(invalid="ignore"):
+                    extra = np.where(np.isfinite(loc), np.maximum(loc - loc[cur], 0), np.inf)
+                extra[np.isfinite(loc) & ~np.isfinite(loc[cur])] = 0.0
+                score = np.where(gain > 0, (extra + 1.0) / np.maximum(gain, 1), np.inf)
+                if excess[cur] > 0 and np.isfinite(score.min()):
+                    st.set(x, int(np.argmin(score)))
+                    moved = True
+            if not moved:
+                return
+
+    moved = repaired = 0
     for seed in range(12):
         red = reduce(random_medium_problem(seed, nodes=80, limit=("tight", "exact")[seed % 2]))
         st, ref = search_state.State(red), search_state.State(red)
@@ -249,11 +269,15 @@ def test_native_state_loops_match_numpy():
         ref.load(choice)
         assert np.array_equal(st.slack, slack(st, choice))
         order = rng.permutation(st.n)
+        repaired += st.repair(order, 10.0)
+        repair(ref, order)
+        assert np.array_equal(st.choice, ref.choice) and np.array_equal(st.slack, ref.slack)
+        assert np.array_equal(st.slack, slack(st, st.choice))
         moved += st.descend(order, 10.0)
         descend(ref, order)
         assert np.array_equal(st.choice, ref.choice) and np.array_equal(st.slack, ref.slack)
         assert np.array_equal(st.slack, slack(st, st.choice))
-    assert moved > 100
+    assert moved > 100 and repaired > 20
 
 
 def test_native_state_checks_its_arguments():
@@ -284,6 +308,13 @@ def test_native_state_checks_its_arguments():
         st.load(np.array([0, 3]), slack)
     with pytest.raises(NativeArgumentError, match=r"order\[0\] = 2"):
         st.descend(choice, slack, np.array([2]), 1.0)
+    with pytest.raises(NativeArgumentError, match=r"repair: order\[0\] = -1"):
+        st.repair(choice, slack, np.array([-1]), 1.0)
+    tight = _native.SearchState(**{**ok, "capacity": np.full(3, 5)})
+    choice = np.array([1, 0])
+    tight.load(choice, slack)
+    assert list(slack) == [5, -2, -2]
+    assert tight.repair(choice, slack, np.array([1, 0]), 1.0) == 1 and list(slack) == [5, 1, 1]
 
 
 def test_reductions_shrink_functional_chain():

@@ -3,6 +3,7 @@
 #include "search_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <limits>
 #include <utility>
@@ -104,6 +105,15 @@ void SearchState::move(int64_t x, int64_t s, int64_t* choice, int64_t* slack) co
   choice[x] = s;
 }
 
+void SearchState::allowance(int64_t x, const int64_t* choice, const int64_t* slack) const {
+  const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+  const int64_t* t = table_.data() + table_off_[x] + choice[x] * pieces;
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t* lo = slack + piece_start_[piece_off_[x] + p];
+    low_[p] = *std::min_element(lo, lo + piece_len_[piece_off_[x] + p]) + t[p];
+  }
+}
+
 int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* order,
                              int64_t count, double seconds) {
   using Clock = std::chrono::steady_clock;
@@ -123,12 +133,7 @@ int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* ord
     const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
     if (pieces > 0) {     // a strategy fits where its usage is within what the others leave
       const int64_t* t = table_.data() + table_off_[x];
-      for (int64_t p = 0; p < pieces; ++p) {
-        const int64_t at = piece_start_[piece_off_[x] + p];
-        const int64_t* lo = slack + at;
-        low_[p] = *std::min_element(lo, lo + piece_len_[piece_off_[x] + p]) +
-                  t[cur * pieces + p];
-      }
+      allowance(x, choice, slack);
       for (int64_t s = 0; s < sx; ++s)
         for (int64_t p = 0; p < pieces; ++p)
           if (t[s * pieces + p] > low_[p]) {
@@ -147,6 +152,62 @@ int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* ord
           queued[l.other] = 1;
           todo.push_back(l.other);
         }
+    }
+  }
+  return moves;
+}
+
+int64_t SearchState::repair(int64_t* choice, int64_t* slack, const int64_t* order,
+                            int64_t count, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(seconds));
+  const double inf = std::numeric_limits<double>::infinity();
+  const int64_t steps = num_steps();
+  std::vector<int64_t> over(steps + 1, 0), excess;
+  int64_t moves = 0, seen = 0;
+  bool moved = true, late = false;
+  while (moved && !late) {
+    for (int64_t t = 0; t < steps; ++t) over[t + 1] = over[t] + (slack[t] < 0);
+    if (over[steps] == 0) break;
+    moved = false;
+    for (int64_t i = 0; i < count; ++i) {
+      if (++seen % 256 == 0 && Clock::now() >= end) {
+        late = true;
+        break;
+      }
+      const int64_t x = order[i];
+      const int64_t pieces = piece_off_[x + 1] - piece_off_[x];
+      if (pieces == 0) continue;
+      const int64_t last = piece_off_[x + 1] - 1;
+      const int64_t lo = piece_start_[piece_off_[x]], hi = piece_start_[last] + piece_len_[last];
+      if (over[hi] == over[lo]) continue;       // no step of its span overflowed
+      allowance(x, choice, slack);
+      const int64_t sx = sizes_[x], cur = choice[x];
+      const int64_t* t = table_.data() + table_off_[x];
+      excess.assign(sx, 0);
+      for (int64_t s = 0; s < sx; ++s)
+        for (int64_t p = 0; p < pieces; ++p)
+          excess[s] += std::max<int64_t>(t[s * pieces + p] - low_[p], 0);
+      if (excess[cur] == 0) continue;
+      local(x, choice, loc_.data());
+      const bool stuck = !std::isfinite(loc_[cur]);   // in a forbidden pair: any move is free
+      int64_t best = -1;
+      double best_score = inf;
+      for (int64_t s = 0; s < sx; ++s) {
+        const int64_t gain = excess[cur] - excess[s];
+        if (gain <= 0 || !std::isfinite(loc_[s])) continue;
+        const double extra = stuck ? 0.0 : std::max(loc_[s] - loc_[cur], 0.0);
+        const double score = (extra + 1.0) / static_cast<double>(gain);
+        if (score < best_score) {
+          best_score = score;
+          best = s;
+        }
+      }
+      if (best < 0) continue;
+      move(x, best, choice, slack);
+      ++moves;
+      moved = true;
     }
   }
   return moves;

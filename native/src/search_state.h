@@ -1,5 +1,5 @@
 // The inner loops of local_search's state (autopar.strategies.solvers.search_state): memory
-// left free by a choice, node costs with memory priced, and 1-opt descent. Planning code: it
+// left free by a choice, node costs with memory priced, 1-opt descent and memory repair. Planning code: it
 // touches no device, process or socket.
 //
 // In (once): per node its strategy count and costs (flat in node order, inf for an impossible
@@ -39,6 +39,15 @@ class SearchState {
   int64_t descend(int64_t* choice, int64_t* slack, const int64_t* order, int64_t count,
                   double seconds);
 
+  // Memory repair: while some kept step overflows (slack < 0), rounds over the nodes of
+  // ``order`` whose span holds an overflowing step at the round's start, in that order: each
+  // node over what the others leave it moves to the strategy with the least
+  // (extra cost + 1) / (bytes of excess removed) (extra cost: the rise of its local cost, none
+  // out of a forbidden pair, no move into one). Stops when nothing overflows, a round moves
+  // nothing, or ``seconds`` have passed (checked every 256 nodes). Returns the moves made.
+  int64_t repair(int64_t* choice, int64_t* slack, const int64_t* order, int64_t count,
+                 double seconds);
+
   const std::vector<int64_t>& sizes() const { return sizes_; }
   int64_t num_nodes() const { return static_cast<int64_t>(sizes_.size()); }
   int64_t num_values() const { return node_off_.back(); }
@@ -51,7 +60,7 @@ class SearchState {
   };
 
   void local(int64_t x, const int64_t* choice, double* out) const;
-  bool fits(int64_t x, int64_t s, const int64_t* choice, const int64_t* slack) const;
+  void allowance(int64_t x, const int64_t* choice, const int64_t* slack) const;
   void move(int64_t x, int64_t s, int64_t* choice, int64_t* slack) const;
 
   std::vector<int64_t> sizes_, node_off_;
@@ -59,7 +68,7 @@ class SearchState {
   std::vector<std::vector<Link>> links_;
   std::vector<int64_t> piece_off_, piece_start_, piece_len_, table_, table_off_, capacity_;
   std::vector<double> loc_;
-  std::vector<int64_t> low_;
+  mutable std::vector<int64_t> low_;
 };
 
 }  // namespace autopar

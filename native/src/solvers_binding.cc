@@ -161,6 +161,13 @@ void check_choice(const SearchState& st, const int64_t* c, const std::vector<int
                 " has strategies 0.." + str(sizes[x] - 1));
 }
 
+void check_order(const SearchState& st, const Array<int64_t>& order, const char* who) {
+  for (int64_t i = 0; i < order.size(); ++i)
+    if (order.data()[i] < 0 || order.data()[i] >= st.num_nodes())
+      bad_state(who + std::string(": order[") + str(i) + "] = " + str(order.data()[i]) +
+                "; nodes are 0.." + str(st.num_nodes() - 1));
+}
+
 }  // namespace
 
 void bind_message_passing(py::module_& m) {
@@ -202,15 +209,24 @@ void bind_search_state(py::module_& m) {
              int64_t* c = in_place(choice, "choice", st.num_nodes());
              int64_t* s = in_place(slack, "slack", st.num_steps());
              check_choice(st, c, st.sizes());
-             for (int64_t i = 0; i < order.size(); ++i)
-               if (order.data()[i] < 0 || order.data()[i] >= st.num_nodes())
-                 bad_state(".descend: order[" + str(i) + "] = " + str(order.data()[i]) +
-                           "; nodes are 0.." + str(st.num_nodes() - 1));
+             check_order(st, order, ".descend");
              py::gil_scoped_release release;
              return st.descend(c, s, order.data(), order.size(), seconds);
            },
            py::arg("choice"), py::arg("slack"), py::arg("order"), py::arg("seconds"),
-           "1-opt from the nodes of order; moves made");
+           "1-opt from the nodes of order; moves made")
+      .def("repair",
+           [](SearchState& st, py::array choice, py::array slack, const Array<int64_t>& order,
+              double seconds) {
+             int64_t* c = in_place(choice, "choice", st.num_nodes());
+             int64_t* s = in_place(slack, "slack", st.num_steps());
+             check_choice(st, c, st.sizes());
+             check_order(st, order, ".repair");
+             py::gil_scoped_release release;
+             return st.repair(c, s, order.data(), order.size(), seconds);
+           },
+           py::arg("choice"), py::arg("slack"), py::arg("order"), py::arg("seconds"),
+           "memory repair over the nodes of order; moves made");
 }
 
 }  // namespace autopar

@@ -188,34 +188,12 @@ class _Search:
 
     def repair(self, seconds: float) -> bool:
         """Move nodes live at overflowing steps until everything fits (or time runs out):
-        each to the strategy with the least extra cost per byte of overflow it removes."""
+        each to the strategy with the least extra cost per byte of overflow it removes
+        (``State.repair``, in C++, over the nodes in random order). True when it fits."""
         st = self.st
-        end = min(self.deadline, time.monotonic() + seconds)
-        while st.overflow() and time.monotonic() < end:
-            over = np.concatenate([[0], np.cumsum(st.slack < 0)])
-            touch = (over[st.span[:, 1]] - over[st.span[:, 0]] > 0) & st.has_memory
-            moved = False
-            for x in self.rng.permutation(np.flatnonzero(touch)):
-                d, cur = st.table[x], st.choice[x]
-                excess = np.maximum(d - st.avail(x), 0).sum(1)
-                if excess[cur] == 0:
-                    continue
-                gain = excess[cur] - excess
-                if gain.max() <= 0:
-                    continue
-                loc = st.local(x)
-                # extra cost of each move; none into a forbidden pair, any out of one
-                with np.errstate(invalid="ignore"):
-                    extra = np.where(np.isfinite(loc), np.maximum(loc - loc[cur], 0), np.inf)
-                extra[np.isfinite(loc) & ~np.isfinite(loc[cur])] = 0.0
-                score = np.where(gain > 0, (extra + 1.0) / np.maximum(gain, 1), np.inf)
-                s = int(np.argmin(score))
-                if not np.isfinite(score[s]):
-                    continue
-                st.set(x, s)
-                moved = True
-            if not moved:
-                break
+        if st.overflow():
+            seconds = min(seconds, self.deadline - time.monotonic())
+            st.repair(self.rng.permutation(st.n), max(seconds, 0.0))
         return not st.overflow()
 
     # ------------------------------------------------------------------ 1-opt

@@ -5,7 +5,7 @@ In: a ``ReducedProblem``. Out: ``State`` -- the choice, the free memory ``slack`
 time step, and per-node queries (cost of each strategy with the neighbours as now, which
 strategies fit) and updates; ``Domains`` -- per node the strategies still possible without a
 forbidden pair, kept arc consistent as nodes are fixed. The loops over every node (``load``,
-``price``, the 1-opt ``descend``) run in C++ (``autopar._native.SearchState``,
+``price``, the 1-opt ``descend``, the memory ``repair``) run in C++ (``autopar._native.SearchState``,
 native/src/search_state.cc) on the same tables, writing ``choice`` and ``slack`` in place.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class State:
         self.has_memory = np.array([d is not None for d in self.table], bool)
 
     def _native(self, r: ReducedProblem):
-        """The loops of ``load``, ``price`` and ``descend`` in C++ (native/src/search_state.cc)
+        """The loops of ``load``, ``price``, ``descend`` and ``repair`` in C++ (native/src/search_state.cc)
         over the same tables, flat."""
         flat = lambda parts, t: np.concatenate(parts).astype(t) if parts else np.zeros(0, t)
         offsets = lambda counts: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
@@ -156,6 +156,14 @@ class State:
         ``seconds`` pass. Returns the moves made."""
         return self._kernel.descend(self.choice, self.slack, np.asarray(order, np.int64),
                                     float(seconds))
+
+    def repair(self, order, seconds: float) -> int:
+        """While memory overflows, rounds over the nodes of ``order`` live at an overflowing
+        step: each over what the others leave it moves to the strategy with the least
+        (extra cost + 1) per byte of excess removed, never into a forbidden pair. Stops when
+        everything fits, a round moves nothing or ``seconds`` pass. Returns the moves made."""
+        return self._kernel.repair(self.choice, self.slack, np.asarray(order, np.int64),
+                                   float(seconds))
 
     def overflow(self) -> bool:
         return bool(self.slack.size) and int(self.slack.min()) < 0
