@@ -6,7 +6,9 @@ Run: python examples/gpt_auto_parallel.py. Also plannable from the command line:
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "device_count" not in _flags:              # 4 fake CPU devices for JAX, beside any flags set
+    os.environ["XLA_FLAGS"] = _flags + " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax                  # noqa: E402

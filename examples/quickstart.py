@@ -7,7 +7,9 @@ one, and prints the chosen strategy and the collectives autopar inserted.
 """
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "device_count" not in _flags:              # 8 fake CPU devices for JAX, beside any flags set
+    os.environ["XLA_FLAGS"] = _flags + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax                      # noqa: E402

@@ -18,10 +18,13 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # the tests' programs are tiny and run a few times each: XLA's CPU backend compiles them with
-# LLVM's cheapest settings (compiling is most of the suite's time: test_api.py takes 35% less
-# CPU), the same operations; the native workers inherit them, the examples run as users run them
-for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0",
-              "--xla_llvm_disable_expensive_passes=true"):
+# LLVM's cheapest settings and its older elemental emitters rather than the MLIR fusion emitters
+# (compiling is most of the suite's time: the examples' 4-block GPT step compiles in 1.8 s so,
+# 5 s with the cheap LLVM settings alone, 9 s with none), the same operations; the native
+# workers and the examples (tests/test_examples.py) inherit them
+CHEAP_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true",
+                 "--xla_cpu_use_fusion_emitters=false")
+for _flag in ("--xla_force_host_platform_device_count=8",) + CHEAP_COMPILE:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_ENABLE_X64", "0")

@@ -32,8 +32,11 @@ def test_every_example_is_checked():
 @pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)
 def test_example_runs(path):
     """``python examples/NAME.py`` from the repository root, as the README runs it (the
-    installed package, the checkout's ``autopar/`` folder in the working directory)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # as a user runs it
+    installed package, the checkout's ``autopar/`` folder in the working directory), with the
+    suite's cheap XLA compile flags (conftest.py) but not its device count: each example sets
+    its own."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags))
     r = subprocess.run([sys.executable, os.path.relpath(path, ROOT)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"{path} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
