@@ -220,6 +220,10 @@ def test_native_state_loops_match_numpy():
             np.add.at(delta, np.append(cuts[1:], hi), -d)
         return st.r.capacity.astype(np.int64) - np.cumsum(delta)[:-1]
 
+    def avail(st, x):        # memory x may use per piece with every other node as now
+        lo, hi = st.span[x]
+        return np.minimum.reduceat(st.slack[lo:hi], st.starts[x]) + st.table[x][st.choice[x]]
+
     def descend(st, order):
         todo, head = [int(x) for x in order], 0
         queued = np.zeros(st.n, bool)
@@ -228,7 +232,8 @@ def test_native_state_loops_match_numpy():
             x = todo[head]
             head, queued[x] = head + 1, False
             loc = st.local(x)
-            loc[~st.fits(x)] = np.inf
+            if st.table[x] is not None:
+                loc[~(st.table[x] <= avail(st, x)).all(1)] = np.inf
             s = int(np.argmin(loc))
             if loc[s] < loc[st.choice[x]]:
                 st.set(x, s)
@@ -244,7 +249,7 @@ def test_native_state_loops_match_numpy():
             moved = False
             for x in [x for x in order if touch[x]]:
                 d, cur = st.table[x], st.choice[x]
-                excess = np.maximum(d - st.avail(x), 0).sum(1)
+                excess = np.maximum(d - avail(st, x), 0).sum(1)
                 gain = excess[cur] - excess
                 loc = st.local(x)
                 with np.errstate(invalid="ignore"):

@@ -3,8 +3,8 @@
 #include "search_state.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <utility>
 

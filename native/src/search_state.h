@@ -1,6 +1,6 @@
 // The inner loops of local_search's state (autopar.strategies.solvers.search_state): memory
-// left free by a choice, node costs with memory priced, 1-opt descent and memory repair. Planning code: it
-// touches no device, process or socket.
+// left free by a choice, node costs with memory priced, 1-opt descent and memory repair.
+// Planning code: it touches no device, process or socket.
 //
 // In (once): per node its strategy count and costs (flat in node order, inf for an impossible
 // strategy); the edges (u, v), u != v, with their cost matrices oriented (u, v) and (v, u),

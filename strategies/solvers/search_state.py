@@ -2,11 +2,12 @@
 ReducedProblem, the memory it leaves free, and the strategies arc consistency leaves each node.
 
 In: a ``ReducedProblem``. Out: ``State`` -- the choice, the free memory ``slack`` at every kept
-time step, and per-node queries (cost of each strategy with the neighbours as now, which
-strategies fit) and updates; ``Domains`` -- per node the strategies still possible without a
-forbidden pair, kept arc consistent as nodes are fixed. The loops over every node (``load``,
-``price``, the 1-opt ``descend``, the memory ``repair``) run in C++ (``autopar._native.SearchState``,
-native/src/search_state.cc) on the same tables, writing ``choice`` and ``slack`` in place.
+time step, and per-node queries (cost of each strategy with the neighbours as now) and
+updates; ``Domains`` -- per node the strategies still possible without a forbidden pair, kept
+arc consistent as nodes are fixed. The loops over every node (``load``,
+``price``, the 1-opt ``descend``, the memory ``repair``) run in C++
+(``autopar._native.SearchState``, native/src/search_state.cc) on the same tables, writing
+``choice`` and ``slack`` in place.
 """
 from __future__ import annotations
 
@@ -97,18 +98,6 @@ class State:
         for w, m in self.nbrs[x]:
             out += m[:, ch[w]]
         return out
-
-    def avail(self, x) -> np.ndarray:
-        """Memory ``x`` may use per piece with every other node as now."""
-        lo, hi = self.span[x]
-        return np.minimum.reduceat(self.slack[lo:hi], self.starts[x]) + \
-            self.table[x][self.choice[x]]
-
-    def fits(self, x) -> np.ndarray:
-        """Strategies of ``x`` that fit with every other node as now."""
-        if self.table[x] is None:
-            return np.ones(len(self.cost[x]), bool)
-        return (self.table[x] <= self.avail(x)).all(1)
 
     def total(self, choice=None, forbidden=np.inf) -> float:
         """The cost of ``choice`` (the current one by default), each forbidden pair it uses
