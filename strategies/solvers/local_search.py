@@ -334,8 +334,10 @@ class _Search:
         budget = float(self.opts.region_columns)
         seeds = list(seeds)
         self.rng.shuffle(seeds)
+        over = 0.0         # the most a region overran its limit (building it, HiGHS), per column
         while not stop():
-            limit = min(self.mip_seconds(self.time_left()), self.opts.region_seconds)
+            limit = min(self.mip_seconds(self.time_left() - over * budget),
+                        self.opts.region_seconds)
             if limit < 0.05:
                 return
             root = seeds.pop() if seeds else int(self.rng.integers(self.st.n))
@@ -343,6 +345,7 @@ class _Search:
             t0 = time.monotonic()
             res = self.region_move(nodes, limit)
             took = time.monotonic() - t0
+            over = max(over, (took - limit) / budget)
             if res.optimal and took < 0.3 * limit:
                 budget *= 1.2
             elif not res.optimal:
