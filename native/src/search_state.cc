@@ -10,6 +10,17 @@
 
 namespace autopar {
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
 SearchState::SearchState(std::vector<int64_t> sizes, std::vector<double> node_costs,
                          std::vector<int64_t> edges, std::vector<double> forward,
                          std::vector<double> backward, std::vector<int64_t> offsets,
@@ -116,9 +127,7 @@ void SearchState::allowance(int64_t x, const int64_t* choice, const int64_t* sla
 
 int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* order,
                              int64_t count, double seconds) {
-  using Clock = std::chrono::steady_clock;
-  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(seconds));
+  const auto end = deadline(seconds);
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<int64_t> todo(order, order + count);
   std::vector<char> queued(num_nodes(), 0);
@@ -159,9 +168,7 @@ int64_t SearchState::descend(int64_t* choice, int64_t* slack, const int64_t* ord
 
 int64_t SearchState::repair(int64_t* choice, int64_t* slack, const int64_t* order,
                             int64_t count, double seconds) {
-  using Clock = std::chrono::steady_clock;
-  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(seconds));
+  const auto end = deadline(seconds);
   const double inf = std::numeric_limits<double>::infinity();
   const int64_t steps = num_steps();
   std::vector<int64_t> over(steps + 1, 0), excess;

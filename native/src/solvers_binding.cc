@@ -168,6 +168,22 @@ void check_order(const SearchState& st, const Array<int64_t>& order, const char*
                 "; nodes are 0.." + str(st.num_nodes() - 1));
 }
 
+// The binding of a SearchState walk (descend, repair): choice and slack written in place,
+// the nodes visited in ``order``, for at most ``seconds``, without the GIL; returns the moves.
+using Walk = int64_t (SearchState::*)(int64_t*, int64_t*, const int64_t*, int64_t, double);
+
+auto walk(Walk method, const char* who) {
+  return [method, who](SearchState& st, py::array choice, py::array slack,
+                       const Array<int64_t>& order, double seconds) {
+    int64_t* c = in_place(choice, "choice", st.num_nodes());
+    int64_t* s = in_place(slack, "slack", st.num_steps());
+    check_choice(st, c, st.sizes());
+    check_order(st, order, who);
+    py::gil_scoped_release release;
+    return (st.*method)(c, s, order.data(), order.size(), seconds);
+  };
+}
+
 }  // namespace
 
 void bind_message_passing(py::module_& m) {
@@ -203,29 +219,11 @@ void bind_search_state(py::module_& m) {
              return out;
            },
            py::arg("lam"), "node costs plus memory priced at lam, flat in node order")
-      .def("descend",
-           [](SearchState& st, py::array choice, py::array slack, const Array<int64_t>& order,
-              double seconds) {
-             int64_t* c = in_place(choice, "choice", st.num_nodes());
-             int64_t* s = in_place(slack, "slack", st.num_steps());
-             check_choice(st, c, st.sizes());
-             check_order(st, order, ".descend");
-             py::gil_scoped_release release;
-             return st.descend(c, s, order.data(), order.size(), seconds);
-           },
-           py::arg("choice"), py::arg("slack"), py::arg("order"), py::arg("seconds"),
+      .def("descend", walk(&SearchState::descend, ".descend"), py::arg("choice"),
+           py::arg("slack"), py::arg("order"), py::arg("seconds"),
            "1-opt from the nodes of order; moves made")
-      .def("repair",
-           [](SearchState& st, py::array choice, py::array slack, const Array<int64_t>& order,
-              double seconds) {
-             int64_t* c = in_place(choice, "choice", st.num_nodes());
-             int64_t* s = in_place(slack, "slack", st.num_steps());
-             check_choice(st, c, st.sizes());
-             check_order(st, order, ".repair");
-             py::gil_scoped_release release;
-             return st.repair(c, s, order.data(), order.size(), seconds);
-           },
-           py::arg("choice"), py::arg("slack"), py::arg("order"), py::arg("seconds"),
+      .def("repair", walk(&SearchState::repair, ".repair"), py::arg("choice"),
+           py::arg("slack"), py::arg("order"), py::arg("seconds"),
            "memory repair over the nodes of order; moves made");
 }
 
