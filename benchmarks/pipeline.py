@@ -3,14 +3,17 @@
 Run: python benchmarks/pipeline.py [--layers 4] [--micro 4 8] [--iters 10] [--plan-layers 96]
      [--markdown]
 
-1. Step time and bubble fraction, GPipe against 1F1B: a GPT with ``--layers`` decoder blocks
-   (d=32, 4 heads, sequence 8, vocabulary 64), 4 native ranks as 2 stages x 2-way data
-   parallel, ``--micro`` micro-batches of 2 rows per rank. Each configuration runs a warm-up
-   step, then ``--iters`` steps; the step time is their median. The bubble is what each rank
-   measured: the seconds its stage waited for a peer's transfer over the step's seconds
-   (``stats()["pipeline"]``), averaged over the ranks; beside it the ideal (S - 1) / (M + S - 1)
-   of equal stages and free transfers. On this machine 4 ranks share 2 cores, so a waiting
-   stage lends its core to the working one and measured bubbles sit below the ideal.
+1. Step time and bubble fraction, GPipe against 1F1B, on both native runners: each rank's
+   step as one executable with the transfers inside (``whole``, the default) and the
+   interpreter walking the tasks (``interpreted``, AUTOPAR_WHOLE_STEP=0). A GPT with
+   ``--layers`` decoder blocks (d=32, 4 heads, sequence 8, vocabulary 64), 4 native ranks as
+   2 stages x 2-way data parallel, ``--micro`` micro-batches of 2 rows per rank. Both runners'
+   jobs are up together; each runs a warm-up step, then ``--iters`` steps in turns; the step
+   time is their median. The bubble is what each rank measured: the seconds its stage waited
+   for a peer's transfer over the step's seconds (``stats()["pipeline"]``; the whole step's
+   wait is its time in the recv custom call), averaged over the ranks; beside it the ideal
+   (S - 1) / (M + S - 1) of equal stages and free transfers. On this machine 4 ranks share 2
+   cores, so a waiting stage lends its core to the working one.
 2. Stage device counts: a GPT with 2 blocks and a tied LM head over a 4096-word vocabulary
    (d=64, sequence 16, batch 24), data_parallel on 4 native ranks in 2 stages with 4
    micro-batches, as equal stages (2 + 2) and with ``pipeline_stage_devices="auto"``: the
@@ -40,28 +43,43 @@ from autopar.runtime.native_backend import stats  # noqa: E402
 from autopar.compiler import pipeline_plan  # noqa: E402
 
 
+RUNNERS = (("interpreted", "0"), ("whole", "1"))     # AUTOPAR_WHOLE_STEP per runner
+
+
 def schedules(layers, micros, iters):
+    """Per micro-batch count and schedule, the pipeline on both native runners (each rank's
+    step one executable with its transfers inside, the default, and the interpreter walking
+    its tasks), compiled side by side and timed step by step in turns."""
     rows = []
     for micro in micros:
         p, b = m.gpt_params(layers=layers), m.gpt_batch(batch=4 * micro)
         for sched in ("gpipe", "1f1b"):
             cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, pipeline_stages=2,
                                     micro_batches=micro, pipeline_scheduler=sched, progress=False)
-            c = ap.compile(m.gpt_pipeline_step, p, b, config=cfg)
-            c(p, b)
-            times, bubbles = [], []
+            steps = {}
+            for name, flag in RUNNERS:
+                os.environ["AUTOPAR_WHOLE_STEP"] = flag
+                steps[name] = ap.compile(m.gpt_pipeline_step, p, b, config=cfg)
+                steps[name](p, b)
+            os.environ.pop("AUTOPAR_WHOLE_STEP")
+            times = {name: [] for name in steps}
+            bubbles = {name: [] for name in steps}
             for _ in range(iters):
-                t0 = time.perf_counter()
-                c(p, b)
-                times.append(time.perf_counter() - t0)
-                got = c.on_workers(stats)
-                bubbles.append(statistics.mean(g["pipeline"]["wait_s"] / g["pipeline"]["step_s"]
-                                               for g in got))
-            c.close()
+                for name, c in steps.items():
+                    t0 = time.perf_counter()
+                    c(p, b)
+                    times[name].append(time.perf_counter() - t0)
+                    got = c.on_workers(stats)
+                    bubbles[name].append(statistics.mean(
+                        g["pipeline"]["wait_s"] / g["pipeline"]["step_s"] for g in got))
+            for c in steps.values():
+                c.close()
             row = {"bench": "schedule", "layers": layers, "stages": 2, "micro_batches": micro,
-                   "scheduler": sched, "step_ms": 1e3 * statistics.median(times),
-                   "bubble": statistics.median(bubbles), "ideal_bubble": 1 / (micro + 1),
+                   "scheduler": sched, "ideal_bubble": 1 / (micro + 1),
                    "est_peak_kb": c.strategy.peak_memory / 1024}
+            for name in steps:
+                row[f"{name}_step_ms"] = 1e3 * statistics.median(times[name])
+                row[f"{name}_bubble"] = statistics.median(bubbles[name])
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -137,11 +155,15 @@ def main():
     devices = stage_devices(a.iters)
     plans = [planner(a.plan_layers, devs) for devs in ("equal", "auto")]
     if a.markdown:
-        print("\n| micro-batches | scheduler | step ms | measured bubble | ideal bubble | "
-              "est. peak KB/device |\n|---|---|---|---|---|---|")
+        print("\n| micro-batches | scheduler | interpreted step ms | whole-step ms | "
+              "interpreted / whole | bubble (interpreted, whole) | ideal bubble | "
+              "est. peak KB/device |\n|---|---|---:|---:|---:|---|---:|---:|")
         for r in rows:
-            print(f"| {r['micro_batches']} | {r['scheduler']} | {r['step_ms']:.1f} | "
-                  f"{r['bubble']:.2f} | {r['ideal_bubble']:.2f} | {r['est_peak_kb']:.0f} |")
+            print(f"| {r['micro_batches']} | {r['scheduler']} | {r['interpreted_step_ms']:.1f} | "
+                  f"{r['whole_step_ms']:.1f} | "
+                  f"{r['interpreted_step_ms'] / r['whole_step_ms']:.2f} | "
+                  f"{r['interpreted_bubble']:.2f}, {r['whole_bubble']:.2f} | "
+                  f"{r['ideal_bubble']:.2f} | {r['est_peak_kb']:.0f} |")
         print("\n| stage devices | chosen | stage us per micro-batch | estimated step ms | "
               "measured step ms |\n|---|---|---|---|---|")
         for r in devices:

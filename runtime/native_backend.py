@@ -316,7 +316,7 @@ def load(comm, payload, cache=None):
     WORKER.whole = None
     if payload.options.whole_step:
         from .native_step import WholeStep, supported
-        if supported(payload) is None:
+        if supported(payload.instructions) is None:
             WORKER.payload, WORKER.whole = payload, WholeStep(comm, payload, devices, cache)
             return True
     compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions

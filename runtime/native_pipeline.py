@@ -6,7 +6,10 @@ mesh (stages may have meshes of different sizes). The caller exports each stage'
 and loads every worker with its stage's phases, its task order
 (``autopar.pipeline_program.schedule``) and, per peer rank, the list of messages that peer
 sends it, in the peer's order. Per call a rank gets its block of each argument its stage reads
-(one per micro-batch for the batch) and runs its tasks:
+(one per micro-batch for the batch) and runs its tasks, by default as one executable
+(``WholeStage``: every task traced in order into one jitted function, the transfers and
+collectives XLA custom calls; ``RuntimeOptions.whole_step``), otherwise one instruction at a
+time in Python (``_StageStep``), by the same rules:
 
 - a forward or backward task runs that phase on the micro-batch's registers; ``post`` runs once
   on the accumulated values;
@@ -20,7 +23,8 @@ sends it, in the peer's order. Per call a rank gets its block of each argument i
   the schedule is then the only order that matters: GPipe and 1F1B cannot deadlock.
 
 A worker's ``native_backend.stats()`` then also holds ``pipeline``: the step's seconds and the
-seconds its stage waited for a peer's transfer (the pipeline bubble, as this rank saw it).
+seconds its stage waited for a peer's transfer (the pipeline bubble, as this rank saw it; in
+the whole step, its time in the recv custom call).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, Mi
 
 from . import native_backend as nb
 from .comm_scheduler import CommScheduler
+from .native_step import Tracer
 from . import wire
 
 
@@ -104,7 +109,8 @@ class PipelineRunner(nb.WorkerRunner):
                 phases=phases, tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
                 inputs=tuple(st.arg_regs[i] for i in st.inputs),
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=self.options)
+                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=self.options,
+                in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs})
             for r in st.devices:
                 self._payloads[r] = dataclasses.replace(base, inbox=inboxes[r])
         self._stage_of = {r: st for st in p.stages for r in st.devices}
@@ -148,8 +154,8 @@ class StagePayload:
     phases (``shippable``; compiled once loaded), every stage's devices, its task order, the
     registers kept across micro-batches, its results ((position, register, split) each), its
     argument registers (all, and those with a block per micro-batch), the micro-batch count,
-    the all-reduce bucket size, per peer rank the messages it sends this one, in order, and
-    the runtime options."""
+    the all-reduce bucket size, per peer rank the messages it sends this one, in order, the
+    runtime options and the shape and dtype of each argument block."""
     groups: Any
     stage: int
     devices: tuple
@@ -163,11 +169,18 @@ class StagePayload:
     bucket_bytes: int
     inbox: dict
     options: nb.RuntimeOptions
+    in_avals: dict                # argument register -> (local shape, dtype) of one block
 
 
 def load_stage(comm, payload: StagePayload, cache=None):
     """Compile the stage's segments now (so a stage's first step does not compile while its
-    peers wait on it), shared across the stage's ranks."""
+    peers wait on it), shared across the stage's ranks: as one executable (``WholeStage``)
+    with ``RuntimeOptions.whole_step``, else each segment for ``run_stage``'s interpreter."""
+    nb.WORKER.whole = None
+    if payload.options.whole_step and supported(payload) is None:
+        nb.WORKER.stage = payload
+        nb.WORKER.whole = WholeStage(comm, payload, cache)
+        return True
     segments = [s[1] for steps in payload.phases.values() for s in steps
                 if isinstance(s, tuple)]
     ranks = list(payload.devices[payload.stage])
@@ -246,6 +259,16 @@ def run_stage(comm, blocks):
     payload = nb.WORKER.stage
     meter = nb.PeakMeter()
     start = time.perf_counter()
+    if nb.WORKER.whole is not None:
+        waited = comm.recv_seconds
+        results = [np.asarray(x) for x in nb.WORKER.whole(blocks)]
+        nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
+                                       "wait_s": comm.recv_seconds - waited}
+        nb.WORKER.stats["buckets"] = nb.WORKER.whole.buckets
+        meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
+        me = comm.rank - payload.groups.offset
+        return {k: x if (split or me == 0) else None
+                for (k, _, split), x in zip(payload.outputs, results)}
     run = _StageStep(comm, payload, blocks)
     for name, m in list(payload.tasks) + [("post", None)]:
         run.task(name, m)
@@ -345,3 +368,140 @@ class _StageStep:
             return x if m == 0 else wire.zeros(x.shape, x.dtype)
         n = x.shape[st.dim] // self.payload.micro
         return wire.aligned(np.take(x, range(m * n, (m + 1) * n), axis=st.dim))
+
+
+def supported(payload) -> str | None:
+    """Why a stage cannot run as one executable (``WholeStage``), or None."""
+    from .native_step import supported as step_supported
+    why = step_supported([i for body in payload.phases.values() for i in body])
+    if why is not None:
+        return why
+    stages = {}
+    for src in payload.inbox:
+        stage = next(s for s, devices in enumerate(payload.devices) if src in devices)
+        if stages.setdefault(stage, src) != src:
+            return f"this rank receives from two ranks of stage {stage}"
+    return None
+
+
+class WholeStage(Tracer):
+    """A rank's pipeline step as one executable (``native_step``'s, with transfers): its
+    tasks in the schedule's order, then ``post``, all traced into one jitted function, the
+    micro-batch index static in each task. Callable: the rank's blocks ({argument register:
+    one block, or one per micro-batch}) -> its results, one per ``payload.outputs``.
+
+    A ``Transfer`` send is the ``send`` custom call, which queues the message on a thread per
+    receiving rank and returns (``sends_done`` at the step's end waits for them), so a stage
+    never waits for its receiver; a recv is the ``recv`` custom call, taking the sending
+    stage's messages in their send order (the trace knows it: messages sent before the one
+    needed are taken first and kept, as ``_Mailbox`` does at run time), after the compute
+    traced so far. Each task issues and awaits its own all-reduce buckets, as the interpreted
+    runner's ``CommScheduler`` per task does. Every rank of a stage runs the same executable
+    (its position in the stage an argument; each transfer's custom call gets every rank's
+    pair and picks its own), compiled once for the stage."""
+
+    def __init__(self, comm, payload: StagePayload, cache=None):
+        import jax
+        from jax import export
+        self._setup(comm, payload.groups.mesh, payload.groups.offset, payload.options,
+                    payload.bucket_bytes)
+        self.payload = p = payload
+        self.segments = {(name, k): export.deserialize(ins[1])
+                         for name, body in p.phases.items()
+                         for k, ins in enumerate(body) if isinstance(ins, tuple)}
+        self.mine = p.devices[p.stage]
+        # per sending stage: the messages it sends this stage, in its order (the same for
+        # every rank here), and the (from, to) pairs their recv takes
+        self.inbox = {}
+        for src, msgs in p.inbox.items():
+            stage = next(s for s, d in enumerate(p.devices) if src in d)
+            peers = p.devices[stage]
+            self.inbox[stage] = (msgs, {"from": tuple(peers[j % len(peers)]
+                                                      for j in range(len(self.mine))),
+                                        "to": tuple(self.mine)})
+        self.args = [(r, m) for r in p.inputs
+                     for m in (range(p.micro) if r in p.micro_inputs else [None])]
+        self.avals = [jax.ShapeDtypeStruct(*p.in_avals[r]) for r, _ in self.args] + \
+            [jax.ShapeDtypeStruct((), np.int32)]
+        lowered = jax.jit(self._step).lower(*self.avals)
+        (self.fn,) = nb.compile_rounds(comm, [lowered.compile], list(self.mine), cache)
+        self.position = np.int32(comm.rank - self.mine[0])
+
+    def __call__(self, blocks) -> list:
+        flat = [blocks[r][0 if m is None else m] for r, m in self.args]
+        return self.results(lambda: self.fn(*flat, self.position))
+
+    def _step(self, *flat):
+        p = self.payload
+        *flat, me = flat
+        step = {r: x for (r, m), x in zip(self.args, flat) if m is None}
+        self.micro = [{r: x for (r, mm), x in zip(self.args, flat) if mm == m}
+                      for m in range(p.micro)]
+        self._begin(me, {}, step, p.keep)
+        self.acc, self.got, self.taken = {}, {}, {s: 0 for s in self.inbox}
+        for name, m in list(p.tasks) + [("post", None)]:
+            self._task(name, m)
+        for stage, (msgs, _) in self.inbox.items():      # messages sent but read by no step
+            while self.taken[stage] < len(msgs):
+                self._receive(stage)
+        (self.order,) = self.call("sends_done", (), self.order)
+        return [self.step[o] for _, o, _ in p.outputs] + [self.order]
+
+    def _task(self, name, m):
+        import jax.numpy as jnp
+        if name == "post":
+            for r, v in self.acc.items():
+                self.step[r] = jnp.concatenate(v[1], axis=v[0]) if isinstance(v, tuple) else v
+        self.regs = self.step if m is None else self.micro[m]
+        for k, ins in enumerate(self.payload.phases[name]):
+            if isinstance(ins, Transfer):
+                self._transfer(ins, m)
+            elif isinstance(ins, Accumulate):
+                self._accumulate(ins, self.get(ins.src))
+            elif isinstance(ins, MicroSlice):
+                self.regs[ins.out] = self._micro_slice(ins, self.get(ins.src), m)
+            else:
+                self.run(ins, self.segments.get((name, k)))
+        self.settle()
+        if name == "backward":
+            self.micro[m] = {}
+
+    def _transfer(self, t, m):
+        if t.kind == TransferKind.SEND:
+            pairs = [(src, dst) for me, src in enumerate(self.mine)
+                     for dst in _targets(t, self.mine, self.payload.devices[t.peer], me)]
+            self.order, = self.call("send", (), self.get(t.reg), self.order,
+                                    **{"from": tuple(a for a, _ in pairs)},
+                                    to=tuple(b for _, b in pairs))
+            return
+        key = (t.key, m if t.micro else None)
+        while key not in self.got:
+            self._receive(t.peer)
+        self.put(t.reg, self.got.pop(key))
+
+    def _receive(self, stage):
+        """The next message of ``stage``'s, into ``self.got``."""
+        msgs, pairs = self.inbox[stage]
+        tag, m, (shape, dtype) = msgs[self.taken[stage]]
+        self.taken[stage] += 1
+        self.got[(tag, m)], self.order = self.call(
+            "recv", (jax_like(shape, dtype),), self.after(), self.order, **pairs)
+
+    def _accumulate(self, st, x):
+        if st.kind == AccumulateKind.SUM:
+            self.acc[st.out] = x if st.out not in self.acc else self.acc[st.out] + x
+        else:
+            self.acc.setdefault(st.out, (st.dim, []))[1].append(x)
+
+    def _micro_slice(self, st, x, m):
+        import jax.numpy as jnp
+        from jax import lax
+        if st.kind == MicroSliceKind.ZERO:
+            return x if m == 0 else jnp.zeros_like(x)
+        n = x.shape[st.dim] // self.payload.micro
+        return lax.slice_in_dim(x, m * n, (m + 1) * n, axis=st.dim)
+
+
+def jax_like(shape, dtype):
+    import jax
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)

@@ -68,106 +68,97 @@ def _lower(ctx, *operands, target, results, aliases, attrs):
                                    np.int64(v) if isinstance(v, int) else v for k, v in attrs})
 
 
-def supported(payload) -> str | None:
-    """Why ``payload`` cannot run as one executable, or None."""
-    for ins in payload.instructions:
+def supported(instructions) -> str | None:
+    """Why a program of ``instructions`` cannot run as one executable, or None."""
+    for ins in instructions:
         if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE and (
                 "reduction_server" in (ins.algorithm, *(p[0] for p in ins.prices))):
             return "its all-reduces may go through a Reduction Server"
     return None
 
 
-class WholeStep:
-    """Callable: the rank's argument blocks -> its results (see the module docstring)."""
+class Tracer:
+    """What a whole-step executable's trace keeps while it runs a rank's instructions: the
+    registers (``regs``, and ``step``: values every micro-batch of a pipeline stage reads, with
+    ``keep`` the registers also written there), the order token, the all-reduce bucket being
+    filled and the started ones, and the mesh the collectives' groups come from (its ranks
+    shifted by ``offset`` to the job's: a pipeline stage's mesh starts at its first rank).
+    ``self.me`` is this rank's position on that mesh, traced (an argument of the step)."""
 
-    def __init__(self, comm, payload, ranks=None, cache=None):
-        """Compiled here, once for the job's ``ranks`` (``compile_rounds`` through the job's XLA
-        cache ``cache``): every rank's executable is the same, its rank an argument."""
-        import jax
-        from jax import export
-        from .native_backend import compile_rounds
+    def _setup(self, comm, mesh, offset, options, bucket_bytes):
         self.primitive = register_targets()
-        self.comm, self.payload = comm, payload
-        self.handle = np.int64(comm.ffi_handle)
-        self.segments = {k: export.deserialize(ins[1])
-                         for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
-        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in payload.in_avals] + \
-            [jax.ShapeDtypeStruct((), np.int32)]
-        lowered = jax.jit(self._step).lower(*self.avals)
-        (self.fn,) = compile_rounds(comm, [lowered.compile], list(ranks or [comm.rank]), cache)
-        self.rank = np.int32(comm.rank)
+        self.comm, self.handle = comm, np.int64(comm.ffi_handle)
+        self.mesh, self.offset, self.options, self.bucket_limit = mesh, offset, options, bucket_bytes
 
-    def __call__(self, blocks) -> list:
-        """The results as JAX arrays (computed): kept in the worker (``resident``) they go
-        back into the next call as they are; numpy arrays that viewed them cost 0.8 ms more
-        per call of the small GPT."""
-        import jax
-        try:
-            *out, _ = self.fn(*blocks, self.rank)     # the last: the order token
-            return jax.block_until_ready(out)
-        except Exception as e:        # noqa: BLE001 - XLA's error type varies by jaxlib version
-            text = str(e)
-            if _MARK in text:
-                raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
-            raise
-
-    def scheduled(self) -> str:
-        """The compiled executable's HLO in the order XLA runs it."""
-        return self.fn.as_text()
-
-    def _step(self, *blocks):
+    def _begin(self, me, regs, step=None, keep=frozenset()):
         import jax.numpy as jnp
-        from jax import lax
-        p = self.payload
-        *blocks, self.me = blocks                  # this rank, traced: one executable for all
-        regs = dict(zip(p.inputs, blocks))
+        self.me, self.regs, self.step, self.keep = me, regs, {} if step is None else step, keep
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
         self.buckets = []          # (tensors, bytes, algorithm) per all-reduce the step makes
         self.started, self.fence, self.latest = {}, None, None
 
-        def get(r):
-            if isinstance(r, Const):
-                return jnp.asarray(r.value, r.dtype)
-            if r in self.started:                  # a started bucket's result: wait here
-                regs.update(self._finish(self.started[r]))
-            elif r not in regs:                    # in the bucket not issued yet
-                regs.update(self._flush())
-            return regs[r]
-        for k, ins in enumerate(p.instructions):
-            if isinstance(ins, tuple):
-                args = [get(i) for i in ins[2]]
-                if self.fence is not None and args:   # the segment runs after the start
-                    _, *args = lax.optimization_barrier((self.fence, *args))
-                    self.fence = None
-                outs = self.segments[k].call(*args)
-                regs.update(zip(ins[3], outs))
-                self.latest = outs[0] if outs else self.latest
-                continue
-            axes = tuple(a for a in ins.axes if p.mesh.axis_size(a) > 1)
-            if not axes:
-                regs[ins.out] = get(ins.src)
-            elif ins.kind == StepKind.ALL_REDUCE:
-                regs.update(self._defer(ins, get(ins.src), axes))
-            else:
-                regs.update(self._flush())         # every rank issues in program order
-                groups, me = self._groups(axes)
-                regs[ins.out], self.order = _LOWER[ins.kind](self, ins, get(ins.src), groups, me,
-                                                             self.order)
-        regs.update(self._flush())
+    def get(self, r):
+        """Register ``r``'s value; a started bucket holding it is awaited here, a bucket not
+        issued yet is issued."""
+        import jax.numpy as jnp
+        if isinstance(r, Const):
+            return jnp.asarray(r.value, r.dtype)
+        if r in self.started:
+            self.put_all(self._finish(self.started[r]))
+        elif r not in self.regs and r not in self.step:
+            self.put_all(self._flush())
+        return self.regs[r] if r in self.regs else self.step[r]
+
+    def put(self, r, value):
+        self.regs[r] = value
+        if r in self.keep:
+            self.step[r] = value
+
+    def put_all(self, values: dict):
+        for r, v in values.items():
+            self.put(r, v)
+
+    def run(self, ins, segment=None):
+        """One instruction: a segment (``segment``, its deserialised export) or a collective."""
+        from jax import lax
+        if isinstance(ins, tuple):
+            args = [self.get(i) for i in ins[2]]
+            if self.fence is not None and args:   # the segment runs after the start
+                _, *args = lax.optimization_barrier((self.fence, *args))
+                self.fence = None
+            outs = segment.call(*args)
+            for o, y in zip(ins[3], outs):
+                self.put(o, y)
+            self.latest = outs[0] if outs else self.latest
+            return
+        axes = tuple(a for a in ins.axes if self.mesh.axis_size(a) > 1)
+        if not axes:
+            self.put(ins.out, self.get(ins.src))
+        elif ins.kind == StepKind.ALL_REDUCE:
+            self.put_all(self._defer(ins, self.get(ins.src), axes))
+        else:
+            self.put_all(self._flush())           # every rank issues in program order
+            groups, me = self._groups(axes)
+            out, self.order = _LOWER[ins.kind](self, ins, self.get(ins.src), groups, me,
+                                               self.order)
+            self.put(ins.out, out)
+
+    def settle(self):
+        """Issue the bucket and await every start, read or not."""
+        self.put_all(self._flush())
         for started in {id(b): b for b in self.started.values()}.values():
-            regs.update(self._finish(started))      # every start is awaited, read or not
-        return [get(o) for o in p.outputs if not isinstance(o, Const)] + [self.order]
+            self.put_all(self._finish(started))
 
     def _defer(self, st, x, axes) -> dict:
         """All-reduces fused as the interpreted runner's buckets: consecutive ones over the
         same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
         one of them (``get``) issues it; the results that issuing made, by register."""
         key = (axes, x.dtype, st.op)
-        overlap = self.payload.options.overlap
+        overlap = self.options.overlap
         done = self._flush(overlap) if self.bucket and key != self.bucket[0][0] else {}
         self.bucket.append((key, st, x))
         self.bucket_bytes += x.size * x.dtype.itemsize
-        if self.bucket_bytes >= self.payload.bucket_bytes:
+        if self.bucket_bytes >= self.bucket_limit:
             done.update(self._flush(overlap))
         return done
 
@@ -197,22 +188,27 @@ class WholeStep:
     def _finish(self, started) -> dict:
         """Wait for a started bucket (behind the last segment's output) and split it."""
         key, like, items = started
-        after = self.latest if self.latest is not None else self.order
-        flat, self.order = self.call("all_reduce_done", (like,), key, self.order, after)
+        flat, self.order = self.call("all_reduce_done", (like,), key, self.order, self.after())
         for _, s, _ in items:
             del self.started[s.out]
         return _split(items, flat)
 
+    def after(self):
+        """A value computed last (the latest segment's output), for a call that must not run
+        before the compute so far: XLA cannot move it above what it reads."""
+        return self.latest if self.latest is not None else self.order
+
     def _groups(self, axes):
         """The mesh's ranks in groups over ``axes`` (all of them: the executable is every
-        rank's), and this rank's position in its group (traced, from the rank argument)."""
+        rank's), as the job's ranks, and this rank's position in its group (traced, from its
+        position on the mesh)."""
         import jax.numpy as jnp
-        mesh = self.payload.mesh
+        mesh = self.mesh
         groups = sorted({mesh.group(r, axes)[0] for r in range(mesh.size)})
         where = np.zeros(mesh.size, np.int32)
         for g in groups:
             where[list(g)] = np.arange(len(g))
-        return _Groups(tuple(r for g in groups for r in g), len(groups[0])), \
+        return _Groups(tuple(r + self.offset for g in groups for r in g), len(groups[0])), \
             jnp.asarray(where)[self.me]
 
     def call(self, name, results, *operands, aliases=None, **attrs):
@@ -223,6 +219,58 @@ class WholeStep:
         attrs = tuple(sorted(dict(attrs, comm=self.handle).items()))
         return self.primitive.bind(*operands, target=f"autopar_{name}", results=results,
                                    aliases=tuple(sorted((aliases or {}).items())), attrs=attrs)
+
+    def results(self, out):
+        """Run the compiled step's ``out`` (its results, then the order token): the results
+        computed, a failed collective raised as ``CollectiveError``."""
+        import jax
+        try:
+            *out, _ = out()
+            return jax.block_until_ready(out)
+        except Exception as e:        # noqa: BLE001 - XLA's error type varies by jaxlib version
+            text = str(e)
+            if _MARK in text:
+                raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
+            raise
+
+    def scheduled(self) -> str:
+        """The compiled executable's HLO in the order XLA runs it."""
+        return self.fn.as_text()
+
+
+class WholeStep(Tracer):
+    """Callable: the rank's argument blocks -> its results (see the module docstring)."""
+
+    def __init__(self, comm, payload, ranks=None, cache=None):
+        """Compiled here, once for the job's ``ranks`` (``compile_rounds`` through the job's XLA
+        cache ``cache``): every rank's executable is the same, its rank an argument."""
+        import jax
+        from jax import export
+        from .native_backend import compile_rounds
+        self._setup(comm, payload.mesh, 0, payload.options, payload.bucket_bytes)
+        self.payload = payload
+        self.segments = {k: export.deserialize(ins[1])
+                         for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
+        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in payload.in_avals] + \
+            [jax.ShapeDtypeStruct((), np.int32)]
+        lowered = jax.jit(self._step).lower(*self.avals)
+        (self.fn,) = compile_rounds(comm, [lowered.compile], list(ranks or [comm.rank]), cache)
+        self.rank = np.int32(comm.rank)
+
+    def __call__(self, blocks) -> list:
+        """The results as JAX arrays (computed): kept in the worker (``resident``) they go
+        back into the next call as they are; numpy arrays that viewed them cost 0.8 ms more
+        per call of the small GPT."""
+        return self.results(lambda: self.fn(*blocks, self.rank))
+
+    def _step(self, *blocks):
+        p = self.payload
+        *blocks, me = blocks                       # this rank, traced: one executable for all
+        self._begin(me, dict(zip(p.inputs, blocks)))
+        for k, ins in enumerate(p.instructions):
+            self.run(ins, self.segments.get(k))
+        self.settle()
+        return [self.get(o) for o in p.outputs if not isinstance(o, Const)] + [self.order]
 
 
 _TOKEN = np.zeros((), np.int32)

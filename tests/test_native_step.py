@@ -109,8 +109,8 @@ def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_wo
 
 
 def broadcast_send_recv_barrier(comm):
-    """In a worker: broadcast from rank 1, rank 0 sends twice that to rank 1, a barrier; all
-    custom calls in one jitted function."""
+    """In a worker: broadcast from rank 1, rank 0 sends twice that to rank 1 (queued: it
+    waits for the send in sends_done), a barrier; all custom calls in one jitted function."""
     from autopar.runtime.native_step import register_targets
     register_targets()
     h, ranks = np.int64(comm.ffi_handle), np.arange(comm.size, dtype=np.int64)
@@ -123,11 +123,13 @@ def broadcast_send_recv_barrier(comm):
         like = jax.ShapeDtypeStruct(x.shape, x.dtype)
         y, o = call("broadcast", like)(x, jnp.zeros((), jnp.int32), comm=h, ranks=ranks,
                                        group=group, root=np.int64(1))
+        pair = dict(comm=h, **{"from": np.array([0], np.int64)}, to=np.array([1], np.int64))
         if comm.rank == 0:
-            (o,) = call("send")(y * 2, o, comm=h, peer=np.int64(1))
+            (o,) = call("send")(y * 2, o, **pair)
+            (o,) = call("sends_done")(o, comm=h)
             z = y
         else:
-            z, o = call("recv", like)(o, comm=h, peer=np.int64(0))
+            z, o = call("recv", like)(y, o, **pair)
         (o,) = call("barrier")(o, comm=h, ranks=ranks, group=group)
         return z, o
     z, _ = jax.jit(f)(jnp.full((4,), float(comm.rank), jnp.float32))

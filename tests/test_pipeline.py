@@ -111,16 +111,54 @@ def test_gpt_four_blocks_gpipe_on_jax():
     assert_same(c(p, b), m.gpt_pipeline_step(p, b))
 
 
+def runner_of(comm):
+    """In a worker: how it runs its stage, and its last step's pipeline counters."""
+    from autopar.runtime.native_backend import WORKER
+    return type(WORKER.whole).__name__, WORKER.stats["pipeline"]
+
+
 @pytest.mark.native
-@pytest.mark.parametrize("scheduler", ["gpipe", "1f1b"])
-def test_gpt_four_blocks_on_four_native_ranks(scheduler):
-    """The issue's model: 4 decoder blocks, 2 stages x 2-way data parallel, 4 micro-batches."""
+@pytest.mark.parametrize("scheduler,whole", [("gpipe", "1"), ("1f1b", "1"), ("1f1b", "0")])
+def test_gpt_four_blocks_on_four_native_ranks(monkeypatch, scheduler, whole):
+    """The issue's model: 4 decoder blocks, 2 stages x 2-way data parallel, 4 micro-batches;
+    each rank's step one executable with its transfers inside (the default), or interpreted
+    task by task (AUTOPAR_WHOLE_STEP=0)."""
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
     p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
     c = ap.compile(m.gpt_pipeline_step, p, b,
                    config=config(micro=4, scheduler=scheduler, backend="native"))
     want = m.gpt_pipeline_step(p, b)
     assert_same(c(p, b), want)
     assert_same(c(p, b), want)               # workers stay loaded: a second step, same values
+    ranks = c.on_workers(runner_of)
+    assert {kind for kind, _ in ranks} == {"WholeStage" if whole == "1" else "NoneType"}
+    assert all(0 <= s["wait_s"] < s["step_s"] for _, s in ranks)
+    c.close()
+
+
+@pytest.mark.native
+def test_a_stage_rank_stopped_fails_the_pipeline_step_and_the_next_one_works(monkeypatch):
+    """A rank of the second stage stopped (SIGSTOP) while the first stage's ranks wait for its
+    cotangents inside their executables: the call raises CollectiveError within the bound,
+    every worker is gone, and the next call runs on new workers."""
+    import os
+    import signal
+    import time
+    from test_native_failures import BOUND, TIMEOUT, pids_gone, worker_pid
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    c = ap.compile(m.gpt_pipeline_step, p, b, config=config(
+        micro=4, backend="native", collective_timeout=TIMEOUT))
+    want = m.gpt_pipeline_step(p, b)
+    assert_same(c(p, b), want)
+    pids = c.on_workers(worker_pid)
+    os.kill(pids[3], signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(ap.CollectiveError):
+        c(p, b)
+    assert time.monotonic() - start < BOUND
+    assert pids_gone(pids)
+    assert_same(c(p, b), want)
     c.close()
 
 

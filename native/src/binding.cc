@@ -399,6 +399,9 @@ PYBIND11_MODULE(_native, m) {
              return out;
            }, "per peer, the bytes this rank handed to its link to it so far (frames included; "
               "a peer's single-copy reads of this rank's memory are not counted)")
+      .def_property_readonly("recv_seconds", [](PyComm& c) { return c.comm().recv_seconds(); },
+                             "seconds spent in the recv custom call so far (a pipeline stage's "
+                             "wait for its peers' transfers)")
       .def_property_readonly("direct", [](PyComm& c) { return c.comm().direct(); },
                              "whether large sends are read single-copy by the receiver")
       .def_property_readonly("ffi_handle", &PyComm::ffi_handle,

@@ -52,6 +52,10 @@ class Comm {
   // Bytes this rank handed to its link to `peer` so far, frames included (what crosses a
   // network for a TCP link; a peer's single-copy reads of this rank's memory are not counted).
   uint64_t bytes_sent(int peer) const { return sent_[size_t(peer)].load(std::memory_order_relaxed); }
+  // Seconds this rank spent in the recv custom call (a pipeline stage waiting for, then taking,
+  // its peers' transfers), all calls together.
+  double recv_seconds() const { return 1e-9 * double(recv_ns_.load(std::memory_order_relaxed)); }
+  void add_recv_ns(uint64_t ns) { recv_ns_.fetch_add(ns, std::memory_order_relaxed); }
   // Whether this rank sends large messages single-copy (see ShmSegment::agree_direct).
   bool direct() const { return shm_ && shm_->direct(rank_); }
   // Whether this rank reads and writes rank peer's memory itself (a shared-memory peer, with
@@ -135,6 +139,7 @@ class Comm {
   std::vector<int> hosts_;
   double timeout_s_;
   std::unique_ptr<std::atomic<uint64_t>[]> sent_;
+  std::atomic<uint64_t> recv_ns_{0};
   static Call& call_() {
     thread_local Call call;
     return call;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 
@@ -63,6 +65,18 @@ void Inflight::drain() {
   cv_.wait(lock, [&] { return queue_.empty() && !running_; });
 }
 
+void Inflight::settle() {
+  std::exception_ptr first;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && !running_; });
+    for (auto& kv : jobs_)
+      if (!first && kv.second->error) first = kv.second->error;
+    jobs_.clear();
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 size_t Inflight::pending() {
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_.size();
@@ -91,30 +105,49 @@ void Inflight::loop() {
 }
 
 namespace {
+using Lanes = std::map<std::pair<Comm*, int>, std::unique_ptr<Inflight>>;
 std::mutex registry_mu;
-std::map<Comm*, std::unique_ptr<Inflight>>& registry() {
-  static std::map<Comm*, std::unique_ptr<Inflight>> m;
+Lanes& registry() {
+  static Lanes m;
   return m;
+}
+// c's lanes from `first` on, in lane order (the registry is sorted by communicator, then lane).
+template <typename F>
+void each_lane(Comm* c, int first, F f) {
+  for (auto it = registry().lower_bound({c, first}); it != registry().end() && it->first.first == c;
+       ++it)
+    f(it);
 }
 }  // namespace
 
-Inflight& inflight_of(Comm& c) {
+Inflight& inflight_of(Comm& c, int lane) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  auto& slot = registry()[&c];
+  auto& slot = registry()[{&c, lane}];
   if (!slot) slot = std::make_unique<Inflight>();
   return *slot;
 }
 
-void forget_inflight(Comm* c) {
-  std::unique_ptr<Inflight> gone;
+void settle_sends(Comm& c) {
+  std::vector<Inflight*> lanes;
   {
     std::lock_guard<std::mutex> lock(registry_mu);
-    auto it = registry().find(c);
-    if (it == registry().end()) return;
-    gone = std::move(it->second);
-    registry().erase(it);
+    each_lane(&c, 1, [&](Lanes::iterator it) { lanes.push_back(it->second.get()); });
   }
-  gone.reset();                                // joins outside the registry's lock
+  for (Inflight* l : lanes) l->settle();       // lanes live until c is unregistered
+}
+
+void forget_inflight(Comm* c) {
+  std::vector<std::unique_ptr<Inflight>> gone;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    std::vector<Lanes::iterator> mine;
+    each_lane(c, 0, [&](Lanes::iterator it) { mine.push_back(it); });
+    for (auto it : mine) {
+      gone.push_back(std::move(it->second));
+      registry().erase(it);
+    }
+  }
+  gone.clear();                                // joins outside the registry's lock
 }
 
 }  // namespace autopar

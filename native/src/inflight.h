@@ -1,11 +1,13 @@
-// Collectives that run on a communicator's own thread while the caller computes: the
-// all_reduce_start / all_reduce_done custom calls (xla_ffi.cc) hand a bucket's all-reduce to
-// it and take the result back where the step first reads it, so XLA runs the compute in
-// between (issue 24 item 2). One thread per communicator, started with its first job; jobs run
-// in the order they were given (every rank gives them in program order, so they pair).
-// A collective run on the caller's thread first drains the queue: two threads never use a
-// communicator's links at once. The thread stops, after its queued jobs, when the
-// communicator is unregistered (calls.cc).
+// Work that runs on a communicator's own threads while the caller computes (issue 24 items 1-2).
+// Lane 0: the all_reduce_start / all_reduce_done custom calls (xla_ffi.cc) hand a bucket's
+// all-reduce to it and take the result back where the step first reads it, so XLA runs the
+// compute in between; jobs run in the order they were given (every rank gives them in program
+// order, so they pair), and a collective run on the caller's thread first drains the lane: two
+// threads never use the same links at once. Lane p + 1: the sends to rank p (a pipeline
+// stage's transfers), so a stage never waits for its receiver; a link's two directions are
+// independent, and a stage's collectives use other links. Each lane is one thread, started with
+// its first job; they stop, after their queued jobs, when the communicator is unregistered
+// (calls.cc).
 #pragma once
 
 #include <condition_variable>
@@ -39,6 +41,9 @@ class Inflight {
   void wait(int64_t id, void* to, size_t bytes);
   // Wait until every queued job ran (their outcomes stay for wait).
   void drain();
+  // Wait until every queued job ran, forget them all, and throw the first one's exception
+  // (for jobs nobody waits for one by one: a stage's sends).
+  void settle();
   // Jobs queued or run but not yet waited for.
   size_t pending();
 
@@ -62,9 +67,12 @@ class Inflight {
   std::thread thread_;
 };
 
-// The communicator's Inflight, made on first use.
-Inflight& inflight_of(Comm& c);
-// Stop and join c's thread (after its queued jobs) and forget it; nothing when it has none.
+// The communicator's Inflight of `lane` (0: collectives; p + 1: sends to rank p), made on first
+// use.
+Inflight& inflight_of(Comm& c, int lane = 0);
+// Settle (Inflight::settle) every send lane of c: the first failed send's exception.
+void settle_sends(Comm& c);
+// Stop and join c's threads (after their queued jobs) and forget them; nothing when it has none.
 void forget_inflight(Comm* c);
 
 }  // namespace autopar

@@ -9,12 +9,17 @@
 // handle (calls.h: a live Comm of this process, else an error); `ranks`, the groups of the
 // collective's partition one after another, each `group` ranks long, of which the handler
 // takes the one holding its own rank (so every rank's executable is the same); `op`,
-// `algorithm`, `root`, `peer` as the Python binding's. Each checks its buffers' sizes against
+// `algorithm`, `root` as the Python binding's; `from` and `to` pair the ranks of a transfer
+// (from[i] sends to to[i]). Each checks its buffers' sizes against
 // the group before moving anything; an autopar CollectiveError comes back as an XLA error whose
 // message starts with "autopar CollectiveError:" (the worker raises it as one), any other
 // failure with "autopar:". all_reduce_start / all_reduce_done run a bucket's all-reduce on the
 // communicator's own thread (inflight.h) while the executable computes; every other handler
-// first waits for what was started to finish, so the links are used by one thread at a time.
+// but send first waits for what was started to finish, so the links are used by one thread at
+// a time.
+// send hands its message to a thread per receiving rank and returns (a pipeline stage never
+// waits for its receiver); sends_done waits for every queued send and raises the first failure.
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -258,31 +263,63 @@ ffi::Error Broadcast(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffe
   });
 }
 
-void linked(Comm& c, int64_t peer, const std::string& op) {
-  if (peer < 0 || peer >= c.size() || peer == c.rank() || c.link_kind(int(peer)) == "none")
-    throw ArgumentError(op + ": rank " + std::to_string(peer) + " is not a linked peer");
+// The peer of this rank in a transfer between `from` and `to` (pairs of ranks, from[i] sends to
+// to[i]): the ranks it sends to (is_send), else the one rank it receives from.
+std::vector<int> peers_of(Comm& c, Ranks from, Ranks to, bool is_send, const std::string& op) {
+  if (from.size() != to.size())
+    throw ArgumentError(op + ": `from` and `to` must pair ranks one to one (" +
+                        std::to_string(from.size()) + " against " + std::to_string(to.size()) + ")");
+  std::vector<int> out;
+  for (size_t i = 0; i < from.size(); ++i) {
+    int64_t me = is_send ? from[i] : to[i], peer = is_send ? to[i] : from[i];
+    if (me != c.rank()) continue;
+    if (peer < 0 || peer >= c.size() || peer == c.rank() || c.link_kind(int(peer)) == "none")
+      throw ArgumentError(op + ": rank " + std::to_string(peer) + " is not a linked peer");
+    out.push_back(int(peer));
+  }
+  if (!is_send && out.size() != 1)
+    throw ArgumentError(op + ": rank " + std::to_string(c.rank()) + " must receive from exactly "
+                        "one rank of `from`, not " + std::to_string(out.size()));
+  return out;
 }
 
+// send: x copied and queued, once per rank it goes to, on this rank's send lane for that rank
+// (inflight.h): the call returns at once, and sends_done waits for them.
 ffi::Error Send(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order,
-                int64_t handle, int64_t peer) {
+                int64_t handle, Ranks from, Ranks to) {
   return guarded(order, [&] {
-    Comm& c = idle_comm(handle);
-    linked(c, peer, "send");
-    c.set_call({"send(" + std::to_string(x.size_bytes()) + " bytes to " + std::to_string(peer) + ")",
-                uint64_t(x.size_bytes()), call_signature("send/recv", nullptr)});
-    c.send(int(peer), x.untyped_data(), x.size_bytes());
+    Comm& c = registered_comm(handle);
+    for (int peer : peers_of(c, from, to, true, "send")) {
+      Comm::Call call{"send(" + std::to_string(x.size_bytes()) + " bytes to " +
+                      std::to_string(peer) + ")", uint64_t(x.size_bytes()),
+                      call_signature("send/recv", nullptr)};
+      size_t n = x.size_bytes();
+      inflight_of(c, peer + 1).start(x.untyped_data(), n, [&c, peer, n, call](void* data) {
+        c.set_call(call);
+        c.send(peer, data, n);
+      });
+    }
   });
 }
 
-ffi::Error Recv(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> order,
-                int64_t handle, int64_t peer) {
+ffi::Error SendsDone(ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> order, int64_t handle) {
+  return guarded(order, [&] { settle_sends(registered_comm(handle)); });
+}
+
+// recv: `after` is not read (as all_reduce_done's): a value the step computed before, so XLA
+// runs that compute before it waits here.
+ffi::Error Recv(ffi::AnyBuffer, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer> y,
+                ffi::Result<ffi::AnyBuffer> order, int64_t handle, Ranks from, Ranks to) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    linked(c, peer, "recv");
+    int peer = peers_of(c, from, to, false, "recv")[0];
     c.set_call({"recv(" + std::to_string(y->size_bytes()) + " bytes from " +
                 std::to_string(peer) + ")", uint64_t(y->size_bytes()),
                 call_signature("send/recv", nullptr)});
-    c.recv(int(peer), y->untyped_data(), y->size_bytes());
+    auto t0 = std::chrono::steady_clock::now();
+    c.recv(peer, y->untyped_data(), y->size_bytes());
+    c.add_recv_ns(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - t0).count()));
   });
 }
 
@@ -337,14 +374,20 @@ XLA_FFI_DEFINE_HANDLER(FfiSend, Send,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm")
-                           .Attr<int64_t>("peer"));
+                           .Attr<Ranks>("from").Attr<Ranks>("to"));
+XLA_FFI_DEFINE_HANDLER(FfiSendsDone, SendsDone,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm"));
 XLA_FFI_DEFINE_HANDLER(FfiRecv, Recv,
                        ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm")
-                           .Attr<int64_t>("peer"));
+                           .Attr<Ranks>("from").Attr<Ranks>("to"));
 XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()
@@ -363,6 +406,7 @@ std::map<std::string, void*> ffi_handlers() {
           {"all_to_all", reinterpret_cast<void*>(FfiAllToAll)},
           {"broadcast", reinterpret_cast<void*>(FfiBroadcast)},
           {"send", reinterpret_cast<void*>(FfiSend)},
+          {"sends_done", reinterpret_cast<void*>(FfiSendsDone)},
           {"recv", reinterpret_cast<void*>(FfiRecv)},
           {"barrier", reinterpret_cast<void*>(FfiBarrier)}};
 }
