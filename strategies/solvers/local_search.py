@@ -35,13 +35,17 @@ Algorithm:
    phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
    merge phase; the MIP's answer is taken when better and ends the search when proven optimal.
    The whole MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
+   When no whole MIP runs beside them, two regions (disjoint) are solved at once where the
+   process may use two cores: HiGHS solves each on a thread while this one builds the next.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
 asked for less than the time left, since it checks its limit only between steps.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -70,6 +74,8 @@ class LocalSearchOptions:
     lagrangian_sweeps: int = 3    # TRW-S sweeps per price update
     region_columns: int = 10_000  # starting MIP size of a region (grows/shrinks with success)
     region_seconds: float = 8.0   # time limit of one region MIP
+    region_threads: int = 0       # regions solved at once when nothing else runs beside the
+                                  # search (0: one per core this process may use, at most 2)
     progress_every: float = 1.0   # seconds between progress messages
 
 
@@ -283,10 +289,11 @@ class _Search:
         return tuple(int(x) for x in unsure)
 
     # ------------------------------------------------------------------ MIP phase
-    def grow_region(self, root, budget):
-        """A BFS ball from ``root`` whose MIP has about ``budget`` columns."""
+    def grow_region(self, root, budget, busy=None):
+        """A BFS ball from ``root`` whose MIP has about ``budget`` columns (none of the nodes
+        ``busy`` marks: another region's, being solved)."""
         st, sizes = self.st, self.st.sizes
-        inside = np.zeros(st.n, bool)
+        inside = np.zeros(st.n, bool) if busy is None else busy.copy()
         inside[root] = True
         order, cols, head = [root], int(sizes[root]), 0
         while head < len(order):
@@ -310,12 +317,12 @@ class _Search:
         limit is checked between steps), so ask for less."""
         return 0.8 * left - 0.1
 
-    def region_move(self, nodes, time_limit, gap=1e-6):
-        """Solve the region exactly; keep the answer when it fits and is cheaper."""
+    def region_move(self, res):
+        """Keep a region's answer ``res`` when it fits and is cheaper than the nodes' current
+        strategies (the state may have moved since its model was built: checked as it is)."""
         st = self.st
-        res = self.mip.solve(st.choice, st.slack, nodes, time_limit, gap)
         if res.choice is None:
-            return res
+            return
         before = st.total()
         old = st.choice[res.nodes].copy()
         for x, s in zip(res.nodes, res.choice):
@@ -323,34 +330,53 @@ class _Search:
         if st.min_slack(res.nodes) >= 0 and st.total() < before:
             self.descend(res.nodes)
             self.remember()
-            return res
+            return
         for x, s in zip(res.nodes, old):
             st.set(int(x), int(s))
-        return res
 
-    def regions(self, seeds=(), stop=lambda: False):
+    def regions(self, seeds=(), stop=lambda: False, threads=1):
         """Region MIPs around ``seeds`` first, then around random nodes, until time runs out
-        or ``stop()``."""
+        or ``stop()``; with ``threads`` > 1, that many regions (disjoint) are solved at once,
+        HiGHS on threads of its own while this one builds the next model and keeps answers."""
+        st = self.st
         budget = float(self.opts.region_columns)
         seeds = list(seeds)
         self.rng.shuffle(seeds)
         over = 0.0         # the most a region overran its limit (building it, HiGHS), per column
-        while not stop():
-            limit = min(self.mip_seconds(self.time_left() - over * budget),
-                        self.opts.region_seconds)
-            if limit < 0.05:
-                return
-            root = seeds.pop() if seeds else int(self.rng.integers(self.st.n))
-            nodes = self.grow_region(root, budget)
-            t0 = time.monotonic()
-            res = self.region_move(nodes, limit)
-            took = time.monotonic() - t0
-            over = max(over, (took - limit) / budget)
-            if res.optimal and took < 0.3 * limit:
-                budget *= 1.2
-            elif not res.optimal:
-                budget *= 0.7
-            self.report(f"regions of ~{int(budget)} columns")
+        busy = np.zeros(st.n, bool)
+        pending = {}       # future -> (nodes, start, limit, budget)
+        with ThreadPoolExecutor(threads, thread_name_prefix="autopar-region") as pool:
+            while True:
+                while len(pending) < threads and not stop():
+                    limit = min(self.mip_seconds(self.time_left() - over * budget),
+                                self.opts.region_seconds)
+                    if limit < 0.05:
+                        break
+                    root = seeds.pop() if seeds else int(self.rng.integers(st.n))
+                    if busy[root]:
+                        continue
+                    nodes = self.grow_region(root, budget, busy if pending else None)
+                    t0 = time.monotonic()
+                    model = self.mip.build(st.choice, st.slack, nodes)
+                    job = pool.submit(RegionMip.solve_model, model,
+                                      limit - (time.monotonic() - t0), 1e-6)
+                    pending[job] = (nodes, t0, limit, budget)
+                    busy[nodes] = True
+                if not pending:
+                    return
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for job in done:
+                    nodes, t0, limit, asked = pending.pop(job)
+                    busy[nodes] = False
+                    res = job.result()
+                    self.region_move(res)
+                    took = time.monotonic() - t0
+                    over = max(over, (took - limit) / asked)
+                    if res.optimal and took < 0.3 * limit:
+                        budget *= 1.2
+                    elif not res.optimal:
+                        budget *= 0.7
+                    self.report(f"regions of ~{int(budget)} columns")
 
     # ------------------------------------------------------------------ driver
     def run(self, seed: Optional[np.ndarray] = None):
@@ -408,7 +434,8 @@ class _Search:
                 if res.optimal:
                     self.optimal = everything < 20_000
                     return
-        self.regions(unsure)
+        threads = self.opts.region_threads or min(2, len(os.sched_getaffinity(0)))
+        self.regions(unsure, threads=threads)
 
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
