@@ -6,7 +6,9 @@ mesh (stages may have meshes of different sizes). The caller exports each stage'
 and loads every worker with its stage's phases, its task order
 (``autopar.pipeline_program.schedule``) and, per peer rank, the list of messages that peer
 sends it, in the peer's order. Per call a rank gets its block of each argument its stage reads
-(one per micro-batch for the batch) and runs its tasks, by default as one executable
+(one per micro-batch for the batch; with ``RuntimeOptions.resident``, only a key for a result
+of an earlier call it kept, when that argument is read by its stage alone, in the blocks its
+ranks hold: ``runtime.resident``) and runs its tasks, by default as one executable
 (``WholeStage``: every task traced in order into one jitted function, the transfers and
 collectives XLA custom calls; ``RuntimeOptions.whole_step``), otherwise one instruction at a
 time in Python (``_StageStep``), by the same rules:
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +45,10 @@ from autopar.graph import Const
 from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
                                       Route, Transfer, TransferKind, schedule)
 
+from autopar.errors import AutoparError
+
 from . import native_backend as nb
+from . import resident
 from .comm_scheduler import CommScheduler
 from .native_step import Tracer
 from . import wire
@@ -113,7 +119,15 @@ class PipelineRunner(nb.WorkerRunner):
                 in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs})
             for r in st.devices:
                 self._payloads[r] = dataclasses.replace(base, inbox=inboxes[r])
-        self._stage_of = {r: st for st in p.stages for r in st.devices}
+        # kept results: every result (not a constant) the workers may hold between calls
+        # (runtime.resident; kept when RESIDENT_BYTES or more), and per argument the number of
+        # stages reading it (passed back by key only to one reading stage)
+        self._resident = resident.Residency() if self.options.resident else None
+        self._kept = [k for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
+                      if not isinstance(o, Const) and _global_bytes(p.stages[s], o, lay)
+                      >= resident.RESIDENT_BYTES]
+        self._readers = [sum(i in st.inputs for st in p.stages)
+                         for i in range(len(p.stages[0].in_layouts))]
         self._start()
 
     def _loads(self):
@@ -122,19 +136,34 @@ class PipelineRunner(nb.WorkerRunner):
     def __call__(self, flat_args):
         p = self.program
         self._ready()
+        res, job = self._resident, self.job
         M = p.micro_batches
-        per_rank = []
-        for r in range(p.mesh.size):
-            st = self._stage_of[r]
-            K, mm, me = st.mesh.size, st.micro_mesh, r - st.devices[0]
-            blocks = {}
+        per_rank = [{} for _ in range(p.mesh.size)]
+        for st in p.stages:
+            K, mm = st.mesh.size, st.micro_mesh
             for i in st.inputs:
-                x, lay = np.asarray(flat_args[i]), st.in_layouts[i]
-                ms = range(M) if i in st.micro_inputs else [0]
-                blocks[st.arg_regs[i]] = [nb.contiguous(x[lay.block(x.shape, mm.coords(m * K + me), mm)])
-                                          for m in ms]
-            per_rank.append((blocks,))
-        ranks = self._call(run_stage, per_rank)
+                x, lay, reg = flat_args[i], st.in_layouts[i], st.arg_regs[i]
+                micro = i in st.micro_inputs
+                ref = None if res is None or micro or self._readers[i] != 1 else \
+                    res.ref_for(x, job, _held(st, np.shape(x), lambda me: lay.block(
+                        np.shape(x), mm.coords(me), mm)))
+                if ref is not None:
+                    for r in st.devices:
+                        per_rank[r][reg] = [ref]
+                    continue
+                x = np.asarray(x)
+                for me, r in enumerate(st.devices):
+                    per_rank[r][reg] = [nb.contiguous(x[lay.block(x.shape, mm.coords(m * K + me),
+                                                                   mm)])
+                                        for m in (range(M) if micro else [0])]
+        keys = {} if res is None else {k: res.key() for k in self._kept}
+        drop = res.drops() if res else []
+        try:
+            ranks = self._call(run_stage, [(b, keys, drop) for b in per_rank])
+        except AutoparError:
+            if res and not self.job.failure:
+                res.dropped_later(drop)          # the workers may not have got to them
+            raise
         out = []
         for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages)):
             if isinstance(o, Const):
@@ -142,8 +171,26 @@ class PipelineRunner(nb.WorkerRunner):
                 continue
             st = p.stages[s]
             got = [ranks[d][k] for d in st.devices]
-            out.append(got[0] if lay.is_replicated() else lay.assemble(got, st.mesh))
+            x = got[0] if lay.is_replicated() else lay.assemble(got, st.mesh)
+            if k in keys:
+                x = res.kept(x, keys[k], job, _held(st, x.shape, lambda me: lay.block(
+                    x.shape, st.mesh.coords(me), st.mesh)))
+            out.append(x)
         return out
+
+
+def _global_bytes(stage, reg, layout) -> int:
+    """Bytes of the whole value of a stage's register ``reg`` in ``layout``."""
+    shape, dtype = stage.avals[reg]
+    return math.prod(n * c for n, c in zip(shape, layout.splits(stage.mesh))) * \
+        np.dtype(dtype).itemsize
+
+
+def _held(stage, shape, block) -> tuple:
+    """What the ranks of ``stage`` hold of a ``shape`` tensor, each its ``block(position)``:
+    a result kept so is passed back by key where an argument's blocks are the same."""
+    return (stage.index, tuple(shape), tuple(tuple((b.start, b.stop) for b in block(me))
+                                             for me in range(len(stage.devices))))
 
 
 # --- in the workers ---------------------------------------------------------------------------
@@ -253,21 +300,29 @@ def _sender(peer):
     return ThreadPoolExecutor(1, thread_name_prefix=f"autopar-send{peer}")
 
 
-def run_stage(comm, blocks):
+def run_stage(comm, blocks, keys=None, drop=()):
     """One step of this rank's stage: its tasks in order, then ``post``; per result position,
-    its block (None for a replicated result on ranks other than the stage's first)."""
+    its block (None for a replicated result on ranks other than the stage's first). Argument
+    blocks may be ``resident.Ref``s of blocks this rank kept; it keeps the results under
+    ``keys`` (result position -> key) and forgets those under ``drop``."""
     payload = nb.WORKER.stage
+    nb.WORKER.stats["kept_args"] = sum(isinstance(b, resident.Ref)
+                                       for bs in blocks.values() for b in bs)
+    blocks = {r: resident.take(bs, drop) for r, bs in blocks.items()}
+    mine = {k for k, _, _ in payload.outputs}
+    keys = {k: key for k, key in (keys or {}).items() if k in mine}
     meter = nb.PeakMeter()
     start = time.perf_counter()
     if nb.WORKER.whole is not None:
         waited = comm.recv_seconds
-        results = [np.asarray(x) for x in nb.WORKER.whole(blocks)]
+        results = nb.WORKER.whole(blocks)
         nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
                                        "wait_s": comm.recv_seconds - waited}
         nb.WORKER.stats["buckets"] = nb.WORKER.whole.buckets
         meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
         me = comm.rank - payload.groups.offset
-        return {k: x if (split or me == 0) else None
+        resident.keep({k: x for (k, _, _), x in zip(payload.outputs, results)}, keys)
+        return {k: np.asarray(x) if (split or me == 0) else None
                 for (k, _, split), x in zip(payload.outputs, results)}
     run = _StageStep(comm, payload, blocks)
     for name, m in list(payload.tasks) + [("post", None)]:
@@ -279,6 +334,7 @@ def run_stage(comm, blocks):
     nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
                                    "wait_s": run.mailbox.waited}
     meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
+    resident.keep({k: x for (k, _, _), x in zip(payload.outputs, results)}, keys)
     return {k: x if (split or run.me == 0) else None
             for (k, _, split), x in zip(payload.outputs, results)}
 

@@ -136,6 +136,38 @@ def test_gpt_four_blocks_on_four_native_ranks(monkeypatch, scheduler, whole):
     c.close()
 
 
+def kept_args(comm):
+    """In a worker: how many argument blocks its last step took from its kept results."""
+    from autopar.runtime.native_backend import WORKER
+    return WORKER.stats["kept_args"]
+
+
+@pytest.mark.native
+def test_pipeline_parameters_stay_in_the_workers_and_a_loop_matches_the_single_device_one(
+        monkeypatch):
+    """Results of 64 KiB or more stay in the stage's ranks (runtime.resident); the parameters
+    passed back unchanged go as keys to the stage that made them, and a training loop gives
+    the single-device loop's values. A new array in a kept one's place is sent whole."""
+    monkeypatch.setenv("AUTOPAR_RESIDENT", "1")
+    p, b = m.gpt_params(layers=4, d=128, vocab=64), m.gpt_batch(batch=8)
+    c = ap.compile(m.gpt_pipeline_step, p, b, config=config(micro=4, backend="native"))
+    got, want = p, p
+    for _ in range(3):
+        loss, got = c(got, b)
+        want_loss, want = m.gpt_pipeline_step(want, b)
+        assert_same((loss, got), (want_loss, want))
+    big = [k for k, x in enumerate(jax.tree.leaves(got)) if x.nbytes >= 64 << 10]
+    assert big and all(not jax.tree.leaves(got)[k].flags.writeable for k in big)
+    assert all(n > 0 for n in c.on_workers(kept_args))
+    leaves, tree = jax.tree.flatten(got)
+    leaves[big[0]] = leaves[big[0]] + 1.0            # not a kept result: sent whole
+    want_leaves = jax.tree.leaves(want)
+    want_leaves[big[0]] = np.asarray(want_leaves[big[0]]) + 1.0
+    want = jax.tree.unflatten(tree, want_leaves)
+    assert_same(c(jax.tree.unflatten(tree, leaves), b), m.gpt_pipeline_step(want, b))
+    c.close()
+
+
 @pytest.mark.native
 def test_a_stage_rank_stopped_fails_the_pipeline_step_and_the_next_one_works(monkeypatch):
     """A rank of the second stage stopped (SIGSTOP) while the first stage's ranks wait for its
