@@ -89,6 +89,20 @@ def pids_gone(pids):
     return not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
+def stop_rank_and_call(c, rank, *args):
+    """Stop worker ``rank`` of compiled step ``c`` (SIGSTOP), then call ``c(*args)``: it raises
+    CollectiveError within BOUND and every worker of the failed job is gone. Returns the error
+    and the old workers' pids."""
+    pids = c.on_workers(worker_pid)
+    os.kill(pids[rank], signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err:
+        c(*args)
+    assert time.monotonic() - start < BOUND
+    assert pids_gone(pids)                                  # stopped at once, nothing left
+    return err.value, pids
+
+
 def autopar_threads():
     """Live threads but the main one and the fork server's reader, which serves every job of
     this process (runtime/forkserver.py)."""
@@ -178,14 +192,8 @@ def test_a_compiled_step_on_the_default_backend_restarts_after_a_rank_stops_answ
     assert cfg.backend is ap.Backend.NATIVE
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
-    pids = c.on_workers(worker_pid)
-    os.kill(pids[1], signal.SIGSTOP)
-    start = time.monotonic()
-    with pytest.raises(CollectiveError) as err:
-        c(p, b)
-    assert time.monotonic() - start < BOUND
-    assert "rank 1" in str(err.value)
-    assert pids_gone(pids)                                  # stopped at once, nothing left
+    err, pids = stop_rank_and_call(c, 1, p, b)
+    assert "rank 1" in str(err)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))              # new workers
     new = c.on_workers(worker_pid)
     assert not set(new) & set(pids)

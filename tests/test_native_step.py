@@ -84,10 +84,7 @@ def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_wo
     waiting inside a custom call (with 4 KiB buckets, in all_reduce_done while the all-reduce
     waits on the communicator's thread); the call raises CollectiveError within the bound, and
     the next call runs on new workers."""
-    import os
-    import signal
-    import time
-    from test_native_failures import BOUND, TIMEOUT, pids_gone, worker_pid
+    from test_native_failures import TIMEOUT, stop_rank_and_call
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False,
@@ -97,13 +94,7 @@ def test_a_rank_stopped_during_the_executable_fails_the_call_and_the_next_one_wo
     assert all(c.on_workers(whole))
     if bucket < 25 << 20:
         assert "autopar_all_reduce_start" in c.on_workers(schedule)[0]
-    pids = c.on_workers(worker_pid)
-    os.kill(pids[1], signal.SIGSTOP)
-    start = time.monotonic()
-    with pytest.raises(ap.CollectiveError):
-        c(p, b)
-    assert time.monotonic() - start < BOUND
-    assert pids_gone(pids)
+    stop_rank_and_call(c, 1, p, b)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     c.close()
 

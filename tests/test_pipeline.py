@@ -173,23 +173,14 @@ def test_a_stage_rank_stopped_fails_the_pipeline_step_and_the_next_one_works(mon
     """A rank of the second stage stopped (SIGSTOP) while the first stage's ranks wait for its
     cotangents inside their executables: the call raises CollectiveError within the bound,
     every worker is gone, and the next call runs on new workers."""
-    import os
-    import signal
-    import time
-    from test_native_failures import BOUND, TIMEOUT, pids_gone, worker_pid
+    from test_native_failures import TIMEOUT, stop_rank_and_call
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
     p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
     c = ap.compile(m.gpt_pipeline_step, p, b, config=config(
         micro=4, backend="native", collective_timeout=TIMEOUT))
     want = m.gpt_pipeline_step(p, b)
     assert_same(c(p, b), want)
-    pids = c.on_workers(worker_pid)
-    os.kill(pids[3], signal.SIGSTOP)
-    start = time.monotonic()
-    with pytest.raises(ap.CollectiveError):
-        c(p, b)
-    assert time.monotonic() - start < BOUND
-    assert pids_gone(pids)
+    stop_rank_and_call(c, 3, p, b)
     assert_same(c(p, b), want)
     c.close()
 
