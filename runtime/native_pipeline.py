@@ -41,11 +41,10 @@ from typing import Any
 
 import numpy as np
 
+from autopar.errors import AutoparError
 from autopar.graph import Const
 from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
                                       Route, Transfer, TransferKind, schedule)
-
-from autopar.errors import AutoparError
 
 from . import native_backend as nb
 from . import resident
