@@ -311,7 +311,7 @@ def load(comm, payload, cache=None):
     devices = list(range(payload.mesh.size))
     WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
     if comm.rank not in devices:
-        _compiled_everywhere(comm)
+        compiled_everywhere(comm)
         return True
     WORKER.whole = None
     if payload.options.whole_step:
@@ -327,11 +327,11 @@ def load(comm, payload, cache=None):
     WORKER.frees = _last_reads(steps, payload.outputs)
     WORKER.comm_thread()
     if WORKER.reducers:
-        _compiled_everywhere(comm)
+        compiled_everywhere(comm)
     return True
 
 
-def _compiled_everywhere(comm):
+def compiled_everywhere(comm):
     """Every rank of the job, reducers included, past its compiles (``COMPILE_TIMEOUT``)."""
     comm.barrier(list(range(comm.size)), timeout=max(comm.timeout, COMPILE_TIMEOUT))
 

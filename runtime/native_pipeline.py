@@ -221,20 +221,24 @@ class StagePayload:
 def load_stage(comm, payload: StagePayload, cache=None):
     """Compile the stage's segments now (so a stage's first step does not compile while its
     peers wait on it), shared across the stage's ranks: as one executable (``WholeStage``)
-    with ``RuntimeOptions.whole_step``, else each segment for ``run_stage``'s interpreter."""
+    with ``RuntimeOptions.whole_step``, else each segment for ``run_stage``'s interpreter;
+    answer once every rank of the job has compiled."""
     nb.WORKER.whole = None
     if payload.options.whole_step and supported(payload) is None:
         nb.WORKER.stage = payload
         nb.WORKER.whole = WholeStage(comm, payload, cache)
-        return True
-    segments = [s[1] for steps in payload.phases.values() for s in steps
-                if isinstance(s, tuple)]
-    ranks = list(payload.devices[payload.stage])
-    compiled = iter(nb.compile_shared(comm, segments, ranks, cache))
-    phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
-                     for s in steps] for name, steps in payload.phases.items()}
-    nb.WORKER.stage = dataclasses.replace(payload, phases=phases)
-    nb.WORKER.comm_thread()
+    else:
+        segments = [s[1] for steps in payload.phases.values() for s in steps
+                    if isinstance(s, tuple)]
+        ranks = list(payload.devices[payload.stage])
+        compiled = iter(nb.compile_shared(comm, segments, ranks, cache))
+        phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
+                         for s in steps] for name, steps in payload.phases.items()}
+        nb.WORKER.stage = dataclasses.replace(payload, phases=phases)
+        nb.WORKER.comm_thread()
+    # stages compile different programs: a stage done early would otherwise answer at once and
+    # start the launcher's clock on one still compiling (a collective timeout behind it)
+    nb.compiled_everywhere(comm)
     return True
 
 
