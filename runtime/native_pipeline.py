@@ -540,11 +540,12 @@ class WholeStage(Tracer):
 
     def _receive(self, stage):
         """The next message of ``stage``'s, into ``self.got``."""
+        from jax import ShapeDtypeStruct
         msgs, pairs = self.inbox[stage]
         tag, m, (shape, dtype) = msgs[self.taken[stage]]
         self.taken[stage] += 1
         self.got[(tag, m)], self.order = self.call(
-            "recv", (jax_like(shape, dtype),), self.after(), self.order, **pairs)
+            "recv", (ShapeDtypeStruct(tuple(shape), dtype),), self.after(), self.order, **pairs)
 
     def _accumulate(self, st, x):
         if st.kind == AccumulateKind.SUM:
@@ -559,8 +560,3 @@ class WholeStage(Tracer):
             return x if m == 0 else jnp.zeros_like(x)
         n = x.shape[st.dim] // self.payload.micro
         return lax.slice_in_dim(x, m * n, (m + 1) * n, axis=st.dim)
-
-
-def jax_like(shape, dtype):
-    import jax
-    return jax.ShapeDtypeStruct(tuple(shape), dtype)
