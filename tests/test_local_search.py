@@ -131,6 +131,60 @@ def test_every_phase_on_tiny_problems():
     assert searched >= 4
 
 
+def test_regions_beside_the_lagrangian_on_a_copy_of_the_state():
+    """Two region threads: regions run during the Lagrangian phase on a fork of the state
+    (its own choice and slack), the merge LP on a thread beside regions; answers stay right."""
+    opts = local_search.LocalSearchOptions(whole_mip_columns=0, region_columns=30,
+                                           region_threads=2)
+    for seed in range(6):
+        p = random_problem(200 + seed, nodes=(7, 9), most=3000, forbid=False)
+        opt = cheapest(p)
+        if opt is None:
+            continue
+        sol = local_search.solve(p, time_limit=0.8, options=opts)
+        assert p.feasible(sol.choice) and opt <= sol.cost < 1e17, seed
+    st = search_state.State(reduce(random_problem(7, nodes=(7, 9), forbid=False)))
+    st.load(np.zeros(st.n, np.int64))
+    other = st.fork()
+    other.load(st.sizes - 1)
+    assert (st.choice == 0).all() and (other.choice == st.sizes - 1).all()
+    assert other.slack is not st.slack
+
+
+def test_regret_is_each_nodes_loss_against_its_cheapest_strategy():
+    for seed in range(30):
+        st = search_state.State(reduce(random_problem(300 + seed, nodes=(5, 9), forbid=False)))
+        if st.n == 0:
+            continue
+        rng = np.random.default_rng(seed)
+        st.load(np.array([rng.integers(k) for k in st.sizes]))
+        unary = st.node_flat + rng.random(len(st.node_flat))
+        want = []
+        for x in range(st.n):
+            local = st.local(x) - st.cost[x] + unary[st.node_off[x]:][:st.sizes[x]]
+            want.append(local[st.choice[x]] - local.min())
+        np.testing.assert_allclose(st.regret(unary), want, rtol=1e-12, atol=1e-9)
+
+
+def test_long_lived_nodes_make_one_region():
+    """Nodes whose memory spans (nearly) every step form the region that trades memory
+    across the whole step; short-lived nodes stay out of it."""
+    n = 12
+    intervals = np.array([[0, 100]] * 3 + [[i * 10, i * 10 + 5] for i in range(n - 3)])
+    p = SearchProblem(
+        name="long", node_costs=tuple([np.array([1.0, 2.0])] * n),
+        node_usages=tuple([np.array([4, 1])] * n), intervals=intervals,
+        edges=np.array([[i, i + 1] for i in range(n - 1)]),
+        edge_costs=tuple([np.array([[0.0, 1.0], [1.0, 0.0]])] * (n - 1)), usage_limit=9)
+    st = search_state.State(reduce(p))
+    now = time.monotonic()
+    search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
+    long = search.long_lived()
+    length = st.span[long, 1] - st.span[long, 0]
+    assert len(long) >= 2 and (length >= 0.9 * len(st.slack)).all()
+    assert len(long) < st.n
+
+
 def test_message_passing_is_exact_on_trees():
     rng = np.random.default_rng(7)
     for _ in range(10):
@@ -403,7 +457,7 @@ def test_whole_problem_on_a_thread():
         now = time.monotonic()
         search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
         search.initial()
-        whole = local_search._Whole(search.mip, st, 5.0, 0.0)
+        whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0)
         whole.thread.join()
         lp, mip = whole.relax, whole.mip
         assert whole.done() and lp.choice is not None and mip.optimal, seed

@@ -23,12 +23,18 @@ Algorithm:
    descended; the prices follow a subgradient step
    ``lam += step * (usage - capacity)`` sized by the gap between the best feasible cost and the
    priced cost. Every step proves a lower bound: TRW-S's bound on the priced cost
-   (``MessagePassing.lower_bound``, from its backward pass) less the priced capacity.
+   (``MessagePassing.lower_bound``, from its backward pass) less the priced capacity. Where
+   the process may use two cores and no whole MIP runs, region MIPs (6.) go on beside it on a
+   copy of the state (``State.fork``) that follows the best answer.
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
-   that the Lagrangian solutions used (``restrict``), rounded; the nodes it left fractional and
-   their neighbours are re-solved as a MIP over the same strategies, then repair and descent.
-6. MIP phase (region_mip.py, HiGHS): connected regions with every other node fixed -- first
-   around the merge's fractional nodes, then random -- sized so each solves in seconds. When
+   that the Lagrangian solutions used (``restrict``), solved on a thread while regions go on,
+   rounded; the nodes it left fractional and their neighbours are re-solved as a MIP over the
+   same strategies, then repair and descent.
+6. MIP phase (region_mip.py, HiGHS): regions with every other node fixed, sized so each
+   solves in seconds: the long-lived nodes (memory over nine tenths of the steps: the one
+   region that trades memory across the whole step), connected regions around the merge's
+   fractional nodes, then around random nodes (half of them drawn by their regret at the
+   Lagrangian's last prices, ``State.regret``). When
    the whole reduced problem's model is small, a second thread (HiGHS releases the GIL) solves
    it from the start -- its LP relaxation, then the whole MIP (HiGHS' MIP starts by solving
    that LP, so it is not tried when the LP was not solved in time) -- while a short Lagrangian
@@ -80,13 +86,16 @@ class LocalSearchOptions:
 
 
 class _Whole:
-    """The whole reduced problem on a thread of its own (HiGHS releases the GIL, so the search
-    goes on beside it on the second core): its LP relaxation (``relax``), then its MIP
-    (``mip``, relative gap ``gap``), each a RegionResult once solved, all within ``time_limit``
-    seconds. The MIP is not tried when the LP was not solved: HiGHS' MIP starts with it."""
+    """A problem's whole model on a thread of its own (HiGHS releases the GIL, so the search
+    goes on beside it on the second core): its LP relaxation (``relax``), then, when ``gap``
+    is given, its MIP (``mip``, relative gap ``gap``), each a RegionResult once solved, all
+    within ``time_limit`` seconds. ``mip`` is the RegionMip of the problem (the reduced one, or
+    one ``restrict``ed), ``choice`` its current strategies, ``slack`` the free memory. The MIP
+    is not tried when the LP was not solved: HiGHS' MIP starts with it."""
 
-    def __init__(self, mip: RegionMip, st: State, time_limit: float, gap: float):
-        model = mip.build(st.choice, st.slack, np.arange(st.n))     # here: st changes later
+    def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
+                 gap: Optional[float] = None):
+        model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
         self.relax = self.mip = None
         self.relaxed = threading.Event()
         self.thread = threading.Thread(target=self._solve, args=(model, time_limit, gap),
@@ -99,7 +108,7 @@ class _Whole:
             self.relax = RegionMip.relax_model(model, time_limit)
         finally:
             self.relaxed.set()
-        if self.relax.choice is not None:
+        if gap is not None and self.relax.choice is not None:
             self.mip = RegionMip.solve_model(model, end - time.monotonic(), gap)
 
     def done(self) -> bool:
@@ -112,6 +121,7 @@ class _Search:
         self.st = st
         self.opts = opts
         self.rng = np.random.default_rng(opts.seed)
+        self.region_rng = np.random.default_rng([opts.seed, 1])   # regions' roots and orders
         self.deadline = deadline
         self.progress = progress
         self.started = started
@@ -124,6 +134,13 @@ class _Search:
         self.pool = []                # solutions met in the Lagrangian phase
         self.domains = None           # Domains, made when first needed
         self.start = None
+        self.unary = None             # node costs at the Lagrangian phase's last prices
+        self._long = None             # long_lived(), once made
+        self.budget = float(opts.region_columns)   # a region's MIP size (columns), adapted
+        self.over = 0.0    # the most a region overran its limit (building it, HiGHS), per column
+        self.solver = ThreadPoolExecutor(2, thread_name_prefix="autopar-region")
+        self.pending = {}  # region being solved -> (nodes, start, limit, budget)
+        self.busy = np.zeros(st.n, bool)          # the nodes of those regions
 
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -135,14 +152,17 @@ class _Search:
             self.progress(f"local_search {now - self.started:6.1f}s {what}: best "
                           f"{self.best_cost:.6g}")
 
-    def remember(self) -> bool:
-        if self.st.overflow():
+    def remember(self, st: Optional[State] = None) -> bool:
+        """Keep the choice of ``st`` (the search's state by default) when it fits and is the
+        cheapest yet."""
+        st = self.st if st is None else st
+        if st.overflow():
             return False
-        c = self.st.total()
+        c = st.total()
         if c < self.best_cost:
             self.best_cost = c
-            self.best = best = self.st.choice.copy()
-            anytime.offer(c, lambda: self.st.r.expand(best))
+            self.best = best = st.choice.copy()
+            anytime.offer(c, lambda: st.r.expand(best))
             return True
         return False
 
@@ -203,21 +223,35 @@ class _Search:
         return not st.overflow()
 
     # ------------------------------------------------------------------ 1-opt
-    def descend(self, nodes=None):
-        """1-opt over ``nodes`` (all by default, in random order): each to its cheapest
-        strategy that fits, revisiting neighbours of moved nodes, until no move helps
-        (``State.descend``, in C++)."""
-        order = np.arange(self.st.n) if nodes is None else np.array(nodes, np.int64)
-        self.rng.shuffle(order)
-        self.st.descend(order, max(self.time_left(), 0.0))
+    def descend(self, nodes=None, st: Optional[State] = None, rng=None):
+        """1-opt over ``nodes`` (all by default, in an order drawn from ``rng``) of ``st``
+        (the search's state by default): each to its cheapest strategy that fits, revisiting
+        neighbours of moved nodes, until no move helps (``State.descend``, in C++)."""
+        st = self.st if st is None else st
+        order = np.arange(st.n) if nodes is None else np.array(nodes, np.int64)
+        (self.rng if rng is None else rng).shuffle(order)
+        st.descend(order, max(self.time_left(), 0.0))
 
     # ------------------------------------------------------------------ Lagrangian phase
-    def lagrangian(self, until: float):
+    def lagrangian(self, until: float, regions: bool = False):
+        """Price updates until ``until``; with ``regions``, region MIPs go on beside them, one
+        at a time on a thread of their own, on a copy of the state that follows the best
+        answer. The price steps follow the best of the phase's own answers (and the regions
+        draw from a generator of their own), so regions change nothing in the phase."""
         st, r = self.st, self.st.r
         passing = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
         lam = np.zeros(len(st.slack))
         step, stale = 1.0, 0
+        side = st.fork() if regions else None
+        side_seeds = []
+        own = self.best_cost          # the best answer of the start or this phase
         while time.monotonic() < until and self.time_left() > 0:
+            if side is not None and self.best is not None:
+                self.collect(side, 0.0)
+                if side.total() > self.best_cost:
+                    side.load(self.best)
+                    side_seeds = [self.long_lived()] if len(self.long_lived()) else []
+                self.launch(side, side_seeds, 1)
             unary = st.price(lam)
             x = passing.sweep(unary, self.opts.lagrangian_sweeps)
             # every feasible choice costs at least the priced minimum less priced capacity
@@ -228,7 +262,7 @@ class _Search:
             move = np.where(lam > 0, g, np.maximum(g, 0))
             norm = float(move @ move)
             if norm > 0:
-                ref = self.best_cost if np.isfinite(self.best_cost) else abs(priced) + 1.0
+                ref = own if np.isfinite(own) else abs(priced) + 1.0
                 size = step * max(ref - priced, 0.02 * ref) / norm
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
@@ -239,26 +273,32 @@ class _Search:
             better = False
             if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
                 self.descend()
-                better = self.remember()
+                self.remember()
+                better = st.total() < own
+                own = min(own, st.total())
                 self.pool.append(st.choice.copy())
             stale = 0 if better else stale + 1
             if stale >= 4:
                 step, stale = max(step / 2, 1 / 64), 0
+            self.unary = unary
             self.report("lagrangian")
 
     # ------------------------------------------------------------------ merge phase
     def merge(self, seconds: float) -> tuple:
-        """LP over the strategies the pooled solutions use, rounded (``round``). Returns the
-        nodes it left fractional."""
+        """LP over the strategies the pooled solutions use, solved on a thread of its own
+        within ``seconds`` while regions are solved here (one at a time), then rounded
+        (``round``). Returns the nodes it left fractional."""
         st = self.st
-        end = time.monotonic() + seconds
         pool = self.pool[::max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
         keep = [np.unique([s[x] for s in pool + [self.best, self.start]]) for x in range(st.n)]
         sub = RegionMip(restrict(st.r, keep))
         self.restore()
         base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
-        res = sub.relax(base, st.slack, np.arange(st.n), self.mip_seconds(0.7 * seconds))
-        return self.round(res, sub, keep, end)
+        lp = _Whole(sub, base, st.slack, self.mip_seconds(seconds))
+        self.regions(stop=lp.relaxed.is_set)
+        self.restore()
+        return self.round(lp.relax, sub, keep,
+                          time.monotonic() + self.opts.round_share * self.time_left())
 
     def round(self, res, sub: RegionMip, keep, end: float) -> tuple:
         """An LP answer ``res`` of ``sub`` (whose node ``x`` offers the strategies ``keep[x]``;
@@ -267,7 +307,7 @@ class _Search:
         is half the problem or more: the whole MIP's work), then repaired and descended.
         Returns the fractional nodes."""
         st = self.st
-        if res.choice is None:
+        if res is None or res.choice is None:
             return ()
         original = (lambda c: c) if keep is None else \
             (lambda c: np.array([k[s] for k, s in zip(keep, c)], np.int64))
@@ -300,7 +340,7 @@ class _Search:
             x = order[head]
             head += 1
             nb = st.nbr_ids[x]
-            for w in nb[self.rng.permutation(len(nb))]:
+            for w in nb[self.region_rng.permutation(len(nb))]:
                 if inside[w]:
                     continue
                 add = int(sizes[w]) * (1 + int(sizes[st.nbr_ids[w][inside[st.nbr_ids[w]]]].sum()))
@@ -317,10 +357,10 @@ class _Search:
         limit is checked between steps), so ask for less."""
         return 0.8 * left - 0.1
 
-    def region_move(self, res):
-        """Keep a region's answer ``res`` when it fits and is cheaper than the nodes' current
-        strategies (the state may have moved since its model was built: checked as it is)."""
-        st = self.st
+    def region_move(self, res, st: State):
+        """Keep a region's answer ``res`` in ``st`` when it fits and is cheaper than the
+        nodes' current strategies (``st`` may have moved since the model was built: checked
+        as it is)."""
         if res.choice is None:
             return
         before = st.total()
@@ -328,55 +368,95 @@ class _Search:
         for x, s in zip(res.nodes, res.choice):
             st.set(int(x), int(s))
         if st.min_slack(res.nodes) >= 0 and st.total() < before:
-            self.descend(res.nodes)
-            self.remember()
+            self.descend(res.nodes, st, self.region_rng)
+            self.remember(st)
             return
         for x, s in zip(res.nodes, old):
             st.set(int(x), int(s))
 
+    def long_lived(self) -> np.ndarray:
+        """The nodes whose memory spans nine tenths of the kept steps or more (parameters and
+        the like: every step's limit is shared with them), the longest first up to the
+        starting region size; as one region, the MIP trades memory across the whole step,
+        which no region grown around a node sees."""
+        if self._long is None:
+            st = self.st
+            length = st.span[:, 1] - st.span[:, 0]
+            nodes = np.flatnonzero(st.has_memory & (length >= 0.9 * len(st.slack)))
+            nodes = nodes[np.argsort(-length[nodes], kind="stable")]
+            fit = np.cumsum(st.sizes[nodes]) <= self.opts.region_columns
+            self._long = np.sort(nodes[fit]) if len(nodes) > 1 else nodes[:0]
+        return self._long
+
+    def root(self, st: State) -> int:
+        """A random node to grow a region from: half the time any node, otherwise drawn by
+        its regret at the Lagrangian phase's last prices (how much more its strategy costs,
+        memory priced, than its cheapest with its neighbours as now)."""
+        rng = self.region_rng
+        if self.unary is not None and rng.random() < 0.5:
+            regret = st.regret(self.unary)
+            regret = np.where(np.isfinite(regret), np.maximum(regret, 0.0), 0.0)
+            if regret.sum() > 0:
+                return int(rng.choice(st.n, p=regret / regret.sum()))
+        return int(rng.integers(st.n))
+
+    def launch(self, st: State, seeds: list, at_once: int, stop=lambda: False):
+        """Region MIPs of ``st`` handed to HiGHS threads until ``at_once`` are being solved
+        (disjoint), ``stop()`` or too little time is left: first ``seeds`` (popped: a node to
+        grow a region from, or a region's nodes as an array), then regions grown from random
+        nodes (``root``)."""
+        while len(self.pending) < at_once and not stop():
+            limit = min(self.mip_seconds(self.time_left() - self.over * self.budget),
+                        self.opts.region_seconds)
+            if limit < 0.05:
+                return
+            seed = seeds.pop() if seeds else self.root(st)
+            if self.busy[seed].any():
+                continue
+            nodes = seed if isinstance(seed, np.ndarray) else \
+                self.grow_region(seed, self.budget, self.busy if self.pending else None)
+            t0 = time.monotonic()
+            model = self.mip.build(st.choice, st.slack, nodes)
+            job = self.solver.submit(RegionMip.solve_model, model,
+                                     limit - (time.monotonic() - t0), 1e-6)
+            self.pending[job] = (nodes, t0, limit,
+                                 None if isinstance(seed, np.ndarray) else self.budget)
+            self.busy[nodes] = True
+
+    def collect(self, st: State, timeout: Optional[float] = None):
+        """The answers of the regions solved within ``timeout`` seconds (None: until one is),
+        kept in ``st`` where they still help (``region_move``); the region size grows after
+        quick optimal answers and shrinks after unfinished ones."""
+        done, _ = wait(self.pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        for job in done:
+            nodes, t0, limit, asked = self.pending.pop(job)
+            self.busy[nodes] = False
+            res = job.result()
+            self.region_move(res, st)
+            took = time.monotonic() - t0
+            if asked is None:          # a given region: nothing to learn about the size
+                continue
+            self.over = max(self.over, (took - limit) / asked)
+            if res.optimal and took < 0.3 * limit:
+                self.budget *= 1.2
+            elif not res.optimal:
+                self.budget *= 0.7
+            self.report(f"regions of ~{int(self.budget)} columns")
+
     def regions(self, seeds=(), stop=lambda: False, threads=1):
-        """Region MIPs around ``seeds`` first, then around random nodes, until time runs out
-        or ``stop()``; with ``threads`` > 1, that many regions (disjoint) are solved at once,
-        HiGHS on threads of its own while this one builds the next model and keeps answers."""
-        st = self.st
-        budget = float(self.opts.region_columns)
+        """Region MIPs of the search's state around ``seeds`` first, then around random
+        nodes, until time runs out or ``stop()``; with ``threads`` > 1, that many regions
+        (disjoint) are solved at once, HiGHS on threads of its own while this one builds the
+        next model and keeps answers."""
         seeds = list(seeds)
-        self.rng.shuffle(seeds)
-        over = 0.0         # the most a region overran its limit (building it, HiGHS), per column
-        busy = np.zeros(st.n, bool)
-        pending = {}       # future -> (nodes, start, limit, budget)
-        with ThreadPoolExecutor(threads, thread_name_prefix="autopar-region") as pool:
-            while True:
-                while len(pending) < threads and not stop():
-                    limit = min(self.mip_seconds(self.time_left() - over * budget),
-                                self.opts.region_seconds)
-                    if limit < 0.05:
-                        break
-                    root = seeds.pop() if seeds else int(self.rng.integers(st.n))
-                    if busy[root]:
-                        continue
-                    nodes = self.grow_region(root, budget, busy if pending else None)
-                    t0 = time.monotonic()
-                    model = self.mip.build(st.choice, st.slack, nodes)
-                    job = pool.submit(RegionMip.solve_model, model,
-                                      limit - (time.monotonic() - t0), 1e-6)
-                    pending[job] = (nodes, t0, limit, budget)
-                    busy[nodes] = True
-                if not pending:
-                    return
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for job in done:
-                    nodes, t0, limit, asked = pending.pop(job)
-                    busy[nodes] = False
-                    res = job.result()
-                    self.region_move(res)
-                    took = time.monotonic() - t0
-                    over = max(over, (took - limit) / asked)
-                    if res.optimal and took < 0.3 * limit:
-                        budget *= 1.2
-                    elif not res.optimal:
-                        budget *= 0.7
-                    self.report(f"regions of ~{int(budget)} columns")
+        self.region_rng.shuffle(seeds)
+        if len(self.long_lived()):
+            seeds.append(self.long_lived())
+        while True:
+            self.launch(self.st, seeds, threads, stop)
+            if not self.pending:
+                return
+            self.collect(self.st)
 
     # ------------------------------------------------------------------ driver
     def run(self, seed: Optional[np.ndarray] = None):
@@ -396,14 +476,15 @@ class _Search:
                 self.descend()
                 self.remember()
         self.report("start")
+        threads = self.opts.region_threads or min(2, len(os.sched_getaffinity(0)))
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
         one_mip = everything <= self.opts.whole_mip_columns
-        whole = _Whole(self.mip, st, self.mip_seconds(self.time_left()),
+        whole = _Whole(self.mip, st.choice, st.slack, self.mip_seconds(self.time_left()),
                        0.0 if everything < 20_000 else 1e-6) if one_mip else None
         left = self.time_left()
         share = min(0.15 * left, 10.0) if one_mip else self.opts.lagrangian_share * left
         if st.has_memory.any() or not one_mip:
-            self.lagrangian(time.monotonic() + share)
+            self.lagrangian(time.monotonic() + share, regions=not one_mip and threads > 1)
         if self.best is not None:
             self.restore()
         unsure = ()
@@ -434,7 +515,6 @@ class _Search:
                 if res.optimal:
                     self.optimal = everything < 20_000
                     return
-        threads = self.opts.region_threads or min(2, len(os.sched_getaffinity(0)))
         self.regions(unsure, threads=threads)
 
 
@@ -455,7 +535,10 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         progress(f"local_search {time.monotonic() - started:6.1f}s reduced {problem.num_nodes} "
                  f"nodes to {red.num_nodes} ({int(st.sizes.sum())} strategies, "
                  f"{red.num_edges} edges)")
-    search.run(None if initial is None else red.encode(initial.choice))
+    try:
+        search.run(None if initial is None else red.encode(initial.choice))
+    finally:
+        search.solver.shutdown(wait=False, cancel_futures=True)
     if search.best is None and (initial is None or not problem.feasible(initial.choice)):
         raise InfeasibleError(
             f"problem {problem.name!r}: no choice of finite cost within the memory limit of "

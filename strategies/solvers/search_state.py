@@ -11,6 +11,8 @@ arc consistent as nodes are fixed. The loops over every node (``load``,
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from autopar import _native
@@ -90,6 +92,13 @@ class State:
             offsets([len(c) * p for c, p in zip(self.cost, pieces)]),
             r.capacity.astype(np.int64))
 
+    def fork(self) -> "State":
+        """A State over the same problem, tables and C++ kernel (use one of the two at a
+        time) with a copy of this one's choice and slack."""
+        other = copy.copy(self)
+        other.choice, other.slack = self.choice.copy(), self.slack.copy()
+        return other
+
     # ------------------------------------------------------------------ queries
     def local(self, x) -> np.ndarray:
         """Cost of each strategy of ``x`` with its neighbours as now."""
@@ -110,6 +119,37 @@ class State:
             pairs = self.edge_flat[self.edge_off + ch[self.eu] * self.esv + ch[self.ev]]
             out += float(np.where(np.isfinite(pairs), pairs, forbidden).sum())
         return out
+
+    def regret(self, unary) -> np.ndarray:
+        """Per node, how much more its strategy costs than its cheapest one with its
+        neighbours as now, node costs taken from ``unary`` (flat, as ``price`` gives them)."""
+        if not hasattr(self, "_pair_at"):
+            self._regret_tables()
+        ch = self.choice
+        local = np.array(unary, np.float64)
+        if len(self._pair_at):
+            e = self._pair_edge
+            other = np.where(self._pair_side, ch[self.eu[e]], ch[self.ev[e]])
+            stride = np.where(self._pair_side, self.esv[e], 1)
+            local += np.bincount(self._pair_to, self.edge_flat[self._pair_at + other * stride],
+                                 minlength=len(local))
+        here = local[self.node_off + ch]
+        return here - np.minimum.reduceat(local, self.node_off)
+
+    def _regret_tables(self):
+        """For every (edge, strategy of one end): the flat entry of the edge's matrix at that
+        strategy and the other end's strategy 0 (``_pair_at``), which end (``_pair_side``:
+        True for v), the edge and the flat strategy it adds to."""
+        su, sv = self.sizes[self.eu], self.sizes[self.ev]
+        edge = np.repeat(np.arange(len(self.eu)), su + sv)
+        first = np.concatenate([[0], np.cumsum(su + sv)])[:-1]
+        k = np.arange(len(edge)) - first[edge]
+        side = k >= su[edge]
+        j = np.where(side, k - su[edge], k)                    # the strategy of that end
+        self._pair_edge, self._pair_side = edge, side
+        self._pair_at = self.edge_off[edge] + np.where(side, j, j * sv[edge])
+        self._pair_to = np.where(side, self.node_off[self.ev[edge]],
+                                 self.node_off[self.eu[edge]]) + j
 
     def price(self, lam) -> np.ndarray:
         """Node costs plus memory priced at ``lam`` per byte and kept step, flat in node order
