@@ -424,9 +424,11 @@ class _Search:
             self.busy[nodes] = True
 
     def collect(self, st: State, timeout: Optional[float] = None):
-        """The answers of the regions solved within ``timeout`` seconds (None: until one is),
-        kept in ``st`` where they still help (``region_move``); the region size grows after
-        quick optimal answers and shrinks after unfinished ones."""
+        """The answers of the regions solved within ``timeout`` seconds (None: until one is,
+        or the search's time is up), kept in ``st`` where they still help (``region_move``);
+        the region size grows after quick optimal answers and shrinks after unfinished ones."""
+        if timeout is None:
+            timeout = max(self.time_left(), 0.0)
         done, _ = wait(self.pending, timeout=timeout, return_when=FIRST_COMPLETED)
         for job in done:
             nodes, t0, limit, asked = self.pending.pop(job)
@@ -454,7 +456,7 @@ class _Search:
             seeds.append(self.long_lived())
         while True:
             self.launch(self.st, seeds, threads, stop)
-            if not self.pending:
+            if not self.pending or self.time_left() <= 0:    # HiGHS late: not waited for
                 return
             self.collect(self.st)
 
