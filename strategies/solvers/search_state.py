@@ -48,6 +48,7 @@ class State:
                           else np.zeros(0))
         self.eu, self.ev = r.edges[:, 0], r.edges[:, 1]
         self.esv = self.sizes[self.ev] if len(esz) else np.zeros(0, np.int64)
+        self._regret_tables()
 
     def _memory_tables(self, r: ReducedProblem):
         by_node = [[] for _ in range(self.n)]
@@ -123,8 +124,6 @@ class State:
     def regret(self, unary) -> np.ndarray:
         """Per node, how much more its strategy costs than its cheapest one with its
         neighbours as now, node costs taken from ``unary`` (flat, as ``price`` gives them)."""
-        if not hasattr(self, "_pair_at"):
-            self._regret_tables()
         ch = self.choice
         local = np.array(unary, np.float64)
         if len(self._pair_at):
