@@ -11,7 +11,7 @@ process's JAX devices) and a device count. Out:
   interpolates between the two), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
   this process, read plus write, best of 10, times the share of this machine's cores a device
   gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
-  bandwidth), ``transpose_bandwidth`` (the same operator writing the 4 MB as a 1024x1024 matrix
+  bandwidth), ``transpose_bandwidth`` (the same operator writing 2 MB of it as a 512x1024 matrix
   transposed: a strided copy, as XLA makes for transposes and for dot operands out of the
   kernel's order), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
   model's alpha: the call, the segment it splits, the wait for the peers; timed between
@@ -48,6 +48,7 @@ from autopar.errors import ConfigError
 from autopar.topology import Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
+TRANSPOSED = (512, 1024)          # the matrix the transpose bandwidth is timed on (2 MB)
 CHAIN = 8                         # operators chained in a timed step
 WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
 MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
@@ -156,12 +157,11 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
 
 def _elementwise_bandwidth(x, transpose: bool = False) -> float:
     """Bytes/s read plus written by one elementwise operator on ``x``, best of 10 calls;
-    ``transpose``: on ``x`` as a square matrix written transposed (a strided copy)."""
+    ``transpose``: on the first ``TRANSPOSED`` of ``x`` written transposed (a strided copy)."""
     import jax
     import jax.numpy as jnp
-    if transpose:
-        side = int(np.sqrt(x.size))
-        x = x[:side * side].reshape(side, side)
+    if transpose:                     # 2 MB, as the activations these copies move
+        x = x[:TRANSPOSED[0] * TRANSPOSED[1]].reshape(TRANSPOSED)
     scale = jax.jit((lambda v: jnp.transpose(v) * 1.0001) if transpose else
                     (lambda v: v * 1.0001))
     x = jax.device_put(x, jax.devices()[0])
