@@ -16,8 +16,14 @@ rounds, so the machine's load drifts over them alike, each round starting one pl
 (the same native program measured ~10% slower third in a round than first or second, on
 mlp-small: auto_parallel, always third, lost to its own plan run second), and each plan's
 median is kept.
+The calibration's reference step (``autopar calibrate`` fits its compute rates so that its
+estimate equals its measured step at calibration time; a small language model none of the
+cases is) is timed among the plans, data parallel: ``reference_estimate_over_measured`` says
+how much faster (> 1) or slower the machine ran during the case than when it was calibrated,
+and each plan's ``drift_corrected`` ratio divides that out (its estimate on the machine as it
+ran then; the raw ratio is kept beside it).
 Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
-ratio, ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
+ratio, the drift-corrected ratio, ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
 two, and ``auto_same_as``: the other plan auto_parallel's is the same as (``same_as``), if
 any; then their measured difference is the machine's noise. A case with more devices than this machine has cores is marked ``oversubscribed``.
 """
@@ -37,6 +43,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import autopar as ap  # noqa: E402
+from autopar.tools.calibrate import reference_step  # noqa: E402
 import models as m  # noqa: E402
 import user_gpt as ug  # noqa: E402
 
@@ -47,6 +54,7 @@ MODELS = {
     "gpt-large": ("gpt", dict(layers=2, d=256, seq=128, batch=16, vocab=1024)),
 }
 PLANS = ("data_parallel", "semi_auto_parallel", "auto_parallel")
+REFERENCE = "reference"     # autopar calibrate's reference step, timed among the plans
 
 
 def model(name):
@@ -64,30 +72,39 @@ def model(name):
 
 def measure(name, devices, backend, iters):
     step, p, b, megatron = model(name)
+    ref_step, ref_p, ref_b = reference_step(devices)
+    args = {mode: (p, b) for mode in PLANS}
+    args[REFERENCE] = (ref_p, ref_b)
     compiled = {}
     try:
-        for mode in PLANS:
-            cfg = ap.ParallelConfig(parallel_mode=mode, device_num=devices, backend=backend,
-                                    progress=False)
+        for mode in PLANS + (REFERENCE,):
+            cfg = ap.ParallelConfig(parallel_mode="data_parallel" if mode == REFERENCE else mode,
+                                    device_num=devices, backend=backend, progress=False)
             kw = ({"in_strategy": megatron(cfg.mesh().axis_names[-1])}
                   if mode == "semi_auto_parallel" else {})
-            compiled[mode] = ap.compile(step, p, b, config=cfg, **kw)
-        call = lambda c: jax.tree.map(np.asarray, jax.block_until_ready(c(p, b)))
-        for c in compiled.values():
+            compiled[mode] = ap.compile(ref_step if mode == REFERENCE else step, *args[mode],
+                                        config=cfg, **kw)
+        call = lambda m: jax.tree.map(np.asarray, jax.block_until_ready(compiled[m](*args[m])))
+        for mode in compiled:
             for _ in range(2):
-                call(c)
-        times = {mode: [] for mode in PLANS}
+                call(mode)
+        order = PLANS + (REFERENCE,)
+        times = {mode: [] for mode in order}
         for i in range(iters):
-            for mode in PLANS[i % 3:] + PLANS[:i % 3]:        # each plan in each place alike
+            for mode in order[i % 4:] + order[:i % 4]:        # each plan in each place alike
                 t = time.perf_counter()
-                call(compiled[mode])
+                call(mode)
                 times[mode].append(time.perf_counter() - t)
         out = {"model": name, "devices": devices, "backend": backend,
                "oversubscribed": devices > (os.cpu_count() or 1)}
-        for mode, c in compiled.items():
+        ref = compiled[REFERENCE].strategy.step_time / float(np.median(times[REFERENCE]))
+        out["reference_estimate_over_measured"] = round(ref, 3)
+        for mode in PLANS:
+            c = compiled[mode]
             est, got = c.strategy.step_time * 1e3, float(np.median(times[mode])) * 1e3
             out[mode] = {"estimate_ms": round(est, 2), "measured_ms": round(got, 2),
                          "estimate_over_measured": round(est / got, 3),
+                         "drift_corrected": round(est / ref / got, 3),
                          "search": c.strategy.search, "collectives": len(c.collectives())}
         best = min(out[mode]["measured_ms"] for mode in PLANS[:2])
         out["auto_vs_best"] = round(out["auto_parallel"]["measured_ms"] / best, 3)

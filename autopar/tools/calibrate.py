@@ -20,7 +20,7 @@ process's JAX devices) and a device count. Out:
   waits for the slowest: back to back with nothing between, a whole-step executable's 1 KB
   all-reduce costs less than the step's noise) and ``beta`` (fitted so the cost model's ring
   all-reduce of 4 MB takes what it measured). Last, a whole training
-  step (``_reference``: a small language model no benchmark times) planned data parallel on
+  step (``reference_step``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
   than priced (``_fit``; ``compute_slowdown`` in the measurements).
 - ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
@@ -278,7 +278,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
 REFERENCE = dict(layers=2, d=192, heads=4, seq=96, vocab=640, sequences=8)
 
 
-def _reference(n: int):
+def reference_step(n: int):
     """A small language model's SGD step (einsums over a head axis, RMS norms, a squared-ReLU
     MLP, an untied head: written unlike the models the benchmarks time), its parameters and
     token batch as host arrays (``sequences`` sequences, or one per device)."""
@@ -327,7 +327,7 @@ def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple
     compute, estimated communication + per-call overhead)``."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
-    step, params, tokens = _reference(n)
+    step, params, tokens = reference_step(n)
     cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
                          progress=False, topology=topo)
     with ap_compile(step, params, tokens, config=cfg) as c:
