@@ -7,7 +7,7 @@ order, use lists, and ``str(graph)``: a stable printed form for golden tests, e.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -63,8 +63,6 @@ class Node:
                              # jvp(...) / transpose(jvp(...)) around them for derivatives
     backward: bool = False   # part of a derivative (traced under JAX's transpose(...)): set
                              # once by the trace, read by stage assignment and pipelining
-    folded: bool = False     # a transpose XLA folds into the dot next to it (no copy; set by
-                             # the trace, ``fold_transposes``, read by the cost model)
 
     @property
     def prim(self) -> str:
@@ -83,7 +81,7 @@ class Node:
                        for x in self.inputs)
         outs = ",".join(type_str(v.shape, v.dtype) for v in self.outputs)
         ps = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if v is not None)
-        return f"{self.prim}({ins})->{outs}{{{ps}}}" + ("~folded" if self.folded else "")
+        return f"{self.prim}({ins})->{outs}{{{ps}}}"
 
     def __str__(self) -> str:
         outs = ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.outputs)
@@ -91,50 +89,6 @@ class Node:
         ps = ", ".join(f"{k}={_param_str(v)}" for k, v in sorted(self.params.items())
                        if k not in _HIDDEN_PARAMS and v is not None)
         return f"{outs} = {self.prim}({ins})" + (f" {{{ps}}}" if ps else "")
-
-
-def dot_reads_as_is(rank: int, batch, contract) -> bool:
-    """Whether XLA's CPU dot kernel reads an operand of ``rank`` dimensions with these batch and
-    contracting dimensions in place: batch dimensions first, in order, and at most one
-    contracting and one free dimension (in either order); any other operand it copies first."""
-    free = rank - len(batch) - len(contract)
-    return list(batch) == list(range(len(batch))) and len(contract) <= 1 and free <= 1
-
-
-def fold_transposes(nodes) -> list:
-    """``nodes`` (a graph's, in order) with ``folded`` set on each transpose XLA folds into a
-    dot rather than copying: one whose operand a dot makes for it alone (the dot writes its
-    result in that order), one read only by other transposes (they compose), or one read only
-    as dot operands the kernel then reads in place (``dot_reads_as_is`` with the transpose's
-    permutation applied). Checked against XLA's compiled programs: tests/test_cost_model.py."""
-    made, readers = {}, {}
-    for n in nodes:
-        for v in n.outputs:
-            made[v.id] = n
-        for i, x in enumerate(n.inputs):
-            if isinstance(x, Value):
-                readers.setdefault(x.id, []).append((n, i))
-
-    def folds(n) -> bool:
-        perm = n.params["permutation"]
-        src, users = n.inputs[0], readers.get(n.outputs[0].id, [])
-        if isinstance(src, Value) and getattr(made.get(src.id), "prim", None) == "dot_general" \
-                and len(readers[src.id]) == 1:
-            return True
-        if not users:
-            return False
-        if all(u.prim == "transpose" for u, _ in users):
-            return True
-        for u, i in users:
-            if u.prim != "dot_general":
-                return False
-            (lc, rc), (lb, rb) = u.params["dimension_numbers"]
-            batch, contract = (lb, lc) if i == 0 else (rb, rc)
-            if not dot_reads_as_is(len(perm), [perm[d] for d in batch],
-                                   [perm[d] for d in contract]):
-                return False
-        return True
-    return [replace(n, folded=True) if n.prim == "transpose" and folds(n) else n for n in nodes]
 
 
 def _const_sig(c: Const) -> str:

@@ -43,10 +43,7 @@ class Topology:
     results out (the caller's arrays placed on the devices and fetched back). ``flops`` is the
     rate of a matmul of ``LARGE_DOT`` FLOPs or more, ``small_dot_flops`` (0: the same) that of
     one of ``SMALL_DOT`` or fewer; ``matmul_rate`` interpolates between them (small matmuls run
-    below the peak rate). ``transpose_bandwidth`` (0: ``mem_bandwidth``) is the bytes/s (read
-    plus write) of a copy that moves an array's minor (last) dimension, as XLA writes one for
-    a transpose or for a dot whose operand is not in the order its kernel reads (on CPUs about
-    a tenth of ``mem_bandwidth``). ``reducers``: CPU-only reducer processes, each on a host of its
+    below the peak rate). ``reducers``: CPU-only reducer processes, each on a host of its
     own with a NIC like the outermost level's, that an all-reduce over every device may go
     through (the native runtime's Reduction Server; 0: none)."""
     levels: tuple[Level, ...]
@@ -56,7 +53,6 @@ class Topology:
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
     small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
     reducers: int = 0             # Reduction Server processes (hosts of their own)
-    transpose_bandwidth: float = 0.0   # bytes/s of a copy moving the minor dim (0: mem_bandwidth)
 
     def __post_init__(self):
         if not self.levels:
@@ -66,10 +62,9 @@ class Topology:
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
                                   "launch >= 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
-                and self.host_beta >= 0 and self.small_dot_flops >= 0
-                and self.transpose_bandwidth >= 0):
+                and self.host_beta >= 0 and self.small_dot_flops >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
-                              "host_beta, small_dot_flops, transpose_bandwidth >= 0.")
+                              "host_beta, small_dot_flops >= 0.")
         if isinstance(self.reducers, bool) or not isinstance(self.reducers, int) or \
                 not 0 <= self.reducers <= 64:
             raise ConfigError(f"Topology reducers={self.reducers!r}: give 0 to 64 reducer "
@@ -84,12 +79,6 @@ class Topology:
             return self.small_dot_flops
         w = math.log(flops / SMALL_DOT) / math.log(LARGE_DOT / SMALL_DOT)
         return self.small_dot_flops + w * (self.flops - self.small_dot_flops)
-
-    def copy_bandwidth(self, moves_minor: bool) -> float:
-        """Bytes/s (read plus write) of a layout copy: ``transpose_bandwidth`` when it moves the
-        minor dimension (and that is set), else ``mem_bandwidth``."""
-        return (self.transpose_bandwidth or self.mem_bandwidth) if moves_minor \
-            else self.mem_bandwidth
 
     @property
     def num_devices(self) -> int:
@@ -171,8 +160,6 @@ class Topology:
         return {"format": "autopar-topology", "flops": self.flops,
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
                 "host_beta": self.host_beta, "small_dot_flops": self.small_dot_flops,
-                **({"transpose_bandwidth": self.transpose_bandwidth}
-                   if self.transpose_bandwidth else {}),
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
                             "launch": lv.launch} for lv in self.levels],
                 **({"reducers": self.reducers} if self.reducers else {})}
@@ -199,7 +186,7 @@ class Topology:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
                             d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0),
-                            d.get("reducers", 0), d.get("transpose_bandwidth", 0.0))
+                            d.get("reducers", 0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None

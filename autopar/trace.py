@@ -18,7 +18,7 @@ from jax._src import source_info_util
 from jax.extend.core import Literal
 
 from .errors import LayoutError, RuleError
-from .graph import Const, Graph, Node, Value, fold_transposes
+from .graph import Const, Graph, Node, Value
 
 # Report the user's line, not autopar's, as the source of an operation (ap.shard and friends):
 # this registers autopar's folder with JAX's traceback filter once, at import (JAX keeps that
@@ -51,7 +51,7 @@ def _graph(jaxpr, consts, in_tree, out_tree) -> Graph:
     b = _Builder()
     inputs = [b.new_value(v.aval) for v in jaxpr.invars]
     outs = b.inline(jaxpr, consts, inputs, "", "")
-    return Graph.build(inputs, outs, fold_transposes(b.live_nodes(outs)), in_tree, out_tree)
+    return Graph.build(inputs, outs, b.live_nodes(outs), in_tree, out_tree)
 
 
 def trace(fn, *args) -> Graph:

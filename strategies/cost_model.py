@@ -9,12 +9,9 @@ Out: seconds and bytes, per device:
 - ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
   a matmul's rate for its size, ``Topology.matmul_rate``) where
   S is how many ways the candidate splits the work (output splits times split contractions) and
-  ``bytes_moved`` the local inputs plus outputs; a ``transpose`` that moves the minor (last)
-  dimension moves its bytes at ``Topology.copy_bandwidth(True)``, and a contraction adds the
-  copies XLA makes of operands not in the order its dot kernel reads (``dot_copies``);
+  ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
-Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) and
-transposes XLA folds into a dot (``Node.folded``) cost nothing.
+Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
   instruction of a lowered ``Program``, as XLA fuses its segments, and the peak;
 - ``call_overhead(program, host_bytes, bucket_bytes)``: what one call of the lowered step costs
@@ -30,7 +27,7 @@ import math
 import numpy as np
 from jax import lax
 
-from autopar.graph import Const, dot_reads_as_is
+from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, reads, writes
 
 from .rules.elementwise import RULES as ELEMENTWISE
@@ -82,73 +79,15 @@ def compute_time(node, cand, mesh) -> float:
 
 
 def _compute_time(node, cand, mesh) -> float:
-    if node.primitive in FREE or node.folded:
+    if node.primitive in FREE:
         return 0.0
     topo = mesh.topology
     moved = sum(local_bytes(l, x, mesh) for x, l in zip(node.inputs, cand.in_layouts)
                 if not isinstance(x, Const))
     moved += sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
     work = flops(node) / split_factor(cand, mesh)
-    if node.prim == lax.transpose_p.name:
-        shape = cand.in_layouts[0].local_shape(node.inputs[0].shape, mesh)
-        return _copy_time(shape, node.params["permutation"], moved, topo)
-    if node.prim != lax.dot_general_p.name:
-        return max(work / topo.flops, moved / topo.mem_bandwidth)
-    copies = 0.0
-    for x, l, perm in zip(node.inputs, cand.in_layouts, dot_copies(node)):
-        if perm is not None:
-            copies += _copy_time(l.local_shape(x.shape, mesh), perm,
-                                 2 * local_bytes(l, x, mesh), topo)
-    return max(work / topo.matmul_rate(work), moved / topo.mem_bandwidth) + copies
-
-
-def refolded_copy(node, producer, layout, mesh) -> float:
-    """Seconds a folded transpose ``node`` costs when its operand, made by ``producer``, is
-    converted into ``layout`` on the way (a collective between them): XLA can no longer fold it
-    into the dot that made the operand, so it copies (0 for any other operator or producer).
-    The Strategy's estimate adds it; the search does not see it (priced on the edge, it led
-    the search to carry partial sums through such transposes into plans whose lowered memory
-    exceeded what the search's model of it said)."""
-    if not (node.folded and getattr(producer, "prim", None) == lax.dot_general_p.name):
-        return 0.0
-    x = node.inputs[0]
-    return _copy_time(layout.local_shape(x.shape, mesh), node.params["permutation"],
-                      2 * local_bytes(layout, x, mesh), mesh.topology)
-
-
-def dot_copies(node) -> tuple:
-    """Per operand of a ``dot_general``, the dimension order XLA's CPU compiler copies it into
-    before the dot kernel reads it, or None when it reads it as it is. The kernel takes batch
-    dimensions first and at most one contracting and one free dimension per operand, in either
-    order (``graph.dot_reads_as_is``); any other operand is transposed to (batch, free, contracting) for the left one,
-    (batch, contracting, free) for the right one, a copy unless it is in that order already.
-    No copies when neither operand has a free dimension (XLA multiplies and reduces).
-    (Checked against XLA's compiled HLO on random contractions: tests/test_cost_model.py.)"""
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    ranks = [len(x.shape) for x in node.inputs]
-    free = [[d for d in range(r) if d not in c and d not in b]
-            for r, c, b in zip(ranks, (lc, rc), (lb, rb))]
-    if not free[0] and not free[1]:
-        return (None, None)
-    out = []
-    for side, (r, c, b, f) in enumerate(zip(ranks, (lc, rc), (lb, rb), free)):
-        if dot_reads_as_is(r, b, c):
-            out.append(None)
-            continue
-        want = list(b) + (f + list(c) if side == 0 else list(c) + f)
-        out.append(None if want == list(range(r)) else tuple(want))
-    return tuple(out)
-
-
-def _copy_time(shape, perm, moved: int, topo) -> float:
-    """Seconds to copy an array of local ``shape`` into the dimension order ``perm``, moving
-    ``moved`` bytes: none when only dimensions of one element move (XLA relabels it), at
-    ``copy_bandwidth(True)`` when its innermost dimension changes (a strided copy), else at
-    the memory's bandwidth (whole rows move)."""
-    big = [d for d in perm if shape[d] > 1]
-    if big == sorted(big):
-        return 0.0
-    return moved / topo.copy_bandwidth(big[-1] != max(big))
+    rate = topo.matmul_rate(work) if node.prim == lax.dot_general_p.name else topo.flops
+    return max(work / rate, moved / topo.mem_bandwidth)
 
 
 def output_bytes(node, cand, mesh) -> int:

@@ -56,8 +56,7 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
     inner = topo.levels[-1]
     level = Level("micro", micro_batches, alpha=inner.alpha, beta=inner.beta)
     return LogicalMesh((MB,) + stage_mesh.axis_names, (micro_batches,) + stage_mesh.shape,
-                       Topology((level,) + topo.levels, topo.flops, topo.mem_bandwidth,
-                                transpose_bandwidth=topo.transpose_bandwidth))
+                       Topology((level,) + topo.levels, topo.flops, topo.mem_bandwidth))
 
 
 def batch_dims(graph, batch_inputs) -> dict:

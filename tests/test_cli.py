@@ -109,7 +109,6 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     (lv,) = topo.levels
     assert lv.size == 2 and lv.launch >= 0 and 0 < lv.beta < 1e-7
     assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8 and topo.step_overhead > 0
-    assert 0 < topo.transpose_bandwidth <= topo.mem_bandwidth and "transpose_GBps" in r.stdout
     assert "launch_us" in r.stdout and str(path) in r.stdout
     assert "all_reduce_1KB_amid_compute_us" in r.stdout      # what launch is fitted from
     assert "compute_slowdown" in r.stdout and "reference_step_ms" in r.stdout

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
-from ..graph import Const, Value
-from ..strategies.cost_model import call_overhead, compute_time, output_bytes, refolded_copy
+from ..graph import Const
+from ..strategies.cost_model import call_overhead, compute_time, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
 
 
@@ -76,24 +76,12 @@ def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozen
     its outputs are converted to once before they are read (``held``: value id -> Layout)."""
     held = held or {}
     converted = [tuple(held.get(v.id) for v in n.outputs) for n in graph.nodes]
-    choice = {n.id: c for n, c in zip(graph.nodes, choices)}
-
-    def compute(n, c, m):
-        if n.prim in no_compute:
-            return 0.0
-        t = compute_time(n, c, m)
-        if n.folded and isinstance(n.inputs[0], Value):      # converted on the way: a copy
-            made_by = graph.producer.get(n.inputs[0].id)
-            if made_by is not None and choice[made_by.id].out_layouts[
-                    made_by.outputs.index(n.inputs[0])] != c.in_layouts[0]:
-                t += refolded_copy(n, made_by, c.in_layouts[0], m)
-        return t
     return tuple(
         OpStrategy(name=n.name, prim=n.prim, source=n.source,
                    in_shapes=tuple(tuple(x.shape) for x in n.inputs),
                    out_shapes=tuple(v.shape for v in n.outputs), in_layouts=c.in_layouts,
                    out_layouts=c.out_layouts, comm_time=t,
-                   compute_time=compute(n, c, m),
+                   compute_time=0.0 if n.prim in no_compute else compute_time(n, c, m),
                    out_bytes=output_bytes(n, c, m), stage=s, operands=made_by,
                    converted=conv if any(l is not None for l in conv) else ())
         for n, c, t, m, s, made_by, conv in zip(graph.nodes, choices, comm, meshes, stages,

@@ -11,9 +11,7 @@ process's JAX devices) and a device count. Out:
   interpolates between the two), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
   this process, read plus write, best of 10, times the share of this machine's cores a device
   gets: XLA fuses chains of such operators inside a step, so a chain measures fusion, not
-  bandwidth), ``transpose_bandwidth`` (the same operator writing 2 MB of it as a 512x1024 matrix
-  transposed: a strided copy, as XLA makes for transposes and for dot operands out of the
-  kernel's order), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
+  bandwidth), and the one level's ``launch`` (what an all-reduce of 1 KB costs beyond the cost
   model's alpha: the call, the segment it splits, the wait for the peers; timed between
   matmuls of ~1 ms, a chain with the all-reduces alternated with the same chain without, as a
   step's collectives sit between operators whose time varies from rank to rank, where each
@@ -48,7 +46,6 @@ from autopar.errors import ConfigError
 from autopar.topology import Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
-TRANSPOSED = (512, 1024)          # the matrix the transpose bandwidth is timed on (2 MB)
 CHAIN = 8                         # operators chained in a timed step
 WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
 MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
@@ -100,8 +97,7 @@ def stretch(topo: Topology, n: int) -> Topology:
     f = m / n
     return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
                    mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
-                   small_dot_flops=topo.small_dot_flops * f,
-                   transpose_bandwidth=topo.transpose_bandwidth * f)
+                   small_dot_flops=topo.small_dot_flops * f)
 
 
 def save(topo: Topology, path: Path) -> None:
@@ -155,15 +151,9 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
         return float(np.median([call(a) - call(b) for _ in range(pairs)]))
 
 
-def _elementwise_bandwidth(x, transpose: bool = False) -> float:
-    """Bytes/s read plus written by one elementwise operator on ``x``, best of 10 calls;
-    ``transpose``: on the first ``TRANSPOSED`` of ``x`` written transposed (a strided copy)."""
+def _elementwise_bandwidth(x) -> float:
     import jax
-    import jax.numpy as jnp
-    if transpose:                     # 2 MB, as the activations these copies move
-        x = x[:TRANSPOSED[0] * TRANSPOSED[1]].reshape(TRANSPOSED)
-    scale = jax.jit((lambda v: jnp.transpose(v) * 1.0001) if transpose else
-                    (lambda v: v * 1.0001))
+    scale = jax.jit(lambda v: v * 1.0001)
     x = jax.device_put(x, jax.devices()[0])
     scale(x).block_until_ready()
     best = float("inf")
@@ -234,9 +224,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
             np.zeros(256, np.float32))
     per_amid = _paired_difference(amid_compute(True), amid_compute(False), amid, backend,
                                   n) / WAIT_CHAIN
-    share = min(1.0, (os.cpu_count() or 1) / n)
-    mem_bw = _elementwise_bandwidth(big) * share
-    transpose_bw = min(_elementwise_bandwidth(big, transpose=True) * share, mem_bw)
+    mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
     # the rate of one matmul at each reference size (topology.SMALL_DOT, LARGE_DOT)
     small_rate, flops = (f / max((t - t0 - host_beta * moved) / CHAIN, 1e-9)
@@ -244,8 +232,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
     topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
                     step_overhead=float(t0), host_beta=float(host_beta),
-                    small_dot_flops=float(min(small_rate, flops)),
-                    transpose_bandwidth=float(transpose_bw))
+                    small_dot_flops=float(min(small_rate, flops)))
 
     def model(beta, nbytes):
         mesh = LogicalMesh.create((n,), None, replace(topo, levels=(replace(level, beta=beta),)))
@@ -260,12 +247,11 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     run = _reference_run(topo, backend, n)
     k = _fit(run)
     topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
-                   mem_bandwidth=topo.mem_bandwidth / k,
-                   transpose_bandwidth=topo.transpose_bandwidth / k)
+                   mem_bandwidth=topo.mem_bandwidth / k)
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
                   "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
-                  "elementwise_GBps": mem_bw * 1e-9, "transpose_GBps": transpose_bw * 1e-9,
+                  "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
                   "all_reduce_1KB_amid_compute_us": per_amid * 1e6,
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
