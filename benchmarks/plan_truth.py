@@ -23,9 +23,10 @@ how much faster (> 1) or slower the machine ran during the case than when it was
 and each plan's ``drift_corrected`` ratio divides that out (its estimate on the machine as it
 ran then; the raw ratio is kept beside it).
 Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
-ratio, the drift-corrected ratio, ``auto_vs_best``: auto_parallel's measured median over the lesser of the other
-two, and ``auto_same_as``: the other plan auto_parallel's is the same as (``same_as``), if
-any; then their measured difference is the machine's noise. A case with more devices than this machine has cores is marked ``oversubscribed``.
+ratio, the drift-corrected ratio, ``auto_vs_best``: auto_parallel's measured median over the
+lesser of the other two, and ``auto_same_as``: the other plan auto_parallel's is the same as
+(``same_as``), if any; then their measured difference is the machine's noise. A case with more
+devices than this machine has cores is marked ``oversubscribed``.
 """
 import argparse
 import json
