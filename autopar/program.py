@@ -239,5 +239,12 @@ class Program:
     def segments(self) -> list[Segment]:
         return [i for i in self.instructions if isinstance(i, Segment)]
 
+    def ranks_alike(self) -> bool:
+        """True when every rank runs the same computation on the same values: only segments
+        (no collective, no local slice), every argument and every result replicated. Any one
+        rank's results are then the step's results."""
+        return (all(isinstance(i, Segment) for i in self.instructions)
+                and all(l.is_replicated() for l in self.in_layouts + self.out_layouts))
+
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)

@@ -17,7 +17,8 @@ step; median ms per step after 2 warm-ups) runs
   steps: ``jax_multiprocess_loop_ms``
   (process 0's median).
 Out: one JSON object per (config, mode) with both and their ratio (above 1: autopar is
-faster). With 4 ranks on this machine's 2 cores both runtimes share the cores two ranks to one.
+faster), and ``ranks_alike``: the plan exchanges nothing and replicates everything, so the
+native backend runs one rank's step in the caller (no workers). With 4 ranks on this machine's 2 cores both runtimes share the cores two ranks to one.
 """
 import argparse
 import json
@@ -114,7 +115,7 @@ def native_ms(name, mode, iters) -> float:
         loss, state[0] = compiled(state[0], b)
         float(loss)
     try:
-        return median_ms(call, iters)
+        return median_ms(call, iters), compiled.program.ranks_alike()
     finally:
         compiled.close()
 
@@ -132,7 +133,8 @@ def main():
     for name in args.config:
         for mode in args.mode:
             out = {"config": name, "mode": mode, "ranks": RANKS}
-            out["native_loop_ms"] = round(native_ms(name, mode, args.iters), 2)
+            ms, out["ranks_alike"] = native_ms(name, mode, args.iters)
+            out["native_loop_ms"] = round(ms, 2)
             jax_ms = jax_multiprocess_ms(name, mode, args.iters)
             out["jax_multiprocess_loop_ms"] = round(jax_ms, 2)
             out["jax_over_native"] = round(jax_ms / out["native_loop_ms"], 2)

@@ -26,7 +26,8 @@ defaults, whole step and results kept in the workers (runtime.resident: only the
 in), against
 ``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). Out: one JSON object per (config,
 mode) with milliseconds per step and the ratios JAX SPMD / autopar native (above 1: autopar is
-faster).
+faster); ``ranks_alike``: the plan exchanges nothing and replicates everything, so every native
+column ran one rank's step in the caller (no workers).
 """
 import argparse
 import json
@@ -123,6 +124,7 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
     out["whole_step_overlap_gain"] = round(out["native_whole_step_no_overlap_ms"] /
                                            out["native_whole_step_ms"], 2)
     out["collectives"] = len(compiled.collectives())
+    out["ranks_alike"] = compiled.program.ranks_alike()   # native: one rank's step, in the caller
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 

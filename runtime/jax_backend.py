@@ -58,6 +58,21 @@ def program_function(program):
     return local
 
 
+def build_alone(program):
+    """A jitted callable for a Program whose ranks all compute alike (``ranks_alike``): one
+    rank's step on this process's default device, flat global arguments -> flat global results
+    (every one replicated, so a rank's copy is the whole value)."""
+    f = jax.jit(program_function(program))
+    return lambda flat_args: _with_consts(program, f(*flat_args))
+
+
+def _with_consts(program, results) -> list:
+    """The flat results with the Program's constant outputs put back in their places (a
+    constant result comes back as the traced function returned it, e.g. a Python float)."""
+    got = iter(results)
+    return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
+
+
 def build(program, process_local=()):
     """A jitted callable: flat global arguments -> flat global results. In a multi-process
     JAX runtime every process calls it with the same arguments (or, for the flat positions
@@ -76,9 +91,4 @@ def build(program, process_local=()):
     else:
         call = lambda flat: f(*flat)
 
-    def run(flat_args):
-        got = iter(call(flat_args))
-        # a constant result comes back as the traced function returned it (e.g. a Python float)
-        return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
-
-    return run
+    return lambda flat_args: _with_consts(program, call(flat_args))

@@ -3,7 +3,9 @@ collectives (``autopar._native``), compute on JAX's CPU backend inside each work
 
 In: a ``Program`` and the flattened global arguments. Out: the flattened global results: rank
 0's copy of a replicated result, the ranks' blocks put together for a split one (parameters
-and optimizer state keep their layout from step to step).
+and optimizer state keep their layout from step to step). A Program whose ranks would all
+compute the same values and exchange nothing (``Program.ranks_alike``) starts no workers:
+``Compiled`` runs one rank's step in the caller (``jax_backend.build_alone``).
 
 The caller exports every ``Segment`` once with ``jax.export`` (``shippable``: local shapes,
 serialised, so the workers never see the user's Python function), starts a

@@ -21,18 +21,44 @@ MEGATRON = {"w1": (1, 2), "b1": (2,), "w2": (2, 1), "b2": (1,)}
     ("auto_parallel", (2, 2), None),
 ])
 def test_mlp_step_on_four_ranks(mode, mesh, strategy):
-    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    p, b = m.mlp_params(), m.mlp_batch(batch=64)     # at 16 rows auto_parallel replicates
     cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, mesh_shape=mesh, backend="native",
                             progress=False, collective_timeout=5)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=strategy)
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     pids = c.on_workers(worker_pid)
     assert c.on_workers(comm_timeout) == [5.0] * 4
-    b2 = m.mlp_batch(batch=16, seed=5)
+    b2 = m.mlp_batch(batch=64, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
     assert c.on_workers(worker_pid) == pids
     c.close()
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)   # exited and reaped
+
+
+def test_a_plan_whose_ranks_compute_alike_runs_one_rank_in_the_caller():
+    """A plan with nothing to exchange (every value replicated, no collective: what
+    auto_parallel picks for a model too small to pay for splitting) runs one rank's step in the
+    calling process: the single-device values, no worker processes to start or to call."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    replicated = {"w1": (1, 1), "b1": (1,), "w2": (1, 1), "b2": (1,)}
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2, backend="native",
+                            progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=(replicated, None))
+    assert c.program.ranks_alike() and not c.collectives()
+    before = children()
+    assert_same(c(p, b), m.mlp_sgd_step(p, b))
+    assert children() == before
+    with pytest.raises(ap.ConfigError, match="exchange nothing"):
+        c.on_workers(worker_pid)
+    c.close()
+    dp = ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
+    assert not dp.program.ranks_alike()           # a batch split: each rank its own rows
+
+
+def children() -> set:
+    """The pids of this process's children (its workers, a fork server)."""
+    return {int(pid) for task in os.listdir("/proc/self/task")
+            for pid in open(f"/proc/self/task/{task}/children").read().split()}
 
 
 def test_gpt_block_on_four_ranks():

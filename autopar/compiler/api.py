@@ -89,6 +89,9 @@ class Compiled:
             raise ConfigError("on_workers: this step has no native workers"
                               + (" yet; call it once first." if self._runner is None and
                                  self.config.backend is Backend.NATIVE else
+                                 " (its ranks exchange nothing and compute alike, so it runs "
+                                 "one rank's step in this process)." if
+                                 self.config.backend is Backend.NATIVE else
                                  f" (backend={self.config.backend.value!r}, "
                                  f"{self.program.mesh.size} device(s))."))
         job = self._runner.job                  # Reduction Server ranks, if any, come last
@@ -120,6 +123,9 @@ class Compiled:
                                       self.config.allreduce_fusion_bytes)
             from ..runtime.jax_pipeline import PipelineRunner
             return PipelineRunner(self.program, self._process_local)
+        if native and self.program.ranks_alike():    # nothing to exchange: one rank's step
+            from ..runtime.jax_backend import build_alone
+            return build_alone(self.program)
         if native and self.program.mesh.size > 1:
             from ..runtime.native_backend import NativeRunner
             return NativeRunner(self.program, self.config.collective_timeout,
