@@ -9,6 +9,7 @@ values of which arguments (``state_pairs``). Invalid specs raise ``LayoutError``
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -82,8 +83,14 @@ def leaf_type(x) -> tuple:
     """(shape, dtype) of an argument leaf as JAX will see it (float64 -> float32 unless x64),
     to compare (``type_str(*t)`` prints it). An array's own dtype is its type (``result_type``
     would say the same, at 30 us a call); scalars and other leaves go through ``result_type``."""
-    dtype = x.dtype if isinstance(x, (np.ndarray, jax.Array)) else jax.numpy.result_type(x)
-    return tuple(np.shape(x)), jax.dtypes.canonicalize_dtype(dtype)
+    if isinstance(x, (np.ndarray, jax.Array)):
+        return tuple(x.shape), _canonical(x.dtype)
+    return tuple(np.shape(x)), _canonical(jax.numpy.result_type(x))
+
+
+@functools.lru_cache(maxsize=None)
+def _canonical(dtype):
+    return jax.dtypes.canonicalize_dtype(dtype)
 
 
 def check_counts(spec, shape, devices: int, what) -> tuple:
