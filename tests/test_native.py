@@ -305,6 +305,18 @@ def test_bench_prints_one_json_measurement_per_op_size_and_algorithm():
         assert r["latency_us"] > 0 and r["busbw_gbs"] > 0
 
 
+def test_bench_buffers_start_on_a_page_zeroed():
+    """Every implementation the benchmarks time gets its buffers placed alike: where a buffer
+    starts within its page sets how fast a copy between two runs (``bench.zeros``)."""
+    from autopar.tools import bench
+    for op, (n_in, n_out) in {"all_gather": (250, 500), "reduce_scatter": (500, 250),
+                              "all_reduce": (500, 500)}.items():
+        x, y = bench.buffers(op, 2000, 2, np.float32)
+        assert (x.size, y.size) == (n_in, n_out)
+        assert x.ctypes.data % 4096 == 0 and y.ctypes.data % 4096 == 0
+        assert not x.any() and not y.any() and x.flags.writeable
+
+
 def directness(comm):
     return comm.direct
 

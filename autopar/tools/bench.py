@@ -78,16 +78,30 @@ def combine(per_rank: list[list[float]], nbytes: int) -> float:
 
 
 def buffers(op: str, nbytes: int, n: int, dtype):
-    """(input, output) numpy buffers for one rank, sized by the NCCL-tests convention."""
+    """(input, output) numpy buffers for one rank, sized by the NCCL-tests convention, each
+    starting on a page (``zeros``)."""
     es = np.dtype(dtype).itemsize
     count = nbytes // es
     if op in ("all_gather", "all_to_all", "reduce_scatter"):
         count -= count % n
     if op == "all_gather":
-        return np.zeros(count // n, dtype), np.zeros(count, dtype)
+        return zeros(count // n, dtype), zeros(count, dtype)
     if op == "reduce_scatter":
-        return np.zeros(count, dtype), np.zeros(count // n, dtype)
-    return np.zeros(count, dtype), np.zeros(count, dtype)
+        return zeros(count, dtype), zeros(count // n, dtype)
+    return zeros(count, dtype), zeros(count, dtype)
+
+
+def zeros(count: int, dtype, page: int = 4096) -> np.ndarray:
+    """A zeroed array starting on a page boundary, as OSU's benchmarks place theirs. Where a
+    buffer starts within its page decides how fast a copy between two runs: a destination 4 to
+    16 bytes past its source modulo 4 KiB (32 or more is not) meets the CPU's 4K aliasing (a
+    1 MB all-gather's single-copy reads 4x slower here). Ranks forked from one server, with one heap history,
+    put the same buffers at the same addresses, and malloc's 16-byte alignment put the output
+    16 bytes past the input: so every implementation gets its buffers placed alike."""
+    nbytes = count * np.dtype(dtype).itemsize
+    raw = np.zeros(nbytes + page, np.uint8)
+    start = -raw.ctypes.data % page
+    return raw[start:start + nbytes].view(dtype)
 
 
 def one_call(comm, op, x, y, ranks, algorithm, reducers=()):
