@@ -406,7 +406,7 @@ class _StageStep:
 
     def _transfer(self, st, m, get, put):
         if st.kind == TransferKind.SEND:
-            x = nb.contiguous(get(st.reg))
+            x = wire.aligned(get(st.reg))    # as the receiver's: comm_scheduler._all_to_all
             for dst in _targets(st, self.mine, self.payload.devices[st.peer], self.me):
                 self.sends.append(_sender(dst).submit(self.comm.send, x, dst))
         else:

@@ -93,11 +93,11 @@ def buffers(op: str, nbytes: int, n: int, dtype):
 
 def zeros(count: int, dtype, page: int = 4096) -> np.ndarray:
     """A zeroed array starting on a page boundary, as OSU's benchmarks place theirs. Where a
-    buffer starts within its page decides how fast a copy between two runs: a destination 4 to
-    16 bytes past its source modulo 4 KiB (32 or more is not) meets the CPU's 4K aliasing (a
-    1 MB all-gather's single-copy reads 4x slower here). Ranks forked from one server, with one heap history,
-    put the same buffers at the same addresses, and malloc's 16-byte alignment put the output
-    16 bytes past the input: so every implementation gets its buffers placed alike."""
+    buffer starts within its page decides how fast a copy between two runs: a destination 4
+    to 16 bytes past its source modulo 4 KiB (32 or more is not) meets the CPU's 4K aliasing
+    (a 1 MB all-gather's single-copy reads 4x slower here). Ranks forked from one server
+    share one heap history, so malloc put every rank's output 16 bytes past its input; here
+    every implementation gets its buffers placed alike."""
     nbytes = count * np.dtype(dtype).itemsize
     raw = np.zeros(nbytes + page, np.uint8)
     start = -raw.ctypes.data % page
