@@ -406,7 +406,10 @@ class _Search:
         grow a region from, or a region's nodes as an array), then regions grown from random
         nodes (``root``)."""
         while len(self.pending) < at_once and not stop():
-            limit = min(self.mip_seconds(self.time_left() - self.over * self.budget),
+            left = self.time_left()
+            if self.over > 0 and self.over * self.budget > 0.5 * left > 0:
+                self.budget = max(0.5 * left / self.over, 500.0)  # overran: smaller, not none
+            limit = min(self.mip_seconds(left - self.over * self.budget),
                         self.opts.region_seconds)
             if limit < 0.05:
                 return
@@ -508,13 +511,16 @@ class _Search:
                 self.prove(st.r.offset + res.bound)
             if res is not None and res.choice is not None:
                 st.load(res.choice)
-                if not st.overflow():
+                if self.repair(max(1.0, 0.1 * self.time_left())):
                     self.descend()
                     self.remember()
                 if self.best is not None:
                     self.restore()
                 self.report("whole MIP")
-                if res.optimal:
+                # done only when the answer kept is the proven one: an answer HiGHS finds within
+                # its tolerances may overflow by a few bytes and be repaired into a dearer one
+                if res.optimal and self.bound is not None and \
+                        self.best_cost - self.bound <= 2e-6 * abs(self.best_cost):
                     self.optimal = everything < 20_000
                     return
         self.regions(unsure, threads=threads)
