@@ -84,16 +84,13 @@ class Compiled:
         """``fn(comm)`` run in every native worker process, in rank order (diagnostics, tests
         and benchmarks: ``autopar.runtime.native_backend.stats`` gives each rank's counters).
         ``fn`` must be importable by the workers (a module-level function). Raises ConfigError
-        on the jax backend or before the first call."""
+        on the jax backend, before the first call, or for a step run in the caller."""
         if self._runner is None or not hasattr(self._runner, "job"):
-            raise ConfigError("on_workers: this step has no native workers"
-                              + (" yet; call it once first." if self._runner is None and
-                                 self.config.backend is Backend.NATIVE else
-                                 " (its ranks exchange nothing and compute alike, so it runs "
-                                 "one rank's step in this process)." if
-                                 self.config.backend is Backend.NATIVE else
-                                 f" (backend={self.config.backend.value!r}, "
-                                 f"{self.program.mesh.size} device(s))."))
+            native, n = self.config.backend is Backend.NATIVE, self.program.mesh.size
+            why = (" yet; call it once first." if native and self._runner is None else
+                   " (its ranks exchange nothing: one rank's step runs in this process)."
+                   if native else f" (backend={self.config.backend.value!r}, {n} device(s)).")
+            raise ConfigError("on_workers: this step has no native workers" + why)
         job = self._runner.job                  # Reduction Server ranks, if any, come last
         return job.call(fn, [()] * job.nranks)[:self.program.mesh.size]
 
