@@ -75,6 +75,63 @@ void SearchState::load(const int64_t* choice, int64_t* slack) const {
   }
 }
 
+void SearchState::consistent(const double* score, int64_t* choice) const {
+  const int64_t n = num_nodes();
+  std::vector<uint8_t> left(num_values()), support;
+  for (int64_t i = 0; i < num_values(); ++i) left[i] = std::isfinite(node_costs_[i]);
+  std::vector<int64_t> queue, todo;
+  std::fill(choice, choice + n, -1);
+  for (int64_t root = 0; root < n; ++root) {
+    if (choice[root] != -1) continue;
+    queue.assign(1, root);
+    choice[root] = -2;                                      // queued
+    for (size_t head = 0; head < queue.size(); ++head) {
+      const int64_t x = queue[head], sx = sizes_[x];
+      uint8_t* lx = left.data() + node_off_[x];
+      const double* sc = score + node_off_[x];
+      const bool none = std::find(lx, lx + sx, uint8_t{1}) == lx + sx;
+      int64_t best = -1;
+      for (int64_t s = 0; s < sx; ++s)
+        if ((none || lx[s]) && (best < 0 || sc[s] < sc[best])) best = s;
+      choice[x] = best;
+      std::fill(lx, lx + sx, uint8_t{0});
+      lx[best] = 1;
+      todo.assign(1, x);
+      while (!todo.empty()) {                                // spread the narrowing
+        const int64_t y = todo.back();
+        todo.pop_back();
+        const uint8_t* ly = left.data() + node_off_[y];
+        for (const Link& l : links_[y]) {
+          const int64_t w = l.other, sw = sizes_[w];
+          uint8_t* lw = left.data() + node_off_[w];
+          support.assign(sw, 0);
+          for (int64_t a = 0; a < sizes_[y]; ++a) {
+            if (!ly[a]) continue;
+            const double* row = l.mat + a * sw;
+            for (int64_t b = 0; b < sw; ++b)
+              if (std::isfinite(row[b])) support[b] = 1;
+          }
+          bool any = false, narrower = false;
+          for (int64_t b = 0; b < sw; ++b) {
+            support[b] &= lw[b];
+            any |= support[b] != 0;
+            narrower |= support[b] != lw[b];
+          }
+          if (any && narrower) {
+            std::copy(support.begin(), support.end(), lw);
+            todo.push_back(w);
+          }
+        }
+      }
+      for (const Link& l : links_[x])
+        if (choice[l.other] == -1) {
+          choice[l.other] = -2;
+          queue.push_back(l.other);
+        }
+    }
+  }
+}
+
 void SearchState::price(const double* lam, double* out) const {
   for (int64_t x = 0; x < num_nodes(); ++x) {
     const int64_t pieces = piece_off_[x + 1] - piece_off_[x];

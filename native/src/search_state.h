@@ -48,6 +48,15 @@ class SearchState {
   int64_t repair(int64_t* choice, int64_t* slack, const int64_t* order, int64_t count,
                  double seconds);
 
+  // A choice using no forbidden pair where arc consistency can keep it so: the nodes in
+  // breadth-first order (roots 0, 1, ... in turn, neighbours in edge order), each taking the
+  // strategy of least ``score`` (flat in node order; the first among equals) among those left
+  // to it (finite cost, a finite pair with some strategy left to each neighbour) by the nodes
+  // fixed before it, or among all its strategies when none is left. Fixing a node narrows its
+  // neighbours' strategies to those with a finite pair with it, and each narrowing spreads;
+  // a narrowing that would leave a node nothing is not made. Writes ``choice``.
+  void consistent(const double* score, int64_t* choice) const;
+
   const std::vector<int64_t>& sizes() const { return sizes_; }
   int64_t num_nodes() const { return static_cast<int64_t>(sizes_.size()); }
   int64_t num_values() const { return node_off_.back(); }

@@ -219,6 +219,21 @@ void bind_search_state(py::module_& m) {
              return out;
            },
            py::arg("lam"), "node costs plus memory priced at lam, flat in node order")
+      .def("consistent",
+           [](const SearchState& st, const Array<double>& score) {
+             if (score.size() != st.num_values())
+               bad_state(".consistent: score has " + str(score.size()) + " values; it needs " +
+                         "one per strategy, " + str(st.num_values()));
+             py::array_t<int64_t> out(st.num_nodes());
+             int64_t* c = out.mutable_data();
+             {
+               py::gil_scoped_release release;
+               st.consistent(score.data(), c);
+             }
+             return out;
+           },
+           py::arg("score"),
+           "a choice keeping clear of forbidden pairs where arc consistency can (least score)")
       .def("descend", walk(&SearchState::descend, ".descend"), py::arg("choice"),
            py::arg("slack"), py::arg("order"), py::arg("seconds"),
            "1-opt from the nodes of order; moves made")

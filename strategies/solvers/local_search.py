@@ -62,7 +62,7 @@ from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
 from .graph_reduction import reduce, restrict
 from .region_mip import RegionMip
-from .search_state import Domains, State
+from .search_state import State
 from .trws import MessagePassing
 
 
@@ -132,7 +132,6 @@ class _Search:
         self.bound = None             # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
         self.pool = []                # solutions met in the Lagrangian phase
-        self.domains = None           # Domains, made when first needed
         self.start = None
         self.unary = None             # node costs at the Lagrangian phase's last prices
         self._long = None             # long_lived(), once made
@@ -177,40 +176,14 @@ class _Search:
     # ------------------------------------------------------------------ start, repair
     def initial(self):
         """The least-memory strategy of each node (the cheapest among equals) that keeps clear
-        of forbidden pairs (``consistent``), then repaired."""
+        of forbidden pairs (``State.consistent``), then repaired."""
         st = self.st
-        use = [(d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
-               for x, d in enumerate(st.table)]
-        st.load(self.consistent(lambda x, pick: np.lexsort((st.cost[x][pick], use[x][pick]))[0]))
+        rank = np.zeros(len(st.node_flat))
+        for x, d in enumerate(st.table):
+            use = (d * st.lens[x]).sum(1) if d is not None else np.zeros(len(st.cost[x]))
+            rank[st.node_off[x] + np.lexsort((st.cost[x], use))] = np.arange(len(use))
+        st.load(st.consistent(rank))
         self.repair(np.inf)
-
-    def consistent(self, prefer) -> np.ndarray:
-        """A choice using no forbidden pair where arc consistency can keep it so: nodes in
-        breadth-first order, each taking ``pick[prefer(x, pick)]`` among the strategies
-        ``pick`` (an index array) left to it by the choices before it (``Domains``)."""
-        st = self.st
-        if self.domains is None:
-            self.domains = Domains(st)
-        dom = self.domains
-        dom.reset()
-        choice = np.full(st.n, -1, np.int64)
-        for root in range(st.n):
-            if choice[root] >= 0:
-                continue
-            queue, head = [root], 0
-            choice[root] = -2                            # queued
-            while head < len(queue):
-                x = queue[head]
-                head += 1
-                pick = np.flatnonzero(dom.left[x])
-                pick = pick if len(pick) else np.arange(len(st.cost[x]))
-                choice[x] = int(pick[prefer(x, pick)])
-                dom.fix(x, choice[x])
-                for w in st.nbr_ids[x]:
-                    if choice[w] == -1:
-                        choice[w] = -2
-                        queue.append(int(w))
-        return choice
 
     def repair(self, seconds: float) -> bool:
         """Move nodes live at overflowing steps until everything fits (or time runs out):
@@ -267,9 +240,9 @@ class _Search:
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
             if not np.isfinite(st.total()):    # forbidden pairs: the nearest choice without
-                at = st.node_off               # (x's strategy where left, else the cheapest)
-                st.load(self.consistent(
-                    lambda i, pick: np.lexsort((unary[at[i] + pick], pick != x[i]))[0]))
+                score = unary.copy()           # (x's strategy where left, else the cheapest)
+                score[st.node_off + x] = -np.inf
+                st.load(st.consistent(score))
             better = False
             if self.repair(max(1.0, 0.1 * (until - time.monotonic()))):
                 self.descend()

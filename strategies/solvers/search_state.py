@@ -3,9 +3,9 @@ ReducedProblem, the memory it leaves free, and the strategies arc consistency le
 
 In: a ``ReducedProblem``. Out: ``State`` -- the choice, the free memory ``slack`` at every kept
 time step, and per-node queries (cost of each strategy with the neighbours as now) and
-updates; ``Domains`` -- per node the strategies still possible without a forbidden pair, kept
-arc consistent as nodes are fixed. The loops over every node (``load``,
-``price``, the 1-opt ``descend``, the memory ``repair``) run in C++
+updates, and a choice kept clear of forbidden pairs by arc consistency (``consistent``). The
+loops over every node (``load``, ``price``, ``consistent``, the 1-opt ``descend``, the memory
+``repair``) run in C++
 (``autopar._native.SearchState``, native/src/search_state.cc) on the same tables, writing
 ``choice`` and ``slack`` in place.
 """
@@ -193,33 +193,15 @@ class State:
         return self._kernel.repair(self.choice, self.slack, np.asarray(order, np.int64),
                                    float(seconds))
 
+    def consistent(self, score) -> np.ndarray:
+        """A choice using no forbidden pair where arc consistency can keep it so: nodes in
+        breadth-first order (roots in node order), each taking its strategy of least ``score``
+        (flat in node order; the first among equals) among those the nodes fixed before it
+        leave it -- fixing a node narrows its neighbours to the strategies with a finite pair
+        with it, and each narrowing spreads -- or among all when none is left (a conflict a
+        later repair or descent must mend). In C++ (``SearchState.consistent``)."""
+        return self._kernel.consistent(np.asarray(score, np.float64))
+
     def overflow(self) -> bool:
         return bool(self.slack.size) and int(self.slack.min()) < 0
 
-
-class Domains:
-    """The strategies each node may still take without a forbidden pair (infinite edge cost),
-    kept arc consistent as nodes are fixed: fixing a node narrows its neighbours to the
-    strategies with a finite pair with it, and each narrowing spreads the same way. A node
-    left with nothing keeps what it had (a conflict a later repair or descent must mend)."""
-
-    def __init__(self, st: State):
-        self.st = st
-        self.finite = [np.isfinite(c) for c in st.cost]
-        self.allowed = [[(w, np.isfinite(m)) for w, m in nb] for nb in st.nbrs]
-        self.reset()
-
-    def reset(self):
-        self.left = [f.copy() for f in self.finite]
-
-    def fix(self, x, s):
-        self.left[x] = np.zeros(len(self.left[x]), bool)
-        self.left[x][s] = True
-        todo = [x]
-        while todo:
-            y = todo.pop()
-            for w, ok in self.allowed[y]:
-                new = self.left[w] & ok[self.left[y]].any(0)
-                if new.any() and (new != self.left[w]).any():
-                    self.left[w] = new
-                    todo.append(w)
