@@ -40,6 +40,9 @@ Algorithm:
    that LP, so it is not tried when the LP was not solved in time) -- while a short Lagrangian
    phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
    merge phase; the MIP's answer is taken when better and ends the search when proven optimal.
+   An LP not solved within ``whole_lp_share`` of the time (IOPDDL D's: over 150 s alone, where
+   C's, of the same size, takes 10 s) frees its core, and the search goes on as for a large
+   problem (4., 5., then two regions at once).
    The whole MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
    When no whole MIP runs beside them, two regions (disjoint) are solved at once where the
    process may use two cores: HiGHS solves each on a thread while this one builds the next.
@@ -73,6 +76,7 @@ class LocalSearchOptions:
     margin: float = 0.5           # seconds kept back before the time limit (at most a tenth) ...
     margin_share: float = 0.01    # ... plus this share of it (HiGHS overruns, expansion)
     whole_mip_columns: int = 400_000   # solve the whole reduced problem as one MIP up to this
+    whole_lp_share: float = 0.6   # ... when its LP is solved within this share of the time left
     lagrangian_share: float = 0.5      # share of the time for the Lagrangian phase otherwise
     pool_size: int = 40           # Lagrangian solutions whose strategies the merge LP offers
     merge_share: float = 0.5      # most of the time left that the merge LP may take
@@ -89,23 +93,25 @@ class _Whole:
     """A problem's whole model on a thread of its own (HiGHS releases the GIL, so the search
     goes on beside it on the second core): its LP relaxation (``relax``), then, when ``gap``
     is given, its MIP (``mip``, relative gap ``gap``), each a RegionResult once solved, all
-    within ``time_limit`` seconds. ``mip`` is the RegionMip of the problem (the reduced one, or
-    one ``restrict``ed), ``choice`` its current strategies, ``slack`` the free memory. The MIP
-    is not tried when the LP was not solved: HiGHS' MIP starts with it."""
+    within ``time_limit`` seconds, the LP within ``lp_limit``. ``mip`` is the RegionMip of the
+    problem (the reduced one, or one ``restrict``ed), ``choice`` its current strategies,
+    ``slack`` the free memory. The MIP is not tried when the LP was not solved: HiGHS' MIP
+    starts with it."""
 
     def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
-                 gap: Optional[float] = None):
+                 gap: Optional[float] = None, lp_limit: Optional[float] = None):
         model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
         self.relax = self.mip = None
         self.relaxed = threading.Event()
-        self.thread = threading.Thread(target=self._solve, args=(model, time_limit, gap),
-                                       daemon=True)
+        lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
+        self.thread = threading.Thread(target=self._solve,
+                                       args=(model, time_limit, gap, lp_limit), daemon=True)
         self.thread.start()
 
-    def _solve(self, model, time_limit, gap):
+    def _solve(self, model, time_limit, gap, lp_limit):
         end = time.monotonic() + time_limit
         try:
-            self.relax = RegionMip.relax_model(model, time_limit)
+            self.relax = RegionMip.relax_model(model, lp_limit)
         finally:
             self.relaxed.set()
         if gap is not None and self.relax.choice is not None:
@@ -456,48 +462,56 @@ class _Search:
         self.report("start")
         threads = self.opts.region_threads or min(2, len(os.sched_getaffinity(0)))
         everything = int(st.sizes.sum()) + self.mip.pair_count(np.arange(st.n))
-        one_mip = everything <= self.opts.whole_mip_columns
-        whole = _Whole(self.mip, st.choice, st.slack, self.mip_seconds(self.time_left()),
-                       0.0 if everything < 20_000 else 1e-6) if one_mip else None
+        if everything > self.opts.whole_mip_columns:
+            return self.large(threads)
         left = self.time_left()
-        share = min(0.15 * left, 10.0) if one_mip else self.opts.lagrangian_share * left
-        if st.has_memory.any() or not one_mip:
-            self.lagrangian(time.monotonic() + share, regions=not one_mip and threads > 1)
+        whole = _Whole(self.mip, st.choice, st.slack, self.mip_seconds(left),
+                       0.0 if everything < 20_000 else 1e-6,
+                       self.mip_seconds(self.opts.whole_lp_share * left))
+        if st.has_memory.any():
+            self.lagrangian(time.monotonic() + min(0.15 * left, 10.0))
         if self.best is not None:
             self.restore()
-        unsure = ()
-        if not one_mip and self.best is not None:
-            unsure = self.merge(self.opts.merge_share * self.time_left())
+        self.regions(stop=whole.relaxed.is_set)
+        lp = whole.relax
+        if lp is None or lp.choice is None:      # not solved in its share of the time
+            return self.large(threads)
+        self.prove(st.r.offset + lp.bound)
+        unsure = self.round(lp, self.mip, None,
+                            time.monotonic() + self.opts.round_share * self.time_left())
+        if self.best is not None:
             self.restore()
-        if one_mip:
-            self.regions(stop=whole.relaxed.is_set)
-            lp = whole.relax
-            if lp is not None and lp.choice is not None:
-                self.prove(st.r.offset + lp.bound)
-                unsure = self.round(lp, self.mip, None,
-                                    time.monotonic() + self.opts.round_share * self.time_left())
-                if self.best is not None:
-                    self.restore()
-            self.regions(unsure, stop=whole.done)
-            res = whole.mip if whole.done() else None
-            if res is not None and res.bound is not None:   # the whole problem's: proven
-                self.prove(st.r.offset + res.bound)
-            if res is not None and res.choice is not None:
-                st.load(res.choice)
-                if self.repair(max(1.0, 0.1 * self.time_left())):
-                    self.descend()
-                    self.remember()
-                if self.best is not None:
-                    self.restore()
-                self.report("whole MIP")
-                # done only when the answer kept is the proven one: an answer HiGHS finds within
-                # its tolerances may overflow by a few bytes and be repaired into a dearer one
-                if res.optimal and self.bound is not None and \
-                        self.best_cost - self.bound <= 2e-6 * abs(self.best_cost):
-                    self.optimal = everything < 20_000
-                    return
+        self.regions(unsure, stop=whole.done)
+        res = whole.mip if whole.done() else None
+        if res is not None and res.bound is not None:   # the whole problem's: proven
+            self.prove(st.r.offset + res.bound)
+        if res is not None and res.choice is not None:
+            st.load(res.choice)
+            if self.repair(max(1.0, 0.1 * self.time_left())):
+                self.descend()
+                self.remember()
+            if self.best is not None:
+                self.restore()
+            self.report("whole MIP")
+            # done only when the answer kept is the proven one: an answer HiGHS finds within
+            # its tolerances may overflow by a few bytes and be repaired into a dearer one
+            if res.optimal and self.bound is not None and \
+                    self.best_cost - self.bound <= 2e-6 * abs(self.best_cost):
+                self.optimal = everything < 20_000
+                return
         self.regions(unsure, threads=threads)
 
+    def large(self, threads: int):
+        """The search without the whole MIP: the Lagrangian phase (regions beside it on the
+        second core), the merge phase, then regions (``threads`` at once)."""
+        self.lagrangian(time.monotonic() + self.opts.lagrangian_share * self.time_left(),
+                        regions=threads > 1)
+        unsure = ()
+        if self.best is not None:
+            self.restore()
+            unsure = self.merge(self.opts.merge_share * self.time_left())
+            self.restore()
+        self.regions(unsure, threads=threads)
 
 def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
           options: LocalSearchOptions = LocalSearchOptions()) -> Solution:
