@@ -1,12 +1,11 @@
 """The state local_search (local_search.py) moves through: a choice per node of a
-ReducedProblem, the memory it leaves free, and the strategies arc consistency leaves each node.
+ReducedProblem and the memory it leaves free.
 
 In: a ``ReducedProblem``. Out: ``State`` -- the choice, the free memory ``slack`` at every kept
-time step, and per-node queries (cost of each strategy with the neighbours as now) and
-updates, and a choice kept clear of forbidden pairs by arc consistency (``consistent``). The
-loops over every node (``load``, ``price``, ``consistent``, the 1-opt ``descend``, the memory
-``repair``) run in C++
-(``autopar._native.SearchState``, native/src/search_state.cc) on the same tables, writing
+time step, per-node queries (cost of each strategy with the neighbours as now) and updates, and
+a choice kept clear of forbidden pairs by arc consistency (``consistent``). The loops over every
+node (``load``, ``price``, ``consistent``, the 1-opt ``descend``, the memory ``repair``) run in
+C++ (``autopar._native.SearchState``, native/src/search_state.cc) on the same tables, writing
 ``choice`` and ``slack`` in place.
 """
 from __future__ import annotations
