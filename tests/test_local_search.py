@@ -567,3 +567,36 @@ def test_consistent_choice_matches_arc_consistency_in_numpy():
     assert kept >= 12
     with pytest.raises(NativeArgumentError, match="score has 1 values"):
         st.consistent(np.zeros(1))
+
+
+def test_reduced_cost_fixing_keeps_the_optimum():
+    """The whole MIP given the best cost known (``ceiling``) drops the columns the LP's reduced
+    costs rule out (``RegionMip.fix``): it still finds brute force's optimum, proves it, and
+    its bound, capped at the ceiling, stays at or below it; on these problems columns do go."""
+    from autopar.strategies.solvers import brute
+    from autopar.strategies.solvers.random_problems import random_problem as tiny
+    checked = fixed = 0
+    for seed in range(25):
+        problem = tiny(seed, limit="tight")
+        try:
+            best = brute.solve(problem).cost
+        except InfeasibleError:
+            continue
+        red = reduce(problem)
+        if red.num_nodes == 0:
+            continue
+        st = search_state.State(red)
+        now = time.monotonic()
+        search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
+        search.initial()
+        for ceiling in (best, best + 0.1 * abs(best) + 1.0):
+            whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0,
+                                        ceiling=lambda: ceiling - red.offset)
+            whole.thread.join()
+            mip = whole.mip
+            assert mip.optimal and mip.choice is not None, seed
+            assert red.cost(mip.choice) == pytest.approx(best, rel=1e-9), seed
+            assert red.offset + mip.bound <= best + 1e-9 * abs(best), seed
+            fixed += whole.fixed
+        checked += 1
+    assert checked >= 10 and fixed > 0

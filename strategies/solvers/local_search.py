@@ -37,13 +37,15 @@ Algorithm:
    Lagrangian's last prices, ``State.regret``). When
    the whole reduced problem's model is small, a second thread (HiGHS releases the GIL) solves
    it from the start -- its LP relaxation, then the whole MIP (HiGHS' MIP starts by solving
-   that LP, so it is not tried when the LP was not solved in time) -- while a short Lagrangian
-   phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
+   that LP, so it is not tried when the LP was not solved in time) without the columns the
+   LP's reduced costs rule out of any answer as cheap as the best yet -- while a short
+   Lagrangian phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
    merge phase; the MIP's answer is taken when better and ends the search when proven optimal.
    An LP not solved within ``whole_lp_share`` of the time (IOPDDL D's: over 150 s alone, where
    C's, of the same size, takes 10 s) frees its core, and the search goes on as for a large
    problem (4., 5., then two regions at once).
-   The whole MIP's dual bound (plus the reduction's offset) is the Solution's proven ``bound``.
+   The whole MIP's dual bound (plus the reduction's offset, at most the best cost when the
+   MIP was given it) is the Solution's proven ``bound``.
    When no whole MIP runs beside them, two regions (disjoint) are solved at once where the
    process may use two cores: HiGHS solves each on a thread while this one builds the next.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
@@ -51,6 +53,7 @@ asked for less than the time left, since it checks its limit only between steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -96,26 +99,39 @@ class _Whole:
     within ``time_limit`` seconds, the LP within ``lp_limit``. ``mip`` is the RegionMip of the
     problem (the reduced one, or one ``restrict``ed), ``choice`` its current strategies,
     ``slack`` the free memory. The MIP is not tried when the LP was not solved: HiGHS' MIP
-    starts with it."""
+    starts with it. ``ceiling()``, read when the LP is solved, is the best answer's cost so
+    far less the reduction's offset (inf when none): the MIP is then the model with every
+    column the LP's reduced costs rule out of answers that cheap fixed at 0
+    (``RegionMip.fix``; on IOPDDL Q a third of the columns, which HiGHS' presolve turns into
+    a model a fifth the size), and its bound is capped at that cost. ``fixed`` is how many."""
 
     def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
-                 gap: Optional[float] = None, lp_limit: Optional[float] = None):
+                 gap: Optional[float] = None, lp_limit: Optional[float] = None,
+                 ceiling: Callable[[], float] = lambda: np.inf):
         model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
         self.relax = self.mip = None
+        self.fixed = 0
         self.relaxed = threading.Event()
         lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
         self.thread = threading.Thread(target=self._solve,
-                                       args=(model, time_limit, gap, lp_limit), daemon=True)
+                                       args=(model, time_limit, gap, lp_limit, ceiling),
+                                       daemon=True)
         self.thread.start()
 
-    def _solve(self, model, time_limit, gap, lp_limit):
+    def _solve(self, model, time_limit, gap, lp_limit, ceiling):
         end = time.monotonic() + time_limit
         try:
             self.relax = RegionMip.relax_model(model, lp_limit)
         finally:
             self.relaxed.set()
-        if gap is not None and self.relax.choice is not None:
-            self.mip = RegionMip.solve_model(model, end - time.monotonic(), gap)
+        if gap is None or self.relax.choice is None:
+            return
+        top = ceiling()
+        model, self.fixed = RegionMip.fix(model, self.relax, top)
+        res = RegionMip.solve_model(model, end - time.monotonic(), gap)
+        if res.bound is not None and res.bound > top:
+            res = dataclasses.replace(res, bound=top)
+        self.mip = res
 
     def done(self) -> bool:
         return not self.thread.is_alive()
@@ -150,9 +166,11 @@ class _Search:
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def report(self, what: str):
+    def report(self, what: str, always: bool = False):
+        """``progress`` about once every ``progress_every`` seconds, or now when ``always``."""
         now = time.monotonic()
-        if self.progress is not None and now - self.last_report >= self.opts.progress_every:
+        if self.progress is not None and (always or
+                                          now - self.last_report >= self.opts.progress_every):
             self.last_report = now
             self.progress(f"local_search {now - self.started:6.1f}s {what}: best "
                           f"{self.best_cost:.6g}")
@@ -467,7 +485,8 @@ class _Search:
         left = self.time_left()
         whole = _Whole(self.mip, st.choice, st.slack, self.mip_seconds(left),
                        0.0 if everything < 20_000 else 1e-6,
-                       self.mip_seconds(self.opts.whole_lp_share * left))
+                       self.mip_seconds(self.opts.whole_lp_share * left),
+                       lambda: self.best_cost - st.r.offset)
         if st.has_memory.any():
             self.lagrangian(time.monotonic() + min(0.15 * left, 10.0))
         if self.best is not None:
@@ -477,6 +496,7 @@ class _Search:
         if lp is None or lp.choice is None:      # not solved in its share of the time
             return self.large(threads)
         self.prove(st.r.offset + lp.bound)
+        self.report(f"whole LP, bound {self.bound:.6g}", always=True)
         unsure = self.round(lp, self.mip, None,
                             time.monotonic() + self.opts.round_share * self.time_left())
         if self.best is not None:
@@ -492,7 +512,8 @@ class _Search:
                 self.remember()
             if self.best is not None:
                 self.restore()
-            self.report("whole MIP")
+            self.report(f"whole MIP over {len(lp.reduced) - whole.fixed} of "
+                        f"{len(lp.reduced)} columns", always=True)
             # done only when the answer kept is the proven one: an answer HiGHS finds within
             # its tolerances may overflow by a few bytes and be repaired into a dearer one
             if res.optimal and self.bound is not None and \

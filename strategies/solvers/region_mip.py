@@ -22,6 +22,7 @@ each term appears twice, not once per step:
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -43,6 +44,8 @@ class RegionResult:
     bound: Optional[float] = None   # HiGHS's lower bound on the region's objective (cost units;
                                     # nodes outside the region held as they were): the MIP's
                                     # dual bound, or the optimum of the LP relaxation
+    reduced: Optional[np.ndarray] = None    # the LP's reduced costs per column (relax only;
+                                            # objective units, see RegionMip.fix)
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,7 +232,27 @@ class RegionMip:
         top = np.maximum.reduceat(res.x[:m.nx], m.xoff[:-1])
         unsure = tuple(int(x) for x in m.nodes[top < 1 - 1e-6])
         return RegionResult(m.nodes, m.pick(res.x), False, len(m.cost), unsure,
-                            float(res.fun) * m.scale)
+                            float(res.fun) * m.scale, res.lower.marginals + res.upper.marginals)
+
+    @staticmethod
+    def fix(m: "_Model", lp: RegionResult, ceiling: float) -> tuple["_Model", int]:
+        """``m`` with every 0/1 column that no answer costing at most ``ceiling`` (cost units,
+        like ``lp.bound``) can set to 1 fixed at 0, and how many were: reduced-cost fixing from
+        ``lp``, the solved ``relax_model(m)``. Any point of the model costs the LP's optimum
+        plus, for each column, its reduced cost times its distance from the bound the LP left
+        it at (all terms >= 0), so a column at 0 whose reduced cost exceeds ``ceiling`` less
+        the LP's optimum is below 1 in every point costing at most ``ceiling``: 0 in every
+        answer, since x is binary and each y is then 0 or 1. The fixed model's optimum is the
+        whole model's whenever an answer of cost ``ceiling`` exists (the caller's best); its
+        MIP's dual bound, capped at ``ceiling``, is a bound on the whole model."""
+        room = (ceiling - lp.bound) / m.scale
+        if lp.reduced is None or not np.isfinite(room) or room < 0:
+            return m, 0
+        # HiGHS' dual tolerance is 1e-7 per column: keep a margin beyond it
+        out = (lp.reduced > room * (1 + 1e-6) + 1e-6) & (m.lb == 0) & (m.ub == 1)
+        ub = m.ub.copy()
+        ub[out] = 0.0
+        return dataclasses.replace(m, ub=ub), int(out.sum())
 
     def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
         """Rows of the running-sum memory model, or None when the region cannot overflow."""
