@@ -305,8 +305,10 @@ def test_soak_500_calls_with_workers_killed_at_random_moments():
             while done[0] < at:
                 time.sleep(0.001)
             time.sleep(rng.uniform(0, 0.02))            # somewhere in the next call or two
-            runner = c._runner
-            job = getattr(runner, "job", None)
+            job = getattr(c._runner, "job", None)
+            while (job is None or job.closed) and done[0] < calls:
+                time.sleep(0.001)   # a killed job is replaced at the next call: kill that one
+                job = getattr(c._runner, "job", None)
             if job is not None and not job.closed:
                 proc = rng.choice(job.procs)
                 try:

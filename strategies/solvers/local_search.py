@@ -39,8 +39,9 @@ Algorithm:
    it from the start -- its LP relaxation, then the whole MIP (HiGHS' MIP starts by solving
    that LP, so it is not tried when the LP was not solved in time) without the columns the
    LP's reduced costs rule out of any answer as cheap as the best yet -- while a short
-   Lagrangian phase and the regions go on: the LP's optimum is a proven bound and is rounded as in the
-   merge phase; the MIP's answer is taken when better and ends the search when proven optimal.
+   Lagrangian phase and the regions go on: the LP's optimum is a proven bound and is rounded
+   as in the merge phase; the MIP's answer is taken when better and ends the search when
+   proven optimal.
    An LP not solved within ``whole_lp_share`` of the time (IOPDDL D's: over 150 s alone, where
    C's, of the same size, takes 10 s) frees its core, and the search goes on as for a large
    problem (4., 5., then two regions at once).
