@@ -437,13 +437,11 @@ def test_lagrangian_bound_lies_below_the_optimum():
     assert bounded >= 10
 
 
-def test_whole_problem_on_a_thread():
-    """The whole reduced problem's LP relaxation and MIP (solved on a thread beside the search
-    when the problem is one small MIP) prove bounds never above brute force's optimum, the MIP
-    finds it, and the LP's rounding keeps only feasible answers, none below the optimum."""
+def _tiny_searches():
+    """(seed, problem, brute force's optimum, its reduction, State, _Search after its start)
+    for the tight tiny random problems that are feasible and keep a node after reduction."""
     from autopar.strategies.solvers import brute
     from autopar.strategies.solvers.random_problems import random_problem as tiny
-    checked = 0
     for seed in range(25):
         problem = tiny(seed, limit="tight")
         try:
@@ -457,6 +455,15 @@ def test_whole_problem_on_a_thread():
         now = time.monotonic()
         search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
         search.initial()
+        yield seed, problem, best, red, st, search
+
+
+def test_whole_problem_on_a_thread():
+    """The whole reduced problem's LP relaxation and MIP (solved on a thread beside the search
+    when the problem is one small MIP) prove bounds never above brute force's optimum, the MIP
+    finds it, and the LP's rounding keeps only feasible answers, none below the optimum."""
+    checked = 0
+    for seed, problem, best, red, st, search in _tiny_searches():
         whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0)
         whole.thread.join()
         lp, mip = whole.relax, whole.mip
@@ -573,22 +580,8 @@ def test_reduced_cost_fixing_keeps_the_optimum():
     """The whole MIP given the best cost known (``ceiling``) drops the columns the LP's reduced
     costs rule out (``RegionMip.fix``): it still finds brute force's optimum, proves it, and
     its bound, capped at the ceiling, stays at or below it; on these problems columns do go."""
-    from autopar.strategies.solvers import brute
-    from autopar.strategies.solvers.random_problems import random_problem as tiny
     checked = fixed = 0
-    for seed in range(25):
-        problem = tiny(seed, limit="tight")
-        try:
-            best = brute.solve(problem).cost
-        except InfeasibleError:
-            continue
-        red = reduce(problem)
-        if red.num_nodes == 0:
-            continue
-        st = search_state.State(red)
-        now = time.monotonic()
-        search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
-        search.initial()
+    for seed, problem, best, red, st, search in _tiny_searches():
         for ceiling in (best, best + 0.1 * abs(best) + 1.0):
             whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0,
                                         ceiling=lambda: ceiling - red.offset)
