@@ -578,7 +578,7 @@ def test_consistent_choice_matches_arc_consistency_in_numpy():
 
 def test_reduced_cost_fixing_keeps_the_optimum():
     """The whole MIP given the best cost known (``ceiling``) drops the columns the LP's reduced
-    costs rule out (``RegionMip.fix``): it still finds brute force's optimum, proves it, and
+    costs rule out (``LazyMemoryModel.fix``): it still finds brute force's optimum, proves it, and
     its bound, capped at the ceiling, stays at or below it; on these problems columns do go."""
     checked = fixed = 0
     for seed, problem, best, red, st, search in _tiny_searches():
@@ -593,3 +593,47 @@ def test_reduced_cost_fixing_keeps_the_optimum():
             fixed += whole.fixed
         checked += 1
     assert checked >= 10 and fixed > 0
+
+
+def test_lazy_memory_rows_give_the_whole_lp():
+    """The LP with memory rows added only where its answer overflows (``LazyMemoryModel``)
+    reaches the optimum of the LP with every row (scipy's HiGHS on ``build``'s model) with
+    fewer rows than pieces, and its answer breaks no piece."""
+    from scipy.optimize import linprog
+    from autopar.strategies.solvers.lazy_memory import LazyMemoryModel
+    from autopar.strategies.solvers.random_problems import random_medium_problem
+    from autopar.strategies.solvers.region_mip import RegionMip
+    lazier = 0
+    for seed in range(8):
+        red = reduce(random_medium_problem(seed, nodes=200, limit="exact"))
+        st = search_state.State(red)
+        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n))
+        full = linprog(m.cost, A_eq=m.a, b_eq=m.rhs, bounds=np.stack([m.lb, m.ub], 1),
+                       method="highs")
+        assert full.status == 0, seed
+        lazy = LazyMemoryModel(m)
+        lp = lazy.relax(30.0)
+        assert lp.choice is not None, seed
+        assert lp.bound == pytest.approx(full.fun * m.scale, rel=1e-7, abs=1e-6), seed
+        x = np.asarray(lazy.h.getSolution().col_value)
+        assert len(lazy.overflowing(x)) == 0, seed
+        lazier += 0 < lazy.added.sum() < m.pieces
+    assert lazier >= 6
+
+
+def test_whole_mip_widens_its_ceiling_to_the_optimum(monkeypatch):
+    """Started a millionth above the LP's optimum (``_Whole.reach``), the whole MIP proves
+    each ceiling without an answer below it a bound, widens it, and ends at brute force's
+    optimum, proven, with a bound never above it."""
+    monkeypatch.setattr(local_search._Whole, "reach", 1e-6)
+    checked = widened = 0
+    for seed, problem, best, red, st, search in _tiny_searches():
+        whole = local_search._Whole(search.mip, st.choice, st.slack, 10.0, 0.0)
+        whole.thread.join()
+        mip = whole.mip
+        assert mip.optimal and mip.choice is not None, seed
+        assert red.cost(mip.choice) == pytest.approx(best, rel=1e-9), seed
+        assert red.offset + mip.bound <= best + 1e-9 * abs(best), seed
+        checked += 1
+        widened += whole.rounds > 1
+    assert checked >= 10 and widened >= 3

@@ -68,6 +68,7 @@ from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
 from .graph_reduction import reduce, restrict
+from .lazy_memory import LazyMemoryModel
 from .region_mip import RegionMip
 from .search_state import State
 from .trws import MessagePassing
@@ -99,19 +100,25 @@ class _Whole:
     is given, its MIP (``mip``, relative gap ``gap``), each a RegionResult once solved, all
     within ``time_limit`` seconds, the LP within ``lp_limit``. ``mip`` is the RegionMip of the
     problem (the reduced one, or one ``restrict``ed), ``choice`` its current strategies,
-    ``slack`` the free memory. The MIP is not tried when the LP was not solved: HiGHS' MIP
-    starts with it. ``ceiling()``, read when the LP is solved, is the best answer's cost so
-    far less the reduction's offset (inf when none): the MIP is then the model with every
-    column the LP's reduced costs rule out of answers that cheap fixed at 0
-    (``RegionMip.fix``; on IOPDDL Q a third of the columns, which HiGHS' presolve turns into
-    a model a fifth the size), and its bound is capped at that cost. ``fixed`` is how many."""
+    ``slack`` the free memory. Both are solved with the memory rows added as answers break
+    them (``LazyMemoryModel``). The MIP is not tried when the LP was not solved: HiGHS' MIP
+    starts with it. ``ceiling()`` is the best answer's cost so far less the reduction's offset
+    (inf when none). The MIP keeps only the answers that cost at most ``top``, the least of
+    that and the LP's optimum plus ``reach`` of it, by fixing at 0 every column the LP's
+    reduced costs rule out of them (``LazyMemoryModel.fix``: on IOPDDL D at 1% over the LP,
+    half the columns), so it proves ``top`` a bound when it finds no answer (then it runs again
+    with ``reach`` four times wider) and the optimum when it finds one. ``fixed`` is how many
+    columns the last MIP fixed, ``rounds`` how many MIPs ran; ``mip`` the last one's result,
+    with the best bound proven so far."""
+
+    reach = 0.01
 
     def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
                  gap: Optional[float] = None, lp_limit: Optional[float] = None,
                  ceiling: Callable[[], float] = lambda: np.inf):
         model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
         self.relax = self.mip = None
-        self.fixed = 0
+        self.fixed = self.rounds = 0
         self.relaxed = threading.Event()
         lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
         self.thread = threading.Thread(target=self._solve,
@@ -120,19 +127,31 @@ class _Whole:
         self.thread.start()
 
     def _solve(self, model, time_limit, gap, lp_limit, ceiling):
-        end = time.monotonic() + time_limit
+        start = time.monotonic()
+        end = start + time_limit
         try:
-            self.relax = RegionMip.relax_model(model, lp_limit)
+            lazy = LazyMemoryModel(model)
+            self.relax = lazy.relax(start + lp_limit - time.monotonic())
         finally:
             self.relaxed.set()
         if gap is None or self.relax.choice is None:
             return
-        top = ceiling()
-        model, self.fixed = RegionMip.fix(model, self.relax, top)
-        res = RegionMip.solve_model(model, end - time.monotonic(), gap)
-        if res.bound is not None and res.bound > top:
-            res = dataclasses.replace(res, bound=top)
-        self.mip = res
+        lp = self.relax
+        reach = self.reach * max(abs(lp.bound), 1.0)
+        proven = -np.inf
+        while True:
+            self.rounds += 1
+            best = ceiling()
+            top = min(best, lp.bound + reach)
+            self.fixed = lazy.fix(lp, top)
+            res = lazy.solve(end - time.monotonic(), gap)
+            if res.bound is not None:
+                proven = max(proven, min(res.bound, top))
+            self.mip = dataclasses.replace(res, bound=proven if proven > -np.inf else None)
+            # nothing below ``top`` that was left out: widen it while the search's best is above
+            if res.optimal or top >= best or proven < top or end - time.monotonic() < 1.0:
+                return
+            reach *= 4
 
     def done(self) -> bool:
         return not self.thread.is_alive()
@@ -514,7 +533,7 @@ class _Search:
             if self.best is not None:
                 self.restore()
             self.report(f"whole MIP over {len(lp.reduced) - whole.fixed} of "
-                        f"{len(lp.reduced)} columns", always=True)
+                        f"{len(lp.reduced)} columns ({whole.rounds} rounds)", always=True)
             # done only when the answer kept is the proven one: an answer HiGHS finds within
             # its tolerances may overflow by a few bytes and be repaired into a dearer one
             if res.optimal and self.bound is not None and \

@@ -3,10 +3,9 @@
 In: a ``ReducedProblem``, the current choice and its memory ``slack`` (capacity left per kept
 step), the region's nodes and a time limit. Out: a ``RegionResult``: the region's new
 strategies (None when HiGHS found nothing in time), whether HiGHS proved them optimal for the
-region, and the model size. ``solve`` runs the MIP; ``relax`` the LP relaxation, rounded to
-each node's largest value, and names the nodes whose values were fractional. The caller checks
-memory exactly and keeps the answer only if it is better; a region of every node is the whole
-problem.
+region, and the model size. ``solve`` runs the MIP (``build`` then ``solve_model``). The
+caller checks memory exactly and keeps the answer only if it is better; a region of every node
+is the whole problem, whose LP and MIP lazy_memory.py solves from ``build``'s model.
 
 Model (the local polytope of the pairwise cost, exact because ``x`` is binary):
     x[i, s] in {0, 1},              sum_s x[i, s] = 1                      (i in region)
@@ -22,14 +21,13 @@ each term appears twice, not once per step:
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
 import scipy.sparse as sparse
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .graph_reduction import ReducedProblem, dominated_steps
 
@@ -40,12 +38,12 @@ class RegionResult:
     choice: Optional[np.ndarray]    # their new strategies, None when none was found
     optimal: bool                   # HiGHS proved it optimal for the region
     variables: int                  # model columns
-    unsure: tuple = ()              # nodes whose LP values were fractional (relax only)
+    unsure: tuple = ()              # nodes whose LP values were fractional (LP only)
     bound: Optional[float] = None   # HiGHS's lower bound on the region's objective (cost units;
                                     # nodes outside the region held as they were): the MIP's
                                     # dual bound, or the optimum of the LP relaxation
-    reduced: Optional[np.ndarray] = None    # the LP's reduced costs per column (relax only;
-                                            # objective units, see RegionMip.fix)
+    reduced: Optional[np.ndarray] = None    # the LP's reduced costs per column (LP only;
+                                            # objective units, see LazyMemoryModel.fix)
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,6 +57,7 @@ class _Model:
     ub: np.ndarray
     nx: int                 # number of x columns (the binaries)
     scale: float = 1.0      # cost units per objective unit
+    pieces: int = 0         # memory pieces: the last rows and columns (U) are theirs
 
     def pick(self, values) -> np.ndarray:
         """Each node's strategy with the largest ``x``."""
@@ -145,7 +144,8 @@ class RegionMip:
                               shape=(nrow, ncol))
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
-        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale)
+        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
+                      0 if mem is None else len(mem[3]))
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
@@ -214,45 +214,6 @@ class RegionMip:
         if res.x is None:
             return RegionResult(m.nodes, None, False, len(m.cost), bound=bound)
         return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost), bound=bound)
-
-    def relax(self, choice, slack, nodes, time_limit: float) -> RegionResult:
-        """The region's LP relaxation, rounded to each node's largest ``x``; its ``bound`` is
-        the LP's optimum (a lower bound on the region's objective)."""
-        t0 = time.monotonic()
-        m = self.build(choice, slack, nodes)
-        return self.relax_model(m, time_limit - (time.monotonic() - t0))
-
-    @staticmethod
-    def relax_model(m: "_Model", time_limit: float) -> RegionResult:
-        """``relax`` on a model ``build`` made (HiGHS releases the GIL: a thread may run it)."""
-        res = linprog(m.cost, A_eq=m.a, b_eq=m.rhs, bounds=np.stack([m.lb, m.ub], 1),
-                      method="highs", options={"time_limit": max(0.05, float(time_limit))})
-        if res.x is None or res.status != 0:
-            return RegionResult(m.nodes, None, False, len(m.cost))
-        top = np.maximum.reduceat(res.x[:m.nx], m.xoff[:-1])
-        unsure = tuple(int(x) for x in m.nodes[top < 1 - 1e-6])
-        return RegionResult(m.nodes, m.pick(res.x), False, len(m.cost), unsure,
-                            float(res.fun) * m.scale, res.lower.marginals + res.upper.marginals)
-
-    @staticmethod
-    def fix(m: "_Model", lp: RegionResult, ceiling: float) -> tuple["_Model", int]:
-        """``m`` with every 0/1 column that no answer costing at most ``ceiling`` (cost units,
-        like ``lp.bound``) can set to 1 fixed at 0, and how many were: reduced-cost fixing from
-        ``lp``, the solved ``relax_model(m)``. Any point of the model costs the LP's optimum
-        plus, for each column, its reduced cost times its distance from the bound the LP left
-        it at (all terms >= 0), so a column at 0 whose reduced cost exceeds ``ceiling`` less
-        the LP's optimum is below 1 in every point costing at most ``ceiling``: 0 in every
-        answer, since x is binary and each y is then 0 or 1. The fixed model's optimum is the
-        whole model's whenever an answer of cost ``ceiling`` exists (the caller's best); its
-        MIP's dual bound, capped at ``ceiling``, is a bound on the whole model."""
-        room = (ceiling - lp.bound) / m.scale
-        if lp.reduced is None or not np.isfinite(room) or room < 0:
-            return m, 0
-        # HiGHS' dual tolerance is 1e-7 per column: keep a margin beyond it
-        out = (lp.reduced > room * (1 + 1e-6) + 1e-6) & (m.lb == 0) & (m.ub == 1)
-        ub = m.ub.copy()
-        ub[out] = 0.0
-        return dataclasses.replace(m, ub=ub), int(out.sum())
 
     def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
         """Rows of the running-sum memory model, or None when the region cannot overflow."""
