@@ -49,6 +49,7 @@ class LazyMemoryModel:
         self.steps = sparse.csr_matrix(a[rows:, :cols])
         self.cap = m.ub[cols:]
         self.added = np.zeros(k, bool)
+        self.top = np.inf       # fix's ceiling, objective units
         h = self.h = _Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
@@ -129,22 +130,24 @@ class LazyMemoryModel:
         then 0 or 1. So the fixed MIP's optimum is the whole model's when it is at most
         ``ceiling``, and its dual bound capped at ``ceiling`` (which it is when no answer is
         left) is a bound on the whole model. Returns how many columns were fixed."""
-        room = (ceiling - lp.bound) / self.m.scale
-        if lp.reduced is None or np.isnan(room) or room < 0:
-            return 0
+        room = max((ceiling - lp.bound) / self.m.scale, 0.0)
         ub = self.m.ub[:self.ncol].copy()
-        # HiGHS' dual tolerance is 1e-7 per column: keep a margin beyond it
-        ub[lp.reduced > room * (1 + 1e-6) + 1e-6] = 0.0
-        top = ceiling / self.m.scale
-        self.h.setOptionValue("objective_bound", float(top + 1e-9 * abs(top) + 1e-9))
+        self.top = np.inf
+        if lp.reduced is not None and not np.isnan(room):
+            # HiGHS' dual tolerance is 1e-7 per column: keep a margin beyond it
+            ub[lp.reduced > room * (1 + 1e-6) + 1e-6] = 0.0
+            top = ceiling / self.m.scale
+            self.top = top + 1e-9 * abs(top) + 1e-9
+        self.h.setOptionValue("objective_bound", float(self.top))
         self.h.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32),
                                 self.m.lb[:self.ncol], ub)
         return int((ub < self.m.ub[:self.ncol]).sum())
 
     def solve(self, time_limit: float, gap: float = 1e-6) -> RegionResult:
         """The MIP (x binary) within ``time_limit`` seconds and relative gap ``gap``: its
-        answer (None when none was found), whether it is proven optimal, its dual bound (inf
-        when it has no answer: none below ``fix``'s ceiling)."""
+        answer (None when none was found), whether it is proven the whole model's optimum (the
+        fixed model's, at most ``fix``'s ceiling: HiGHS may return an answer above its cutoff),
+        its dual bound (inf when it has no answer: none below the ceiling)."""
         m = self.m
         self.h.changeColsIntegrality(m.nx, np.arange(m.nx, dtype=np.int32),
                                      np.full(m.nx, HighsVarType.kInteger))
@@ -156,5 +159,6 @@ class LazyMemoryModel:
         bound = float(dual) * m.scale if not np.isnan(dual) and dual > -np.inf else None
         if x is None:
             return RegionResult(m.nodes, None, False, len(m.cost), bound=bound)
-        optimal = whole and self.h.getModelStatus() == HighsModelStatus.kOptimal
+        optimal = whole and self.h.getModelStatus() == HighsModelStatus.kOptimal and \
+            self.h.getInfo().objective_function_value <= self.top
         return RegionResult(m.nodes, m.pick(x), optimal, len(m.cost), bound=bound)

@@ -36,17 +36,16 @@ Algorithm:
    fractional nodes, then around random nodes (half of them drawn by their regret at the
    Lagrangian's last prices, ``State.regret``). When
    the whole reduced problem's model is small, a second thread (HiGHS releases the GIL) solves
-   it from the start -- its LP relaxation, then the whole MIP (HiGHS' MIP starts by solving
-   that LP, so it is not tried when the LP was not solved in time) without the columns the
-   LP's reduced costs rule out of any answer as cheap as the best yet -- while a short
-   Lagrangian phase and the regions go on: the LP's optimum is a proven bound and is rounded
-   as in the merge phase; the MIP's answer is taken when better and ends the search when
-   proven optimal.
-   An LP not solved within ``whole_lp_share`` of the time (IOPDDL D's: over 150 s alone, where
-   C's, of the same size, takes 10 s) frees its core, and the search goes on as for a large
-   problem (4., 5., then two regions at once).
-   The whole MIP's dual bound (plus the reduction's offset, at most the best cost when the
-   MIP was given it) is the Solution's proven ``bound``.
+   it from the start (``_Whole``, with memory rows added only where an answer overflows:
+   lazy_memory.py) -- its LP relaxation, then the whole MIP over the answers that cost at most
+   the best yet or 1% over the LP's optimum, widened while none is found (reduced-cost fixing
+   and a cutoff) -- while a short Lagrangian phase and the regions go on: the LP's optimum is a
+   proven bound and is rounded as in the merge phase; the MIP's answer is taken when better and
+   ends the search when proven optimal.
+   An LP not solved within ``whole_lp_share`` of the time frees its core, and the search goes
+   on as for a large problem (4., 5., then two regions at once).
+   The whole MIP's dual bound (plus the reduction's offset, capped at its ceiling) is the
+   Solution's proven ``bound``.
    When no whole MIP runs beside them, two regions (disjoint) are solved at once where the
    process may use two cores: HiGHS solves each on a thread while this one builds the next.
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
@@ -523,21 +522,22 @@ class _Search:
             self.restore()
         self.regions(unsure, stop=whole.done)
         res = whole.mip if whole.done() else None
-        if res is not None and res.bound is not None:   # the whole problem's: proven
-            self.prove(st.r.offset + res.bound)
-        if res is not None and res.choice is not None:
-            st.load(res.choice)
-            if self.repair(max(1.0, 0.1 * self.time_left())):
-                self.descend()
-                self.remember()
-            if self.best is not None:
-                self.restore()
+        if res is not None:
+            if res.bound is not None:       # the whole problem's: proven
+                self.prove(st.r.offset + res.bound)
+            if res.choice is not None:
+                st.load(res.choice)
+                if self.repair(max(1.0, 0.1 * self.time_left())):
+                    self.descend()
+                    self.remember()
+                if self.best is not None:
+                    self.restore()
             self.report(f"whole MIP over {len(lp.reduced) - whole.fixed} of "
                         f"{len(lp.reduced)} columns ({whole.rounds} rounds)", always=True)
-            # done only when the answer kept is the proven one: an answer HiGHS finds within
-            # its tolerances may overflow by a few bytes and be repaired into a dearer one
-            if res.optimal and self.bound is not None and \
-                    self.best_cost - self.bound <= 2e-6 * abs(self.best_cost):
+            # done when the answer kept is proven: one HiGHS finds within its tolerances may
+            # overflow by a few bytes and be repaired into a dearer one; or none cheaper than
+            # the search's own is left (HiGHS' cutoff at it)
+            if self.bound is not None and self.best_cost - self.bound <= 2e-6 * abs(self.best_cost):
                 self.optimal = everything < 20_000
                 return
         self.regions(unsure, threads=threads)
