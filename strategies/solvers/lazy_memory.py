@@ -54,10 +54,9 @@ class LazyMemoryModel:
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
-        poly = sparse.csc_matrix(a[:rows, :cols])
+        poly = sparse.csr_matrix(a[:rows, :cols])
         h.addVars(cols, m.lb[:cols], m.ub[:cols])
         h.changeColsCost(cols, np.arange(cols, dtype=np.int32), m.cost[:cols])
-        poly = poly.tocsr()
         h.addRows(rows, m.rhs[:rows], m.rhs[:rows], poly.nnz, poly.indptr[:-1].astype(np.int32),
                   poly.indices.astype(np.int32), poly.data)
 

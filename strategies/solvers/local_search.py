@@ -146,6 +146,8 @@ class _Whole:
             res = lazy.solve(end - time.monotonic(), gap)
             if res.bound is not None:
                 proven = max(proven, min(res.bound, top))
+            if res.choice is None and self.mip is not None:     # keep an earlier answer
+                res = dataclasses.replace(res, choice=self.mip.choice)
             self.mip = dataclasses.replace(res, bound=proven if proven > -np.inf else None)
             # nothing below ``top`` that was left out: widen it while the search's best is above
             if res.optimal or top >= best or proven < top or end - time.monotonic() < 1.0:
