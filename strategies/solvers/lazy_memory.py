@@ -1,7 +1,7 @@
 """A whole model's LP relaxation and MIP with its memory rows added only where an answer
 overflows (HiGHS through highspy, the LP warm-started from the last basis after each addition).
 
-In: a ``_Model`` that ``RegionMip.build`` made (its last ``pieces`` rows and columns are the
+In: a ``RegionModel`` that ``RegionMip.build`` made (its last ``pieces`` rows and columns are the
 memory's running sums). Out, as ``RegionMip`` gives them: ``relax`` a ``RegionResult`` with the
 LP's optimum (a proven bound), its rounding and reduced costs; ``fix`` reduced-cost fixing
 against a ceiling; ``solve`` the MIP's ``RegionResult``. One object does the three in that
@@ -30,7 +30,7 @@ except ImportError:                                 # pragma: no cover - another
     from highspy import Highs as _Highs
 from highspy import HighsModelStatus, HighsVarType, kHighsInf
 
-from .region_mip import RegionResult, _Model
+from .region_mip import RegionModel, RegionResult
 
 
 class LazyMemoryModel:
@@ -39,7 +39,7 @@ class LazyMemoryModel:
     per_round = 10          # rows added per round at most
     tolerance = 1e-7        # overflow ignored, relative to the piece's capacity (HiGHS' own)
 
-    def __init__(self, m: _Model):
+    def __init__(self, m: RegionModel):
         self.m = m
         k = m.pieces
         rows, cols = m.a.shape[0] - k, m.a.shape[1] - k

@@ -47,7 +47,7 @@ class RegionResult:
 
 
 @dataclass(frozen=True, eq=False)
-class _Model:
+class RegionModel:
     nodes: np.ndarray
     xoff: np.ndarray        # first column of each node's x
     cost: np.ndarray        # objective, scaled
@@ -109,7 +109,7 @@ class RegionMip:
         both = inside[e[:, 0]] & inside[e[:, 1]]
         return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
 
-    def build(self, choice, slack, nodes) -> "_Model":
+    def build(self, choice, slack, nodes) -> "RegionModel":
         """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``): the
         x and y columns with their equality rows, then the memory's U columns and rows."""
         reg = self._region(nodes)
@@ -144,8 +144,8 @@ class RegionMip:
                               shape=(nrow, ncol))
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
-        return _Model(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
-                      0 if mem is None else len(mem[3]))
+        return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
+                           0 if mem is None else len(mem[3]))
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
@@ -201,7 +201,7 @@ class RegionMip:
         return self.solve_model(m, time_limit - (time.monotonic() - t0), gap)
 
     @staticmethod
-    def solve_model(m: "_Model", time_limit: float, gap: float = 1e-6) -> RegionResult:
+    def solve_model(m: "RegionModel", time_limit: float, gap: float = 1e-6) -> RegionResult:
         """``solve`` on a model ``build`` made (HiGHS releases the GIL: a thread may run it)."""
         integrality = np.zeros(len(m.cost))
         integrality[:m.nx] = 1
