@@ -131,3 +131,44 @@ def test_whole_mip_widens_its_ceiling_to_the_optimum(monkeypatch):
         checked += 1
         widened += whole.rounds > 1
     assert checked >= 10 and widened >= 3
+
+
+def test_lp_memory_prices_give_the_lp_optimum_as_a_lagrangian_bound():
+    """The LP's price of a byte at each memory piece's step (``RegionResult.prices`` at
+    ``RegionModel.steps``) makes the Lagrangian bound equal the LP's optimum: the local polytope
+    without memory rows, node costs priced at them, less the priced capacity (strong duality);
+    and ``_Search.priced_bound``, TRW-S at those prices, proves it (on these problems TRW-S
+    reaches the LP's optimum; in general it may stop below it)."""
+    import dataclasses
+    from scipy.optimize import linprog
+    from autopar.strategies.solvers.lazy_memory import LazyMemoryModel
+    from autopar.strategies.solvers.random_problems import random_medium_problem
+    from autopar.strategies.solvers.region_mip import RegionMip
+    priced_runs = 0
+    for seed in range(6):
+        red = reduce(random_medium_problem(seed, nodes=120, limit="exact"))
+        st = search_state.State(red)
+        st.load(st.choice)                  # its slack: the capacity less its usage
+        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n))
+        lp = LazyMemoryModel(m).relax(30.0)
+        assert lp.choice is not None and len(lp.prices) == m.pieces, seed
+        lam = np.zeros(len(st.slack))
+        np.add.at(lam, m.steps, lp.prices)
+        flat = st.price(lam)
+        ends = np.concatenate([st.node_off, [len(flat)]])
+        priced = dataclasses.replace(red, terms=(), node_costs=tuple(
+            flat[a:b] for a, b in zip(ends[:-1], ends[1:])))
+        free = RegionMip(priced).build(st.choice, st.slack, np.arange(st.n))
+        assert free.pieces == 0, seed
+        res = linprog(free.cost, A_eq=free.a, b_eq=free.rhs,
+                      bounds=np.stack([free.lb, free.ub], 1), method="highs")
+        assert res.status == 0, seed
+        dual = res.fun * free.scale - float(lam @ red.capacity)
+        assert dual == pytest.approx(lp.bound, rel=1e-6, abs=1e-6), seed
+        now = time.monotonic()
+        search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
+        search.priced_bound(lam, now + 2)
+        top = red.offset + lp.bound
+        assert top - 1e-3 * abs(top) <= search.bound <= top + 1e-6 * abs(top), seed
+        priced_runs += (lp.prices > 0).any()
+    assert priced_runs >= 4

@@ -3,9 +3,10 @@ overflows (HiGHS through highspy, the LP warm-started from the last basis after 
 
 In: a ``RegionModel`` that ``RegionMip.build`` made (its last ``pieces`` rows and columns are the
 memory's running sums). Out, as ``RegionMip`` gives them: ``relax`` a ``RegionResult`` with the
-LP's optimum (a proven bound), its rounding and reduced costs; ``fix`` reduced-cost fixing
-against a ceiling; ``solve`` the MIP's ``RegionResult``. One object does the three in that
-order (the MIP is the LP's model with integrality added), on one thread (HiGHS releases the GIL).
+LP's optimum (a proven bound), its rounding, reduced costs and the price of a byte at each
+memory piece (its row's dual; 0 for a row left out); ``fix`` reduced-cost fixing against a
+ceiling; ``solve`` the MIP's ``RegionResult``. One object does the three in that order (the MIP
+is the LP's model with integrality added), on one thread (HiGHS releases the GIL).
 
 Why lazily: on IOPDDL D's reduced problem (203 nodes) the memory is 15,001 of the model's 26,387
 rows, and HiGHS' dual simplex did not solve the LP in 150 s (interior point: 36-50 s). Without
@@ -49,6 +50,8 @@ class LazyMemoryModel:
         self.steps = sparse.csr_matrix(a[rows:, :cols])
         self.cap = m.ub[cols:]
         self.added = np.zeros(k, bool)
+        self.order = []         # the pieces whose rows were added, in the model's row order
+        self.rows = rows
         self.top = np.inf       # fix's ceiling, objective units
         h = self.h = _Highs()
         h.setOptionValue("output_flag", False)
@@ -80,6 +83,7 @@ class LazyMemoryModel:
 
     def _add(self, pieces):
         self.added[pieces] = True
+        self.order.extend(int(p) for p in pieces)
         rows = sparse.csr_matrix(np.stack(
             [-np.asarray(self.steps[:p + 1].sum(axis=0)).ravel() for p in pieces]))
         rows.data[np.abs(rows.data) < 1e-9] = 0.0   # a term's end and start at one piece
@@ -105,8 +109,8 @@ class LazyMemoryModel:
             self._add(pieces)
 
     def relax(self, time_limit: float) -> RegionResult:
-        """The LP relaxation (see ``RegionMip``'s): its optimum, rounding and reduced costs,
-        or no choice when it was not solved within ``time_limit`` seconds."""
+        """The LP relaxation (see ``RegionMip``'s): its optimum, rounding, reduced costs and
+        memory prices, or no choice when it was not solved within ``time_limit`` seconds."""
         m = self.m
         x, whole = self._rounds(time.monotonic() + time_limit)
         if x is None or not whole or self.h.getModelStatus() != HighsModelStatus.kOptimal:
@@ -114,9 +118,13 @@ class LazyMemoryModel:
         top = np.maximum.reduceat(x[:m.nx], m.xoff[:-1])
         unsure = tuple(int(v) for v in m.nodes[top < 1 - 1e-6])
         fun = self.h.getInfo().objective_function_value
-        reduced = np.asarray(self.h.getSolution().col_dual)
+        sol = self.h.getSolution()
+        reduced = np.asarray(sol.col_dual)
+        # a binding upper row's dual is the objective's change per unit of its bound (<= 0)
+        prices = np.zeros(m.pieces)
+        prices[self.order] = np.maximum(-np.asarray(sol.row_dual)[self.rows:], 0.0)
         return RegionResult(m.nodes, m.pick(x), False, len(m.cost), unsure, fun * m.scale,
-                            reduced)
+                            reduced, prices * m.scale / m.bytes)
 
     def fix(self, lp: RegionResult, ceiling: float) -> int:
         """Keep in the MIP only answers costing at most ``ceiling`` (cost units, like

@@ -29,7 +29,11 @@ Algorithm:
 5. Merge phase (large problems): the LP relaxation of the problem restricted to the strategies
    that the Lagrangian solutions used (``restrict``), solved on a thread while regions go on,
    rounded; the nodes it left fractional and their neighbours are re-solved as a MIP over the
-   same strategies, then repair and descent.
+   same strategies, then repair and descent. Its memory rows' duals are Lagrangian prices
+   near the whole LP's optimal ones when those strategies are the ones that matter: TRW-S on
+   the whole problem priced at them proves a bound near the whole LP's optimum (IOPDDL L:
+   within 0.004% of it in 0.4 s, where the whole LP takes 110 s and the subgradient steps of
+   4. stop 2.5% below it).
 6. MIP phase (region_mip.py, HiGHS): regions with every other node fixed, sized so each
    solves in seconds: the long-lived nodes (memory over nine tenths of the steps: the one
    region that trades memory across the whole step), connected regions around the merge's
@@ -116,6 +120,7 @@ class _Whole:
                  gap: Optional[float] = None, lp_limit: Optional[float] = None,
                  ceiling: Callable[[], float] = lambda: np.inf):
         model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
+        self.model = model
         self.relax = self.mip = None
         self.fixed = self.rounds = 0
         self.relaxed = threading.Event()
@@ -315,8 +320,32 @@ class _Search:
         lp = _Whole(sub, base, st.slack, self.mip_seconds(seconds))
         self.regions(stop=lp.relaxed.is_set)
         self.restore()
+        if lp.relax is not None and lp.relax.prices is not None and lp.model.pieces:
+            lam = np.zeros(len(st.slack))
+            np.add.at(lam, lp.model.steps, lp.relax.prices)
+            self.priced_bound(lam, time.monotonic() + 0.1 * self.time_left())
         return self.round(lp.relax, sub, keep,
                           time.monotonic() + self.opts.round_share * self.time_left())
+
+    def priced_bound(self, lam, until: float):
+        """TRW-S sweeps over the whole problem with memory priced at ``lam`` (the restricted
+        LP's prices: near the whole LP's when its strategies are the ones that matter) until
+        its bound stalls or ``until``; each sweep's bound, less the priced capacity, is proven
+        as the Lagrangian phase's are."""
+        st, r = self.st, self.st.r
+        passing = MessagePassing(st.n, st.sizes, r.edges, r.edge_costs)
+        unary = st.price(lam)
+        priced = float(lam @ r.capacity)
+        history = []
+        while time.monotonic() < until and self.time_left() > 0:
+            passing.sweep(unary, 5)
+            history.append(r.offset + passing.lower_bound() - priced)
+            self.prove(history[-1])
+            if len(history) > 10 and history[-1] - history[-11] <= 1e-5 * abs(history[-1]):
+                break
+        if history:
+            self.report(f"LP's memory prices: bound {history[-1]:.6g} ({5 * len(history)} "
+                        f"sweeps)", always=True)
 
     def round(self, res, sub: RegionMip, keep, end: float) -> tuple:
         """An LP answer ``res`` of ``sub`` (whose node ``x`` offers the strategies ``keep[x]``;

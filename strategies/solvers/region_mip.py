@@ -44,6 +44,8 @@ class RegionResult:
                                     # dual bound, or the optimum of the LP relaxation
     reduced: Optional[np.ndarray] = None    # the LP's reduced costs per column (LP only;
                                             # objective units, see LazyMemoryModel.fix)
+    prices: Optional[np.ndarray] = None     # the LP's price of a byte at each memory piece's
+                                            # step (``RegionModel.steps``; cost units, LP only)
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +60,8 @@ class RegionModel:
     nx: int                 # number of x columns (the binaries)
     scale: float = 1.0      # cost units per objective unit
     pieces: int = 0         # memory pieces: the last rows and columns (U) are theirs
+    steps: Optional[np.ndarray] = None  # each piece's kept step where its capacity is least
+    bytes: float = 1.0      # bytes per memory unit of the U rows
 
     def pick(self, values) -> np.ndarray:
         """Each node's strategy with the largest ``x``."""
@@ -126,7 +130,7 @@ class RegionMip:
         cost = np.concatenate(unary + [m.ravel() for m in mats])
         lb, ub = np.zeros(ncol), np.ones(ncol)
         if mem is not None:
-            mrows, mcols, mvals, cap = mem
+            mrows, mcols, mvals, cap, steps, unit = mem
             k = len(cap)
             rows.append(mrows)
             cols.append(mcols)
@@ -144,8 +148,10 @@ class RegionMip:
                               shape=(nrow, ncol))
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
+        if mem is None:
+            return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale)
         return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
-                           0 if mem is None else len(mem[3]))
+                           len(cap), steps, unit)
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
@@ -216,7 +222,9 @@ class RegionMip:
         return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost), bound=bound)
 
     def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
-        """Rows of the running-sum memory model, or None when the region cannot overflow."""
+        """Rows of the running-sum memory model, or None when the region cannot overflow:
+        (rows, columns, values, each piece's capacity in memory units, the kept step where it
+        is least, bytes per memory unit)."""
         terms = [(local[x], t) for x in nodes for t in self.terms[x]]
         if not terms:
             return None
@@ -231,6 +239,9 @@ class RegionMip:
         np.add.at(delta, hi - a, -cur)
         free = slack[a:b] + np.cumsum(delta)[:-1]           # capacity for the region
         cap = np.minimum.reduceat(free, cuts[:-1] - a)       # per piece
+        piece = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
+        order = np.lexsort((free, piece))                    # each piece's least step first
+        at = a + order[np.searchsorted(piece[order], np.arange(len(cap)))]
         plo, phi = np.searchsorted(cuts, lo), np.searchsorted(cuts, hi)
         most = np.zeros(len(cuts), np.int64)
         np.add.at(most, plo, top)
@@ -238,7 +249,7 @@ class RegionMip:
         keep = np.flatnonzero(np.cumsum(most)[:-1] > cap)
         if len(keep) == 0:
             return None
-        cap = cap[keep]
+        cap, at = cap[keep], at[keep]
         klo, khi = np.searchsorted(keep, plo), np.searchsorted(keep, phi)
         live = khi > klo
         klo, khi, terms = klo[live], khi[live], [t for t, ok in zip(terms, live) if ok]
@@ -247,7 +258,7 @@ class RegionMip:
             if not drop.any():
                 break
             left = np.concatenate([[0], np.cumsum(~drop)])
-            cap, klo, khi = cap[~drop], left[klo], left[khi]
+            cap, at, klo, khi = cap[~drop], at[~drop], left[klo], left[khi]
             live = khi > klo
             klo, khi, terms = klo[live], khi[live], [t for t, ok in zip(terms, live) if ok]
         k = len(cap)
@@ -267,4 +278,4 @@ class RegionMip:
                 cols.append(xoff[i] + nz)
                 vals.append(u)
         return (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals),
-                cap / scale)
+                cap / scale, at, scale)
