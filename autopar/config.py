@@ -165,6 +165,7 @@ class SearchOptions:
     progress: bool = True
     strategy_ckpt_load_file: Optional[str] = None
     strategy_ckpt_save_file: Optional[str] = None
+    profile_plans: bool = False
 
     def __post_init__(self):
         _set(self, search_mode=None if self.search_mode is None else
@@ -175,7 +176,7 @@ class SearchOptions:
                               or not math.isfinite(t) or t <= 0):
             raise ConfigError(f"search_time={t!r} must be a finite number of seconds > 0, or "
                               "None for the solver's default.")
-        _flag(self, "progress")
+        _flag(self, "progress", "profile_plans")
         _path(self, "strategy_ckpt_load_file", "strategy_ckpt_save_file")
 
 
@@ -354,6 +355,10 @@ class ParallelConfig:
                                               # (shard_map over jax.devices(): GPU, TPU, fake CPUs);
                                               # one device runs in this process either way
     search_time: Optional[float] = None       # seconds auto_parallel's solver may take (None: its default)
+    profile_plans: bool = False               # each lowered plan's compute is measured (one rank
+                                              # alone on one core, tools/profile.py), not priced:
+                                              # auto_parallel ranks its plans by it and the
+                                              # Strategy's estimate uses it (no pipeline)
     progress: bool = True                     # report searches that run past a second on stderr
     collective_timeout: float = 10.0          # native backend: seconds a collective may wait for a
                                               # peer before every rank raises CollectiveError

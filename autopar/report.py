@@ -53,7 +53,9 @@ def _header(s) -> str:
     cap = "no cap" if s.memory_limit is None else f"cap {format_bytes(s.memory_limit)}"
     lines = [f"mode {b(s.mode)}, search {b(s.search)}, mesh {b(f'({mesh})')}",
              f"estimated step {b(f'{s.step_time * 1e6:.1f} us')} = compute "
-             f"{s.compute_time * 1e6:.1f} us + communication {s.comm_time * 1e6:.1f} us"
+             f"{s.compute_time * 1e6:.1f} us"
+             + (" (measured)" if s.measured_compute is not None else "")
+             + f" + communication {s.comm_time * 1e6:.1f} us"
              + (f" + per call {s.overhead_time * 1e6:.1f} us" if s.overhead_time else ""),
              f"peak memory {b(format_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})"]
     if s.stages:

@@ -2,7 +2,7 @@
 auto_parallel's measured step beside the best of data parallel and Megatron-style semi_auto.
 
 Run: python benchmarks/plan_truth.py [--models mlp-small mlp-large gpt-small gpt-large]
-     [--devices 2 4] [--backends native jax] [--iters 10]
+     [--devices 2 4] [--backends native jax] [--iters 10] [--profile]
 
 Cases: every model x device count x backend. Models: an MLP (tests/models.py, SGD step) and a
 GPT written as users write one (tests/user_gpt.py: a list of blocks, separate q/k/v, a layer
@@ -22,6 +22,11 @@ cases is) is timed among the plans, data parallel: ``reference_estimate_over_mea
 how much faster (> 1) or slower the machine ran during the case than when it was calibrated,
 and each plan's ``drift_corrected`` ratio divides that out (its estimate on the machine as it
 ran then; the raw ratio is kept beside it).
+With ``--profile`` every plan is compiled with ``profile_plans``: its compute is measured (one
+rank alone on one core, collectives replaced by local stand-ins; tools/profile.py) rather than
+priced, so its estimate is that plus the priced communication and per-call overhead, and
+auto_parallel picks among its plans by it (the reference step stays priced: it measures the
+machine's drift against the calibration).
 Out: a JSON line per case with, per plan, the estimate and the measured median (ms), their
 ratio, the drift-corrected ratio, ``auto_vs_best``: auto_parallel's measured median over the
 lesser of the other two, and ``auto_same_as``: the other plan auto_parallel's is the same as
@@ -71,7 +76,7 @@ def model(name):
     return ug.step, p, b, lambda axis: (ug.megatron(p, axis), None)
 
 
-def measure(name, devices, backend, iters):
+def measure(name, devices, backend, iters, profile=False):
     step, p, b, megatron = model(name)
     ref_step, ref_p, ref_b = reference_step(devices)
     args = {mode: (p, b) for mode in PLANS}
@@ -80,7 +85,8 @@ def measure(name, devices, backend, iters):
     try:
         for mode in PLANS + (REFERENCE,):
             cfg = ap.ParallelConfig(parallel_mode="data_parallel" if mode == REFERENCE else mode,
-                                    device_num=devices, backend=backend, progress=False)
+                                    device_num=devices, backend=backend, progress=False,
+                                    profile_plans=profile and mode != REFERENCE)
             kw = ({"in_strategy": megatron(cfg.mesh().axis_names[-1])}
                   if mode == "semi_auto_parallel" else {})
             compiled[mode] = ap.compile(ref_step if mode == REFERENCE else step, *args[mode],
@@ -106,7 +112,9 @@ def measure(name, devices, backend, iters):
             out[mode] = {"estimate_ms": round(est, 2), "measured_ms": round(got, 2),
                          "estimate_over_measured": round(est / got, 3),
                          "drift_corrected": round(est / ref / got, 3),
-                         "search": c.strategy.search, "collectives": len(c.collectives())}
+                         "search": c.strategy.search, "collectives": len(c.collectives()),
+                         **({"measured_compute_ms": round(c.strategy.measured_compute * 1e3, 2)}
+                            if c.strategy.measured_compute is not None else {})}
         best = min(out[mode]["measured_ms"] for mode in PLANS[:2])
         out["auto_vs_best"] = round(out["auto_parallel"]["measured_ms"] / best, 3)
         out["auto_same_as"] = same_as(out)
@@ -133,13 +141,16 @@ def main():
     p.add_argument("--devices", nargs="+", type=int, default=[2, 4])
     p.add_argument("--backends", nargs="+", default=["native", "jax"], choices=["native", "jax"])
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--profile", action="store_true",
+                   help="compile every plan with profile_plans (its compute measured)")
     args = p.parse_args()
     if max(args.devices) > DEVICES:
         p.error(f"at most {DEVICES} devices (this script fakes {DEVICES} JAX CPU devices)")
     for name in args.models:
         for devices in args.devices:
             for backend in args.backends:
-                print(json.dumps(measure(name, devices, backend, args.iters)), flush=True)
+                print(json.dumps(measure(name, devices, backend, args.iters, args.profile)),
+                      flush=True)
 
 
 if __name__ == "__main__":

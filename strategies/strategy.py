@@ -124,6 +124,8 @@ class Strategy:
     pipeline_choices: tuple = ()    # PipelineChoice per pipeline tried ("auto"; else empty)
     search_cost: Optional[float] = None    # auto_parallel: the plan's cost in the search's model
     search_bound: Optional[float] = None   # ... and the least any plan could cost there, proved
+    measured_compute: Optional[float] = None  # profile_plans: one rank's compute, measured
+                                              # (tools/profile.py), for the ops' priced sum
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
@@ -134,11 +136,17 @@ class Strategy:
 
     @property
     def compute_time(self) -> float:
+        """One rank's compute: measured when the plan was profiled, else the ops' priced sum."""
+        if self.measured_compute is not None:
+            return self.measured_compute
         return sum(o.compute_time for o in self.ops)
 
     @property
     def step_time(self) -> float:
-        """Estimated step time (``step_seconds``)."""
+        """Estimated step time (``step_seconds``; with the measured compute for the ops'
+        when profiled)."""
+        if self.measured_compute is not None:
+            return self.measured_compute + self.comm_time + self.overhead_time
         return step_seconds(self.ops, self.output_comm_time, self.overhead_time)
 
     @property
@@ -168,7 +176,9 @@ class Strategy:
         cap = "no cap" if self.memory_limit is None else f"cap {format_bytes(self.memory_limit)}"
         head = [f"strategy: mode={self.mode} search={self.search} mesh=({mesh})",
                 f"estimated step {self.step_time * 1e6:.1f} us = compute "
-                f"{self.compute_time * 1e6:.1f} us + communication {self.comm_time * 1e6:.1f} us"
+                f"{self.compute_time * 1e6:.1f} us"
+                + (" (measured)" if self.measured_compute is not None else "")
+                + f" + communication {self.comm_time * 1e6:.1f} us"
                 + (f" + per call {self.overhead_time * 1e6:.1f} us" if self.overhead_time else "")
                 + "; "
                 f"peak memory {format_bytes(self.peak_memory)} per device at {self.peak_op or '-'} ({cap})"]
@@ -247,6 +257,8 @@ class Strategy:
             "peak_memory": self.peak_memory, "peak_op": self.peak_op, "memory_limit": self.memory_limit,
             **({"search_cost": self.search_cost} if self.search_cost is not None else {}),
             **({"search_bound": self.search_bound} if self.search_bound is not None else {}),
+            **({"measured_compute": self.measured_compute}
+               if self.measured_compute is not None else {}),
         }
 
     def to_json(self) -> str:

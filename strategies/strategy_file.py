@@ -190,6 +190,7 @@ def read(text: str):
         memory_limit=_field(d, "memory_limit", "", _opt(_int)),
         search_cost=_field(d, "search_cost", "", _num, None),
         search_bound=_field(d, "search_bound", "", _num, None),
+        measured_compute=_field(d, "measured_compute", "", _num, None),
         stages=_field(d, "stages", "", _list(stage), ()),
         micro_batches=_field(d, "micro_batches", "", _int, 1),
         scheduler=_field(d, "scheduler", "", _str, ""),

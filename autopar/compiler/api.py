@@ -18,8 +18,7 @@ import time
 
 import jax
 
-from ..config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode,
-                      SearchMode)
+from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError
 from ..pipeline_program import PipelineProgram
@@ -48,6 +47,7 @@ from .search import recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
+from ..tools.profile import compute_seconds
 from ..runtime.jax_distributed import multi_process
 from ..progress import logger
 
@@ -298,6 +298,7 @@ class MeshPlan:
     comm: dict                # node id -> seconds of the redistributions feeding it
     program: object = None    # the lowered Program (without a pipeline)
     out_comm: float = 0.0
+    measured: float | None = None       # profile_plans: one rank's compute, measured
 
 
 def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
@@ -348,11 +349,13 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
     """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports, from the
-    same OpStrategies and overhead (``step_seconds``)."""
+    same OpStrategies and overhead (``step_seconds``; its measured compute when profiled)."""
     graph, program = req.graph, plan.program
     ops = _op_strategies(graph, req.names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
-    return step_seconds(ops, plan.out_comm,
-                        call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config)))
+    over = call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config))
+    if plan.measured is not None:
+        return plan.measured + sum(o.comm_time for o in ops) + plan.out_comm + over
+    return step_seconds(ops, plan.out_comm, over)
 
 
 def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
@@ -378,8 +381,8 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
         return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm)
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
                                     out_layouts, assignment.held)
-    return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm,
-                    program, out_comm)
+    return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm, program,
+                    out_comm, compute_seconds(program) if config.profile_plans else None)
 
 
 def _gc_paused(f):
@@ -489,6 +492,7 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
         peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
         host_bytes=host_bytes(graph, program), bucket_bytes=bucket_bytes(config),
+        measured_compute=None if pipelined else first.measured,
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace + t_bound),
                        ("lower", time.monotonic() - t_search - t_bound)),

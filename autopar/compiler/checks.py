@@ -53,6 +53,10 @@ def check_request(config, strategy, pipelined):
             "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
             "device_num times the gradient of the step you wrote; autopar keeps the single-device "
             "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
+    if config.profile_plans and (pipelined or mode is ParallelMode.HYBRID_PARALLEL):
+        raise ConfigError("profile_plans measures one rank's step of a program without a "
+                          "pipeline; unset it, or set pipeline_stages=1 and micro_batches=1 "
+                          "(and a mode other than hybrid_parallel).")
     if strategy is not None and pipelined and len({st.mesh_shape for st in strategy.stages}) > 1:
         raise ConfigError("the strategy has pipeline stages on meshes of different sizes, which "
                           "autopar does not load yet; plan again (pipeline_stage_devices) "

@@ -23,12 +23,13 @@ from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strat
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
                       timeline=(), output_comm=0.0, host_bytes=0, bucket_bytes=0,
                       micro_batches=1, scheduler="", phase_seconds=(), search_cost=None,
-                      search_bound=None) -> Strategy:
+                      search_bound=None, measured_compute=None) -> Strategy:
     """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
     (``op_strategies``), the program's priced communication steps and its memory ``timeline``
     (``memory_timeline``; empty for a pipeline); a PipelineProgram adds its stages,
     micro-batches and scheduler; ``search_cost``/``search_bound``: auto_parallel's plan cost
-    in its search's model and the lower bound proved there (None: no search, no bound)."""
+    in its search's model and the lower bound proved there (None: no search, no bound);
+    ``measured_compute``: one rank's compute as profiled (``profile_plans``), or None."""
     pipelined = isinstance(program, PipelineProgram)
     stages = tuple(StageStrategy(index=st.index, devices=st.devices, seconds=st.seconds,
                                  memory=st.memory, mesh_shape=tuple(st.mesh.shape),
@@ -45,7 +46,7 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     collectives=comm_records(program, planner),
                     memory_timeline=tuple((label(ins), b) for ins, b in timeline),
                     phase_seconds=phase_seconds, search_cost=search_cost,
-                    search_bound=search_bound)
+                    search_bound=search_bound, measured_compute=measured_compute)
 
 
 def host_bytes(graph, program) -> int:

@@ -1,0 +1,53 @@
+"""profile_plans (tools/profile.py): one rank's step measured with its collectives replaced by
+local stand-ins of the same shapes, and the Strategy's estimate built on the measurement."""
+import numpy as np
+import pytest
+
+import autopar as ap
+import models as m
+from autopar.program import Collective, Slice, StepKind
+from autopar.tools import profile
+
+
+@pytest.mark.parametrize("step, out_shape", [
+    (Collective(StepKind.ALL_REDUCE, ("x",), (3, 4), "float32", 48), (3, 4)),
+    (Collective(StepKind.ALL_GATHER, ("x",), (3, 4), "float32", 96, dim=0), (6, 4)),
+    (Collective(StepKind.REDUCE_SCATTER, ("x",), (3, 4), "float32", 48, dim=1), (3, 2)),
+    (Collective(StepKind.ALL_TO_ALL, ("x",), (3, 4), "float32", 48, dim=0, dst_dim=1), (6, 2)),
+    (Slice(("x",), 1, (3, 4)), (3, 2)),
+    (Slice(("x",), None, (3, 4), kind=StepKind.PARTIAL_ZERO), (3, 4)),
+])
+def test_stand_ins_have_the_collectives_shapes(step, out_shape):
+    """Each stand-in gives a rank's block the shape the collective would (2 ranks)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert profile._STANDIN[step.kind](x, step, 2).shape == out_shape
+
+
+def test_profiled_plan_estimates_with_its_measured_compute():
+    """With profile_plans, the Strategy's compute is one rank's step as measured (a child
+    process, one core) and its estimate is that plus the priced communication and overhead;
+    the plan's layouts are auto_parallel's as without it, among the same plans."""
+    params, batch = m.mlp_params((64, 256, 64)), m.mlp_batch(64, (64, 256, 64))
+    cfg = dict(parallel_mode="semi_auto_parallel", device_num=2, progress=False)
+    shard = ({"w1": "[_,x]", "b1": "[x]", "w2": "[x,_]", "b2": None}, None)
+    priced = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(**cfg),
+                     in_strategy=shard)
+    measured = ap.plan(m.mlp_sgd_step, params, batch, in_strategy=shard,
+                       config=ap.ParallelConfig(**cfg, profile_plans=True))
+    assert priced.measured_compute is None
+    c = measured.measured_compute
+    assert c is not None and 0 < c < 1.0
+    assert measured.compute_time == c
+    assert measured.step_time == pytest.approx(c + measured.comm_time + measured.overhead_time)
+    assert [o.out_layouts for o in measured.ops] == [o.out_layouts for o in priced.ops]
+    assert "(measured)" in measured.table()
+    again = ap.Strategy.from_json(measured.to_json())
+    assert again.measured_compute == c and again.step_time == measured.step_time
+
+
+def test_profile_plans_refuses_a_pipeline():
+    params, batch = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2, micro_batches=2,
+                            profile_plans=True, progress=False)
+    with pytest.raises(ap.ConfigError, match="profile_plans.*without a pipeline"):
+        ap.plan(m.mlp_sgd_step, params, batch, config=cfg)
