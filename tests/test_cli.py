@@ -125,6 +125,15 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     assert ap.plan(m.mlp_sgd_step, p, b, config=cfg).step_time == preset.step_time
 
 
+def test_calibrate_output_file_is_written_from_a_text_path(tmp_path):
+    """``autopar calibrate -o FILE`` hands ``save`` the path as text (it crashed on str)."""
+    import autopar as ap
+    from autopar.tools.calibrate import save
+    topo = ap.Topology.local(2)
+    save(topo, str(tmp_path / "new" / "topology.json"))
+    assert ap.Topology.load(tmp_path / "new" / "topology.json") == topo
+
+
 def test_calibration_fits_the_reference_steps_slowdown():
     """The reference step's fit: ``measured = k * compute + rest``, ``k`` kept in range."""
     from autopar.tools.calibrate import SLOWDOWN, _fit

@@ -100,7 +100,9 @@ def stretch(topo: Topology, n: int) -> Topology:
                    small_dot_flops=topo.small_dot_flops * f)
 
 
-def save(topo: Topology, path: Path) -> None:
+def save(topo: Topology, path) -> None:
+    """``topo`` written to ``path`` (a str or Path; its folder made if needed), atomically."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     topo.save(tmp)
