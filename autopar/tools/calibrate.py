@@ -120,21 +120,34 @@ def _median_call(compiled, args, reps: int) -> float:
     return float(np.median(times))
 
 
+def _exchanging(step):
+    """``step`` returning also an all-reduce of one number of its first argument: on the native
+    backend a step whose ranks exchange nothing runs in the caller (``Program.ranks_alike``),
+    on all of its cores, not on the one-core workers that run a plan's step after a round trip
+    from the caller; so every timed step exchanges this much, and differences cancel it."""
+    from autopar import comm
+
+    def exchanging(*args):
+        return step(*args), comm.all_reduce(args[0].ravel()[:1], "x")
+    return exchanging
+
+
 def _time_step(step, args, backend, n, reps=7) -> float:
-    """Median seconds of a call of ``step`` compiled as hybrid_parallel, arguments replicated
-    (as plans are timed: the machine's load is part of what a step costs here)."""
+    """Median seconds of a call of ``step`` (``_exchanging``) compiled as hybrid_parallel,
+    arguments replicated (as plans are timed: the machine's load is part of what a step costs
+    here)."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
     cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
                          progress=False, topology=Topology.local(n))
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
-    with ap_compile(step, *args, config=cfg, in_strategy=layouts) as c:
+    with ap_compile(_exchanging(step), *args, config=cfg, in_strategy=layouts) as c:
         return _median_call(c, args, reps)
 
 
 def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
-    """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both compiled as
-    ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
+    """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both exchanging
+    and compiled as ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
     machine's load falls on both alike."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
@@ -142,8 +155,8 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
     cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
                          progress=False, topology=Topology.local(n))
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
-    with ap_compile(step_a, *args, config=cfg, in_strategy=layouts) as a, \
-            ap_compile(step_b, *args, config=cfg, in_strategy=layouts) as b:
+    with ap_compile(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a, \
+            ap_compile(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b:
         def call(c):
             t = time.perf_counter()
             jax.block_until_ready(c(*args))
