@@ -4,7 +4,9 @@ In: a backend (``"native"``: one worker process per device; ``"jax"``: shard_map
 process's JAX devices) and a device count. Out:
 - ``calibrate(backend, n)``: ``(Topology, measurements)``. Every constant comes from timing small
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
-  median of several calls), so contention for this machine's cores is in the figures:
+  median of several calls; each also all-reduces one number, so that the native runtime runs
+  it on its workers as it runs a plan's step, not in the caller), so contention for this
+  machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
   a 4 MB argument: per byte sent to the devices and fetched back), ``flops`` and ``small_dot_flops``
   (chained 1024x1024 @ 1024x1024 and 256x512 @ 512x512 matmuls: Topology.matmul_rate
