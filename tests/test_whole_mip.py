@@ -172,3 +172,38 @@ def test_lp_memory_prices_give_the_lp_optimum_as_a_lagrangian_bound():
         assert top - 1e-3 * abs(top) <= search.bound <= top + 1e-6 * abs(top), seed
         priced_runs += (lp.prices > 0).any()
     assert priced_runs >= 4
+
+
+def test_an_lp_cut_short_still_prices_memory_with_a_valid_bound(monkeypatch):
+    """An LP whose time runs out after its first round (rows still to add) gives no answer but
+    that round's memory prices; TRW-S at them proves a bound at or below the LP's optimum."""
+    from autopar.strategies.solvers import lazy_memory
+    from autopar.strategies.solvers.random_problems import random_medium_problem
+    from autopar.strategies.solvers.region_mip import RegionMip
+    cut = 0
+    for seed in range(6):
+        red = reduce(random_medium_problem(seed, nodes=120, limit="exact"))
+        st = search_state.State(red)
+        st.load(st.choice)
+        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n))
+        whole = lazy_memory.LazyMemoryModel(m).relax(30.0)
+        short = lazy_memory.LazyMemoryModel(m)
+        add = short._add
+
+        def add_then_stop(pieces):          # the clock runs out once the first rows are in
+            add(pieces)
+            monkeypatch.setattr(lazy_memory.time, "monotonic", lambda: float("inf"))
+        short._add = add_then_stop
+        lp = short.relax(30.0)
+        monkeypatch.undo()
+        if lp.choice is not None:           # solved in one round: nothing was cut short
+            continue
+        assert lp.prices is not None and len(lp.prices) == m.pieces, seed
+        lam = np.zeros(len(st.slack))
+        np.add.at(lam, m.steps, lp.prices)
+        now = time.monotonic()
+        search = local_search._Search(st, local_search.LocalSearchOptions(), now + 5, None, now)
+        search.priced_bound(lam, now + 2)
+        assert search.bound <= red.offset + whole.bound + 1e-6 * abs(whole.bound), seed
+        cut += 1
+    assert cut >= 3

@@ -52,6 +52,8 @@ class LazyMemoryModel:
         self.added = np.zeros(k, bool)
         self.order = []         # the pieces whose rows were added, in the model's row order
         self.rows = rows
+        self.integer = False    # the MIP (solve) has begun: no more LP duals
+        self.prices = None      # the memory prices of the last LP solved (``_prices``)
         self.top = np.inf       # fix's ceiling, objective units
         h = self.h = _Highs()
         h.setOptionValue("output_flag", False)
@@ -100,6 +102,8 @@ class LazyMemoryModel:
             self.h.run()
             if self.h.getInfo().primal_solution_status != 2:      # no feasible point
                 return None, False
+            if not self.integer and self.h.getModelStatus() == HighsModelStatus.kOptimal:
+                self.prices = self._prices()
             x = np.asarray(self.h.getSolution().col_value)
             pieces = self.overflowing(x)
             if len(pieces) == 0:
@@ -108,23 +112,30 @@ class LazyMemoryModel:
                 return x, False
             self._add(pieces)
 
+    def _prices(self) -> np.ndarray:
+        """Each piece's price of a byte (cost units) from the last LP's row duals: a binding
+        upper row's dual is the objective's change per unit of its bound (<= 0); 0 for a row
+        not added."""
+        prices = np.zeros(self.m.pieces)
+        prices[self.order] = np.maximum(-np.asarray(self.h.getSolution().row_dual)[self.rows:],
+                                        0.0)
+        return prices * self.m.scale / self.m.bytes
+
     def relax(self, time_limit: float) -> RegionResult:
         """The LP relaxation (see ``RegionMip``'s): its optimum, rounding, reduced costs and
-        memory prices, or no choice when it was not solved within ``time_limit`` seconds."""
+        memory prices, or no choice when it was not solved within ``time_limit`` seconds (then
+        the prices of the last round solved, over the rows it had, if any: prices >= 0 of any
+        rows are a Lagrangian's, whose bound holds)."""
         m = self.m
         x, whole = self._rounds(time.monotonic() + time_limit)
         if x is None or not whole or self.h.getModelStatus() != HighsModelStatus.kOptimal:
-            return RegionResult(m.nodes, None, False, len(m.cost))
+            return RegionResult(m.nodes, None, False, len(m.cost), prices=self.prices)
         top = np.maximum.reduceat(x[:m.nx], m.xoff[:-1])
         unsure = tuple(int(v) for v in m.nodes[top < 1 - 1e-6])
         fun = self.h.getInfo().objective_function_value
-        sol = self.h.getSolution()
-        reduced = np.asarray(sol.col_dual)
-        # a binding upper row's dual is the objective's change per unit of its bound (<= 0)
-        prices = np.zeros(m.pieces)
-        prices[self.order] = np.maximum(-np.asarray(sol.row_dual)[self.rows:], 0.0)
+        reduced = np.asarray(self.h.getSolution().col_dual)
         return RegionResult(m.nodes, m.pick(x), False, len(m.cost), unsure, fun * m.scale,
-                            reduced, prices * m.scale / m.bytes)
+                            reduced, self.prices)
 
     def fix(self, lp: RegionResult, ceiling: float) -> int:
         """Keep in the MIP only answers costing at most ``ceiling`` (cost units, like
@@ -156,6 +167,7 @@ class LazyMemoryModel:
         fixed model's, at most ``fix``'s ceiling: HiGHS may return an answer above its cutoff),
         its dual bound (inf when it has no answer: none below the ceiling)."""
         m = self.m
+        self.integer = True
         self.h.changeColsIntegrality(m.nx, np.arange(m.nx, dtype=np.int32),
                                      np.full(m.nx, HighsVarType.kInteger))
         self.h.setOptionValue("mip_rel_gap", float(gap))
