@@ -36,23 +36,26 @@ def const(c: Const):
     return np.asarray(c.value, dtype=c.dtype)
 
 
-def execute(ins, get, mesh) -> list:
+def execute(ins, get, mesh, step=apply_step) -> list:
     """Inside shard_map: run a Segment, Collective or Slice on local blocks (``get``: register
-    or Const -> value); the (register, value) pairs it produces."""
+    or Const -> value; ``step(block, instruction, mesh)`` runs the latter two); the (register,
+    value) pairs it produces."""
     if isinstance(ins, Segment):
         return list(zip(ins.outputs, ins(*[get(i) for i in ins.inputs])))
-    return [(ins.out, apply_step(get(ins.src), ins, mesh))]
+    return [(ins.out, step(get(ins.src), ins, mesh))]
 
 
-def program_function(program):
-    """The per-device function of a Program: local argument blocks -> local results."""
+def program_function(program, step=apply_step):
+    """The per-device function of a Program: local argument blocks -> local results
+    (collectives and slices run by ``step``: ``jax_collectives.apply_step``, or another
+    function of the same arguments, e.g. tools/profile.py's local stand-ins)."""
     mesh = program.mesh
 
     def local(*blocks):
         regs = dict(zip(program.inputs, blocks))
         get = lambda r: const(r) if isinstance(r, Const) else regs[r]
         for ins in program.instructions:
-            regs.update(execute(ins, get, mesh))
+            regs.update(execute(ins, get, mesh, step))
         return tuple(regs[o] for o in program.outputs if not isinstance(o, Const))
 
     return local

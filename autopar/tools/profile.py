@@ -38,12 +38,7 @@ import sys
 import numpy as np
 
 from autopar.errors import ConfigError
-from autopar.graph import Const
-from autopar.program import Segment, StepKind, checked_table
-
-
-def _parts(step, mesh) -> int:
-    return math.prod(mesh.axis_size(a) for a in step.axes)
+from autopar.program import StepKind, checked_table
 
 
 def _first(x, dim, n):
@@ -69,19 +64,9 @@ _STANDIN = checked_table({
 def local_function(program):
     """One rank's step with every collective and slice replaced by its stand-in: local
     argument blocks -> local results."""
-    mesh = program.mesh
-
-    def local(*blocks):
-        regs = dict(zip(program.inputs, blocks))
-        get = lambda r: np.asarray(r.value, r.dtype) if isinstance(r, Const) else regs[r]
-        for ins in program.instructions:
-            if isinstance(ins, Segment):
-                regs.update(zip(ins.outputs, ins(*[get(i) for i in ins.inputs])))
-            else:
-                regs[ins.out] = _STANDIN[ins.kind](get(ins.src), ins, _parts(ins, mesh))
-        return tuple(regs[o] for o in program.outputs if not isinstance(o, Const))
-
-    return local
+    from autopar.runtime.jax_backend import program_function
+    return program_function(program, lambda x, ins, mesh: _STANDIN[ins.kind](
+        x, ins, math.prod(mesh.axis_size(a) for a in ins.axes)))
 
 
 def exported(program) -> bytes:
