@@ -149,7 +149,7 @@ def test_lp_memory_prices_give_the_lp_optimum_as_a_lagrangian_bound():
         red = reduce(random_medium_problem(seed, nodes=120, limit="exact"))
         st = search_state.State(red)
         st.load(st.choice)                  # its slack: the capacity less its usage
-        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n))
+        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n), steps=True)
         lp = LazyMemoryModel(m).relax(30.0)
         assert lp.choice is not None and len(lp.prices) == m.pieces, seed
         lam = np.zeros(len(st.slack))
@@ -185,7 +185,7 @@ def test_an_lp_cut_short_still_prices_memory_with_a_valid_bound(monkeypatch):
         red = reduce(random_medium_problem(seed, nodes=120, limit="exact"))
         st = search_state.State(red)
         st.load(st.choice)
-        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n))
+        m = RegionMip(red).build(st.choice, st.slack, np.arange(st.n), steps=True)
         whole = lazy_memory.LazyMemoryModel(m).relax(30.0)
         short = lazy_memory.LazyMemoryModel(m)
         add = short._add

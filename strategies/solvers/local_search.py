@@ -33,7 +33,7 @@ Algorithm:
    near the whole LP's optimal ones when those strategies are the ones that matter: TRW-S on
    the whole problem priced at them proves a bound near the whole LP's optimum (IOPDDL L:
    within 0.004% of it in 0.4 s, where the whole LP takes 110 s and the subgradient steps of
-   4. stop 2.5% below it).
+   4. stop 2.5% below it); an LP cut short gives its last round's prices, still a bound.
 6. MIP phase (region_mip.py, HiGHS): regions with every other node fixed, sized so each
    solves in seconds: the long-lived nodes (memory over nine tenths of the steps: the one
    region that trades memory across the whole step), connected regions around the merge's
@@ -119,7 +119,7 @@ class _Whole:
     def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
                  gap: Optional[float] = None, lp_limit: Optional[float] = None,
                  ceiling: Callable[[], float] = lambda: np.inf):
-        model = mip.build(choice, slack, np.arange(len(choice)))    # here: they change later
+        model = mip.build(choice, slack, np.arange(len(choice)), steps=True)  # now: they change
         self.model = model
         self.relax = self.mip = None
         self.fixed = self.rounds = 0

@@ -113,9 +113,10 @@ class RegionMip:
         both = inside[e[:, 0]] & inside[e[:, 1]]
         return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
 
-    def build(self, choice, slack, nodes) -> "RegionModel":
+    def build(self, choice, slack, nodes, steps: bool = False) -> "RegionModel":
         """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``): the
-        x and y columns with their equality rows, then the memory's U columns and rows."""
+        x and y columns with their equality rows, then the memory's U columns and rows (with
+        ``steps``, the model says at which kept step each piece's capacity is least)."""
         reg = self._region(nodes)
         unary, inner = self._split_edges(reg, choice)
         mats = [self.r.edge_costs[e] for e in inner]
@@ -126,11 +127,11 @@ class RegionMip:
         rhs = np.zeros(nrow)
         rhs[:len(reg.nodes)] = 1.0
         ncol = int(yoff[-1])
-        mem = self._memory(choice, slack, reg.nodes, reg.xoff, reg.local, nrow, ncol)
+        mem = self._memory(choice, slack, reg.nodes, reg.xoff, reg.local, nrow, ncol, steps)
         cost = np.concatenate(unary + [m.ravel() for m in mats])
         lb, ub = np.zeros(ncol), np.ones(ncol)
         if mem is not None:
-            mrows, mcols, mvals, cap, steps, unit = mem
+            mrows, mcols, mvals, cap, at, unit = mem
             k = len(cap)
             rows.append(mrows)
             cols.append(mcols)
@@ -151,7 +152,7 @@ class RegionMip:
         if mem is None:
             return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale)
         return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
-                           len(cap), steps, unit)
+                           len(cap), at, unit)
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
@@ -221,10 +222,11 @@ class RegionMip:
             return RegionResult(m.nodes, None, False, len(m.cost), bound=bound)
         return RegionResult(m.nodes, m.pick(res.x), res.status == 0, len(m.cost), bound=bound)
 
-    def _memory(self, choice, slack, nodes, xoff, local, row0, col0):
+    def _memory(self, choice, slack, nodes, xoff, local, row0, col0, steps=False):
         """Rows of the running-sum memory model, or None when the region cannot overflow:
         (rows, columns, values, each piece's capacity in memory units, the kept step where it
-        is least, bytes per memory unit)."""
+        is least (None without ``steps``: a sort over the region's span), bytes per memory
+        unit)."""
         terms = [(local[x], t) for x in nodes for t in self.terms[x]]
         if not terms:
             return None
@@ -239,9 +241,11 @@ class RegionMip:
         np.add.at(delta, hi - a, -cur)
         free = slack[a:b] + np.cumsum(delta)[:-1]           # capacity for the region
         cap = np.minimum.reduceat(free, cuts[:-1] - a)       # per piece
-        piece = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
-        order = np.lexsort((free, piece))                    # each piece's least step first
-        at = a + order[np.searchsorted(piece[order], np.arange(len(cap)))]
+        at = np.zeros(len(cap), np.int64)
+        if steps:
+            piece = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
+            order = np.lexsort((free, piece))                # each piece's least step first
+            at = a + order[np.searchsorted(piece[order], np.arange(len(cap)))]
         plo, phi = np.searchsorted(cuts, lo), np.searchsorted(cuts, hi)
         most = np.zeros(len(cuts), np.int64)
         np.add.at(most, plo, top)
@@ -278,4 +282,4 @@ class RegionMip:
                 cols.append(xoff[i] + nz)
                 vals.append(u)
         return (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals),
-                cap / scale, at, scale)
+                cap / scale, at if steps else None, scale)
