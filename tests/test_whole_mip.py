@@ -1,13 +1,14 @@
-"""local_search's whole-problem LP and MIP (``_Whole``, lazy_memory.py) against brute force on
-tiny random problems and against scipy's LP with every memory row: bounds never above the
-optimum, the optimum found and proven, reduced-cost fixing and the widening ceiling sound."""
+"""local_search's whole-problem LP and MIP (lazy_memory.py's ``WholeModel``) against brute
+force on tiny random problems and against scipy's LP with every memory row: bounds never above
+the optimum, the optimum found and proven, reduced-cost fixing and the widening ceiling sound;
+the LP's memory prices as a Lagrangian's."""
 import time
 
 import numpy as np
 import pytest
 
 from autopar.errors import InfeasibleError
-from autopar.strategies.solvers import local_search, search_state
+from autopar.strategies.solvers import lazy_memory, local_search, search_state
 from autopar.strategies.solvers.graph_reduction import reduce
 
 
@@ -55,7 +56,7 @@ def test_whole_problem_on_a_thread():
     finds it, and the LP's rounding keeps only feasible answers, none below the optimum."""
     checked = 0
     for seed, problem, best, red, st, search in _tiny_searches():
-        whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0)
+        whole = lazy_memory.WholeModel(search.mip, st.choice, st.slack, 5.0, 0.0)
         whole.thread.join()
         lp, mip = whole.relax, whole.mip
         assert whole.done() and lp.choice is not None and mip.optimal, seed
@@ -77,7 +78,7 @@ def test_reduced_cost_fixing_keeps_the_optimum():
     checked = fixed = 0
     for seed, problem, best, red, st, search in _tiny_searches():
         for ceiling in (best, best + 0.1 * abs(best) + 1.0):
-            whole = local_search._Whole(search.mip, st.choice, st.slack, 5.0, 0.0,
+            whole = lazy_memory.WholeModel(search.mip, st.choice, st.slack, 5.0, 0.0,
                                         ceiling=lambda: ceiling - red.offset)
             whole.thread.join()
             mip = whole.mip
@@ -116,13 +117,13 @@ def test_lazy_memory_rows_give_the_whole_lp():
 
 
 def test_whole_mip_widens_its_ceiling_to_the_optimum(monkeypatch):
-    """Started a millionth above the LP's optimum (``_Whole.reach``), the whole MIP proves
+    """Started a millionth above the LP's optimum (``WholeModel.reach``), the whole MIP proves
     each ceiling without an answer below it a bound, widens it, and ends at brute force's
     optimum, proven, with a bound never above it."""
-    monkeypatch.setattr(local_search._Whole, "reach", 1e-6)
+    monkeypatch.setattr(lazy_memory.WholeModel, "reach", 1e-6)
     checked = widened = 0
     for seed, problem, best, red, st, search in _tiny_searches():
-        whole = local_search._Whole(search.mip, st.choice, st.slack, 10.0, 0.0)
+        whole = lazy_memory.WholeModel(search.mip, st.choice, st.slack, 10.0, 0.0)
         whole.thread.join()
         mip = whole.mip
         assert mip.optimal and mip.choice is not None, seed
@@ -177,7 +178,6 @@ def test_lp_memory_prices_give_the_lp_optimum_as_a_lagrangian_bound():
 def test_an_lp_cut_short_still_prices_memory_with_a_valid_bound(monkeypatch):
     """An LP whose time runs out after its first round (rows still to add) gives no answer but
     that round's memory prices; TRW-S at them proves a bound at or below the LP's optimum."""
-    from autopar.strategies.solvers import lazy_memory
     from autopar.strategies.solvers.random_problems import random_medium_problem
     from autopar.strategies.solvers.region_mip import RegionMip
     cut = 0

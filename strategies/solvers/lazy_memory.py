@@ -7,6 +7,8 @@ LP's optimum (a proven bound), its rounding, reduced costs and the price of a by
 memory piece (its row's dual; 0 for a row left out); ``fix`` reduced-cost fixing against a
 ceiling; ``solve`` the MIP's ``RegionResult``. One object does the three in that order (the MIP
 is the LP's model with integrality added), on one thread (HiGHS releases the GIL).
+``WholeModel`` runs one so on a thread of its own beside local_search's search: the LP, then
+the MIP under a ceiling widened until an answer is found or proven.
 
 Why lazily: on IOPDDL D's reduced problem (203 nodes) the memory is 15,001 of the model's 26,387
 rows, and HiGHS' dual simplex did not solve the LP in 150 s (interior point: 36-50 s). Without
@@ -19,8 +21,10 @@ dual bound is always a bound on the whole model (it relaxes it).
 """
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import scipy.sparse as sparse
@@ -31,7 +35,7 @@ except ImportError:                                 # pragma: no cover - another
     from highspy import Highs as _Highs
 from highspy import HighsModelStatus, HighsVarType, kHighsInf
 
-from .region_mip import RegionModel, RegionResult
+from .region_mip import RegionMip, RegionModel, RegionResult
 
 
 class LazyMemoryModel:
@@ -181,3 +185,69 @@ class LazyMemoryModel:
         optimal = whole and self.h.getModelStatus() == HighsModelStatus.kOptimal and \
             self.h.getInfo().objective_function_value <= self.top
         return RegionResult(m.nodes, m.pick(x), optimal, len(m.cost), bound=bound)
+
+
+class WholeModel:
+    """A problem's whole model on a thread of its own (HiGHS releases the GIL, so the search
+    goes on beside it on the second core): its LP relaxation (``relax``), then, when ``gap``
+    is given, its MIP (``mip``, relative gap ``gap``), each a RegionResult once solved, all
+    within ``time_limit`` seconds, the LP within ``lp_limit``. ``mip`` is the RegionMip of the
+    problem (the reduced one, or one ``restrict``ed), ``choice`` its current strategies,
+    ``slack`` the free memory. Both are solved with the memory rows added as answers break
+    them (``LazyMemoryModel``). The MIP is not tried when the LP was not solved: HiGHS' MIP
+    starts with it. ``ceiling()`` is the best answer's cost so far less the reduction's offset
+    (inf when none). The MIP keeps only the answers that cost at most ``top``, the least of
+    that and the LP's optimum plus ``reach`` of it, by fixing at 0 every column the LP's
+    reduced costs rule out of them (``LazyMemoryModel.fix``: on IOPDDL D at 1% over the LP,
+    half the columns), so it proves ``top`` a bound when it finds no answer (then it runs again
+    with ``reach`` four times wider) and the optimum when it finds one. ``fixed`` is how many
+    columns the last MIP fixed, ``rounds`` how many MIPs ran; ``mip`` the last one's result,
+    with the best bound proven so far."""
+
+    reach = 0.01
+
+    def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
+                 gap: Optional[float] = None, lp_limit: Optional[float] = None,
+                 ceiling: Callable[[], float] = lambda: np.inf):
+        model = mip.build(choice, slack, np.arange(len(choice)), steps=True)  # now: they change
+        self.model = model
+        self.relax = self.mip = None
+        self.fixed = self.rounds = 0
+        self.relaxed = threading.Event()
+        lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
+        self.thread = threading.Thread(target=self._solve,
+                                       args=(model, time_limit, gap, lp_limit, ceiling),
+                                       daemon=True)
+        self.thread.start()
+
+    def _solve(self, model, time_limit, gap, lp_limit, ceiling):
+        start = time.monotonic()
+        end = start + time_limit
+        try:
+            lazy = LazyMemoryModel(model)
+            self.relax = lazy.relax(start + lp_limit - time.monotonic())
+        finally:
+            self.relaxed.set()
+        if gap is None or self.relax.choice is None:
+            return
+        lp = self.relax
+        reach = self.reach * max(abs(lp.bound), 1.0)
+        proven = -np.inf
+        while True:
+            self.rounds += 1
+            best = ceiling()
+            top = min(best, lp.bound + reach)
+            self.fixed = lazy.fix(lp, top)
+            res = lazy.solve(end - time.monotonic(), gap)
+            if res.bound is not None:
+                proven = max(proven, min(res.bound, top))
+            if res.choice is None and self.mip is not None:     # keep an earlier answer
+                res = dataclasses.replace(res, choice=self.mip.choice)
+            self.mip = dataclasses.replace(res, bound=proven if proven > -np.inf else None)
+            # nothing below ``top`` that was left out: widen it while the search's best is above
+            if res.optimal or top >= best or proven < top or end - time.monotonic() < 1.0:
+                return
+            reach *= 4
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()

@@ -40,7 +40,7 @@ Algorithm:
    fractional nodes, then around random nodes (half of them drawn by their regret at the
    Lagrangian's last prices, ``State.regret``). When
    the whole reduced problem's model is small, a second thread (HiGHS releases the GIL) solves
-   it from the start (``_Whole``, with memory rows added only where an answer overflows:
+   it from the start (``lazy_memory.WholeModel``, with memory rows added only where an answer overflows:
    lazy_memory.py) -- its LP relaxation, then the whole MIP over the answers that cost at most
    the best yet or 1% over the LP's optimum, widened while none is found (reduced-cost fixing
    and a cutoff) -- while a short Lagrangian phase and the regions go on: the LP's optimum is a
@@ -57,9 +57,7 @@ asked for less than the time left, since it checks its limit only between steps.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -71,7 +69,7 @@ from autopar.errors import InfeasibleError
 from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
 from .graph_reduction import reduce, restrict
-from .lazy_memory import LazyMemoryModel
+from .lazy_memory import WholeModel
 from .region_mip import RegionMip
 from .search_state import State
 from .trws import MessagePassing
@@ -95,72 +93,6 @@ class LocalSearchOptions:
     region_threads: int = 0       # regions solved at once when nothing else runs beside the
                                   # search (0: one per core this process may use, at most 2)
     progress_every: float = 1.0   # seconds between progress messages
-
-
-class _Whole:
-    """A problem's whole model on a thread of its own (HiGHS releases the GIL, so the search
-    goes on beside it on the second core): its LP relaxation (``relax``), then, when ``gap``
-    is given, its MIP (``mip``, relative gap ``gap``), each a RegionResult once solved, all
-    within ``time_limit`` seconds, the LP within ``lp_limit``. ``mip`` is the RegionMip of the
-    problem (the reduced one, or one ``restrict``ed), ``choice`` its current strategies,
-    ``slack`` the free memory. Both are solved with the memory rows added as answers break
-    them (``LazyMemoryModel``). The MIP is not tried when the LP was not solved: HiGHS' MIP
-    starts with it. ``ceiling()`` is the best answer's cost so far less the reduction's offset
-    (inf when none). The MIP keeps only the answers that cost at most ``top``, the least of
-    that and the LP's optimum plus ``reach`` of it, by fixing at 0 every column the LP's
-    reduced costs rule out of them (``LazyMemoryModel.fix``: on IOPDDL D at 1% over the LP,
-    half the columns), so it proves ``top`` a bound when it finds no answer (then it runs again
-    with ``reach`` four times wider) and the optimum when it finds one. ``fixed`` is how many
-    columns the last MIP fixed, ``rounds`` how many MIPs ran; ``mip`` the last one's result,
-    with the best bound proven so far."""
-
-    reach = 0.01
-
-    def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
-                 gap: Optional[float] = None, lp_limit: Optional[float] = None,
-                 ceiling: Callable[[], float] = lambda: np.inf):
-        model = mip.build(choice, slack, np.arange(len(choice)), steps=True)  # now: they change
-        self.model = model
-        self.relax = self.mip = None
-        self.fixed = self.rounds = 0
-        self.relaxed = threading.Event()
-        lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
-        self.thread = threading.Thread(target=self._solve,
-                                       args=(model, time_limit, gap, lp_limit, ceiling),
-                                       daemon=True)
-        self.thread.start()
-
-    def _solve(self, model, time_limit, gap, lp_limit, ceiling):
-        start = time.monotonic()
-        end = start + time_limit
-        try:
-            lazy = LazyMemoryModel(model)
-            self.relax = lazy.relax(start + lp_limit - time.monotonic())
-        finally:
-            self.relaxed.set()
-        if gap is None or self.relax.choice is None:
-            return
-        lp = self.relax
-        reach = self.reach * max(abs(lp.bound), 1.0)
-        proven = -np.inf
-        while True:
-            self.rounds += 1
-            best = ceiling()
-            top = min(best, lp.bound + reach)
-            self.fixed = lazy.fix(lp, top)
-            res = lazy.solve(end - time.monotonic(), gap)
-            if res.bound is not None:
-                proven = max(proven, min(res.bound, top))
-            if res.choice is None and self.mip is not None:     # keep an earlier answer
-                res = dataclasses.replace(res, choice=self.mip.choice)
-            self.mip = dataclasses.replace(res, bound=proven if proven > -np.inf else None)
-            # nothing below ``top`` that was left out: widen it while the search's best is above
-            if res.optimal or top >= best or proven < top or end - time.monotonic() < 1.0:
-                return
-            reach *= 4
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
 
 
 class _Search:
@@ -317,7 +249,7 @@ class _Search:
         sub = RegionMip(restrict(st.r, keep))
         self.restore()
         base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
-        lp = _Whole(sub, base, st.slack, self.mip_seconds(seconds))
+        lp = WholeModel(sub, base, st.slack, self.mip_seconds(seconds))
         self.regions(stop=lp.relaxed.is_set)
         self.restore()
         if lp.relax is not None and lp.relax.prices is not None and lp.model.pieces:
@@ -533,7 +465,7 @@ class _Search:
         if everything > self.opts.whole_mip_columns:
             return self.large(threads)
         left = self.time_left()
-        whole = _Whole(self.mip, st.choice, st.slack, self.mip_seconds(left),
+        whole = WholeModel(self.mip, st.choice, st.slack, self.mip_seconds(left),
                        0.0 if everything < 20_000 else 1e-6,
                        self.mip_seconds(self.opts.whole_lp_share * left),
                        lambda: self.best_cost - st.r.offset)
