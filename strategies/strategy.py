@@ -25,12 +25,14 @@ FORMAT = "autopar-strategy"
 VERSION = 1
 
 
-def step_seconds(ops, output_comm: float, overhead: float) -> float:
-    """A step's estimated seconds from its OpStrategy ``ops``: their compute plus the
-    communication feeding them and the results' (no overlap assumed) plus the per-call
-    ``overhead``. What a Strategy reports, and what auto_parallel ranks its lowered plans by
-    before a Strategy exists."""
-    return sum(o.compute_time + o.comm_time for o in ops) + output_comm + overhead
+def step_seconds(ops, output_comm: float, overhead: float, compute=None) -> float:
+    """A step's estimated seconds from its OpStrategy ``ops``: their compute (or ``compute``,
+    one rank's as measured: profile_plans) plus the communication feeding them and the
+    results' (no overlap assumed) plus the per-call ``overhead``. What a Strategy reports, and
+    what auto_parallel ranks its lowered plans by before a Strategy exists."""
+    if compute is None:
+        compute = sum(o.compute_time for o in ops)
+    return compute + sum(o.comm_time for o in ops) + output_comm + overhead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,11 +145,9 @@ class Strategy:
 
     @property
     def step_time(self) -> float:
-        """Estimated step time (``step_seconds``; with the measured compute for the ops'
-        when profiled)."""
-        if self.measured_compute is not None:
-            return self.measured_compute + self.comm_time + self.overhead_time
-        return step_seconds(self.ops, self.output_comm_time, self.overhead_time)
+        """Estimated step time (``step_seconds``)."""
+        return step_seconds(self.ops, self.output_comm_time, self.overhead_time,
+                            self.measured_compute)
 
     @property
     def pipeline_time(self) -> float:

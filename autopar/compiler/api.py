@@ -349,13 +349,11 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
     """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports, from the
-    same OpStrategies and overhead (``step_seconds``; its measured compute when profiled)."""
+    same OpStrategies, overhead and measured compute if profiled (``step_seconds``)."""
     graph, program = req.graph, plan.program
     ops = _op_strategies(graph, req.names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
-    over = call_overhead(program, host_bytes(graph, program), bucket_bytes(req.config))
-    if plan.measured is not None:
-        return plan.measured + sum(o.comm_time for o in ops) + plan.out_comm + over
-    return step_seconds(ops, plan.out_comm, over)
+    return step_seconds(ops, plan.out_comm, call_overhead(
+        program, host_bytes(graph, program), bucket_bytes(req.config)), plan.measured)
 
 
 def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
