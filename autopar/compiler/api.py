@@ -40,7 +40,7 @@ from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, lea
 from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
-from .checks import check_backend, check_request, config_of
+from .checks import check_backend, check_request, config_of, pipelined
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
 from .search import recursive_search, search, with_fixed
@@ -421,7 +421,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if strategy is not None and config.pipeline.auto:          # the loaded plan's pipeline
         config = config.replace(pipeline_stages=max(len(strategy.stages), 1),
                                 micro_batches=strategy.micro_batches)
-    check_request(config, strategy, _pipelined(config))
+    check_request(config, strategy, pipelined(config))
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
@@ -436,16 +436,12 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
                          in_strategy=in_strategy, strategy=strategy, names=tuple(names),
                          name=getattr(fn, "__name__", "step"), pairs=tuple(state_pairs(graph)),
-                         pipelined=_pipelined(config), op_tuples=ops,
+                         pipelined=pipelined(config), op_tuples=ops,
                          micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
     if config.pipeline.auto:
         return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
                              lambda r, cache: _staged(r, full, cache))
     return _plan_traced(req, full, t0, t_trace)
-
-
-def _pipelined(config) -> bool:
-    return config.pipeline_stages != 1 or config.micro_batches != 1
 
 
 def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):

@@ -42,6 +42,11 @@ def check_backend(config) -> None:
                           "lower device_num.")
 
 
+def pipelined(config) -> bool:
+    """Whether ``config`` asks for a pipeline (stages or micro-batches)."""
+    return config.pipeline_stages != 1 or config.micro_batches != 1
+
+
 def check_request(config, strategy, pipelined):
     """The combinations of config and loaded strategy autopar refuses, with how to fix them."""
     mode = config.parallel_mode
