@@ -294,10 +294,10 @@ def _fork(run, close) -> int:
 def _idle(conn) -> None:
     """A warm child: initialise the JAX CPU backend and compile through an exported call, as a
     worker's first load would (about 0.4 s of CPU), then wait for a job (``_child``); exit
-    when the server goes. XLA is set single-threaded first, as ``worker._pin`` sets it for a
-    pinned rank: flags are read once, at the backend's start."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    when the server goes. XLA is set for one single-threaded device first, as ``worker._pin``
+    sets it for a pinned rank: flags are read once, at the backend's start."""
+    from .worker import xla_flags
+    xla_flags(single_threaded=True)
     import jax
     import jax.numpy as jnp
     from jax import export

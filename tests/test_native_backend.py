@@ -28,6 +28,7 @@ def test_mlp_step_on_four_ranks(mode, mesh, strategy):
     assert_same(c(p, b), m.mlp_sgd_step(p, b))
     pids = c.on_workers(worker_pid)
     assert c.on_workers(comm_timeout) == [5.0] * 4
+    assert c.on_workers(device_count) == [1] * 4      # not this process's 8 (conftest)
     b2 = m.mlp_batch(batch=64, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
     assert c.on_workers(worker_pid) == pids
@@ -114,6 +115,11 @@ def directness(comm):
 
 def worker_pid(comm):
     return os.getpid()
+
+
+def device_count(comm):
+    import jax
+    return jax.device_count()
 
 
 def comm_timeout(comm):
