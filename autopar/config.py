@@ -346,7 +346,7 @@ class ParallelConfig:
     topology: Optional[Topology] = None       # default: this machine as measured for the
                                               # backend (tools.calibrate.machine_topology)
     search_mode: Optional[SearchMode] = None  # auto_parallel's solver; None: autopar picks by
-                                              # the mesh (compiler.api.default_search_mode)
+                                              # the mesh (compiler.search.default_search_mode)
     max_device_memory: Optional[int] = None   # bytes per device ("16GB" accepted); None: no cap
     gradients_mean: bool = True               # data_parallel: replica gradients are averaged, so
                                               # the step equals the single-device one (False: see README)

@@ -51,3 +51,18 @@ def test_profile_plans_refuses_a_pipeline():
                             profile_plans=True, progress=False)
     with pytest.raises(ap.ConfigError, match="profile_plans.*without a pipeline"):
         ap.plan(m.mlp_sgd_step, params, batch, config=cfg)
+
+
+def test_plans_are_timed_in_turn_in_one_child_and_the_same_program_once():
+    """compute_seconds of several programs: one median each, in order; a program lowered
+    twice to the same exported step is timed once (the same median); a step with twice the
+    batch rows per rank takes longer than the same plan with half of them."""
+    sizes = (64, 512, 64)
+    params, big, small = m.mlp_params(sizes), m.mlp_batch(512, sizes), m.mlp_batch(64, sizes)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, progress=False)
+    a = ap.compile(m.mlp_sgd_step, params, big, config=cfg).program
+    again = ap.compile(m.mlp_sgd_step, params, big, config=cfg).program
+    less = ap.compile(m.mlp_sgd_step, params, small, config=cfg).program
+    t = profile.compute_seconds([a, less, again], seconds=0.3)
+    assert len(t) == 3 and t[0] == t[2] and all(x > 0 for x in t)
+    assert t[0] > t[1]

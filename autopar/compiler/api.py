@@ -43,7 +43,7 @@ from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of, pipelined
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
-from .search import recursive_search, search, with_fixed
+from .search import default_search_mode, recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
@@ -148,17 +148,6 @@ class Compiled:
 
 def _types(leaf_types) -> str:
     return "[" + ", ".join(type_str(*t) for t in leaf_types) + "]"
-
-
-def default_search_mode(mesh) -> SearchMode:
-    """auto_parallel's solver when ``search_mode`` is None: ``dynamic_programming`` on meshes
-    of at most two axes of size > 1 (exact on series-parallel graphs; the best plan of every
-    solver on every GPT in BENCHMARKS.md, up to 96 layers on 1024 devices), else
-    ``recursive_programming``: with a third axis a node's candidates and edge matrices grow
-    5x, and dynamic programming took 25x the time for no better plan (BENCHMARKS.md)."""
-    if sum(1 for size in mesh.shape if size > 1) <= 2:
-        return SearchMode.DYNAMIC_PROGRAMMING
-    return SearchMode.RECURSIVE_PROGRAMMING
 
 
 def _search_name(config) -> str:
@@ -330,7 +319,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     else:
         assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                reshard_cost(planner), cands)
-    return _finish(req, mesh, planner, assignment)
+    return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]
 
 
 def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
@@ -340,11 +329,21 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
     pipeline's stage is planned further by the stage planner: its first plan."""
     plans = [_finish(req, mesh, planner, a) for a in (found[:1] if req.pipelined else found)]
     if len(plans) == 1:
-        return plans[0]
+        return _profiled(req, plans)[0]
     cap = req.config.max_device_memory
     fits = lambda p: cap is None or program_memory(p.program, memory_timeline(p.program))[0] <= cap
-    return min((p for k, p in enumerate(plans) if k == 0 or fits(p)),
-               key=lambda p: _estimate(req, p))
+    plans = _profiled(req, [p for k, p in enumerate(plans) if k == 0 or fits(p)])
+    return min(plans, key=lambda p: _estimate(req, p))
+
+
+def _profiled(req: CompileRequest, plans: list) -> list:
+    """``plans`` with their lowered programs' compute measured, all in one child process
+    timing them in turn (``tools.profile.compute_seconds``), when the config has
+    ``profile_plans``; else as they are."""
+    if not req.config.profile_plans:
+        return plans
+    return [dataclasses.replace(p, measured=t)
+            for p, t in zip(plans, compute_seconds([p.program for p in plans]))]
 
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
@@ -380,7 +379,7 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
     program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
                                     out_layouts, assignment.held)
     return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm, program,
-                    out_comm, compute_seconds(program) if config.profile_plans else None)
+                    out_comm)
 
 
 def _gc_paused(f):

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import time
 
-from ..config import ParallelMode
+from ..config import ParallelMode, SearchMode
 from ..errors import AutoparError
 from ..layout import Layout
 from ..progress import Progress
@@ -27,6 +27,17 @@ from .pipeline_plan import reshard_cost
 
 
 PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
+
+
+def default_search_mode(mesh) -> SearchMode:
+    """auto_parallel's solver when ``search_mode`` is None: ``dynamic_programming`` on meshes
+    of at most two axes of size > 1 (exact on series-parallel graphs; the best plan of every
+    solver on every GPT in BENCHMARKS.md, up to 96 layers on 1024 devices), else
+    ``recursive_programming``: with a third axis a node's candidates and edge matrices grow
+    5x, and dynamic programming took 25x the time for no better plan (BENCHMARKS.md)."""
+    if sum(1 for size in mesh.shape if size > 1) <= 2:
+        return SearchMode.DYNAMIC_PROGRAMMING
+    return SearchMode.RECURSIVE_PROGRAMMING
 
 
 def _progress(name, solver, config):

@@ -1,9 +1,11 @@
 """One rank's compute in a lowered Program, measured on this machine (``profile_plans``).
 
-In: a ``Program`` (per-rank instructions; ``avals`` gives every register's local shape and
-dtype). Out: ``compute_seconds(program)``, the median seconds of one rank's step run alone on
-one core, every collective replaced by a local stand-in of the same shapes (table below): what
-the rank computes, as XLA compiles it, without communicating or waiting.
+In: ``Program``s (per-rank instructions; ``avals`` gives every register's local shape and
+dtype). Out: ``compute_seconds(programs)``, per program the median seconds of one rank's step
+run alone on one core, every collective replaced by a local stand-in of the same shapes (table
+below): what the rank computes, as XLA compiles it, without communicating or waiting. The
+programs are timed in turn in one process, so plans compared with each other are measured on
+the machine as it ran at the same moments.
 
 Why: the cost model prices each operator by its flops or bytes at rates fitted on a reference
 step, but XLA's CPU code does not cost the same per flop in every program: a dot whose operands
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 
@@ -76,11 +79,15 @@ def exported(program) -> bytes:
     return jax.export.export(jax.jit(local_function(program)))(*specs).serialize()
 
 
-def compute_seconds(program, seconds: float = 1.0, timeout: float = 300.0) -> float:
-    """The median seconds of one rank's step of ``program`` (see the module docstring), timed
-    for about ``seconds`` after two warm-up calls (3 calls at least), in a child process
-    pinned to one core. Raises ConfigError when the child fails or runs past ``timeout``."""
-    blob = exported(program)
+def compute_seconds(programs, seconds: float = 1.0, timeout: float = 300.0) -> list:
+    """The median seconds of one rank's step of each of ``programs`` (see the module
+    docstring), in one child process pinned to one core: every step warmed up twice, then
+    called in turn, round after round, for about ``seconds`` per step (3 rounds at least), so
+    the machine's drift (up to 1.3x within a minute here) reaches every step alike and their
+    ratios hold even when their absolute times move. Steps whose exported programs are the
+    same are timed once. Raises ConfigError when the child fails or runs past ``timeout``."""
+    blobs = [bytes(exported(p)) for p in programs]
+    distinct = list(dict.fromkeys(blobs))
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                                 if "force_host_platform_device_count" not in f) \
@@ -88,18 +95,22 @@ def compute_seconds(program, seconds: float = 1.0, timeout: float = 300.0) -> fl
     env["JAX_PLATFORMS"] = "cpu"
     try:
         done = subprocess.run([sys.executable, "-m", "autopar.tools.profile", str(seconds)],
-                              input=blob, capture_output=True, env=env, timeout=timeout)
+                              input=pickle.dumps(distinct), capture_output=True, env=env,
+                              timeout=timeout * len(distinct))
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"profile_plans: one rank's step did not finish {timeout:g} s; turn "
-                          "profile_plans off for a step this long.") from None
+        raise ConfigError(f"profile_plans: {len(distinct)} rank step(s) did not finish in "
+                          f"{timeout:g} s each; turn profile_plans off for steps this long.") \
+            from None
     if done.returncode != 0:
         raise ConfigError("profile_plans: timing one rank's step failed:\n"
                           + done.stderr.decode(errors="replace")[-2000:])
-    return float(json.loads(done.stdout.decode().strip().splitlines()[-1])["median"])
+    medians = json.loads(done.stdout.decode().strip().splitlines()[-1])["medians"]
+    return [medians[distinct.index(b)] for b in blobs]
 
 
 def _child(seconds: float) -> dict:
-    """In the child: read the exported step on stdin, pin to one core, time it."""
+    """In the child: read the exported steps (a pickled list) on stdin, pin to one core, time
+    them in turn."""
     import time
     cores = sorted(os.sched_getaffinity(0))
     for tid in os.listdir("/proc/self/task"):
@@ -108,18 +119,22 @@ def _child(seconds: float) -> dict:
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         tune_malloc()
     import jax
-    exp = jax.export.deserialize(bytearray(sys.stdin.buffer.read()))
-    args = [jax.device_put(np.ones(a.shape, a.dtype)) for a in exp.in_avals]
-    f = jax.jit(exp.call)
-    for _ in range(2):
-        jax.block_until_ready(f(*args))
-    times = []
-    end = time.perf_counter() + seconds
-    while len(times) < 3 or time.perf_counter() < end:
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t)
-    return {"median": float(np.median(times)), "calls": len(times)}
+    steps = []
+    for blob in pickle.loads(sys.stdin.buffer.read()):
+        exp = jax.export.deserialize(bytearray(blob))
+        steps.append((jax.jit(exp.call),
+                      [jax.device_put(np.ones(a.shape, a.dtype)) for a in exp.in_avals]))
+    for f, args in steps:
+        for _ in range(2):
+            jax.block_until_ready(f(*args))
+    times = [[] for _ in steps]
+    end = time.perf_counter() + seconds * len(steps)
+    while len(times[0]) < 3 or time.perf_counter() < end:
+        for (f, args), took in zip(steps, times):
+            t = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            took.append(time.perf_counter() - t)
+    return {"medians": [float(np.median(t)) for t in times], "calls": len(times[0])}
 
 
 if __name__ == "__main__":
