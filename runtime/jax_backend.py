@@ -76,16 +76,24 @@ def _with_consts(program, results) -> list:
     return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
 
 
-def build(program, process_local=()):
-    """A jitted callable: flat global arguments -> flat global results. In a multi-process
-    JAX runtime every process calls it with the same arguments (or, for the flat positions
-    ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
+def sharded_function(program, step=apply_step):
+    """``(f, jax mesh, in_specs)``: the Program as one jitted ``shard_map`` over the first
+    ``mesh.size`` devices (collectives and slices run by ``step``, as ``program_function``),
+    flat global arguments -> its non-constant global results."""
     jm = jax_mesh(program.mesh)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
     out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
-    f = jax.jit(jax.shard_map(program_function(program), mesh=jm, in_specs=in_specs,
+    f = jax.jit(jax.shard_map(program_function(program, step), mesh=jm, in_specs=in_specs,
                               out_specs=out_specs, check_vma=False))
+    return f, jm, in_specs
+
+
+def build(program, process_local=()):
+    """A jitted callable: flat global arguments -> flat global results. In a multi-process
+    JAX runtime every process calls it with the same arguments (or, for the flat positions
+    ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
+    f, jm, in_specs = sharded_function(program)
     if multi_process():
         shardings = [NamedSharding(jm, s) for s in in_specs]
         local = set(process_local)

@@ -23,12 +23,15 @@ def test_stand_ins_have_the_collectives_shapes(step, out_shape):
     assert profile._STANDIN[step.kind](x, step, 2).shape == out_shape
 
 
-def test_profiled_plan_estimates_with_its_measured_compute():
-    """With profile_plans, the Strategy's compute is one rank's step as measured (a child
-    process, one core) and its estimate is that plus the priced communication and overhead;
-    the plan's layouts are auto_parallel's as without it, among the same plans."""
+@pytest.mark.parametrize("backend,mesh", [("native", (2,)), ("jax", (2,)), ("jax", (2, 2))])
+def test_profiled_plan_estimates_with_its_measured_compute(backend, mesh):
+    """With profile_plans, the Strategy's compute is its step as measured in a child process
+    (native: one rank on one core; jax: every device's at once, as the jax backend runs them)
+    and its estimate is that plus the priced communication and overhead; the plan's layouts
+    are the same as without it."""
     params, batch = m.mlp_params((64, 256, 64)), m.mlp_batch(64, (64, 256, 64))
-    cfg = dict(parallel_mode="semi_auto_parallel", device_num=2, progress=False)
+    cfg = dict(parallel_mode="semi_auto_parallel", mesh_shape=mesh, backend=backend,
+               progress=False)
     shard = ({"w1": "[_,x]", "b1": "[x]", "w2": "[x,_]", "b2": None}, None)
     priced = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(**cfg),
                      in_strategy=shard)

@@ -343,7 +343,8 @@ def _profiled(req: CompileRequest, plans: list) -> list:
     if not req.config.profile_plans:
         return plans
     return [dataclasses.replace(p, measured=t)
-            for p, t in zip(plans, compute_seconds([p.program for p in plans]))]
+            for p, t in zip(plans, compute_seconds([p.program for p in plans],
+                                                     req.config.backend.value))]
 
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:

@@ -64,66 +64,96 @@ _STANDIN = checked_table({
 }, StepKind, "profile stand-ins")
 
 
+def _standin(x, ins, mesh):
+    return _STANDIN[ins.kind](x, ins, math.prod(mesh.axis_size(a) for a in ins.axes))
+
+
 def local_function(program):
     """One rank's step with every collective and slice replaced by its stand-in: local
     argument blocks -> local results."""
     from autopar.runtime.jax_backend import program_function
-    return program_function(program, lambda x, ins, mesh: _STANDIN[ins.kind](
-        x, ins, math.prod(mesh.axis_size(a) for a in ins.axes)))
+    return program_function(program, _standin)
 
 
-def exported(program) -> bytes:
-    """``local_function(program)`` as serialized ``jax.export`` bytes (StableHLO)."""
+def exported(program, backend: str = "native") -> bytes:
+    """The step as serialized ``jax.export`` bytes (StableHLO): for ``native``, one rank's
+    (``local_function``); for ``jax``, every device's at once, the ``shard_map`` the jax
+    backend runs with the stand-ins in place of its collectives (global arguments in the
+    plan's layouts)."""
     import jax
-    specs = [jax.ShapeDtypeStruct(*program.avals[r]) for r in program.inputs]
-    return jax.export.export(jax.jit(local_function(program)))(*specs).serialize()
+    if backend == "native":
+        specs = [jax.ShapeDtypeStruct(*program.avals[r]) for r in program.inputs]
+        return jax.export.export(jax.jit(local_function(program)))(*specs).serialize()
+    from jax.sharding import NamedSharding
+    from autopar.runtime.jax_backend import sharded_function
+    f, jm, in_specs = sharded_function(program, _standin)
+    specs = [jax.ShapeDtypeStruct(
+        tuple(n * k for n, k in zip(program.avals[r][0], layout.splits(program.mesh))),
+        program.avals[r][1], sharding=NamedSharding(jm, spec))
+        for r, layout, spec in zip(program.inputs, program.in_layouts, in_specs)]
+    return jax.export.export(f)(*specs).serialize()
 
 
-def compute_seconds(programs, seconds: float = 1.0, timeout: float = 300.0) -> list:
-    """The median seconds of one rank's step of each of ``programs`` (see the module
-    docstring), in one child process pinned to one core: every step warmed up twice, then
-    called in turn, round after round, for about ``seconds`` per step (3 rounds at least), so
-    the machine's drift (up to 1.3x within a minute here) reaches every step alike and their
-    ratios hold even when their absolute times move. Steps whose exported programs are the
-    same are timed once. Raises ConfigError when the child fails or runs past ``timeout``."""
-    blobs = [bytes(exported(p)) for p in programs]
+def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
+                    timeout: float = 300.0) -> list:
+    """The median seconds of the step of each of ``programs`` (see the module docstring), in
+    one child process: every step warmed up twice, then called in turn, round after round,
+    for about ``seconds`` per step (3 rounds at least), so the machine's drift (up to 1.3x
+    within a minute here) reaches every step alike and their ratios hold even when their
+    absolute times move. ``native``: one rank's step, the child pinned to one core with one
+    single-threaded XLA device, as a native worker runs it. ``jax``: every device's step at
+    once in a child with this process's XLA flags (its fake CPU devices), as the jax backend
+    runs it here. Steps whose exported programs are the same are timed once. Raises
+    ConfigError when the child fails or runs past ``timeout`` per step."""
+    blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "force_host_platform_device_count" not in f) \
-        + " --xla_cpu_multi_thread_eigen=false"
-    env["JAX_PLATFORMS"] = "cpu"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if backend == "native":
+        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                    if "force_host_platform_device_count" not in f) \
+            + " --xla_cpu_multi_thread_eigen=false"
+    mesh = programs[0].mesh if programs else None
+    job = {"backend": backend, "steps": distinct,
+           "mesh": None if backend == "native" else (mesh.shape, mesh.axis_names)}
     try:
         done = subprocess.run([sys.executable, "-m", "autopar.tools.profile", str(seconds)],
-                              input=pickle.dumps(distinct), capture_output=True, env=env,
+                              input=pickle.dumps(job), capture_output=True, env=env,
                               timeout=timeout * len(distinct))
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"profile_plans: {len(distinct)} rank step(s) did not finish in "
+        raise ConfigError(f"profile_plans: {len(distinct)} step(s) did not finish in "
                           f"{timeout:g} s each; turn profile_plans off for steps this long.") \
             from None
     if done.returncode != 0:
-        raise ConfigError("profile_plans: timing one rank's step failed:\n"
+        raise ConfigError("profile_plans: timing a plan's step failed:\n"
                           + done.stderr.decode(errors="replace")[-2000:])
     medians = json.loads(done.stdout.decode().strip().splitlines()[-1])["medians"]
     return [medians[distinct.index(b)] for b in blobs]
 
 
 def _child(seconds: float) -> dict:
-    """In the child: read the exported steps (a pickled list) on stdin, pin to one core, time
-    them in turn."""
+    """In the child: read the job (``compute_seconds``: the backend, the exported steps, the
+    jax backend's mesh) on stdin, set up as that backend runs a step, time them in turn."""
     import time
-    cores = sorted(os.sched_getaffinity(0))
-    for tid in os.listdir("/proc/self/task"):
-        os.sched_setaffinity(int(tid), {cores[0]})
-    from autopar.runtime.worker import tune_malloc
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        tune_malloc()
+    job = pickle.loads(sys.stdin.buffer.read())
+    if job["backend"] == "native":
+        cores = sorted(os.sched_getaffinity(0))
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), {cores[0]})
+        from autopar.runtime.worker import tune_malloc
+        if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            tune_malloc()
     import jax
+    mesh = None
+    if job["mesh"] is not None:
+        shape, names = job["mesh"]
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:math.prod(shape)]).reshape(shape),
+                                 names)
     steps = []
-    for blob in pickle.loads(sys.stdin.buffer.read()):
+    for blob in job["steps"]:
         exp = jax.export.deserialize(bytearray(blob))
-        steps.append((jax.jit(exp.call),
-                      [jax.device_put(np.ones(a.shape, a.dtype)) for a in exp.in_avals]))
+        where = exp.in_shardings_jax(mesh) if mesh is not None else [None] * len(exp.in_avals)
+        steps.append((jax.jit(exp.call), [jax.device_put(np.ones(a.shape, a.dtype), w)
+                                          for a, w in zip(exp.in_avals, where)]))
     for f, args in steps:
         for _ in range(2):
             jax.block_until_ready(f(*args))
