@@ -437,9 +437,11 @@ def run(comm, blocks, keys=None, drop=()):
         return None
     meter = PeakMeter()
     if WORKER.whole is not None:
-        t0 = time.perf_counter()
+        from autopar._native import collective_seconds
+        t0, c0 = time.perf_counter(), collective_seconds()
         results = WORKER.whole(blocks)
         stats["step_seconds"] = time.perf_counter() - t0
+        stats["collective_seconds"] = collective_seconds() - c0
         stats["buckets"], stats["host"] = WORKER.whole.buckets, comm.host
         stats["all_reduce_calls"] += len(WORKER.whole.buckets)
     else:
@@ -484,7 +486,9 @@ def _interpret(comm, blocks, workers) -> list:
 
 def stats(comm):
     """This worker's counters (for tests and benchmarks): all-reduce calls issued, the latest
-    step's all-reduce calls as (tensors, bytes, algorithm), argument block sizes, the latest
+    step's all-reduce calls as (tensors, bytes, algorithm), its seconds (``step_seconds``) and
+    the part of them inside the collectives' custom calls, moving data or waiting for peers
+    (``collective_seconds``; whole-step executables only), argument block sizes, the latest
     measured step's peak memory (``PeakMeter``; None until ``measure_memory`` turned
     measuring on and a step ran) and its host id."""
     return dict(WORKER.stats)

@@ -29,6 +29,8 @@ def test_mlp_step_on_four_ranks(mode, mesh, strategy):
     pids = c.on_workers(worker_pid)
     assert c.on_workers(comm_timeout) == [5.0] * 4
     assert c.on_workers(device_count) == [1] * 4      # not this process's 8 (conftest)
+    for st in c.on_workers(worker_stats):   # the step's time, part of it in its collectives
+        assert 0 < st["collective_seconds"] < st["step_seconds"]
     b2 = m.mlp_batch(batch=64, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
     assert c.on_workers(worker_pid) == pids

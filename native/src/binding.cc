@@ -431,6 +431,9 @@ PYBIND11_MODULE(_native, m) {
            py::arg("host") = "127.0.0.1", py::arg("streams") = 1,
            "connect to every rank no shared memory reaches, over `streams` TCP connections each");
 
+  m.def("collective_seconds", &ffi_seconds,
+        "seconds this process has spent inside the collectives' custom calls (moving data and "
+        "waiting for peers), since it started");
   m.def("ffi_targets", [] {
     py::dict out;
     for (auto& kv : ffi_handlers()) out[py::str(kv.first)] = py::capsule(kv.second);

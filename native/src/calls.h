@@ -32,5 +32,7 @@ Comm& registered_comm(int64_t handle);
 
 // The XLA FFI handlers (name -> function address, for jax.ffi.register_ffi_target).
 std::map<std::string, void*> ffi_handlers();
+// Seconds this process has spent inside those handlers (moving data and waiting for peers).
+double ffi_seconds();
 
 }  // namespace autopar

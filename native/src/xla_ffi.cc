@@ -19,6 +19,7 @@
 // a time.
 // send hands its message to a thread per receiving rank and returns (a pipeline stage never
 // waits for its receiver); sends_done waits for every queued send and raises the first failure.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -79,9 +80,19 @@ size_t element_size(const ffi::AnyBuffer& b) {
   return n ? b.size_bytes() / n : 0;
 }
 
-// f run, with every failure an XLA error; the order token written.
+std::atomic<uint64_t> inside_ns{0};   // ffi_seconds
+
+// f run, with every failure an XLA error; the order token written; its time counted.
 template <typename F>
 ffi::Error guarded(ffi::Result<ffi::AnyBuffer>& order_out, F f) {
+  auto t0 = std::chrono::steady_clock::now();
+  struct Count {
+    std::chrono::steady_clock::time_point t0;
+    ~Count() {
+      inside_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - t0).count()), std::memory_order_relaxed);
+    }
+  } count{t0};
   try {
     f();
   } catch (const CollectiveError& e) {
@@ -396,6 +407,8 @@ XLA_FFI_DEFINE_HANDLER(FfiBarrier, Barrier,
                            .Attr<Ranks>("ranks").Attr<int64_t>("group"));
 
 }  // namespace
+
+double ffi_seconds() { return 1e-9 * double(inside_ns.load(std::memory_order_relaxed)); }
 
 std::map<std::string, void*> ffi_handlers() {
   return {{"all_reduce", reinterpret_cast<void*>(FfiAllReduce)},
