@@ -1,0 +1,134 @@
+"""The ``Compiled`` step ``compile`` returns: call it like the original function.
+
+In: the step function, its traced Graph, the config, the chosen Strategy and Program, and the
+arguments' tree and leaf types it was compiled for. Out: calling it checks the arguments
+against those, starts the config's runtime on the first call (native workers, one rank in
+this process for a plan whose ranks compute alike, a pipeline's runner, or the jax backend's
+shard_map) and returns the step's results as the plain function's pytree.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+
+from ..arguments import leaf_type
+from ..config import Backend
+from ..errors import ConfigError
+from ..graph import type_str
+from ..pipeline_program import PipelineProgram
+from ..progress import logger
+
+
+class Compiled:
+    """A compiled step: call it like the original function."""
+
+    def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types,
+                 process_local=()):
+        self.fn, self.graph, self.config = fn, graph, config
+        self.strategy, self.program = strategy, program
+        self._in_tree, self._leaf_types = in_tree, leaf_types
+        self._process_local = process_local   # flat positions holding this process's rows
+        self._runner = None
+        self._timings = {}
+        self._seen = None         # (shape, dtype) per leaf of the last call that checked
+
+    def collectives(self):
+        return self.program.collectives()
+
+    def close(self):
+        """Stop the runtime this step started (the native backend's worker processes); calling
+        the step again starts a new one. Also ``with ap.compile(...) as step:``."""
+        runner, self._runner = self._runner, None
+        if runner is not None and hasattr(runner, "close"):
+            runner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def on_workers(self, fn) -> list:
+        """``fn(comm)`` run in every native worker process, in rank order (diagnostics, tests
+        and benchmarks: ``autopar.runtime.native_backend.stats`` gives each rank's counters).
+        ``fn`` must be importable by the workers (a module-level function). Raises ConfigError
+        on the jax backend, before the first call, or for a step run in the caller."""
+        if self._runner is None or not hasattr(self._runner, "job"):
+            native, n = self.config.backend is Backend.NATIVE, self.program.mesh.size
+            why = (" yet; call it once first." if native and self._runner is None else
+                   " (its ranks exchange nothing: one rank's step runs in this process)."
+                   if native else f" (backend={self.config.backend.value!r}, {n} device(s)).")
+            raise ConfigError("on_workers: this step has no native workers" + why)
+        job = self._runner.job                  # Reduction Server ranks, if any, come last
+        return job.call(fn, [()] * job.nranks)[:self.program.mesh.size]
+
+    @property
+    def timings(self) -> dict:
+        """Seconds of each compile phase (trace, search, lower) and, after the first call,
+        ``start``: building the runner (starting the workers, compiling the segments) and
+        ``first_call``: the first step, start included."""
+        return {**dict(self.strategy.phase_seconds), **self._timings}
+
+    def __call__(self, *args):
+        if self._runner is None:
+            t0 = time.monotonic()
+            out = self._call(*args)
+            self._timings["first_call"] = time.monotonic() - t0
+            logger.info("%s: first call %.2f s (runner started in %.2f s)", self.strategy.mode,
+                        self._timings["first_call"], self._timings.get("start", 0.0))
+            return out
+        return self._call(*args)
+
+    def _checked(self, flat) -> bool:
+        """Whether ``flat`` has the compiled leaf types: at once when every leaf has the shape
+        and dtype attributes the last checked call's had (a training loop's arrays: 4 us a leaf
+        through ``leaf_type``, most of a small step's own time in this process)."""
+        try:
+            seen = [(x.shape, x.dtype) for x in flat]
+        except AttributeError:
+            seen = None
+        if seen is not None and seen == self._seen:
+            return True
+        if [leaf_type(x) for x in flat] != self._leaf_types:
+            return False
+        self._seen = seen
+        return True
+
+    def _make_runner(self):
+        native = self.config.backend is Backend.NATIVE
+        if isinstance(self.program, PipelineProgram):
+            if native:
+                from ..runtime.native_pipeline import PipelineRunner
+                return PipelineRunner(self.program, self.config.collective_timeout,
+                                      self.config.allreduce_fusion_bytes)
+            from ..runtime.jax_pipeline import PipelineRunner
+            return PipelineRunner(self.program, self._process_local)
+        if native and self.program.ranks_alike():    # nothing to exchange: one rank's step
+            from ..runtime.jax_backend import build_alone
+            return build_alone(self.program)
+        if native and self.program.mesh.size > 1:
+            from ..runtime.native_backend import NativeRunner
+            return NativeRunner(self.program, self.config.collective_timeout,
+                                self.config.allreduce_fusion_bytes)
+        from ..runtime.jax_backend import build
+        return build(self.program, self._process_local)
+
+    def _call(self, *args):
+        flat, tree = jax.tree.flatten(args)
+        if tree != self._in_tree or not self._checked(flat):
+            got = [leaf_type(x) for x in flat]
+            raise ConfigError(f"compiled for arguments {_types(self._leaf_types)} "
+                              f"({self._in_tree}) but called with {_types(got)} ({tree}); "
+                              "compile again for new shapes.")
+        if self._runner is None:
+            t0 = time.monotonic()
+            logger.info("starting the %s runner on %d device(s)", self.config.backend.value,
+                        self.program.mesh.size)
+            self._runner = self._make_runner()
+            self._timings["start"] = time.monotonic() - t0
+        return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
+
+
+def _types(leaf_types) -> str:
+    return "[" + ", ".join(type_str(*t) for t in leaf_types) + "]"
