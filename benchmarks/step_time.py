@@ -111,7 +111,11 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
     flat, tree = jax.tree.flatten((p, b))
     shardings = [jax.sharding.NamedSharding(mesh, lay.to_partition_spec())
                  for lay in compiled.program.in_layouts]
-    spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings)
+    n_params = len(jax.tree.leaves(p))        # the new parameters keep their layouts (a loop
+    kept = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),  # feeds them back)
+            jax.tree.unflatten(jax.tree.structure(p), shardings[:n_params]))
+    spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings,
+                   out_shardings=kept)
     out["jax_spmd_ms"] = median_ms(lambda: host(spmd(*flat)), iters)
     placed = [jax.device_put(x, sh) for x, sh in zip(flat, shardings)]
     out["jax_spmd_loop_ms"] = loop_ms(lambda *a: spmd(*jax.tree.leaves(a)),
