@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import subprocess
 import sys
 
@@ -122,11 +121,12 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
                                     if "force_host_platform_device_count" not in f) \
             + " --xla_cpu_multi_thread_eigen=false"
     mesh = programs[0].mesh if programs else None
-    job = {"backend": backend, "steps": distinct,
-           "mesh": None if backend == "native" else (mesh.shape, mesh.axis_names)}
+    head = {"backend": backend, "sizes": [len(b) for b in distinct],
+            "mesh": None if backend == "native" else [list(mesh.shape), list(mesh.axis_names)]}
     try:
         done = subprocess.run([sys.executable, "-m", "autopar.tools.profile", str(seconds)],
-                              input=pickle.dumps(job), capture_output=True, env=env,
+                              input=json.dumps(head).encode() + b"\n" + b"".join(distinct),
+                              capture_output=True, env=env,
                               timeout=timeout * len(distinct))
     except subprocess.TimeoutExpired:
         raise ConfigError(f"profile_plans: {len(distinct)} step(s) did not finish in "
@@ -140,10 +140,15 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
 
 
 def _child(seconds: float) -> dict:
-    """In the child: read the job (``compute_seconds``: the backend, the exported steps, the
-    jax backend's mesh) on stdin, set up as that backend runs a step, time them in turn."""
+    """In the child: read the job on stdin (``compute_seconds``: a JSON line naming the
+    backend, the jax backend's mesh and the exported steps' sizes, then the steps' bytes; no
+    pickle), set up as that backend runs a step, time them in turn."""
     import time
-    job = pickle.loads(sys.stdin.buffer.read())
+    job = json.loads(sys.stdin.buffer.readline())
+    blobs, data, at = [], sys.stdin.buffer.read(), 0
+    for n in job["sizes"]:
+        blobs.append(data[at:at + n])
+        at += n
     if job["backend"] == "native":
         cores = sorted(os.sched_getaffinity(0))
         for tid in os.listdir("/proc/self/task"):
@@ -158,7 +163,7 @@ def _child(seconds: float) -> dict:
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:math.prod(shape)]).reshape(shape),
                                  names)
     steps = []
-    for blob in job["steps"]:
+    for blob in blobs:
         exp = jax.export.deserialize(bytearray(blob))
         where = exp.in_shardings_jax(mesh) if mesh is not None else [None] * len(exp.in_avals)
         steps.append((jax.jit(exp.call), [jax.device_put(np.ones(a.shape, a.dtype), w)
