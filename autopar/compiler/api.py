@@ -2,10 +2,11 @@
 
 In: a single-device step function, example arguments (pytrees; the first holds the
 parameters), a ``ParallelConfig`` and optional ``batch_argnums``/``in_strategy``/``strategy``.
-Out: a ``Compiled`` object (compiled.py): calling it runs the sharded Program on ``config.backend`` (the
-native multi-process runtime by default; ``backend="jax"`` for shard_map over JAX devices) and
-returns the same pytree (and values) as the plain function; ``.strategy`` is the chosen
-Strategy, ``.program`` the per-rank Program, ``.collectives()`` its inserted collectives.
+Out: a ``Compiled`` object (compiled.py): calling it runs the sharded Program on
+``config.backend`` (the native multi-process runtime by default; ``backend="jax"`` for
+shard_map over JAX devices) and returns the same pytree (and values) as the plain function;
+``.strategy`` is the chosen Strategy, ``.program`` the per-rank Program, ``.collectives()``
+its inserted collectives.
 The entry layer (autopar.compiler, with search, hybrid_plan, pipeline_plan and dump) imports
 every layer.
 """

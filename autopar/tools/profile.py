@@ -1,11 +1,12 @@
-"""One rank's compute in a lowered Program, measured on this machine (``profile_plans``).
+"""A lowered Program's compute, measured on this machine (``profile_plans``).
 
 In: ``Program``s (per-rank instructions; ``avals`` gives every register's local shape and
-dtype). Out: ``compute_seconds(programs)``, per program the median seconds of one rank's step
-run alone on one core, every collective replaced by a local stand-in of the same shapes (table
-below): what the rank computes, as XLA compiles it, without communicating or waiting. The
-programs are timed in turn in one process, so plans compared with each other are measured on
-the machine as it ran at the same moments.
+dtype) and the backend. Out: ``compute_seconds(programs, backend)``, per program the median
+seconds of its step with every collective replaced by a local stand-in of the same shapes
+(table below): what a rank computes, as XLA compiles it, without communicating or waiting.
+For ``native`` one rank's step alone on one core, as a worker runs it; for ``jax`` every
+device's at once, as that backend runs them. The programs are timed in turn in one process,
+so plans compared with each other are measured on the machine as it ran at the same moments.
 
 Why: the cost model prices each operator by its flops or bytes at rates fitted on a reference
 step, but XLA's CPU code does not cost the same per flop in every program: a dot whose operands
@@ -27,8 +28,8 @@ caller.
 | partial_zero   | the value itself (rank 0 keeps it)                          |
 
 Each stand-in sits between optimization barriers, as opaque to XLA as the custom call it
-replaces (``_standin``). Arguments are ones (valid indices for a gather, no denormals). The collectives' own time is the
-cost model's (``Strategy.comm_time``), not measured here.
+replaces (``_standin``). Arguments are ones (valid indices for a gather, no denormals). The
+collectives' own time is the cost model's (``Strategy.comm_time``), not measured here.
 """
 from __future__ import annotations
 
