@@ -79,9 +79,25 @@ def _deadline(conn, seconds: float) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on this host for the TCP rendezvous, below the kernel's ephemeral range:
+    rank 0 binds it later, and the other ranks' TCP listeners (port 0) take ephemeral ports
+    meanwhile, in rank 0's network namespace too, where this process cannot look; one of them
+    took a port chosen from that range first (``bind ...: Address already in use``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = secrets.randbelow(max(low, 10001) - 10000) + 10000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise CollectiveError(f"no free port for the TCP rendezvous in [10000, {low}) after 100 "
+                          "tries; free some or widen net.ipv4.ip_local_port_range.")
 
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "

@@ -256,6 +256,15 @@ def reduce_ones(comm, count):
     return x
 
 
+def test_the_rendezvous_port_is_below_the_ephemeral_range():
+    """The other ranks' TCP listeners take ephemeral ports (port 0) in rank 0's namespace before
+    rank 0 binds the rendezvous: a rendezvous port from that range was once taken first."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = {launcher._free_port() for _ in range(20)}
+    assert all(10000 <= port < low for port in ports) and len(ports) > 1
+
+
 def test_a_tcp_job_starts_and_runs_with_strangers_at_its_rendezvous(monkeypatch):
     """A 2-host job: rank 1 is stopped (SIGSTOP) as it is started and continued only once the
     five strangers are connected to rank 0's rendezvous, so the strangers come first.
