@@ -117,10 +117,6 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
     blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if backend == "native":
-        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                    if "force_host_platform_device_count" not in f) \
-            + " --xla_cpu_multi_thread_eigen=false"
     mesh = programs[0].mesh if programs else None
     head = {"backend": backend, "sizes": [len(b) for b in distinct],
             "mesh": None if backend == "native" else [list(mesh.shape), list(mesh.axis_names)]}
@@ -154,7 +150,8 @@ def _child(seconds: float) -> dict:
         cores = sorted(os.sched_getaffinity(0))
         for tid in os.listdir("/proc/self/task"):
             os.sched_setaffinity(int(tid), {cores[0]})
-        from autopar.runtime.worker import tune_malloc
+        from autopar.runtime.worker import tune_malloc, xla_flags
+        xla_flags(single_threaded=True)         # before JAX starts its backend, as a worker
         if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
             tune_malloc()
     import jax
