@@ -15,6 +15,7 @@ from .frozen import cached_hash
 
 SMALL_DOT = 2 * 256 * 512 * 512     # FLOPs of the reference matmuls (tools/calibrate.py)
 LARGE_DOT = 2 * 1024 ** 3
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")   # what betas may name
 
 
 @cached_hash
@@ -23,15 +24,38 @@ class Level:
     """One level of the hierarchy: ``size`` children joined by links of latency ``alpha``
     (seconds per message) and inverse bandwidth ``beta`` (seconds per byte); ``launch``:
     seconds each collective call costs once, on top of its messages (waking the ranks,
-    a kernel launch), so one all-reduce is cheaper than a reduce-scatter plus an all-gather."""
+    a kernel launch), so one all-reduce is cheaper than a reduce-scatter plus an all-gather.
+    ``betas``: ``(kind, seconds per byte)`` pairs for the collective kinds whose bytes a runtime
+    moves at another rate than its all-reduce's (``beta``), sorted by kind (``autopar
+    calibrate`` measures all-gather, reduce-scatter and all-to-all on the runtime it calibrates:
+    a runtime's own buffers and copies around each kind differ)."""
     name: str
     size: int
     alpha: float
     beta: float
     launch: float = 0.0
+    betas: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self):
+        try:
+            betas = tuple(sorted((str(k), float(b)) for k, b in dict(self.betas).items()))
+        except (TypeError, ValueError):
+            betas = None
+        if betas is None or any(k not in KINDS for k, _ in betas):
+            raise ConfigError(f"Topology level {self.name!r}: betas={self.betas!r} must map "
+                              f"collective kinds ({', '.join(KINDS)}) to seconds per byte.")
+        object.__setattr__(self, "betas", betas)
+
+    def beta_for(self, kind) -> float:
+        """Seconds per byte of one collective ``kind`` (a StepKind or its name) at this level."""
+        for k, b in self.betas:
+            if k == kind:
+                return b
+        return self.beta
 
     def __str__(self) -> str:
-        return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s"
+        kinds = "".join(f",{k}:{1e-9 / b:g}GB/s" for k, b in self.betas)
+        return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s{kinds}"
 
 
 @cached_hash
@@ -58,9 +82,10 @@ class Topology:
         if not self.levels:
             raise ConfigError("Topology needs at least one level; use Topology.local(n).")
         for lv in self.levels:
-            if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0 or lv.launch < 0:
+            if lv.size < 1 or lv.alpha < 0 or lv.beta <= 0 or lv.launch < 0 or \
+                    any(not b > 0 for _, b in lv.betas):
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
-                                  "launch >= 0.")
+                                  "launch >= 0 and every kind's beta > 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
                 and self.host_beta >= 0 and self.small_dot_flops >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
@@ -161,7 +186,8 @@ class Topology:
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
                 "host_beta": self.host_beta, "small_dot_flops": self.small_dot_flops,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
-                            "launch": lv.launch} for lv in self.levels],
+                            "launch": lv.launch, **({"betas": dict(lv.betas)} if lv.betas else {})}
+                           for lv in self.levels],
                 **({"reducers": self.reducers} if self.reducers else {})}
 
     def save(self, path) -> None:

@@ -118,8 +118,7 @@ class Planner:
         self.mesh = mesh
         self._size = dict(zip(mesh.axis_names, mesh.shape))
         self._order = {a: i for i, a in enumerate(mesh.axis_names)}
-        self._lvl = {a: (mesh.level(a).alpha, mesh.level(a).beta, mesh.level(a).launch)
-                     for a in mesh.axis_names}
+        self._lvl = {a: mesh.level(a) for a in mesh.axis_names}
         # axes inside one host (the topology's innermost level), and each axis's factor inside
         # a host (an axis spanning hosts has its minor factor there): the 2D algorithms' part
         self._intra = {a for a in mesh.axis_names if mesh.level(a) == mesh.topology.levels[-1]}
@@ -175,7 +174,7 @@ class Planner:
         innermost level's constants inside."""
         if kind == StepKind.SLICE:
             return 0.0, "local"
-        n, alpha, beta, inner, launch = self._group(axes)
+        n, alpha, beta, inner, launch = self._group(axes, kind)
         seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
                                         self._shared(axes), self._reducers(n))
         return seconds + launch, algo
@@ -201,14 +200,16 @@ class Planner:
         """Whether the group over ``axes`` lies inside one host (its ranks share memory)."""
         return all(a in self._intra for a in ((axes,) if isinstance(axes, str) else axes))
 
-    def _group(self, axes):
-        """(ranks, alpha, beta, inner, launch) of the group over ``axes`` (see ``step_time``)."""
+    def _group(self, axes, kind=StepKind.ALL_REDUCE):
+        """(ranks, alpha, beta, inner, launch) of the group over ``axes`` (see ``step_time``),
+        ``beta`` that of a collective ``kind``."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         n = math.prod(self._size[a] for a in axes)
         L = math.prod(self._inside[a] for a in axes)     # the group's ranks in one host
         inner = (L, *self._inner_lvl) if 1 < L < n else None
-        return (n, max(self._lvl[a][0] for a in axes), max(self._lvl[a][1] for a in axes),
-                inner, max(self._lvl[a][2] for a in axes))
+        levels = [self._lvl[a] for a in axes]
+        return (n, max(lv.alpha for lv in levels), max(lv.beta_for(kind) for lv in levels),
+                inner, max(lv.launch for lv in levels))
 
     def _fail(self, src, dst, shape, why: str):
         raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "

@@ -108,6 +108,8 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     topo = ap.Topology.load(path)
     (lv,) = topo.levels
     assert lv.size == 2 and lv.launch >= 0 and 0 < lv.beta < 1e-7
+    assert [k for k, _ in lv.betas] == ["all_gather", "all_to_all", "reduce_scatter"]
+    assert all(0 < b < 1e-7 for _, b in lv.betas) and "all_to_all_4MB_us" in r.stdout
     assert topo.flops > 1e8 and topo.mem_bandwidth > 1e8 and topo.step_overhead > 0
     assert "launch_us" in r.stdout and str(path) in r.stdout
     assert "all_reduce_1KB_amid_compute_us" in r.stdout      # what launch is fitted from

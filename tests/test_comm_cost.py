@@ -30,6 +30,30 @@ def test_cost_uses_each_axis_topology_level():
     assert mesh.level("x") != mesh.level("y")
 
 
+def test_a_level_prices_each_collective_kind_at_its_own_measured_rate(tmp_path):
+    """``Level.betas`` (what ``autopar calibrate`` measures per kind) prices that kind's bytes;
+    a kind it does not name, and a send between stages, use ``beta``; a topology file keeps
+    them; a kind that is not a collective is refused."""
+    from dataclasses import replace
+    from autopar.topology import Level
+    base = Topology.local(2)
+    slow = replace(base, levels=(replace(base.levels[0], betas={"all_to_all": 1e-9}),))
+    assert slow.levels[0].betas == (("all_to_all", 1e-9),)
+    before, after = (Planner(LogicalMesh.create((2,), topology=t)) for t in (base, slow))
+    nbytes, lv = 1 << 22, base.levels[0]
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert after.step_time(kind, ("x",), nbytes) == before.step_time(kind, ("x",), nbytes)
+    t = after.step_time("all_to_all", ("x",), nbytes)[0]
+    assert t == collective_time("all_to_all", nbytes, 2, lv.alpha, 1e-9)[0]
+    assert t > 3 * before.step_time("all_to_all", ("x",), nbytes)[0]
+    slow.save(tmp_path / "t.json")
+    assert Topology.load(tmp_path / "t.json") == slow and "all_to_all:1GB/s" in str(slow)
+    with pytest.raises(ConfigError, match="collective kinds"):
+        Level("host", 2, 5e-6, 1e-10, betas={"send": 1e-9})
+    with pytest.raises(ConfigError, match="every kind's beta > 0"):
+        Topology((Level("host", 2, 5e-6, 1e-10, betas={"all_gather": 0.0}),))
+
+
 def test_all_reduce_algorithms_are_the_native_ones():
     from autopar import _native
     assert set(ALL_REDUCE) == set(_native.ALLREDUCE_ALGORITHMS) | {"reduction_server"}

@@ -18,8 +18,12 @@ process's JAX devices) and a device count. Out:
   matmuls of ~1 ms, a chain with the all-reduces alternated with the same chain without, as a
   step's collectives sit between operators whose time varies from rank to rank, where each
   waits for the slowest: back to back with nothing between, a whole-step executable's 1 KB
-  all-reduce costs less than the step's noise) and ``beta`` (fitted so the cost model's ring
-  all-reduce of 4 MB takes what it measured). Last, a whole training
+  all-reduce costs less than the step's noise) and ``beta`` (fitted so the cost model's
+  all-reduce of 4 MB costs what it measured over one of 1 KB), and the level's ``betas``, one
+  per other collective kind (all-gather, reduce-scatter, all-to-all of 4 MB, each timed in a
+  chain alternated with the same chain doing local work of the same shapes instead: the
+  runtimes move those kinds' bytes at other rates, XLA's CPU all-to-all at about half its
+  all-reduce's). Last, a whole training
   step (``reference_step``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
   than priced (``_fit``; ``compute_slowdown`` in the measurements).
@@ -45,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from autopar.errors import ConfigError
-from autopar.topology import Level, Topology
+from autopar.topology import KINDS, Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
 CHAIN = 8                         # operators chained in a timed step
@@ -205,6 +209,25 @@ def _steps():
             x = lax.optimization_barrier(x * 0.5)
         return x
 
+    def kind_chain(kind, on, ranks):
+        """CHAIN x (scale, then one ``kind`` over ``ranks`` devices of the 1-D argument, or a
+        local stand-in of the same shapes): the difference of ``on`` and not is CHAIN
+        collectives of that kind."""
+        def step(x):
+            n = x.shape[0]
+            for _ in range(CHAIN):
+                x = lax.optimization_barrier(x * 0.5)
+                if kind == "all_gather":
+                    y = comm.all_gather(x, "x") if on else jnp.tile(x, ranks)
+                    x = lax.optimization_barrier(y)[:n]
+                elif kind == "reduce_scatter":
+                    y = comm.reduce_scatter(x, "x") if on else x[:n // ranks]
+                    x = jnp.tile(lax.optimization_barrier(y), ranks)
+                else:
+                    x = comm.all_to_all(x, "x", 0, 0) if on else x[::-1]
+            return comm.all_reduce(x[:1], "x")    # a result the same on every device
+        return step
+
     def amid_compute(reduce):
         def step(x, w, s):            # WAIT_CHAIN x (a matmul, then a 1 KB all-reduce or not)
             for _ in range(WAIT_CHAIN):
@@ -213,7 +236,7 @@ def _steps():
                 s = comm.all_reduce(s, "x") if reduce else s
             return x, s
         return step
-    return add_one, matmuls, all_reduces, no_reduces, amid_compute
+    return add_one, matmuls, all_reduces, no_reduces, kind_chain, amid_compute
 
 
 def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
@@ -221,7 +244,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     from autopar.mesh import LogicalMesh
     if n < 2:
         raise ConfigError("calibrate needs at least 2 devices to measure the links.")
-    add_one, matmuls, all_reduces, no_reduces, amid_compute = _steps()
+    add_one, matmuls, all_reduces, no_reduces, kind_chain, amid_compute = _steps()
     rng = np.random.default_rng(0)
     small = np.ones(SMALL, np.float32)
     big = rng.random(BIG, dtype=np.float32)
@@ -251,16 +274,26 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
                     step_overhead=float(t0), host_beta=float(host_beta),
                     small_dot_flops=float(min(small_rate, flops)))
 
-    def model(beta, nbytes):
-        mesh = LogicalMesh.create((n,), None, replace(topo, levels=(replace(level, beta=beta),)))
-        return Planner(mesh).step_time("all_reduce", ("x",), nbytes)[0]
+    def model(kind, beta, nbytes):
+        lv = replace(level, beta=beta, betas={kind: beta})
+        mesh = LogicalMesh.create((n,), None, replace(topo, levels=(lv,)))
+        return Planner(mesh).step_time(kind, ("x",), nbytes)[0]
+
+    def fit(kind, measured):
+        """beta so that the cost model's ``kind`` of 4 MB costs ``measured`` seconds more than
+        one of 1 KB (the model is affine in beta at a fixed size)."""
+        d1, d2 = (model(kind, b, big.nbytes) - model(kind, b, 1024) for b in (1e-10, 2e-10))
+        slope = (d2 - d1) / 1e-10
+        return float(max((measured - (d1 - slope * 1e-10)) / slope, 1e-12))
     per_small, per_big = t_ar["small"] / CHAIN, t_ar["big"] / CHAIN
-    # the model is affine in beta at a fixed size: fit beta on the difference big - small
-    d1, d2 = (model(b, big.nbytes) - model(b, 1024) for b in (1e-10, 2e-10))
-    slope = (d2 - d1) / 1e-10
-    beta = max((per_big - per_small - (d1 - slope * 1e-10)) / slope, 1e-12)
-    launch = max(per_amid - model(beta, 1024), 0.0)
-    topo = replace(topo, levels=(replace(level, beta=float(beta), launch=float(launch)),))
+    beta = fit("all_reduce", per_big - per_small)
+    # every other kind of 4 MB against it: what the runtime's call of that kind adds per byte
+    # (its fixed part taken as the 1 KB all-reduce's)
+    per_kind = {k: _paired_difference(kind_chain(k, True, n), kind_chain(k, False, n), (big,),
+                                      backend, n) / CHAIN for k in KINDS[1:]}
+    betas = {k: fit(k, t - per_small) for k, t in per_kind.items()}
+    launch = max(per_amid - model("all_reduce", beta, 1024), 0.0)
+    topo = replace(topo, levels=(replace(level, beta=beta, launch=float(launch), betas=betas),))
     run = _reference_run(topo, backend, n)
     k = _fit(run)
     topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
@@ -271,6 +304,8 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
                   "elementwise_GBps": mem_bw * 1e-9,
                   "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
                   "all_reduce_1KB_amid_compute_us": per_amid * 1e6,
+                  **{f"{k}_4MB_us": t * 1e6 for k, t in per_kind.items()},
+                  **{f"{k}_link_GBps": 1e-9 / b for k, b in betas.items()},
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
                   "reference_step_ms": run[0] * 1e3,
                   "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k}
