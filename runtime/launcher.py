@@ -272,8 +272,10 @@ class Job:
                 return
             time.sleep(0.05)
 
-    def call(self, fn, per_rank_args):
-        """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results.
+    def call(self, fn, per_rank_args, borrow: bool = False):
+        """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results. With
+        ``borrow``, the results' arrays that came through shared memory are views of it
+        (``wire.recv``), valid until the next call: copy what is kept.
 
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
@@ -307,7 +309,7 @@ class Job:
             except OSError:
                 errors[r] = ("exited", self._gone(r), "")
         try:
-            hung = self._collect(pending, results, errors)
+            hung = self._collect(pending, results, errors, borrow)
         except BaseException:
             # e.g. KeyboardInterrupt: a reply still owed would answer the next call; the job is done
             self.failure = self.failure or (
@@ -325,7 +327,7 @@ class Job:
             raise self._error(fn, errors, hung)
         return results
 
-    def _collect(self, pending, results, errors) -> list:
+    def _collect(self, pending, results, errors, borrow=False) -> list:
         """Read the replies of ``pending`` (conn -> rank) into ``results`` / ``errors``; once
         something failed, abort the segment after a grace and give up on ranks that still do
         not answer after another. The ranks given up on."""
@@ -338,7 +340,7 @@ class Job:
                 if answered is None:
                     answered, first = time.monotonic(), r
                 try:
-                    reply = wire.recv(c, self._boxes[r][1])
+                    reply = wire.recv(c, self._boxes[r][1], borrow)
                 except BlockingIOError:
                     errors[r] = self._unresponsive(r, "stopped sending its answer for the "
                                                       "collective timeout")

@@ -172,11 +172,11 @@ class WorkerRunner:
         fn, per_rank = self._loads()
         self._call(fn, [args + (cache,) for args in per_rank])
 
-    def _call(self, fn, per_rank):
+    def _call(self, fn, per_rank, borrow=False):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
         is left running, and the next call starts a new one."""
         try:
-            return self.job.call(fn, per_rank)
+            return self.job.call(fn, per_rank, borrow)
         except AutoparError:
             if self.job.failure:
                 self._finalizer()
@@ -243,8 +243,11 @@ class NativeRunner(WorkerRunner):
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         try:
+            # the ranks' results are read where they arrived (copied once: into the caller's
+            # whole array, or out for a replicated one): a fresh copy of each first cost a
+            # page fault per 4 KB, most of the caller's time per call with split parameters
             ranks = self._call(run, [(b, keys, drop) for b in per_rank]
-                               + [([], {}, drop)] * self.reducers)[:mesh.size]
+                               + [([], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
         except AutoparError:
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
@@ -255,7 +258,8 @@ class NativeRunner(WorkerRunner):
                 out.append(o.value)
                 continue
             # a sharded result: each rank's block in its place
-            x = ranks[0][k] if l.is_replicated() else l.assemble([got[k] for got in ranks], mesh)
+            x = np.array(ranks[0][k]) if l.is_replicated() else \
+                l.assemble([got[k] for got in ranks], mesh)
             out.append(res.kept(x, keys[k], job, l) if k in keys else x)
             k += 1
         return out

@@ -158,7 +158,7 @@ class PipelineRunner(nb.WorkerRunner):
         keys = {} if res is None else {k: res.key() for k in self._kept}
         drop = res.drops() if res else []
         try:
-            ranks = self._call(run_stage, [(b, keys, drop) for b in per_rank])
+            ranks = self._call(run_stage, [(b, keys, drop) for b in per_rank], borrow=True)
         except AutoparError:
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
@@ -170,7 +170,7 @@ class PipelineRunner(nb.WorkerRunner):
                 continue
             st = p.stages[s]
             got = [ranks[d][k] for d in st.devices]
-            x = got[0] if lay.is_replicated() else lay.assemble(got, st.mesh)
+            x = np.array(got[0]) if lay.is_replicated() else lay.assemble(got, st.mesh)
             if k in keys:
                 x = res.kept(x, keys[k], job, _held(st, x.shape, lambda me: lay.block(
                     x.shape, st.mesh.coords(me), st.mesh)))

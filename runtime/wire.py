@@ -12,9 +12,10 @@ each direction of a connection a ``Box``: shared memory the sender writes a mess
 into (messages of up to ``BOX_BYTES``; larger ones stream through the socket). Out:
 C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the object
 ``send`` sent, its arrays (pickle protocol 5, out of band) copied once out of the box into
-such memory. Without a box the arrays' bytes travel through the socket instead (two
-kernel copies and one more in ``multiprocessing``'s reader): a worker's 4 MB of results took
-about 5 ms of the caller's time per call that way.
+such memory (or, ``borrow``ed, views of the box valid until the next message: the caller
+reads its workers' results where they arrived). Without a box the arrays' bytes travel
+through the socket instead (two kernel copies and one more in ``multiprocessing``'s reader):
+a worker's 4 MB of results took about 5 ms of the caller's time per call that way.
 """
 from __future__ import annotations
 
@@ -108,9 +109,11 @@ def _packing(sizes) -> tuple:
     return offsets, at
 
 
-def recv(conn, box: "Box | None" = None):
+def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
-    are writable and aligned, and their own memory (copied out of the box)."""
+    are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
+    those that came through the box are views of it instead, valid until the next message on
+    ``conn`` (read them before: the next one is written over them)."""
     head, sizes, *grown = conn.recv()
     views = [None] * len(sizes)
     if grown:
@@ -120,6 +123,8 @@ def recv(conn, box: "Box | None" = None):
             box.attach(fds[0], grown[0])
         offsets, _ = _packing(sizes)
         held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
+        if borrow:
+            return pickle.loads(head, buffers=[held[at:at + n] for at, n in zip(offsets, sizes)])
         large = [i for i, n in enumerate(sizes) if n >= PACK]
         small = [i for i, n in enumerate(sizes) if n < PACK]
         for i in large:
@@ -184,5 +189,8 @@ class Box:
     def close(self) -> None:
         if self.mm is not None:
             self.array = None
-            self.mm.close()
+            try:
+                self.mm.close()
+            except BufferError:          # borrowed views still held: unmapped when they go
+                pass
             self.mm, self.size = None, 0

@@ -51,6 +51,33 @@ def test_arrays_through_a_shared_memory_box_arrive_equal_and_own_their_memory():
     out.close(), into.close()
 
 
+def test_borrowed_arrays_are_views_of_the_box_and_a_grown_box_leaves_held_ones_readable():
+    """``recv(..., borrow=True)`` hands out the box's own memory (no copy, no fresh pages); a
+    message that grows the box while such views are still held does not fail, and the old
+    views keep their bytes (the old mapping goes when they do)."""
+    a, b = Pipe()
+    out, into = wire.Box(), wire.Box()
+
+    def exchange(obj):
+        sender = threading.Thread(target=wire.send, args=(a, obj, out))
+        sender.start()
+        got = wire.recv(b, into, borrow=True)
+        sender.join()
+        return got
+    first = {"large": np.arange(wire.PACK // 4, dtype=np.float32), "small": np.arange(3.0)}
+    got = exchange(first)
+    for k in first:
+        assert np.array_equal(got[k], first[k]) and np.shares_memory(got[k], into.array)
+        assert wire.is_aligned(got[k])
+    held = got["large"]
+    bigger = {"large": np.ones(wire.PACK, np.float64)}                # grows the box
+    again = exchange(bigger)
+    assert np.array_equal(again["large"], bigger["large"])
+    assert np.array_equal(held, first["large"]) and not np.shares_memory(held, into.array)
+    del held, got
+    out.close(), into.close()
+
+
 def test_a_message_over_box_bytes_streams_through_the_socket(monkeypatch):
     """A first call's parameters go to every rank at once: above BOX_BYTES they stream, so
     shared memory does not hold a copy per rank; smaller messages still use the box, and a
