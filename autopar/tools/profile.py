@@ -1,7 +1,7 @@
 """A lowered Program's compute, measured on this machine (``profile_plans``).
 
 In: ``Program``s (per-rank instructions; ``avals`` gives every register's local shape and
-dtype) and the backend. Out: ``compute_seconds(programs, backend)``, per program the median
+dtype) and the backend. Out: ``compute_seconds(programs, backend)``, per program the typical
 seconds of its step with every collective replaced by a local stand-in of the same shapes
 (table below): what a rank computes, as XLA compiles it, without communicating or waiting.
 For ``native`` one rank's step alone on one core, as a worker runs it; for ``jax`` every
@@ -55,6 +55,8 @@ def _copies(x, dim, n):
     return jnp.concatenate([x] * n, axis=dim)
 
 
+ROUNDS = 8          # calls of every step at least, in turn
+
 _STANDIN = checked_table({
     StepKind.ALL_REDUCE: lambda x, s, n: x,
     StepKind.ALL_GATHER: lambda x, s, n: _copies(x, s.dim, n),
@@ -105,14 +107,17 @@ def exported(program, backend: str = "native") -> bytes:
 
 def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
                     timeout: float = 300.0) -> list:
-    """The median seconds of the step of each of ``programs`` (see the module docstring), in
-    one child process: every step warmed up twice, then called in turn, round after round,
-    for about ``seconds`` per step (3 rounds at least), so the machine's drift (up to 1.3x
-    within a minute here) reaches every step alike and their ratios hold even when their
-    absolute times move. ``native``: one rank's step, the child pinned to one core with one
-    single-threaded XLA device, as a native worker runs it. ``jax``: every device's step at
-    once in a child with this process's XLA flags (its fake CPU devices), as the jax backend
-    runs it here. Steps whose exported programs are the same are timed once. Raises
+    """The seconds of the step of each of ``programs`` (see the module docstring), in one
+    child process: every step warmed up twice, then called in turn, round after round, for
+    about ``seconds`` per step (``ROUNDS`` rounds at least), so the machine's drift (up to
+    1.3x within a minute here) reaches every step alike; each step's figure is the first's
+    median times the median over rounds of its ratio to the first in the same round (ratios
+    of calls a moment apart: on gpt-large's three candidate plans on the jax backend, five
+    profiles of 8-11 rounds put the third at 1.015-1.06 of the first this way and at
+    0.98-1.09 by plain medians; five of 3 rounds at 0.91-1.05 and 0.62-1.06).
+    ``native``: one rank's step, the child pinned to one core with one single-threaded XLA
+    device, as a native worker runs it. ``jax``: every device's step at once in a child with
+    this process's XLA flags (its fake CPU devices), as the jax backend runs it here. Steps whose exported programs are the same are timed once. Raises
     ConfigError when the child fails or runs past ``timeout`` per step."""
     blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
@@ -132,8 +137,8 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
     if done.returncode != 0:
         raise ConfigError("profile_plans: timing a plan's step failed:\n"
                           + done.stderr.decode(errors="replace")[-2000:])
-    medians = json.loads(done.stdout.decode().strip().splitlines()[-1])["medians"]
-    return [medians[distinct.index(b)] for b in blobs]
+    seconds = json.loads(done.stdout.decode().strip().splitlines()[-1])["seconds"]
+    return [seconds[distinct.index(b)] for b in blobs]
 
 
 def _child(seconds: float) -> dict:
@@ -171,12 +176,14 @@ def _child(seconds: float) -> dict:
             jax.block_until_ready(f(*args))
     times = [[] for _ in steps]
     end = time.perf_counter() + seconds * len(steps)
-    while len(times[0]) < 3 or time.perf_counter() < end:
+    while len(times[0]) < ROUNDS or time.perf_counter() < end:
         for (f, args), took in zip(steps, times):
             t = time.perf_counter()
             jax.block_until_ready(f(*args))
             took.append(time.perf_counter() - t)
-    return {"medians": [float(np.median(t)) for t in times], "calls": len(times[0])}
+    t = np.array(times)
+    return {"seconds": [float(x) for x in np.median(t[0]) * np.median(t / t[0], axis=1)],
+            "calls": len(times[0])}
 
 
 if __name__ == "__main__":
