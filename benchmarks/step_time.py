@@ -24,9 +24,12 @@ median of --iters calls after 2 warm-ups. Then as a training loop runs (``loss, 
 step(params, batch)``, the loss read each step): ``native_resident_loop_ms`` with the runtime's
 defaults, whole step and results kept in the workers (runtime.resident: only the batch goes
 in), against
-``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). Out: one JSON object per (config,
-mode) with milliseconds per step and the ratios JAX SPMD / autopar native (above 1: autopar is
-faster); ``ranks_alike``: the plan exchanges nothing and replicates everything, so every native
+``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). The whole step per call, JAX SPMD
+per call and the two loops are timed together, their calls taking turns round after round (the
+other columns one after another). Out: one JSON object per (config, mode) with milliseconds per
+step (medians) and the ratios JAX SPMD / autopar native (above 1: autopar is faster):
+``spmd_over_whole_step`` and ``spmd_loop_over_resident_loop`` are medians over rounds of the
+ratio of the two calls in the same round, so the machine's drift between rounds cancels; ``ranks_alike``: the plan exchanges nothing and replicates everything, so every native
 column ran one rank's step in the caller (no workers).
 """
 import argparse
@@ -51,6 +54,36 @@ CONFIGS = {  # the compiler-core test block, and one where compute outweighs ove
 }
 
 
+BLOCK_SECONDS = 0.1    # a turn of one call in ``timed``: back-to-back calls for about this long
+
+
+def timed(calls: dict, iters) -> dict:
+    """Seconds of a call of each of ``calls`` (name -> function) per round: ``iters`` rounds,
+    each call taking one turn per round (each round starting one later, so the machine's
+    drift reaches them alike and none always runs first). A turn is one untimed call, then
+    back-to-back calls for about ``BLOCK_SECONDS`` (at least one), of which the median counts:
+    a step alternated call by call with another ran cold, the small GPT's 2x slower on both
+    runtimes, where a training loop runs its step back to back."""
+    took = {}
+    for name, call in calls.items():
+        for _ in range(2):
+            call()
+        t = time.perf_counter()
+        call()
+        took[name] = time.perf_counter() - t
+    names, times = list(calls), {name: [] for name in calls}
+    for i in range(iters):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            calls[name]()
+            block = []
+            for _ in range(max(1, round(BLOCK_SECONDS / took[name]))):
+                t = time.perf_counter()
+                calls[name]()
+                block.append(time.perf_counter() - t)
+            times[name].append(float(np.median(block)))
+    return {name: np.array(t) for name, t in times.items()}
+
+
 def median_ms(call, iters):
     for _ in range(2):
         call()
@@ -62,14 +95,14 @@ def median_ms(call, iters):
     return float(np.median(times)) * 1e3
 
 
-def loop_ms(step, params, batch, iters):
-    """A training loop's time per step: the step's parameters come from the step before."""
+def loop(step, params, batch):
+    """A training loop's step: its parameters come from the step before."""
     state = [params]
 
     def call():
         loss, state[0] = step(state[0], batch)
         float(loss)
-    return median_ms(call, iters)
+    return call
 
 
 def host(tree):
@@ -91,7 +124,6 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
                allreduce_fusion_bytes=bucket_bytes)
     for label, backend, overlap, whole in (
             ("native_ms", "native", "1", "0"), ("native_no_overlap_ms", "native", "0", "0"),
-            ("native_whole_step_ms", "native", "1", "1"),
             ("native_whole_step_no_overlap_ms", "native", "0", "1"),
             ("autopar_jax_ms", "jax", "1", "0")):
         os.environ["AUTOPAR_OVERLAP"] = overlap   # RuntimeOptions.from_env, as the runner starts
@@ -100,10 +132,14 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
         compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend=backend, **cfg))
         out[label] = median_ms(lambda: host(compiled(p, b)), iters)
         compiled.close()
-    os.environ.update(AUTOPAR_OVERLAP="1", AUTOPAR_WHOLE_STEP="1", AUTOPAR_RESIDENT="1")
+    # the runtime's defaults, per call (the same arguments sent every call) and in a loop,
+    # each alternated with JAX SPMD's below
+    os.environ.update(AUTOPAR_OVERLAP="1", AUTOPAR_WHOLE_STEP="1", AUTOPAR_RESIDENT="0")
+    per_call = ap.compile(step, p, b, config=ap.ParallelConfig(backend="native", **cfg))
+    host(per_call(p, b))                          # its workers start with these options
+    os.environ["AUTOPAR_RESIDENT"] = "1"
     compiled = ap.compile(step, p, b, config=ap.ParallelConfig(backend="native", **cfg))
-    out["native_resident_loop_ms"] = loop_ms(compiled, p, b, iters)
-    compiled.close()
+    host(compiled(p, b))
     for k in ("AUTOPAR_OVERLAP", "AUTOPAR_WHOLE_STEP", "AUTOPAR_RESIDENT"):
         os.environ.pop(k)
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(compiled.program.mesh.shape),
@@ -116,14 +152,19 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
             jax.tree.unflatten(jax.tree.structure(p), shardings[:n_params]))
     spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings,
                    out_shardings=kept)
-    out["jax_spmd_ms"] = median_ms(lambda: host(spmd(*flat)), iters)
     placed = [jax.device_put(x, sh) for x, sh in zip(flat, shardings)]
-    out["jax_spmd_loop_ms"] = loop_ms(lambda *a: spmd(*jax.tree.leaves(a)),
-                                      *jax.tree.unflatten(tree, placed), iters)
+    t = timed({"whole": lambda: host(per_call(p, b)), "spmd": lambda: host(spmd(*flat)),
+               "loop": loop(compiled, p, b),
+               "spmd_loop": loop(lambda *a: spmd(*jax.tree.leaves(a)),
+                                 *jax.tree.unflatten(tree, placed))}, iters)
+    per_call.close(), compiled.close()
+    for label, name in (("native_whole_step_ms", "whole"), ("jax_spmd_ms", "spmd"),
+                        ("native_resident_loop_ms", "loop"), ("jax_spmd_loop_ms", "spmd_loop")):
+        out[label] = float(np.median(t[name])) * 1e3
     out["spmd_over_native"] = round(out["jax_spmd_ms"] / out["native_ms"], 2)
-    out["spmd_over_whole_step"] = round(out["jax_spmd_ms"] / out["native_whole_step_ms"], 2)
-    out["spmd_loop_over_resident_loop"] = round(out["jax_spmd_loop_ms"] /
-                                                out["native_resident_loop_ms"], 2)
+    # the headline ratios: the median over rounds of SPMD's call over native's in that round
+    out["spmd_over_whole_step"] = round(float(np.median(t["spmd"] / t["whole"])), 2)
+    out["spmd_loop_over_resident_loop"] = round(float(np.median(t["spmd_loop"] / t["loop"])), 2)
     out["overlap_gain"] = round(out["native_no_overlap_ms"] / out["native_ms"], 2)
     out["whole_step_overlap_gain"] = round(out["native_whole_step_no_overlap_ms"] /
                                            out["native_whole_step_ms"], 2)
