@@ -219,6 +219,7 @@ class NativeRunner(WorkerRunner):
             (tuple(n * c for n, c in zip(program.avals[o][0], l.splits(program.mesh))),
              program.avals[o][1]) for o, l in zip(program.outputs, program.out_layouts)
             if not isinstance(o, Const)]
+        self._slices = {}               # (argument index, shape) -> every rank's slices
         self._kept = [k for k, (shape, dtype) in enumerate(self._global_avals)   # kept results
                       if np.dtype(dtype).itemsize * math.prod(shape) >= resident.RESIDENT_BYTES]
         self._start()
@@ -231,15 +232,15 @@ class NativeRunner(WorkerRunner):
         self._ready()
         res, job = self._resident, self.job
         per_rank = [[] for _ in range(mesh.size)]
-        for x, l in zip(flat_args, p.in_layouts):
+        for i, (x, l) in enumerate(zip(flat_args, p.in_layouts)):
             ref = res.ref_for(x, job, l) if res else None
             if ref is not None:
                 for blocks in per_rank:
                     blocks.append(ref)
                 continue
             x = np.asarray(x)
-            for r, blocks in enumerate(per_rank):
-                blocks.append(contiguous(x[l.block(np.shape(x), mesh.coords(r), mesh)]))
+            for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
+                blocks.append(contiguous(x[where]))
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         try:
@@ -263,6 +264,15 @@ class NativeRunner(WorkerRunner):
             out.append(res.kept(x, keys[k], job, l) if k in keys else x)
             k += 1
         return out
+
+    def _blocks(self, i: int, layout, shape) -> list:
+        """Every rank's slices of argument ``i`` of ``shape``, in rank order (found once)."""
+        got = self._slices.get((i, shape))
+        if got is None:
+            mesh = self.program.mesh
+            got = self._slices[i, shape] = [layout.block(shape, mesh.coords(r), mesh)
+                                            for r in range(mesh.size)]
+        return got
 
     def _resident_keys(self) -> dict:
         """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
