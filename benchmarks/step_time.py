@@ -29,8 +29,9 @@ per call and the two loops are timed together, their calls taking turns round af
 other columns one after another). Out: one JSON object per (config, mode) with milliseconds per
 step (medians) and the ratios JAX SPMD / autopar native (above 1: autopar is faster):
 ``spmd_over_whole_step`` and ``spmd_loop_over_resident_loop`` are medians over rounds of the
-ratio of the two calls in the same round, so the machine's drift between rounds cancels; ``ranks_alike``: the plan exchanges nothing and replicates everything, so every native
-column ran one rank's step in the caller (no workers).
+ratio of the two calls in the same round, so the machine's drift between rounds cancels;
+``ranks_alike``: the plan exchanges nothing and replicates everything, so every native column
+ran one rank's step in the caller (no workers).
 """
 import argparse
 import json
