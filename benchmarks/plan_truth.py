@@ -31,8 +31,8 @@ Out: a JSON line per case with, per plan, the estimate and the measured median (
 ratio, the drift-corrected ratio, ``auto_vs_best``: auto_parallel's measured median over the
 lesser of the other two, ``auto_vs_best_paired``: the median over rounds of auto_parallel's
 call over that plan's in the same round (calls a moment apart, so the machine's drift between
-rounds cancels; the same program measured as two plans differed by up to 7% in medians), and ``auto_same_as``: the other plan auto_parallel's is the same as
-(``same_as``), if any; then their measured difference is the machine's noise. A case with more
+rounds cancels; the same program measured as two plans differed by up to 7% in medians), and
+``auto_same_as``: the other plan auto_parallel's is the same as (``same_as``), if any; then their measured difference is the machine's noise. A case with more
 devices than this machine has cores is marked ``oversubscribed``.
 """
 import argparse

@@ -117,8 +117,9 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
     0.98-1.09 by plain medians; five of 3 rounds at 0.91-1.05 and 0.62-1.06).
     ``native``: one rank's step, the child pinned to one core with one single-threaded XLA
     device, as a native worker runs it. ``jax``: every device's step at once in a child with
-    this process's XLA flags (its fake CPU devices), as the jax backend runs it here. Steps whose exported programs are the same are timed once. Raises
-    ConfigError when the child fails or runs past ``timeout`` per step."""
+    this process's XLA flags (its fake CPU devices), as the jax backend runs it here. Steps
+    whose exported programs are the same are timed once. Raises ConfigError when the child
+    fails or runs past ``timeout`` per step."""
     blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
