@@ -419,3 +419,26 @@ def test_auto_replicates_a_step_too_small_to_pay_for_a_collective():
         auto = plan("auto_parallel", search)
         assert auto.step_time <= alone.step_time * (1 + 1e-9), (search, auto.step_time)
         assert not auto.collectives and all(i.layout.is_replicated() for i in auto.inputs)
+
+
+def test_auto_offers_data_parallelisms_own_plan_beside_its_choice_in_the_search(monkeypatch):
+    """data_parallel's plan, mapped into the search problem's choices, can lower differently
+    from what data_parallel compiles (a user-written GPT: 32 collectives, all-gathers and
+    reduce-scatters among them, against 30 all-reduces, and it ran slower): auto_parallel also
+    lowers data parallelism's own assignment and compares it with the rest."""
+    import user_gpt as ug
+    from autopar.compiler import api, search
+    p, b = ug.init(2, 32, 64), ug.batch(4, 8, 64)
+    made, offered = [], []
+    monkeypatch.setattr(search, "data_parallel_assignment",
+                        lambda *a, f=search.data_parallel_assignment: made.append(f(*a))
+                        or made[-1])
+    monkeypatch.setattr(api, "_cheapest", lambda req, mesh, planner, found, f=api._cheapest:
+                        offered.append(found) or f(req, mesh, planner, found))
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=2,
+                            search_mode="dynamic_programming")
+    auto = ap.plan(ug.step, p, b, config=cfg)
+    (dp,), (found,) = made, offered
+    assert dp is not None and found[-1] is dp and len(found) >= 2
+    assert auto.step_time <= ap.plan(ug.step, p, b, config=cfg.replace(
+        parallel_mode="data_parallel")).step_time * (1 + 1e-9)
