@@ -22,8 +22,8 @@ process's JAX devices) and a device count. Out:
   all-reduce of 4 MB costs what it measured over one of 1 KB), and the level's ``betas``, one
   per other collective kind (all-gather, reduce-scatter, all-to-all of 4 MB, each timed in a
   chain alternated with the same chain doing local work of the same shapes instead: the
-  runtimes move those kinds' bytes at other rates, XLA's CPU all-to-all at about half its
-  all-reduce's). Last, a whole training
+  runtimes move those kinds' bytes at other rates, XLA's CPU all-to-all at a quarter to a
+  third of its all-reduce's here). Last, a whole training
   step (``reference_step``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
   than priced (``_fit``; ``compute_slowdown`` in the measurements).
