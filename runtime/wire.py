@@ -11,7 +11,8 @@ In: shapes and dtypes (``empty``), arrays (``aligned``), picklable objects (``se
 each direction of a connection a ``Box``: shared memory the sender writes a message's arrays
 into (messages of up to ``BOX_BYTES``; larger ones stream through the socket). Out:
 C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the object
-``send`` sent, its arrays (pickle protocol 5, out of band) copied once out of the box into
+``send`` sent, the arrays in its tuples, lists and dicts (carried beside its pickle, not in
+it) copied once out of the box into
 such memory (or, ``borrow``ed, views of the box valid until the next message: the caller
 reads its workers' results where they arrived). Without a box the arrays' bytes travel
 through the socket instead (two kernel copies and one more in ``multiprocessing``'s reader):
@@ -62,42 +63,98 @@ def aligned(x) -> np.ndarray:
 PACK = 64 << 10    # arrays smaller than this travel together in one message
 
 
+class _Array:
+    """Where ``send`` took an array out of a message: pickled as a reference to this module's
+    one instance (``ARRAY``), so ``recv`` finds its places by identity."""
+
+    def __reduce__(self):
+        return "ARRAY"
+
+
+ARRAY = _Array()
+_BY_NAME = frozenset("biufcmM")    # dtype kinds whose ``dtype.str`` names them fully
+
+
+def _take(obj, arrays: list):
+    """``obj`` with each numpy array (not of objects) in its tuples, lists and dict values, at
+    any depth, replaced by ``ARRAY`` and appended to ``arrays`` in order. Arrays inside other
+    objects stay in them (pickled with them)."""
+    t = type(obj)
+    if t is np.ndarray and not obj.dtype.hasobject:
+        arrays.append(obj)
+        return ARRAY
+    if t is tuple:
+        return tuple([_take(x, arrays) for x in obj])
+    if t is list:
+        return [_take(x, arrays) for x in obj]
+    if t is dict:
+        return {k: _take(v, arrays) for k, v in obj.items()}
+    return obj
+
+
+def _put(obj, arrays):
+    """``_take`` undone: each ``ARRAY`` in ``obj`` replaced by the next of ``arrays`` (an
+    iterator), in the same order."""
+    if obj is ARRAY:
+        return next(arrays)
+    t = type(obj)
+    if t is tuple:
+        return tuple([_put(x, arrays) for x in obj])
+    if t is list:
+        return [_put(x, arrays) for x in obj]
+    if t is dict:
+        return {k: _put(v, arrays) for k, v in obj.items()}
+    return obj
+
+
 def send(conn, obj, box: "Box | None" = None) -> None:
-    """Send ``obj`` over a ``multiprocessing`` connection. With a ``box`` and arrays of at most
-    ``BOX_BYTES`` in all: its pickle, after the bytes of its contiguous arrays were written
-    into the box, each at an ALIGN-byte offset (a larger box, when needed, goes with the message
-    as a descriptor). Else (larger messages stream, so that a first call's parameters, sent to
-    every rank, are not held in shared memory once per rank at once): its pickle,
-    then the bytes of its arrays of ``PACK`` bytes or more, each a message of its own, then the
+    """Send ``obj`` over a ``multiprocessing`` connection: the pickle of ``obj`` with its arrays
+    taken out (``_take``; pickling an array costs ~5 us more each than its place, dtype and
+    shape: a small model's step has dozens), with each array's (dtype, shape, bytes), then the
+    arrays' bytes. With a ``box`` and arrays of at most ``BOX_BYTES`` in all: the bytes are
+    written into the box first, each at an ALIGN-byte offset (a larger box, when needed, goes
+    with the message as a descriptor). Else (larger messages stream, so that a first call's
+    parameters, sent to every rank, are not held in shared memory once per rank at once): the
+    arrays of ``PACK`` bytes or more follow the pickle, each a message of its own, then the
     smaller ones together in one message, each at an ALIGN-byte offset (a step's many small
     arguments cost one system call, not one each)."""
-    buffers = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    sizes = [r.nbytes for r in raws]
+    arrays = []
+    skeleton = _take(obj, arrays)
+    meta = [(a.dtype.str if a.dtype.kind in _BY_NAME else a.dtype, a.shape, a.nbytes)
+            for a in arrays]
+    sizes = [m[2] for m in meta]
     offsets, total = _packing(sizes)
     if box is not None and total <= BOX_BYTES:
         fd = box.reserve(total)
-        for r, at in zip(raws, offsets):
-            if r.nbytes:                 # an empty one needs no box (there may be none yet)
-                box.mm[at:at + r.nbytes] = r
-        conn.send((head, sizes, box.size if fd is not None else 0))
+        for a, at in zip(arrays, offsets):
+            if a.nbytes:                 # an empty one needs no box (there may be none yet)
+                _write(box, at, a)
+        conn.send_bytes(pickle.dumps((skeleton, meta, box.size if fd is not None else 0),
+                                     protocol=5))
         if fd is not None:
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
                 socket.send_fds(s, [b"B"], [fd])
             os.close(fd)
         return
-    small = [i for i, n in enumerate(sizes) if n < PACK]
-    offsets, packed = _packing([sizes[i] for i in small])
-    conn.send((head, sizes))
-    for r in raws:
-        if r.nbytes >= PACK:
-            conn.send_bytes(r)
+    conn.send_bytes(pickle.dumps((skeleton, meta, None), protocol=5))
+    small = [a for a in arrays if a.nbytes < PACK]
+    for a in arrays:
+        if a.nbytes >= PACK:
+            conn.send_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     if small:
-        pack = bytearray(packed)
-        for i, at in zip(small, offsets):
-            pack[at:at + sizes[i]] = raws[i]
+        offsets, packed = _packing([a.nbytes for a in small])
+        pack = np.empty(packed, np.uint8)
+        for a, at in zip(small, offsets):
+            pack[at:at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         conn.send_bytes(pack)
+
+
+def _write(box, at: int, a: np.ndarray) -> None:
+    """``a``'s bytes into ``box`` at offset ``at``, in C order."""
+    if a.flags.c_contiguous:
+        box.mm[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+    else:
+        box.array[at:at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
 
 
 def _packing(sizes) -> tuple:
@@ -109,47 +166,53 @@ def _packing(sizes) -> tuple:
     return offsets, at
 
 
+def _view(buffer: np.ndarray, at: int, meta) -> np.ndarray:
+    dtype, shape, n = meta
+    return buffer[at:at + n].view(dtype).reshape(shape)
+
+
 def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
     those that came through the box are views of it instead, valid until the next message on
     ``conn`` (read them before: the next one is written over them)."""
-    head, sizes, *grown = conn.recv()
+    skeleton, meta, grown = pickle.loads(conn.recv_bytes())
+    sizes = [m[2] for m in meta]
+    offsets, _ = _packing(sizes)
+    small = [i for i, n in enumerate(sizes) if n < PACK]
     views = [None] * len(sizes)
-    if grown:
-        if grown[0]:
+    if grown is not None:               # through the box
+        if grown:
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
                 _, fds, _, _ = socket.recv_fds(s, 1, 1)
-            box.attach(fds[0], grown[0])
-        offsets, _ = _packing(sizes)
+            box.attach(fds[0], grown)
         held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
         if borrow:
-            return pickle.loads(head, buffers=[held[at:at + n] for at, n in zip(offsets, sizes)])
-        large = [i for i, n in enumerate(sizes) if n >= PACK]
-        small = [i for i, n in enumerate(sizes) if n < PACK]
-        for i in large:
-            views[i] = empty((sizes[i],), np.uint8)
-            views[i][:] = held[offsets[i]:offsets[i] + sizes[i]]
+            return _put(skeleton, (_view(held, at, m) for at, m in zip(offsets, meta)))
+        for i, n in enumerate(sizes):
+            if n >= PACK:
+                views[i] = empty(meta[i][1], meta[i][0])
+                views[i][...] = _view(held, offsets[i], meta[i])
         if small:
             _, packed = _packing([sizes[i] for i in small])
             pack, at = empty((max(packed, 1),), np.uint8), 0
             for i in small:
                 pack[at:at + sizes[i]] = held[offsets[i]:offsets[i] + sizes[i]]
-                views[i] = pack[at:at + sizes[i]]
+                views[i] = _view(pack, at, meta[i])
                 at += -(-sizes[i] // ALIGN) * ALIGN
-        return pickle.loads(head, buffers=views)
+        return _put(skeleton, iter(views))
     for i, n in enumerate(sizes):
         if n >= PACK:
             views[i] = empty((n,), np.uint8)
             conn.recv_bytes_into(views[i])
-    small = [i for i, n in enumerate(sizes) if n < PACK]
+            views[i] = _view(views[i], 0, meta[i])
     if small:
         offsets, packed = _packing([sizes[i] for i in small])
         pack = empty((max(packed, 1),), np.uint8)
         conn.recv_bytes_into(pack)
         for i, at in zip(small, offsets):
-            views[i] = pack[at:at + sizes[i]]
-    return pickle.loads(head, buffers=views)
+            views[i] = _view(pack, at, meta[i])
+    return _put(skeleton, iter(views))
 
 
 BOX_BYTES = 64 << 20    # messages up to this go through a Box, larger ones the socket

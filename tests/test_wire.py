@@ -94,3 +94,31 @@ def test_a_message_over_box_bytes_streams_through_the_socket(monkeypatch):
         assert got.dtype == obj.dtype and np.array_equal(got, obj) and got.flags.writeable
         assert out.size == into.size == size
     out.close(), into.close()
+
+
+def test_arrays_in_any_layout_dtype_and_place_arrive_equal():
+    """Arrays are taken out of tuples, lists and dict values at any depth, whatever their
+    layout (strided, Fortran order, 0-d) or dtype (bfloat16, bool, big-endian); the rest of the
+    message, arrays of objects and arrays inside other objects included, is pickled as it is."""
+    import ml_dtypes
+    from fractions import Fraction
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=(6, 8)).astype(np.float32)
+    obj = ("call", {"strided": base[::2, 1::3], "fortran": np.asfortranarray(base),
+                    "zero_d": np.array(3, np.int64), "bf16": base.astype(ml_dtypes.bfloat16),
+                    "big_endian": base.astype(">f8"), "flags": base > 0},
+           [(base, [base]), np.array([Fraction(1, 3), None], dtype=object)],
+           Fraction(2, 7), frozenset({1}))
+    a, b = Pipe()
+    for box in (None, (wire.Box(), wire.Box())):
+        sender = threading.Thread(target=wire.send, args=(a, obj, box and box[0]))
+        sender.start()
+        got = wire.recv(b, box and box[1])
+        sender.join()
+        assert got[0] == "call" and got[3:] == obj[3:]
+        for k, x in obj[1].items():
+            y = got[1][k]
+            assert y.dtype == x.dtype and y.shape == x.shape and np.array_equal(y, x), k
+            assert wire.is_aligned(y) and y.flags.writeable
+        assert np.array_equal(got[2][0][0], base) and np.array_equal(got[2][0][1][0], base)
+        assert got[2][1].dtype == object and list(got[2][1]) == [Fraction(1, 3), None]
