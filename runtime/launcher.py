@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 import weakref
-from multiprocessing.connection import Listener, wait
+from multiprocessing.connection import Listener
 
 from autopar.config import NATIVE_MAX_RANKS
 from autopar.errors import CollectiveError, ConfigError, WorkerError
@@ -334,8 +334,9 @@ class Job:
         grace = self._grace()
         trouble = aborted = None          # when the first failure / the segment's abort was seen
         answered = first = late = None    # when and which rank answered first; whether the
+        spin = time.perf_counter() + wire.SPIN_SECONDS
         while pending:                    # others were late
-            for c in wait(list(pending), 0.05):
+            for c in wire.readable(list(pending), 0.05, spin):
                 r = pending.pop(c)
                 if answered is None:
                     answered, first = time.monotonic(), r

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 import traceback
 from multiprocessing.connection import Client
 
@@ -115,6 +116,9 @@ def main(argv):
     incoming, outgoing = wire.Box(), wire.Box()
     while True:
         try:
+            # a training loop's next call comes soon after this one's answer: poll for it
+            # (wire.readable) rather than let this core idle
+            wire.readable([conn], None, time.perf_counter() + wire.SPIN_SECONDS)
             msg = wire.recv(conn, incoming)
         except (EOFError, OSError):
             return 0                  # the caller closed the job or is gone
