@@ -15,7 +15,8 @@ runner is closed or collected, so a second call pays only for the step. Per call
 its block of every argument (``Layout.block`` at ``mesh.coords(r)``; with
 ``RuntimeOptions.resident``, the default, only a key for a result of an earlier call it still
 holds, ``runtime.resident``). By default (``RuntimeOptions.whole_step``) it runs its whole step
-as one executable (``runtime.native_step``); otherwise, and for a program with a Reduction
+as one executable (``runtime.native_step``), its arguments and results smaller than
+``resident.RESIDENT_BYTES`` packed into one array each way (``runtime.packing``); otherwise, and for a program with a Reduction
 Server, it runs the instructions: segments through their exported executables, collectives
 through ``Comm`` over ``mesh.group(r, axes)`` (first axis major, as in jax_collectives),
 slices locally; each register is freed after its last reader.
@@ -50,8 +51,9 @@ from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind
 
 from . import resident
-from .comm_scheduler import CommScheduler, contiguous
+from .comm_scheduler import CommScheduler
 from .options import RuntimeOptions
+from .packing import Packing
 
 
 def _check_algorithm(name: str) -> None:
@@ -77,6 +79,7 @@ class ProgramPayload:
     bucket_bytes: int
     options: RuntimeOptions
     in_avals: tuple = ()          # (local shape, dtype) per argument register
+    packing: Optional[Packing] = None   # whole steps: small arguments and results packed
 
 
 def _fresh_stats() -> dict:
@@ -201,27 +204,42 @@ class NativeRunner(WorkerRunner):
 
     def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
                  options: RuntimeOptions | None = None):
+        from .native_step import supported
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
         self.options = options or RuntimeOptions.from_env()
         instructions = shippable(program.instructions)
-        split = tuple(not l.is_replicated() for o, l in zip(program.outputs, program.out_layouts)
-                      if not isinstance(o, Const))
+        results = [(o, l) for o, l in zip(program.outputs, program.out_layouts)
+                   if not isinstance(o, Const)]
+        split = tuple(not l.is_replicated() for _, l in results)
+        # results of RESIDENT_BYTES or more may stay in the workers (runtime.resident); the
+        # smaller ones, and arguments as small, travel packed to and from a whole step
+        large = [k for k, (o, l) in enumerate(results) if _global_bytes(program, o, l)
+                 >= resident.RESIDENT_BYTES]
+        self._kept = large if self.options.resident else []
+        packing = None
+        if self.options.whole_step and supported(instructions) is None:
+            small_args = [i for i, (r, l) in enumerate(zip(program.inputs, program.in_layouts))
+                          if _global_bytes(program, r, l) < resident.RESIDENT_BYTES]
+            packing = Packing.plan([program.avals[r] for r in program.inputs], small_args,
+                                   [program.avals[o] for o, _ in results], split,
+                                   [k for k in range(len(results)) if k not in large])
+        self._packing = packing
+        self._packed_args = frozenset(packing.args) if packing else frozenset()
+        others = packing.other_results(len(results)) if packing else range(len(results))
+        first = 2 if packing else 0       # the two packs come first in a rank's answer
+        self._answer_at = {k: first + j for j, k in enumerate(others)}
+        answer_split = ((False, True) if packing else ()) + tuple(split[k] for k in others)
         self._payload = ProgramPayload(
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
-            outputs=program.outputs, split=split, bucket_bytes=bucket_bytes,
-            options=self.options, in_avals=tuple(program.avals[r] for r in program.inputs))
+            outputs=program.outputs, split=answer_split, bucket_bytes=bucket_bytes,
+            options=self.options, in_avals=tuple(program.avals[r] for r in program.inputs),
+            packing=packing)
         served = any(a == "reduction_server" for ins in instructions
                      if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
                      for a in (ins.algorithm, *(price[0] for price in ins.prices)))
         self.reducers = program.mesh.topology.reducers if served else 0
         self._resident = resident.Residency() if self.options.resident else None
-        self._global_avals = [  # (global shape, dtype) per non-constant result
-            (tuple(n * c for n, c in zip(program.avals[o][0], l.splits(program.mesh))),
-             program.avals[o][1]) for o, l in zip(program.outputs, program.out_layouts)
-            if not isinstance(o, Const)]
         self._slices = {}               # (argument index, shape) -> every rank's slices
-        self._kept = [k for k, (shape, dtype) in enumerate(self._global_avals)   # kept results
-                      if np.dtype(dtype).itemsize * math.prod(shape) >= resident.RESIDENT_BYTES]
         self._start()
 
     def _loads(self):
@@ -231,36 +249,51 @@ class NativeRunner(WorkerRunner):
         mesh, p = self.program.mesh, self.program
         self._ready()
         res, job = self._resident, self.job
+        pk, packed = self._packing, self._packed_args
         per_rank = [[] for _ in range(mesh.size)]
+        small = [[] for _ in range(mesh.size)]        # the blocks that go packed
         for i, (x, l) in enumerate(zip(flat_args, p.in_layouts)):
-            ref = res.ref_for(x, job, l) if res else None
+            ref = res.ref_for(x, job, l) if res and i not in packed else None
             if ref is not None:
                 for blocks in per_rank:
                     blocks.append(ref)
                 continue
             x = np.asarray(x)
-            for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
-                blocks.append(contiguous(x[where]))
+            for blocks, where in zip(small if i in packed else per_rank,
+                                     self._blocks(i, l, x.shape)):
+                blocks.append(x[where])            # wire and Pack copy any layout
+        if pk is not None:
+            for blocks, parts in zip(per_rank, small):
+                blocks.insert(0, pk.arg_pack.pack(parts))
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         try:
             # the ranks' results are read where they arrived (copied once: into the caller's
             # whole array, or out for a replicated one): a fresh copy of each first cost a
             # page fault per 4 KB, most of the caller's time per call with split parameters
-            ranks = self._call(run, [(b, keys, drop) for b in per_rank]
+            ranks = self._call(run, [(b, {self._answer_at[k]: key for k, key in keys.items()},
+                                      drop) for b in per_rank]
                                + [([], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
         except AutoparError:
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
             raise
+        if pk is not None:        # the packed results: rank 0's block, or every rank's, by k
+            answers = dict(zip(pk.replicated, pk.replicated_pack.views(ranks[0][0])))
+            split = [pk.split_pack.views(got[1]) for got in ranks]
+            answers.update((k, [views[j] for views in split]) for j, k in enumerate(pk.split))
         out, k = [], 0
         for o, l in zip(p.outputs, p.out_layouts):
             if isinstance(o, Const):
                 out.append(o.value)
                 continue
+            if k in self._answer_at:
+                at = self._answer_at[k]
+                got = ranks[0][at] if l.is_replicated() else [r[at] for r in ranks]
+            else:
+                got = answers[k]
             # a sharded result: each rank's block in its place
-            x = np.array(ranks[0][k]) if l.is_replicated() else \
-                l.assemble([got[k] for got in ranks], mesh)
+            x = np.array(got) if l.is_replicated() else l.assemble(got, mesh)
             out.append(res.kept(x, keys[k], job, l) if k in keys else x)
             k += 1
         return out
@@ -277,6 +310,12 @@ class NativeRunner(WorkerRunner):
     def _resident_keys(self) -> dict:
         """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
         return {k: self._resident.key() for k in self._kept}
+
+
+def _global_bytes(program, register, layout) -> int:
+    """The bytes of a register's whole value (its local block times the layout's splits)."""
+    shape, dtype = program.avals[register]
+    return np.dtype(dtype).itemsize * math.prod(shape) * math.prod(layout.splits(program.mesh))
 
 
 def host_ids(topology) -> list[int]:
@@ -460,8 +499,9 @@ def run(comm, blocks, keys=None, drop=()):
         stats["all_reduce_calls"] += len(WORKER.whole.buckets)
     else:
         results = _interpret(comm, blocks, workers)
-    stats["input_bytes"] = [b.nbytes for b in blocks]
-    meter.stop(sum(stats["input_bytes"]))
+    stats["input_bytes"] = (p.packing.arg_bytes(blocks) if p.packing is not None
+                            else [b.nbytes for b in blocks])
+    meter.stop(sum(b.nbytes for b in blocks))
     resident.keep(results, keys or {})
     results = [np.asarray(x) for x in results]      # the whole step's are JAX arrays
     if comm.rank == 0:

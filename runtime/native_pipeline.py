@@ -48,7 +48,7 @@ from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, Mi
 
 from . import native_backend as nb
 from . import resident
-from .comm_scheduler import CommScheduler
+from .comm_scheduler import CommScheduler, contiguous
 from .native_step import Tracer
 from . import wire
 
@@ -152,7 +152,7 @@ class PipelineRunner(nb.WorkerRunner):
                     continue
                 x = np.asarray(x)
                 for me, r in enumerate(st.devices):
-                    per_rank[r][reg] = [nb.contiguous(x[lay.block(x.shape, mm.coords(m * K + me),
+                    per_rank[r][reg] = [contiguous(x[lay.block(x.shape, mm.coords(m * K + me),
                                                                    mm)])
                                         for m in (range(M) if micro else [0])]
         keys = {} if res is None else {k: res.key() for k in self._kept}

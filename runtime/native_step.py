@@ -5,6 +5,8 @@ so Python runs once per step instead of once per instruction.
 In: the worker's ``Comm``, the loaded ``ProgramPayload`` (segments as ``jax.export`` bytes;
 collectives as ``Collective``s; the arguments' shapes), the job's device ranks and XLA cache
 folder, then per call the rank's argument blocks. Out: the rank's results, as JAX arrays.
+With ``payload.packing`` (``runtime.packing``) the small arguments come as one uint8 array and
+the small results go back as two (replicated, split), unpacked and packed inside the executable.
 Every rank's executable is the same: the rank is an argument (slices and partial zeros index
 by it) and each custom call gets every group of its partition, picking the one holding its
 rank, so rank 0 compiles it into the job's cache and the others load it (``compile_rounds``).
@@ -251,7 +253,11 @@ class WholeStep(Tracer):
         self.payload = payload
         self.segments = {k: export.deserialize(ins[1])
                          for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
-        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in payload.in_avals] + \
+        pk, avals = payload.packing, list(payload.in_avals)
+        if pk is not None:           # the small arguments in one array (runtime.packing)
+            avals = [((pk.arg_pack.nbytes,), np.uint8)] + \
+                [avals[i] for i in pk.other_args(len(avals))]
+        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals] + \
             [jax.ShapeDtypeStruct((), np.int32)]
         lowered = jax.jit(self._step).lower(*self.avals)
         (self.fn,) = compile_rounds(comm, [lowered.compile], list(ranks or [comm.rank]), cache)
@@ -264,13 +270,25 @@ class WholeStep(Tracer):
         return self.results(lambda: self.fn(*blocks, self.rank))
 
     def _step(self, *blocks):
-        p = self.payload
+        p, pk = self.payload, self.payload.packing
         *blocks, me = blocks                       # this rank, traced: one executable for all
+        if pk is not None:
+            packed, *others = blocks
+            blocks = [None] * len(p.inputs)
+            for i, x in zip(pk.args, pk.arg_pack.unpack(packed)):
+                blocks[i] = x
+            for i, x in zip(pk.other_args(len(p.inputs)), others):
+                blocks[i] = x
         self._begin(me, dict(zip(p.inputs, blocks)))
         for k, ins in enumerate(p.instructions):
             self.run(ins, self.segments.get(k))
         self.settle()
-        return [self.get(o) for o in p.outputs if not isinstance(o, Const)] + [self.order]
+        out = [self.get(o) for o in p.outputs if not isinstance(o, Const)]
+        if pk is not None:
+            out = [pk.replicated_pack.pack_traced([out[k] for k in pk.replicated]),
+                   pk.split_pack.pack_traced([out[k] for k in pk.split])] + \
+                [out[k] for k in pk.other_results(len(out))]
+        return out + [self.order]
 
 
 _TOKEN = np.zeros((), np.int32)

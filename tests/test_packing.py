@@ -1,0 +1,47 @@
+"""runtime/packing.py: small arrays packed into one uint8 array and back, by numpy on one side
+and inside a jitted function on the other, every dtype and shape unchanged."""
+import jax
+import ml_dtypes
+import numpy as np
+
+from autopar.runtime import wire
+from autopar.runtime.packing import Pack, Packing
+
+RNG = np.random.default_rng(0)
+ARRAYS = [RNG.normal(size=(3, 5)).astype(np.float32), np.array(7, np.int32),
+          RNG.normal(size=(4,)).astype(ml_dtypes.bfloat16), np.array([True, False, True]),
+          np.arange(-3, 4, dtype=np.int8), np.zeros((0, 2), np.float32),
+          RNG.normal(size=(2, 3)).astype(np.float16)[:, ::2]]           # strided
+
+
+def test_numpy_pack_unpacks_inside_jit_and_packs_back_to_the_same_bytes():
+    pack = Pack.of([(x.shape, x.dtype) for x in ARRAYS])
+    buffer = pack.pack(ARRAYS)
+    assert buffer.dtype == np.uint8 and buffer.size == pack.nbytes and wire.is_aligned(buffer)
+    assert all(at % wire.ALIGN == 0 for at in pack.offsets)
+    for x, y in zip(pack.views(buffer), ARRAYS):
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+    unpacked = jax.jit(pack.unpack)(buffer)
+    for x, y in zip(unpacked, ARRAYS):
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(np.asarray(x), y)
+    again = np.asarray(jax.jit(lambda b: pack.pack_traced(pack.unpack(b)))(buffer))
+    assert again.shape == (pack.nbytes,)
+    for x, y in zip(pack.views(again), ARRAYS):
+        assert np.array_equal(x, y)
+
+
+def test_an_empty_pack_is_an_empty_buffer():
+    pack = Pack.of([])
+    assert pack.nbytes == 0 and pack.pack([]).shape == (0,) and pack.views(pack.pack([])) == []
+    assert np.asarray(jax.jit(lambda: pack.pack_traced([]))()).shape == (0,)
+
+
+def test_packing_sorts_results_into_replicated_and_split_and_reports_argument_bytes():
+    avals = [((4, 4), np.float32), ((1 << 15,), np.float32), ((2,), np.int32)]
+    pk = Packing.plan(avals, [0, 2], [((3,), np.float32), ((5,), np.float32),
+                                      ((1 << 15,), np.float32)], (False, True, True), [0, 1])
+    assert pk.args == (0, 2) and pk.other_args(3) == [1]
+    assert (pk.replicated, pk.split, pk.other_results(3)) == ((0,), (1,), [2])
+    blocks = [pk.arg_pack.pack([np.ones((4, 4), np.float32), np.ones(2, np.int32)]),
+              np.zeros(1 << 15, np.float32)]
+    assert pk.arg_bytes(blocks) == [64, 1 << 17, 8]
