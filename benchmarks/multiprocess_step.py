@@ -3,11 +3,15 @@ runtime (4 processes of one CPU device each, ``jax.distributed`` with gloo colle
 one run on this machine.
 
 Run: python benchmarks/multiprocess_step.py [--config small medium]
-     [--mode data_parallel auto_parallel] [--iters 20]
+     [--mode data_parallel auto_parallel] [--iters 100]
 
 For each GPT configuration (step_time.py's) and parallel mode, autopar plans the step for 4
 devices. Then a training loop (``loss, params = step(params, batch)``, the loss read every
-step; median ms per step after 2 warm-ups) runs
+step; median ms of ``--iters`` steps after ``WARM`` untimed ones, and on the native side
+untimed steps for at least ``WARM_SECONDS``: the previous case's job, closed, readies warm
+workers for the next (runtime/forkserver.py, ~0.4 s of CPU each), which shared the cores with
+the first steps timed after it: the ranks-alike 0.4 ms step measured 0.63-0.92 ms right after
+another case, 0.38-0.39 ms alone) runs
 - on autopar's native runtime with its defaults (4 worker processes, each rank's step one
   executable, the parameters kept in the workers): ``native_loop_ms``;
 - as JAX SPMD over 4 processes started by ``autopar launch --nprocs 4 --devices-per-process
@@ -27,11 +31,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
 
 RANKS = 4
+WARM = 10           # untimed steps before the timed ones, on both runtimes
+WARM_SECONDS = 2.0  # and on the native one untimed steps for at least this long
 
 
 def build(name):
@@ -85,7 +92,7 @@ def worker(name, mode, iters):
     def call():
         loss, state[0] = spmd(*jax.tree.leaves((state[0], batch)))
         float(np.asarray(loss.addressable_data(0)))
-    ms = median_ms(call, iters)
+    ms = median_ms(call, iters, WARM)
     print("RESULT " + json.dumps({"process": jax.process_index(), "ms": ms}), flush=True)
 
 
@@ -116,7 +123,10 @@ def native_ms(name, mode, iters) -> float:
         loss, state[0] = compiled(state[0], b)
         float(loss)
     try:
-        return median_ms(call, iters), compiled.program.ranks_alike()
+        start = time.perf_counter()
+        while time.perf_counter() - start < WARM_SECONDS:
+            call()
+        return median_ms(call, iters, WARM), compiled.program.ranks_alike()
     finally:
         compiled.close()
 
@@ -127,7 +137,7 @@ def main():
     ap_ = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap_.add_argument("--config", nargs="+", default=["small", "medium"])
     ap_.add_argument("--mode", nargs="+", default=["data_parallel", "auto_parallel"])
-    ap_.add_argument("--iters", type=int, default=20)
+    ap_.add_argument("--iters", type=int, default=100)
     args = ap_.parse_args()
     import step_time  # noqa: F401 - on import it adds a device count to XLA_FLAGS; taken out:
     os.environ["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\S+", "",

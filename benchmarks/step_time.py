@@ -85,8 +85,9 @@ def timed(calls: dict, iters) -> dict:
     return {name: np.array(t) for name, t in times.items()}
 
 
-def median_ms(call, iters):
-    for _ in range(2):
+def median_ms(call, iters, warm=2):
+    """The median ms of ``iters`` calls after ``warm`` untimed ones."""
+    for _ in range(warm):
         call()
     times = []
     for _ in range(iters):
