@@ -77,36 +77,41 @@ ARRAY = _Array()
 _BY_NAME = frozenset("biufcmM")    # dtype kinds whose ``dtype.str`` names them fully
 
 
-def _take(obj, arrays: list):
-    """``obj`` with each numpy array (not of objects) in its tuples, lists and dict values, at
-    any depth, replaced by ``ARRAY`` and appended to ``arrays`` in order. Arrays inside other
-    objects stay in them (pickled with them)."""
+_SAME = object()
+
+
+def _rebuilt(obj, leaf):
+    """``obj`` with each object in it that ``leaf`` replaces (returns other than ``_SAME`` for)
+    replaced, looking into tuples, lists and dict values at any depth."""
+    got = leaf(obj)
+    if got is not _SAME:
+        return got
     t = type(obj)
-    if t is np.ndarray and not obj.dtype.hasobject:
-        arrays.append(obj)
-        return ARRAY
     if t is tuple:
-        return tuple([_take(x, arrays) for x in obj])
+        return tuple([_rebuilt(x, leaf) for x in obj])
     if t is list:
-        return [_take(x, arrays) for x in obj]
+        return [_rebuilt(x, leaf) for x in obj]
     if t is dict:
-        return {k: _take(v, arrays) for k, v in obj.items()}
+        return {k: _rebuilt(v, leaf) for k, v in obj.items()}
     return obj
+
+
+def _take(obj, arrays: list):
+    """``obj`` with each numpy array (not of objects) in its tuples, lists and dict values
+    replaced by ``ARRAY`` and appended to ``arrays`` in order. Arrays inside other objects stay
+    in them (pickled with them)."""
+    def leaf(x):
+        if type(x) is np.ndarray and not x.dtype.hasobject:
+            arrays.append(x)
+            return ARRAY
+        return _SAME
+    return _rebuilt(obj, leaf)
 
 
 def _put(obj, arrays):
     """``_take`` undone: each ``ARRAY`` in ``obj`` replaced by the next of ``arrays`` (an
     iterator), in the same order."""
-    if obj is ARRAY:
-        return next(arrays)
-    t = type(obj)
-    if t is tuple:
-        return tuple([_put(x, arrays) for x in obj])
-    if t is list:
-        return [_put(x, arrays) for x in obj]
-    if t is dict:
-        return {k: _put(v, arrays) for k, v in obj.items()}
-    return obj
+    return _rebuilt(obj, lambda x: next(arrays) if x is ARRAY else _SAME)
 
 
 def send(conn, obj, box: "Box | None" = None) -> None:
