@@ -333,8 +333,8 @@ class Job:
         not answer after another. The ranks given up on."""
         grace = self._grace()
         trouble = aborted = None          # when the first failure / the segment's abort was seen
+        spin = time.perf_counter() + wire.SPIN_SECONDS      # poll until then (wire.readable)
         answered = first = late = None    # when and which rank answered first; whether the
-        spin = time.perf_counter() + wire.SPIN_SECONDS
         while pending:                    # others were late
             for c in wire.readable(list(pending), 0.05, spin):
                 r = pending.pop(c)

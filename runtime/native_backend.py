@@ -16,10 +16,10 @@ its block of every argument (``Layout.block`` at ``mesh.coords(r)``; with
 ``RuntimeOptions.resident``, the default, only a key for a result of an earlier call it still
 holds, ``runtime.resident``). By default (``RuntimeOptions.whole_step``) it runs its whole step
 as one executable (``runtime.native_step``), its arguments and results smaller than
-``resident.RESIDENT_BYTES`` packed into one array each way (``runtime.packing``); otherwise, and for a program with a Reduction
-Server, it runs the instructions: segments through their exported executables, collectives
-through ``Comm`` over ``mesh.group(r, axes)`` (first axis major, as in jax_collectives),
-slices locally; each register is freed after its last reader.
+``resident.RESIDENT_BYTES`` packed into one array each way (``runtime.packing``); otherwise,
+and for a program with a Reduction Server, it runs the instructions: segments through their
+exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
+major, as in jax_collectives), slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into buckets of up to
 ``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
 (``CommScheduler``), each bucket with the algorithm its all-reduces' prices
