@@ -10,12 +10,13 @@ norm computing x - mean twice, tied embeddings), each in two sizes. Each case pl
 data_parallel, semi_auto_parallel with Megatron's splits (MLP: first weight column-split,
 second row-split; GPT: ``user_gpt.megatron``) and auto_parallel (default search), all priced
 on this machine's calibrated topology for that backend (``autopar calibrate``; measured first
-when not cached). Each compiled step is called from host arrays to host results; after 2
-warm-up calls per plan the three plans' calls are interleaved round-robin for ``--iters``
-rounds, so the machine's load drifts over them alike, each round starting one plan later
-(the same native program measured ~10% slower third in a round than first or second, on
-mlp-small: auto_parallel, always third, lost to its own plan run second), and each plan's
-median is kept.
+when not cached). Each compiled step is called from host arrays to host results, the plans taking turns for
+``--iters`` rounds (``turns.timed``: each round starting one plan later, a turn an untimed call
+and then back-to-back calls for ~0.1 s, their median), so the machine's load drifts over them
+alike and each runs warm, as a training loop runs its step (called one by one in turn, the
+same native program measured ~10% slower third in a round than first or second, on mlp-small,
+and auto_parallel's GPT programs, data parallelism's but for where two all-reduces sit, 0.91-1.06
+of data parallelism's); each plan's median over rounds is kept.
 The calibration's reference step (``autopar calibrate`` fits its compute rates so that its
 estimate equals its measured step at calibration time; a small language model none of the
 cases is) is timed among the plans, data parallel: ``reference_estimate_over_measured`` says
@@ -39,7 +40,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 DEVICES = 4
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 import autopar as ap  # noqa: E402
 from autopar.tools.calibrate import reference_step  # noqa: E402
 import models as m  # noqa: E402
+from turns import timed  # noqa: E402
 import user_gpt as ug  # noqa: E402
 
 MODELS = {
@@ -94,16 +95,7 @@ def measure(name, devices, backend, iters, profile=False):
             compiled[mode] = ap.compile(ref_step if mode == REFERENCE else step, *args[mode],
                                         config=cfg, **kw)
         call = lambda m: jax.tree.map(np.asarray, jax.block_until_ready(compiled[m](*args[m])))
-        for mode in compiled:
-            for _ in range(2):
-                call(mode)
-        order = PLANS + (REFERENCE,)
-        times = {mode: [] for mode in order}
-        for i in range(iters):
-            for mode in order[i % 4:] + order[:i % 4]:        # each plan in each place alike
-                t = time.perf_counter()
-                call(mode)
-                times[mode].append(time.perf_counter() - t)
+        times = timed({mode: lambda m=mode: call(m) for mode in PLANS + (REFERENCE,)}, iters)
         out = {"model": name, "devices": devices, "backend": backend,
                "oversubscribed": devices > (os.cpu_count() or 1)}
         ref = compiled[REFERENCE].strategy.step_time / float(np.median(times[REFERENCE]))

@@ -48,41 +48,12 @@ import numpy as np  # noqa: E402
 
 import autopar as ap  # noqa: E402
 import models as m  # noqa: E402
+from turns import timed  # noqa: E402
 
 CONFIGS = {  # the compiler-core test block, and one where compute outweighs overheads
     "small": dict(vocab=64, seq=8, d=32, heads=4, batch=4),
     "medium": dict(vocab=512, seq=64, d=256, heads=8, batch=16),
 }
-
-
-BLOCK_SECONDS = 0.1    # a turn of one call in ``timed``: back-to-back calls for about this long
-
-
-def timed(calls: dict, iters) -> dict:
-    """Seconds of a call of each of ``calls`` (name -> function) per round: ``iters`` rounds,
-    each call taking one turn per round (each round starting one later, so the machine's
-    drift reaches them alike and none always runs first). A turn is one untimed call, then
-    back-to-back calls for about ``BLOCK_SECONDS`` (at least one), of which the median counts:
-    a step alternated call by call with another ran cold, the small GPT's 2x slower on both
-    runtimes, where a training loop runs its step back to back."""
-    took = {}
-    for name, call in calls.items():
-        for _ in range(2):
-            call()
-        t = time.perf_counter()
-        call()
-        took[name] = time.perf_counter() - t
-    names, times = list(calls), {name: [] for name in calls}
-    for i in range(iters):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            calls[name]()
-            block = []
-            for _ in range(max(1, round(BLOCK_SECONDS / took[name]))):
-                t = time.perf_counter()
-                calls[name]()
-                block.append(time.perf_counter() - t)
-            times[name].append(float(np.median(block)))
-    return {name: np.array(t) for name, t in times.items()}
 
 
 def median_ms(call, iters, warm=2):
