@@ -107,8 +107,6 @@ def measure(name, devices, backend, iters, profile=False):
                          "estimate_over_measured": round(est / got, 3),
                          "drift_corrected": round(est / ref / got, 3),
                          "search": c.strategy.search, "collectives": len(c.collectives()),
-                         "priced_ms": round((c.strategy.compute_time + c.strategy.comm_time)
-                                            * 1e3, 3),
                          **({"measured_compute_ms": round(c.strategy.measured_compute * 1e3, 2)}
                             if c.strategy.measured_compute is not None else {})}
         best = min(PLANS[:2], key=lambda mode: out[mode]["measured_ms"])
@@ -116,27 +114,25 @@ def measure(name, devices, backend, iters, profile=False):
                                     / out[best]["measured_ms"], 3)
         out["auto_vs_best_paired"] = round(float(np.median(
             np.array(times["auto_parallel"]) / np.array(times[best]))), 3)
-        out["auto_same_as"] = same_as(out, {mode: sorted((x.kind.value, x.bytes) for x in
-                                                         compiled[mode].collectives())
-                                            for mode in PLANS})
+        out["auto_same_as"] = same_as({mode: (
+            [str(lay) for lay in compiled[mode].program.in_layouts],
+            sorted((x.kind.value, x.bytes) for x in compiled[mode].collectives()))
+            for mode in PLANS})
         return out
     finally:
         for c in compiled.values():
             c.close()
 
 
-def same_as(row, collectives):
-    """The other plan auto_parallel's is the same as, or None: its priced step (the cost
-    model's compute and communication, which profiling leaves alone: each plan's profile is
-    measured at its own compile, minutes and machine speeds apart) within 0.5%, and the same
-    collectives (kinds and bytes, ``collectives[mode]``). (auto_parallel may take
+def same_as(signatures):
+    """The other plan auto_parallel's is the same as, or None: the same argument layouts and
+    the same collectives (kinds and bytes), ``signatures[mode]``. (auto_parallel may take
     data_parallel's plan in the search's own terms, reducing a gradient after an elementwise
-    operator rather than before, e.g. after its multiplication by the learning rate: layouts
-    differ by that, the program's cost does not.)"""
-    a = row["auto_parallel"]
+    operator rather than before, e.g. after its multiplication by the learning rate: the
+    program's cost is the same. Estimates do not tell: with ``--profile`` each holds its own
+    compile's profile, measured minutes and machine speeds apart.)"""
     return next((mode for mode in PLANS[:2]
-                 if abs(row[mode]["priced_ms"] - a["priced_ms"]) <= 0.005 * a["priced_ms"]
-                 and collectives[mode] == collectives["auto_parallel"]), None)
+                 if signatures[mode] == signatures["auto_parallel"]), None)
 
 
 def main():
