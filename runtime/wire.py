@@ -201,12 +201,11 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
                 views[i] = empty(meta[i][1], meta[i][0])
                 views[i][...] = _view(held, offsets[i], meta[i])
         if small:
-            _, packed = _packing([sizes[i] for i in small])
-            pack, at = empty((max(packed, 1),), np.uint8), 0
-            for i in small:
+            packed_at, packed = _packing([sizes[i] for i in small])
+            pack = empty((max(packed, 1),), np.uint8)
+            for i, at in zip(small, packed_at):
                 pack[at:at + sizes[i]] = held[offsets[i]:offsets[i] + sizes[i]]
                 views[i] = _view(pack, at, meta[i])
-                at += -(-sizes[i] // ALIGN) * ALIGN
         return _put(skeleton, iter(views))
     for i, n in enumerate(sizes):
         if n >= PACK:
