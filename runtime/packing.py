@@ -14,6 +14,7 @@ array's bytes at an ALIGN-byte offset, and the arrays back as views of it or tra
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -27,25 +28,27 @@ class Pack:
     """The layout of a pack: per array its local shape and dtype and its byte offset."""
     items: tuple                 # (shape, numpy dtype) per array
     offsets: tuple
+    sizes: tuple                 # bytes per array
     nbytes: int
 
     @classmethod
     def of(cls, avals) -> "Pack":
         items = tuple((tuple(s), np.dtype(d)) for s, d in avals)
-        offsets, total = wire._packing([math.prod(s) * d.itemsize for s, d in items])
-        return cls(items, tuple(offsets), total)
+        sizes = tuple(math.prod(s) * d.itemsize for s, d in items)
+        offsets, total = wire._packing(sizes)
+        return cls(items, tuple(offsets), sizes, total)
 
     def pack(self, arrays) -> np.ndarray:
         """One aligned uint8 array holding ``arrays`` (numpy, in order, any layout)."""
         out = wire.empty((self.nbytes,), np.uint8)
-        for (shape, dtype), at, x in zip(self.items, self.offsets, arrays):
-            out[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)[...] = x
+        for (shape, dtype), at, n, x in zip(self.items, self.offsets, self.sizes, arrays):
+            out[at:at + n].view(dtype).reshape(shape)[...] = x
         return out
 
     def views(self, buffer: np.ndarray) -> list:
         """The arrays in ``buffer`` (a pack's bytes), as views of it."""
-        return [buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-                for (shape, dtype), at in zip(self.items, self.offsets)]
+        return [buffer[at:at + n].view(dtype).reshape(shape)
+                for (shape, dtype), at, n in zip(self.items, self.offsets, self.sizes)]
 
     def unpack(self, buffer) -> list:
         """The arrays in ``buffer``, a traced uint8 value (inside a jitted function)."""
@@ -110,13 +113,15 @@ class Packing:
     def arg_bytes(self, blocks) -> list:
         """The bytes of each argument's block, in argument order, out of a rank's ``blocks``
         (the argument pack, then the others)."""
-        n = len(self.args) + len(blocks) - 1
-        out = [0] * n
-        for i, (shape, dtype) in zip(self.args, self.arg_pack.items):
-            out[i] = math.prod(shape) * dtype.itemsize
-        for i, b in zip(self.other_args(n), blocks[1:]):
-            out[i] = b.nbytes
-        return out
+        out = [0] * (len(self.args) + len(blocks) - 1)
+        for i, n in zip(self.args, self.arg_pack.sizes):
+            out[i] = n
+        rest = iter(blocks[1:])
+        return [n if i in self._packed_args else next(rest).nbytes for i, n in enumerate(out)]
+
+    @functools.cached_property
+    def _packed_args(self) -> frozenset:
+        return frozenset(self.args)
 
     def other_results(self, n: int) -> list:
         packed = set(self.replicated) | set(self.split)
