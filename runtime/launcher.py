@@ -185,8 +185,10 @@ class Job:
                                            stdin=subprocess.DEVNULL) for r in range(nranks)]
         self.failure: str | None = None
         self.closed = False
+        self._took = 0.0                 # seconds the last call took (Job._collect)
         self.conns = [None] * nranks                 # filled in by _accept
-        self._boxes = [(wire.Box(), wire.Box()) for _ in range(nranks)]   # to / from rank r
+        self._to = [wire.Box() for _ in range(nranks)]     # to rank r; and its answers', one
+        self._from = [{} for _ in range(nranks)]           # per answer still lent out, + 1
         self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
         try:
             try:
@@ -275,7 +277,8 @@ class Job:
     def call(self, fn, per_rank_args, borrow: bool = False):
         """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results. With
         ``borrow``, the results' arrays that came through shared memory are views of it
-        (``wire.recv``), valid until the next call: copy what is kept.
+        (``wire.recv``), valid as long as they are held: a rank answers into shared memory
+        none of whose views are held (``lent`` counts those that are).
 
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
@@ -300,9 +303,10 @@ class Job:
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
             if any(e[0] == "unresponsive" for e in errors.values()):
                 break                            # the job is failed: the rest get nothing to run
+            at, drop = self._answer_box(r)
             try:
-                wire.send(c, ("call", name, tuple(args)), self._boxes[r][0])
-                pending[c] = r
+                wire.send(c, ("call", name, tuple(args), at, drop), self._to[r])
+                pending[c] = (r, self._from[r][at])
             except BlockingIOError:
                 errors[r] = self._unresponsive(r, "took no byte of the call's arguments in "
                                                   "the collective timeout")
@@ -327,21 +331,43 @@ class Job:
             raise self._error(fn, errors, hung)
         return results
 
+    def _answer_box(self, r: int) -> tuple[int, list]:
+        """The box rank r answers the next call into: the first none of whose views are held
+        (a new one if there is none), and the boxes it drops: the other free ones but the
+        first two (a loop that holds its last results uses two by turns)."""
+        boxes = self._from[r]
+        free = [i for i, b in sorted(boxes.items()) if not b.lent_out]
+        at = free[0] if free else min(set(range(len(boxes) + 1)) - set(boxes))
+        boxes.setdefault(at, wire.Box())
+        drop = [i for i in free[1:] if i >= 2]
+        for i in drop:
+            boxes.pop(i).close()
+        return at, drop
+
+    def lent(self) -> int:
+        """The most answers of one rank whose borrowed arrays are still held (``call``)."""
+        return max((sum(b.lent_out for b in boxes.values()) for boxes in self._from),
+                   default=0)
+
     def _collect(self, pending, results, errors, borrow=False) -> list:
-        """Read the replies of ``pending`` (conn -> rank) into ``results`` / ``errors``; once
-        something failed, abort the segment after a grace and give up on ranks that still do
-        not answer after another. The ranks given up on."""
+        """Read the replies of ``pending`` (conn -> (rank, the box it answers into)) into
+        ``results`` / ``errors``; once something failed, abort the segment after a grace and
+        give up on ranks that still do not answer after another. The ranks given up on."""
         grace = self._grace()
         trouble = aborted = None          # when the first failure / the segment's abort was seen
-        spin = time.perf_counter() + wire.SPIN_SECONDS      # poll until then (wire.readable)
+        # poll (wire.readable) from a little before the answers are due, as long as the last
+        # call took, until a little after; block before, to leave the cores to the ranks
+        start = time.perf_counter()
+        spin_from = start + max(0.0, self._took - wire.SPIN_SECONDS)
+        spin = max(start, spin_from) + 2 * wire.SPIN_SECONDS
         answered = first = late = None    # when and which rank answered first; whether the
         while pending:                    # others were late
-            for c in wire.readable(list(pending), 0.05, spin):
-                r = pending.pop(c)
+            for c in wire.readable(list(pending), 0.05, spin, spin_from):
+                r, box = pending.pop(c)
                 if answered is None:
                     answered, first = time.monotonic(), r
                 try:
-                    reply = wire.recv(c, self._boxes[r][1], borrow)
+                    reply = wire.recv(c, box, borrow)
                 except BlockingIOError:
                     errors[r] = self._unresponsive(r, "stopped sending its answer for the "
                                                       "collective timeout")
@@ -371,11 +397,12 @@ class Job:
                 aborted = now
             if aborted is not None and now >= aborted + grace:
                 if not late:
-                    return sorted(pending.values())
-                for r in sorted(pending.values()):
+                    return sorted(r for r, _ in pending.values())
+                for r in sorted(r for r, _ in pending.values()):
                     errors[r] = self._unresponsive(
                         r, f"did not answer within the collective timeout of rank {first}'s answer")
                 return []
+        self._took = time.perf_counter() - start
         return []
 
     def _unresponsive(self, r: int, what: str) -> tuple:
@@ -468,7 +495,7 @@ class Job:
         self.closed = True
         self._finalizer()
         self._dir.cleanup()
-        for box in (b for pair in self._boxes for b in pair):
+        for box in self._to + [b for boxes in self._from for b in boxes.values()]:
             box.close()
 
     @staticmethod

@@ -1,9 +1,11 @@
 """The native backend: run a Program on one worker process per device with autopar's C++
 collectives (``autopar._native``), compute on JAX's CPU backend inside each worker.
 
-In: a ``Program`` and the flattened global arguments. Out: the flattened global results: rank
-0's copy of a replicated result, the ranks' blocks put together for a split one (parameters
-and optimizer state keep their layout from step to step). A Program whose ranks would all
+In: a ``Program`` and the flattened global arguments. Out: the flattened global results: one
+rank's copy of a replicated result (the ranks share the large ones out, ``_answerers``, and
+each stays in the shared memory its rank wrote it into while it is held, up to
+``LENT_ANSWERS`` calls' worth: ``Job.call``), the ranks' blocks put together for a split one
+(parameters and optimizer state keep their layout from step to step). A Program whose ranks would all
 compute the same values and exchange nothing (``Program.ranks_alike``) starts no workers:
 ``Compiled`` runs one rank's step in the caller (``jax_backend.build_alone``).
 
@@ -69,13 +71,14 @@ def _check_algorithm(name: str) -> None:
 @dataclass(frozen=True, kw_only=True)
 class ProgramPayload:
     """What ``NativeRunner`` ships to every rank: the mesh, the instructions (``shippable``),
-    argument and result registers, which results are split (rank 0 returns the replicated
-    ones), the all-reduce bucket size and the runtime options."""
+    argument and result registers, who answers each of a rank's answer's places (``answer_by``:
+    None, every rank its block of a split result; else the one rank that sends a replicated
+    one), the all-reduce bucket size and the runtime options."""
     mesh: Any
     instructions: tuple
     inputs: tuple
     outputs: tuple
-    split: tuple
+    answer_by: tuple
     bucket_bytes: int
     options: RuntimeOptions
     in_avals: tuple = ()          # (local shape, dtype) per argument register
@@ -229,9 +232,12 @@ class NativeRunner(WorkerRunner):
         first = 2 if packing else 0       # the two packs come first in a rank's answer
         self._answer_at = {k: first + j for j, k in enumerate(others)}
         answer_split = ((False, True) if packing else ()) + tuple(split[k] for k in others)
+        sizes = ((0, 0) if packing else ()) + tuple(
+            _global_bytes(program, *results[k]) for k in others)
+        self._answer_by = _answerers(answer_split, sizes, program.mesh.size)
         self._payload = ProgramPayload(
             mesh=program.mesh, instructions=instructions, inputs=program.inputs,
-            outputs=program.outputs, split=answer_split, bucket_bytes=bucket_bytes,
+            outputs=program.outputs, answer_by=self._answer_by, bucket_bytes=bucket_bytes,
             options=self.options, in_avals=tuple(program.avals[r] for r in program.inputs),
             packing=packing)
         served = any(a == "reduction_server" for ins in instructions
@@ -267,10 +273,13 @@ class NativeRunner(WorkerRunner):
                 blocks.insert(0, pk.arg_pack.pack(parts))
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
+        lend = job.lent() < LENT_ANSWERS
         try:
-            # the ranks' results are read where they arrived (copied once: into the caller's
-            # whole array, or out for a replicated one): a fresh copy of each first cost a
-            # page fault per 4 KB, most of the caller's time per call with split parameters
+            # the ranks' results are read where they arrived: a large replicated one is the
+            # shared memory its rank wrote it into (while it is held, the rank answers into
+            # another: Job.call), the others copied once, into the caller's whole array or out
+            # of their pack (a fresh copy of each first cost a page fault per 4 KB, most of the
+            # caller's time per call with split parameters)
             ranks = self._call(run, [(b, {self._answer_at[k]: key for k, key in keys.items()},
                                       drop) for b in per_rank]
                                + [([], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
@@ -278,8 +287,9 @@ class NativeRunner(WorkerRunner):
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
             raise
-        if pk is not None:        # the packed results: rank 0's block, or every rank's, by k
-            answers = dict(zip(pk.replicated, pk.replicated_pack.views(ranks[0][0])))
+        if pk is not None:        # the packed results: one rank's block, or every rank's, by k
+            answers = dict(zip(pk.replicated,
+                           pk.replicated_pack.views(ranks[self._answer_by[0]][0])))
             split = [pk.split_pack.views(got[1]) for got in ranks]
             answers.update((k, [views[j] for views in split]) for j, k in enumerate(pk.split))
         out, k = [], 0
@@ -289,11 +299,14 @@ class NativeRunner(WorkerRunner):
                 continue
             if k in self._answer_at:
                 at = self._answer_at[k]
-                got = ranks[0][at] if l.is_replicated() else [r[at] for r in ranks]
+                got = ranks[self._answer_by[at]][at] if l.is_replicated() else \
+                    [r[at] for r in ranks]
             else:
                 got = answers[k]
-            # a sharded result: each rank's block in its place
-            x = np.array(got) if l.is_replicated() else l.assemble(got, mesh)
+            if not l.is_replicated():              # each rank's block in its place
+                x = l.assemble(got, mesh)
+            else:
+                x = got if lend and k in self._answer_at else np.array(got)
             out.append(res.kept(x, keys[k], job, l) if k in keys else x)
             k += 1
         return out
@@ -310,6 +323,23 @@ class NativeRunner(WorkerRunner):
     def _resident_keys(self) -> dict:
         """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
         return {k: self._resident.key() for k in self._kept}
+
+
+LENT_ANSWERS = 4      # a rank's answers whose results the caller may hold in place at once
+
+
+def _answerers(split, sizes, nranks) -> tuple:
+    """Who sends each place of a rank's answer (``split``: whether it is a split result, whose
+    block every rank sends; ``sizes``: its bytes): None for a split one; for a replicated one,
+    the rank with the fewest replicated bytes to send so far, largest first (rank 0 for the
+    first), so that the ranks write a data-parallel step's parameters into their answers side
+    by side rather than rank 0 all of them."""
+    load, by = [0] * nranks, [None] * len(split)
+    for i in sorted(range(len(split)), key=lambda i: -sizes[i]):
+        if not split[i]:
+            by[i] = min(range(nranks), key=lambda r: (load[r], r))
+            load[by[i]] += sizes[i]
+    return tuple(by)
 
 
 def _global_bytes(program, register, layout) -> int:
@@ -503,10 +533,8 @@ def run(comm, blocks, keys=None, drop=()):
                             else [b.nbytes for b in blocks])
     meter.stop(sum(b.nbytes for b in blocks))
     resident.keep(results, keys or {})
-    results = [np.asarray(x) for x in results]      # the whole step's are JAX arrays
-    if comm.rank == 0:
-        return results
-    return [x if s else None for x, s in zip(results, p.split)]  # rank 0 sent the replicated ones
+    return [np.asarray(x) if by is None or by == comm.rank else None   # a whole step's are JAX
+            for x, by in zip(results, p.answer_by)]                     # arrays
 
 
 def _interpret(comm, blocks, workers) -> list:

@@ -27,6 +27,7 @@ import pickle
 import select
 import socket
 import time
+import weakref
 
 import numpy as np
 
@@ -181,8 +182,8 @@ def _view(buffer: np.ndarray, at: int, meta) -> np.ndarray:
 def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
-    those that came through the box are views of it instead, valid until the next message on
-    ``conn`` (read them before: the next one is written over them)."""
+    those that came through the box are views of it instead, valid until the next message into
+    this box (``Box.lent`` says whether any of them is still held)."""
     skeleton, meta, grown = pickle.loads(conn.recv_bytes())
     sizes = [m[2] for m in meta]
     offsets, _ = _packing(sizes)
@@ -193,9 +194,12 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
                 _, fds, _, _ = socket.recv_fds(s, 1, 1)
             box.attach(fds[0], grown)
-        held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
-        if borrow:
+        if borrow:          # the views' base: an array of their own, so the box knows
+            held = np.frombuffer(box.mm, np.uint8) if box.mm is not None else \
+                np.empty(0, np.uint8)                       # (all empty)
+            box.lent = weakref.ref(held)                    # when they are gone
             return _put(skeleton, (_view(held, at, m) for at, m in zip(offsets, meta)))
+        held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
         for i, n in enumerate(sizes):
             if n >= PACK:
                 views[i] = empty(meta[i][1], meta[i][0])
@@ -224,18 +228,25 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
 SPIN_SECONDS = 2e-3     # how long ``readable`` polls before it blocks
 
 
-def readable(conns, timeout: float | None, spin_until: float = 0.0) -> list:
+def readable(conns, timeout: float | None, spin_until: float = 0.0,
+             spin_from: float = 0.0) -> list:
     """The connections of ``conns`` with something to read (or closed), within ``timeout``
-    seconds (None: until one has). Until ``time.perf_counter()`` passes ``spin_until`` it polls,
-    yielding the core between polls, rather than blocking: a virtual machine's core that
-    blocks idle is slow to wake (on this 2-core one a blocking round trip between two cores
-    took 280 us, a polling one 25 us), and a step's answer, or a training loop's next call,
-    comes within a few milliseconds. A process that yields gives way to any other that has work
-    on its core."""
+    seconds (None: until one has). From ``spin_from`` until ``spin_until`` (by
+    ``time.perf_counter()``; before ``spin_from`` it blocks) it polls, yielding the core between
+    polls, rather than blocking: a virtual machine's core that blocks idle is slow to wake (on
+    this 2-core one a blocking round trip between two cores took 280 us, a polling one 25 us),
+    and a step's answer, or a training loop's next call, comes within a few milliseconds. A
+    process that yields gives way to any other that has work on its core, but not at once: one
+    that blocks leaves the core at once."""
     poller, by_fd = select.poll(), {}
     for c in conns:
         by_fd[c.fileno()] = c
         poller.register(c.fileno(), select.POLLIN)
+    wait = spin_from - time.perf_counter()
+    if wait > 0:
+        events = poller.poll(math.ceil(1e3 * (wait if timeout is None else min(wait, timeout))))
+        if events or time.perf_counter() < spin_from:
+            return [by_fd[fd] for fd, _ in events]      # came, or ``timeout`` passed first
     events = poller.poll(0)
     while not events and time.perf_counter() < spin_until:
         os.sched_yield()
@@ -252,10 +263,16 @@ class Box:
     """Shared memory (a memfd mapping) for the arrays of the messages one side of a connection
     sends: the sender's ``reserve`` grows it (a new mapping, its descriptor sent with the next
     message), the receiver ``attach``es what it is sent. A message's arrays are valid in it
-    until the next message, so ``recv`` copies them out."""
+    until the next message, so ``recv`` copies them out, or lends views of them (``borrow``):
+    ``lent_out`` says whether any is still held."""
 
     def __init__(self):
         self.mm, self.size, self.array = None, 0, None
+        self.lent = None            # a weak reference to the base of the views recv lent
+
+    @property
+    def lent_out(self) -> bool:
+        return self.lent is not None and self.lent() is not None
 
     def reserve(self, nbytes: int) -> int | None:
         """Make room for ``nbytes``: None if there is, else the new mapping's descriptor (the

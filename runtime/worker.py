@@ -4,12 +4,13 @@ In (argv): the folder of the caller's ``autopar`` package (checked against the o
 here), the caller's control socket, rank, size, the inherited segment descriptor, host ids,
 timeout, whether ranks of different hosts use TCP, the TCP rendezvous address, whether large
 messages may go single-copy ("1"/"0", the Comm's ``direct``), this rank's IPv4 address (its
-host's: where it listens for TCP links); the job token
-in ``AUTOPAR_JOB_TOKEN``. Out: replies on the control socket: ("ready",) once the links are
-up, then per ("call", (module, name), args) an ("ok", result) or ("error", kind, message,
-traceback text); kind is "CollectiveError" for any autopar CollectiveError, else the
-exception's type name. Calls and replies travel as ``runtime.wire`` messages (their arrays in
-shared memory, one ``wire.Box`` each way, received aligned). Exits when the caller closes the socket or goes away.
+host's: where it listens for TCP links); the job token in ``AUTOPAR_JOB_TOKEN``. Out: replies
+on the control socket: ("ready",) once the links are up, then per ("call", (module, name),
+args, box, dropped boxes) an ("ok", result) or ("error", kind, message, traceback text); kind
+is "CollectiveError" for any autopar CollectiveError, else the exception's type name. Calls and replies travel as ``runtime.wire`` messages (their arrays in
+shared memory, received aligned: one ``wire.Box`` for the calls, and the replies into the box
+the call names, one of as many as the caller still holds arrays of). Exits when the caller
+closes the socket or goes away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
@@ -26,6 +27,8 @@ from multiprocessing.connection import Client
 from autopar.errors import CollectiveError
 from autopar.runtime import wire
 
+
+ANSWERS: dict = {}      # the boxes this rank answers into, by the index calls name
 
 def _resolve(module: str, qualname: str):
     obj = importlib.import_module(module)
@@ -113,7 +116,7 @@ def main(argv):
         conn.send(("failed", rank, f"{type(e).__name__}: {e}"))
         return 1
     conn.send(("ready",))
-    incoming, outgoing = wire.Box(), wire.Box()
+    incoming = wire.Box()
     while True:
         try:
             # a training loop's next call comes soon after this one's answer: poll for it
@@ -122,11 +125,14 @@ def main(argv):
             msg = wire.recv(conn, incoming)
         except (EOFError, OSError):
             return 0                  # the caller closed the job or is gone
-        _, (module, name), args = msg
+        _, (module, name), args, at, drop = msg
+        for i in drop:                # boxes the caller holds no views of and no longer uses
+            ANSWERS.pop(i).close()
+        box = ANSWERS.setdefault(at, wire.Box())
         try:
-            wire.send(conn, ("ok", _resolve(module, name)(comm, *args)), outgoing)
+            wire.send(conn, ("ok", _resolve(module, name)(comm, *args)), box)
         except Exception as e:        # noqa: BLE001 - reported to the caller
             kind = "CollectiveError" if isinstance(e, CollectiveError) else type(e).__name__
-            wire.send(conn, ("error", kind, str(e), traceback.format_exc()), outgoing)
+            wire.send(conn, ("error", kind, str(e), traceback.format_exc()), box)
 
 

@@ -1,5 +1,6 @@
 """backend="native": the compiler-core training steps on 4 worker processes give the
 single-device values, and a compiled object keeps its workers between calls."""
+import mmap
 import os
 
 import numpy as np
@@ -254,3 +255,46 @@ def test_resident_results_stay_in_the_workers_and_a_loop_matches_the_single_devi
     want = dict(want, w1=np.asarray(want["w1"]) + 1.0)
     assert_same(c(got, b), m.mlp_sgd_step(want, b))
     c.close()
+
+
+def in_shared_memory(x) -> bool:
+    """Whether ``x`` is a view of a memory mapping (a wire.Box), not memory of its own."""
+    base = getattr(x.base, "base", None)
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def test_large_replicated_results_are_the_shared_memory_their_ranks_wrote_while_held():
+    """A data-parallel step's parameters come back in place: each large replicated result is a
+    view of the shared memory one rank wrote it into (the ranks share them out), not a copy.
+    Held, such results keep their values while later calls answer into other memory; held from
+    more calls than ``LENT_ANSWERS``, later results are copies, and every one is still right."""
+    from autopar.runtime.native_backend import LENT_ANSWERS
+    sizes = (64, 256, 64)                              # w1, w2: 64 KiB; biases and loss small
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=16, sizes=sizes)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    got, want, held = p, p, []
+    for _ in range(LENT_ANSWERS + 3):
+        loss, got = c(got, b)
+        want_loss, want = m.mlp_sgd_step(want, b)
+        held.append((got, want))
+    for k, (g, w) in enumerate(held):
+        assert_same(g, w)
+        in_place = [in_shared_memory(g[n]) for n in ("w1", "w2")]
+        assert in_place == [k < LENT_ANSWERS] * 2, k
+    job = c._runner.job
+    assert job.lent() == LENT_ANSWERS
+    assert {r for r in c._runner._answer_by if r is not None} == {0, 1}   # w1 from one, w2 the other
+    del held, got, g
+    loss, got = c(want, b)       # the first results held are gone: in place again
+    assert in_shared_memory(got["w1"]) and job.lent() == 1
+    assert all(len(boxes) == 2 for boxes in job._from)   # and the spare boxes were dropped
+    assert c.on_workers(answer_boxes) == [2, 2]
+    c.close()
+
+
+def answer_boxes(comm):
+    """In a worker: how many boxes it has answered into and still keeps."""
+    from autopar.runtime import worker
+    return len(worker.ANSWERS)

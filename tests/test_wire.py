@@ -2,6 +2,7 @@
 band, large ones one message each and small ones packed into one, and every array arrives
 writable, equal and 64-byte aligned."""
 import threading
+import time
 from multiprocessing import Pipe
 
 import numpy as np
@@ -52,9 +53,10 @@ def test_arrays_through_a_shared_memory_box_arrive_equal_and_own_their_memory():
 
 
 def test_borrowed_arrays_are_views_of_the_box_and_a_grown_box_leaves_held_ones_readable():
-    """``recv(..., borrow=True)`` hands out the box's own memory (no copy, no fresh pages); a
-    message that grows the box while such views are still held does not fail, and the old
-    views keep their bytes (the old mapping goes when they do)."""
+    """``recv(..., borrow=True)`` hands out the box's own memory (no copy, no fresh pages) and
+    the box knows while any of them is held (``lent_out``); a message that grows the box while
+    such views are still held does not fail, and the old views keep their bytes (the old
+    mapping goes when they do)."""
     a, b = Pipe()
     out, into = wire.Box(), wire.Box()
 
@@ -75,7 +77,32 @@ def test_borrowed_arrays_are_views_of_the_box_and_a_grown_box_leaves_held_ones_r
     assert np.array_equal(again["large"], bigger["large"])
     assert np.array_equal(held, first["large"]) and not np.shares_memory(held, into.array)
     del held, got
+    assert into.lent_out
+    view = again["large"][::2]                       # a view of a view holds the box too
+    del again
+    assert into.lent_out and view[0] == 1.0
+    del view
+    assert not into.lent_out
     out.close(), into.close()
+
+
+def test_readable_answers_at_once_when_a_connection_has_data_and_waits_for_none_else():
+    """Before ``spin_from`` ``readable`` blocks in the kernel rather than polling, but a
+    message that is there, or comes, ends the wait at once; with nothing, it returns after
+    ``timeout``."""
+    a, b = Pipe()
+    far = time.perf_counter() + 5.0
+    t = time.perf_counter()
+    assert wire.readable([b], 0.05, far + 1e-3, far) == []
+    waited = time.perf_counter() - t
+    assert 0.04 < waited < 1.0
+    a.send_bytes(b"x")
+    t = time.perf_counter()
+    assert wire.readable([b], 10.0, far + 1e-3, far) == [b]
+    assert time.perf_counter() - t < 1.0
+    threading.Timer(0.05, a.send_bytes, (b"y",)).start()
+    b.recv_bytes()
+    assert wire.readable([b], 10.0, far + 1e-3, far) == [b] and b.recv_bytes() == b"y"
 
 
 def test_a_message_over_box_bytes_streams_through_the_socket(monkeypatch):
