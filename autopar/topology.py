@@ -69,7 +69,10 @@ class Topology:
     one of ``SMALL_DOT`` or fewer; ``matmul_rate`` interpolates between them (small matmuls run
     below the peak rate). ``reducers``: CPU-only reducer processes, each on a host of its
     own with a NIC like the outermost level's, that an all-reduce over every device may go
-    through (the native runtime's Reduction Server; 0: none)."""
+    through (the native runtime's Reduction Server; 0: none). ``reference_compute``: the
+    seconds of the calibration's reference step's compute as ``profile_plans`` measured it when
+    these constants were (0: not measured); a later profile times that step beside the plans
+    and scales their figures to the machine's speed then (``compiler.api``)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
@@ -77,6 +80,7 @@ class Topology:
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
     small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
     reducers: int = 0             # Reduction Server processes (hosts of their own)
+    reference_compute: float = 0.0  # seconds: the reference step's profiled compute (0: none)
 
     def __post_init__(self):
         if not self.levels:
@@ -87,9 +91,10 @@ class Topology:
                 raise ConfigError(f"Topology level {lv!r} needs size >= 1, alpha >= 0, beta > 0, "
                                   "launch >= 0 and every kind's beta > 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
-                and self.host_beta >= 0 and self.small_dot_flops >= 0):
+                and self.host_beta >= 0 and self.small_dot_flops >= 0
+                and self.reference_compute >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
-                              "host_beta, small_dot_flops >= 0.")
+                              "host_beta, small_dot_flops, reference_compute >= 0.")
         if isinstance(self.reducers, bool) or not isinstance(self.reducers, int) or \
                 not 0 <= self.reducers <= 64:
             raise ConfigError(f"Topology reducers={self.reducers!r}: give 0 to 64 reducer "
@@ -124,9 +129,11 @@ class Topology:
         if n != k:
             raise ConfigError(f"{k} devices per pipeline stage do not fill whole inner levels of "
                               f"{self}; choose pipeline_stages so that they do.")
-        # a stage reduces over its own devices only: the reducers serve whole-mesh groups
+        # a stage reduces over its own devices only: the reducers serve whole-mesh groups; the
+        # reference step was profiled on all of them
         return replace(self, levels=tuple(lv for lv in levels if lv.size > 1) or (levels[-1],),
-                       reducers=0)
+                       reducers=0, reference_compute=self.reference_compute
+                       if k == self.num_devices else 0.0)
 
     @staticmethod
     def local(n: int) -> "Topology":
@@ -173,7 +180,8 @@ class Topology:
         if os.path.exists(name):
             topo = Topology.load(name)
             if topo.num_devices != devices and len(topo.levels) == 1:
-                topo = replace(topo, levels=(replace(topo.levels[0], size=devices),))
+                topo = replace(topo, levels=(replace(topo.levels[0], size=devices),),
+                               reference_compute=0.0)    # profiled on other devices
             if topo.num_devices != devices:
                 raise ConfigError(f"topology file {name} describes {topo.num_devices} devices, "
                                   f"not {devices}.")
@@ -188,7 +196,9 @@ class Topology:
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
                             "launch": lv.launch, **({"betas": dict(lv.betas)} if lv.betas else {})}
                            for lv in self.levels],
-                **({"reducers": self.reducers} if self.reducers else {})}
+                **({"reducers": self.reducers} if self.reducers else {}),
+                **({"reference_compute": self.reference_compute}
+                   if self.reference_compute else {})}
 
     def save(self, path) -> None:
         import json
@@ -212,7 +222,7 @@ class Topology:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
                             d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0),
-                            d.get("reducers", 0))
+                            d.get("reducers", 0), d.get("reference_compute", 0.0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None

@@ -69,3 +69,34 @@ def test_plans_are_timed_in_turn_in_one_child_and_the_same_program_once():
     t = profile.compute_seconds([a, less, again], seconds=0.3)
     assert len(t) == 3 and t[0] == t[2] and all(x > 0 for x in t)
     assert t[0] > t[1]
+
+
+def test_profiles_are_scaled_to_the_machines_speed_at_calibration(monkeypatch):
+    """With ``Topology.reference_compute`` (the calibration's reference step as profiled then),
+    a profile times that step too, last, and scales the plans' figures by its calibrated over
+    its measured time; without it, or on a stage or a stretched topology (profiled on other
+    devices), the figures stay as measured."""
+    from dataclasses import replace
+
+    from autopar.compiler import api
+    from autopar.tools.calibrate import stretch
+    got = []
+
+    def fake(programs, backend):
+        got.append([p.mesh.size for p in programs])
+        return [0.010, 0.040][:len(programs)]       # the reference at half its calibrated speed
+    monkeypatch.setattr(api, "compute_seconds", fake)
+    params, batch = m.mlp_params((64, 256, 64)), m.mlp_batch(64, (64, 256, 64))
+    topo = replace(ap.Topology.local(2), reference_compute=0.020)
+    cfg = dict(parallel_mode="data_parallel", device_num=2, progress=False,
+               profile_plans=True)
+    s = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(**cfg, topology=topo))
+    assert got == [[2, 2]] and s.measured_compute == pytest.approx(0.005)
+    got.clear()
+    s = ap.plan(m.mlp_sgd_step, params, batch,
+                config=ap.ParallelConfig(**cfg, topology=ap.Topology.local(2)))
+    assert got == [[2]] and s.measured_compute == pytest.approx(0.010)
+    assert stretch(topo, 4).reference_compute == 0 and topo.inner(1).reference_compute == 0
+    assert topo.inner(2).reference_compute == 0.020
+    assert ap.Topology.from_dict(topo.to_dict()) == topo
+    assert "reference_compute" not in ap.Topology.local(2).to_dict()

@@ -47,6 +47,7 @@ from .search import default_search_mode, recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
 from ..tools.calibrate import machine_topology
+from ..tools.calibrate import reference_program
 from ..tools.profile import compute_seconds
 from ..runtime.jax_distributed import multi_process
 from ..progress import logger
@@ -241,12 +242,21 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
 def _profiled(req: CompileRequest, plans: list) -> list:
     """``plans`` with their lowered programs' compute measured, all in one child process
     timing them in turn (``tools.profile.compute_seconds``), when the config has
-    ``profile_plans``; else as they are."""
+    ``profile_plans``; else as they are. When the topology knows the calibration's reference
+    step's compute (``Topology.reference_compute``), that step is timed among them and their
+    figures scaled by its calibrated over its measured time: the machine's speed drifts here
+    by up to 1.5x within minutes, and the estimate's priced parts (communication, per-call
+    overhead) are at its speed at calibration, so the measured compute is brought there too."""
     if not req.config.profile_plans:
         return plans
-    return [dataclasses.replace(p, measured=t)
-            for p, t in zip(plans, compute_seconds([p.program for p in plans],
-                                                     req.config.backend.value))]
+    backend, mesh = req.config.backend.value, plans[0].program.mesh
+    topo = mesh.topology
+    programs = [p.program for p in plans]
+    if topo.reference_compute:
+        programs.append(reference_program(topo, backend, mesh.size))
+    seconds = compute_seconds(programs, backend)
+    scale = topo.reference_compute / seconds.pop() if topo.reference_compute else 1.0
+    return [dataclasses.replace(p, measured=t * scale) for p, t in zip(plans, seconds)]
 
 
 def _estimate(req: CompileRequest, plan: MeshPlan) -> float:

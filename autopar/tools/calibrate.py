@@ -26,7 +26,9 @@ process's JAX devices) and a device count. Out:
   third of its all-reduce's here). Last, a whole training
   step (``reference_step``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
-  than priced (``_fit``; ``compute_slowdown`` in the measurements).
+  than priced (``_fit``; ``compute_slowdown`` in the measurements); and that step's compute
+  profiled as ``profile_plans`` profiles a plan (``Topology.reference_compute``: later profiles
+  time it again beside their plans and scale to the machine's speed at calibration).
 - ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
   ``AUTOPAR_TOPOLOGY`` preset or file if that is set (tests set ``local``), else this machine's
   calibration for (backend, n) from the cache (``$AUTOPAR_CACHE_DIR``, else
@@ -39,6 +41,7 @@ process's JAX devices) and a device count. Out:
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -49,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from autopar.errors import ConfigError
+from autopar.tools.profile import compute_seconds
 from autopar.topology import KINDS, Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
@@ -103,7 +107,7 @@ def stretch(topo: Topology, n: int) -> Topology:
     f = m / n
     return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
                    mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
-                   small_dot_flops=topo.small_dot_flops * f)
+                   small_dot_flops=topo.small_dot_flops * f, reference_compute=0.0)
 
 
 def save(topo: Topology, path) -> None:
@@ -298,6 +302,8 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     k = _fit(run)
     topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
                    mem_bandwidth=topo.mem_bandwidth / k)
+    topo = replace(topo, reference_compute=float(compute_seconds(
+        [reference_program(topo, backend, n)], backend)[0]))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
                   "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
@@ -308,7 +314,8 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
                   **{f"{k}_link_GBps": 1e-9 / b for k, b in betas.items()},
                   "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
                   "reference_step_ms": run[0] * 1e3,
-                  "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k}
+                  "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k,
+                  "reference_compute_ms": topo.reference_compute * 1e3}
 
 
 # ---------------------------------------------------------------- the reference steps
@@ -372,6 +379,18 @@ def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple
         s = c.strategy
         return _median_call(c, (params, tokens), reps), s.compute_time, \
             s.comm_time + s.overhead_time
+
+
+@functools.lru_cache(maxsize=8)
+def reference_program(topo: Topology, backend: str, n: int):
+    """The reference step planned data parallel on ``topo`` for ``n`` devices: its Program
+    (``Topology.reference_compute`` is its compute as ``profile_plans`` measures it)."""
+    from autopar.compiler.api import compile as ap_compile
+    from autopar.config import ParallelConfig
+    step, params, tokens = reference_step(n)
+    cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
+                         progress=False, topology=topo)
+    return ap_compile(step, params, tokens, config=cfg).program
 
 
 SLOWDOWN = (0.5, 4.0)      # the range the fitted compute factor is kept in

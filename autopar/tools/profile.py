@@ -123,9 +123,10 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
     blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    mesh = programs[0].mesh if programs else None
+    meshes = {b: None if backend == "native" else [list(p.mesh.shape), list(p.mesh.axis_names)]
+              for b, p in zip(blobs, programs)}
     head = {"backend": backend, "sizes": [len(b) for b in distinct],
-            "mesh": None if backend == "native" else [list(mesh.shape), list(mesh.axis_names)]}
+            "meshes": [meshes[b] for b in distinct]}
     try:
         done = subprocess.run([sys.executable, "-m", "autopar.tools.profile", str(seconds)],
                               input=json.dumps(head).encode() + b"\n" + b"".join(distinct),
@@ -144,8 +145,8 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
 
 def _child(seconds: float) -> dict:
     """In the child: read the job on stdin (``compute_seconds``: a JSON line naming the
-    backend, the jax backend's mesh and the exported steps' sizes, then the steps' bytes; no
-    pickle), set up as that backend runs a step, time them in turn."""
+    backend, the exported steps' sizes and, for the jax backend, each one's mesh, then the
+    steps' bytes; no pickle), set up as that backend runs a step, time them in turn."""
     import time
     job = json.loads(sys.stdin.buffer.readline())
     blobs, data, at = [], sys.stdin.buffer.read(), 0
@@ -161,13 +162,12 @@ def _child(seconds: float) -> dict:
         if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
             tune_malloc()
     import jax
-    mesh = None
-    if job["mesh"] is not None:
-        shape, names = job["mesh"]
-        mesh = jax.sharding.Mesh(np.array(jax.devices()[:math.prod(shape)]).reshape(shape),
-                                 names)
     steps = []
-    for blob in blobs:
+    for blob, mesh in zip(blobs, job["meshes"]):
+        if mesh is not None:
+            shape, names = mesh
+            mesh = jax.sharding.Mesh(np.array(jax.devices()[:math.prod(shape)]).reshape(shape),
+                                     names)
         exp = jax.export.deserialize(bytearray(blob))
         where = exp.in_shardings_jax(mesh) if mesh is not None else [None] * len(exp.in_avals)
         steps.append((jax.jit(exp.call), [jax.device_put(np.ones(a.shape, a.dtype), w)
