@@ -55,7 +55,8 @@ def _copies(x, dim, n):
     return jnp.concatenate([x] * n, axis=dim)
 
 
-ROUNDS = 8          # calls of every step at least, in turn
+ROUNDS = 8          # turns of every step at least
+TURN_SECONDS = 0.05     # a turn: one untimed call, then back-to-back calls for about this long
 
 _STANDIN = checked_table({
     StepKind.ALL_REDUCE: lambda x, s, n: x,
@@ -108,13 +109,17 @@ def exported(program, backend: str = "native") -> bytes:
 def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
                     timeout: float = 300.0) -> list:
     """The seconds of the step of each of ``programs`` (see the module docstring), in one
-    child process: every step warmed up twice, then called in turn, round after round, for
-    about ``seconds`` per step (``ROUNDS`` rounds at least), so the machine's drift (up to
-    1.3x within a minute here) reaches every step alike; each step's figure is the first's
-    median times the median over rounds of its ratio to the first in the same round (ratios
-    of calls a moment apart: on gpt-large's three candidate plans on the jax backend, five
-    profiles of 8-11 rounds put the third at 1.015-1.06 of the first this way and at
-    0.98-1.09 by plain medians; five of 3 rounds at 0.91-1.05 and 0.62-1.06).
+    child process: every step warmed up twice, then timed in turns, round after round, for
+    about ``seconds`` per step (``ROUNDS`` rounds at least; each round starts one step later),
+    so the machine's drift (up to 1.3x within a minute here) reaches every step alike. A turn
+    is an untimed call, then back-to-back calls for about ``TURN_SECONDS`` (at least one),
+    their median: a step runs warm in a training loop, and called one by one in turn with
+    another a small step ran cold (the calibration's reference step, 15.7 ms alone, 22.4 ms
+    alternated call by call with a 125 ms GPT step). Each step's figure is the first's median
+    times the median over rounds of its ratio to the first in the same round (ratios of turns
+    a moment apart: on gpt-large's three candidate plans on the jax backend, five profiles of
+    8-11 rounds put the third at 1.015-1.06 of the first this way and at 0.98-1.09 by plain
+    medians; five of 3 rounds at 0.91-1.05 and 0.62-1.06).
     ``native``: one rank's step, the child pinned to one core with one single-threaded XLA
     device, as a native worker runs it. ``jax``: every device's step at once in a child with
     this process's XLA flags (its fake CPU devices), as the jax backend runs it here. Steps
@@ -172,19 +177,22 @@ def _child(seconds: float) -> dict:
         where = exp.in_shardings_jax(mesh) if mesh is not None else [None] * len(exp.in_avals)
         steps.append((jax.jit(exp.call), [jax.device_put(np.ones(a.shape, a.dtype), w)
                                           for a, w in zip(exp.in_avals, where)]))
-    for f, args in steps:
-        for _ in range(2):
-            jax.block_until_ready(f(*args))
+    def call(f, args) -> float:
+        t = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        return time.perf_counter() - t
+    once = [min(call(*st) for _ in range(2)) for st in steps]     # warm-up
     times = [[] for _ in steps]
     end = time.perf_counter() + seconds * len(steps)
     while len(times[0]) < ROUNDS or time.perf_counter() < end:
-        for (f, args), took in zip(steps, times):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            took.append(time.perf_counter() - t)
+        k = len(times[0]) % len(steps)                # each round starts one step later
+        for i in list(range(k, len(steps))) + list(range(k)):
+            call(*steps[i])                           # untimed: the caches after another step
+            times[i].append(float(np.median([call(*steps[i]) for _ in range(
+                max(1, round(TURN_SECONDS / once[i])))])))
     t = np.array(times)
     return {"seconds": [float(x) for x in np.median(t[0]) * np.median(t / t[0], axis=1)],
-            "calls": len(times[0])}
+            "rounds": len(times[0])}
 
 
 if __name__ == "__main__":
