@@ -63,8 +63,10 @@ class Level:
 class Topology:
     """The device hierarchy, outermost level first, plus per-device compute throughput and
     what one call of a compiled step costs on top of its operators: ``step_overhead`` seconds
-    (dispatch, the runtime's bookkeeping) and ``host_beta`` seconds per byte of arguments in and
-    results out (the caller's arrays placed on the devices and fetched back). ``flops`` is the
+    (dispatch, the runtime's bookkeeping), ``host_beta`` seconds per byte of arguments in and
+    results out (the caller's arrays placed on the devices and fetched back) and
+    ``arg_overhead`` seconds per such array (each is split, sent, received and handed to XLA
+    on its own). ``flops`` is the
     rate of a matmul of ``LARGE_DOT`` FLOPs or more, ``small_dot_flops`` (0: the same) that of
     one of ``SMALL_DOT`` or fewer; ``matmul_rate`` interpolates between them (small matmuls run
     below the peak rate). ``reducers``: CPU-only reducer processes, each on a host of its
@@ -81,6 +83,7 @@ class Topology:
     small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
     reducers: int = 0             # Reduction Server processes (hosts of their own)
     reference_compute: float = 0.0  # seconds: the reference step's profiled compute (0: none)
+    arg_overhead: float = 0.0     # seconds per array argument or result of a call
 
     def __post_init__(self):
         if not self.levels:
@@ -92,9 +95,10 @@ class Topology:
                                   "launch >= 0 and every kind's beta > 0.")
         if not (self.flops > 0 and self.mem_bandwidth > 0 and self.step_overhead >= 0
                 and self.host_beta >= 0 and self.small_dot_flops >= 0
-                and self.reference_compute >= 0):
+                and self.reference_compute >= 0 and self.arg_overhead >= 0):
             raise ConfigError(f"{self} needs flops > 0, mem_bandwidth > 0 and step_overhead, "
-                              "host_beta, small_dot_flops, reference_compute >= 0.")
+                              "host_beta, small_dot_flops, reference_compute, arg_overhead "
+                              ">= 0.")
         if isinstance(self.reducers, bool) or not isinstance(self.reducers, int) or \
                 not 0 <= self.reducers <= 64:
             raise ConfigError(f"Topology reducers={self.reducers!r}: give 0 to 64 reducer "
@@ -198,7 +202,8 @@ class Topology:
                            for lv in self.levels],
                 **({"reducers": self.reducers} if self.reducers else {}),
                 **({"reference_compute": self.reference_compute}
-                   if self.reference_compute else {})}
+                   if self.reference_compute else {}),
+                **({"arg_overhead": self.arg_overhead} if self.arg_overhead else {})}
 
     def save(self, path) -> None:
         import json
@@ -222,7 +227,8 @@ class Topology:
             return Topology(tuple(Level(**lv) for lv in d["levels"]), d["flops"],
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
                             d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0),
-                            d.get("reducers", 0), d.get("reference_compute", 0.0))
+                            d.get("reducers", 0), d.get("reference_compute", 0.0),
+                            d.get("arg_overhead", 0.0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None

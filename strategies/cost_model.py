@@ -14,10 +14,11 @@ Out: seconds and bytes, per device:
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
   instruction of a lowered ``Program``, as XLA fuses its segments, and the peak;
-- ``call_overhead(program, host_bytes, bucket_bytes)``: what one call of the lowered step costs
-  besides its operators and collectives: the topology's ``step_overhead``, ``host_beta`` per
-  byte of arguments and results, less the per-call ``launch`` of the all-reduces the native
-  runtime fuses into another's bucket (each collective was priced as a call of its own).
+- ``call_overhead(program, host_bytes, bucket_bytes, host_arrays)``: what one call of the
+  lowered step costs besides its operators and collectives: the topology's ``step_overhead``,
+  ``host_beta`` per byte and ``arg_overhead`` per array of its arguments and results, less the
+  per-call ``launch`` of the all-reduces the native runtime fuses into another's bucket (each
+  collective was priced as a call of its own).
 Communication time between candidates comes from the redistribution planner.
 """
 from __future__ import annotations
@@ -188,10 +189,12 @@ def fused_all_reduces(program, bucket_bytes: int) -> list:
     return fused
 
 
-def call_overhead(program, host_bytes: int, bucket_bytes: int) -> float:
+def call_overhead(program, host_bytes: int, bucket_bytes: int, host_arrays: int = 0) -> float:
     """Seconds one call of ``program`` costs besides its operators and collectives (see the
-    module docstring); ``host_bytes``: the bytes of its arguments and results."""
+    module docstring); ``host_bytes``, ``host_arrays``: the bytes and the number of its
+    arguments and results."""
     topo = program.mesh.topology
     saved = sum(max(program.mesh.level(a).launch for a in ins.axes)
                 for ins in fused_all_reduces(program, bucket_bytes))
-    return topo.step_overhead + topo.host_beta * host_bytes - saved
+    return topo.step_overhead + topo.host_beta * host_bytes + topo.arg_overhead * host_arrays \
+        - saved

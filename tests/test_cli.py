@@ -115,6 +115,7 @@ def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     assert "all_reduce_1KB_amid_compute_us" in r.stdout      # what launch is fitted from
     assert "compute_slowdown" in r.stdout and "reference_step_ms" in r.stdout
     assert 0 < topo.reference_compute < 10 and "reference_compute_ms" in r.stdout
+    assert 0 <= topo.arg_overhead < 1e-2 and "arg_overhead_us" in r.stdout
     p, b = m.mlp_params(sizes=(64, 128, 64)), m.mlp_batch(batch=16, sizes=(64, 128, 64))
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
                             progress=False)

@@ -100,3 +100,25 @@ def test_profiles_are_scaled_to_the_machines_speed_at_calibration(monkeypatch):
     assert topo.inner(2).reference_compute == 0.020
     assert ap.Topology.from_dict(topo.to_dict()) == topo
     assert "reference_compute" not in ap.Topology.local(2).to_dict()
+
+
+def test_each_argument_and_result_costs_the_topologys_arg_overhead():
+    """``Topology.arg_overhead`` (calibrated: 16 arrays of 16 KB against one of 256 KB) is
+    paid per argument and result of a call: a plan's overhead grows by it times their number;
+    a stretched topology's per call grows as its step overhead does."""
+    from dataclasses import replace
+
+    from autopar.tools.calibrate import stretch
+    params, batch = m.mlp_params((64, 256, 64)), m.mlp_batch(64, (64, 256, 64))
+    base = ap.Topology.local(2)
+    cfg = dict(parallel_mode="data_parallel", device_num=2, progress=False)
+    plain = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(**cfg, topology=base))
+    costly = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(
+        **cfg, topology=replace(base, arg_overhead=1e-4)))
+    arrays = 4 + 2 + 1 + 4               # w1 b1 w2 b2 and the batch's x, y in; loss, params out
+    assert costly.overhead_time - plain.overhead_time == pytest.approx(arrays * 1e-4)
+    t = replace(base, arg_overhead=1e-4, step_overhead=1e-3)
+    assert stretch(t, 4).arg_overhead == pytest.approx(2e-4)
+    assert ap.Topology.from_dict(t.to_dict()) == t
+    with pytest.raises(ap.ConfigError, match="arg_overhead"):
+        replace(base, arg_overhead=-1.0)

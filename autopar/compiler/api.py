@@ -37,7 +37,7 @@ from ..trace import trace
 from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, leaf_type,
                          state_pairs)
 from .compiled import Compiled
-from .dump import assemble_strategy, bucket_bytes, host_bytes, op_strategies
+from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of, pipelined
@@ -265,7 +265,8 @@ def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
     graph, program = req.graph, plan.program
     ops = _op_strategies(graph, req.names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
     return step_seconds(ops, plan.out_comm, call_overhead(
-        program, host_bytes(graph, program), bucket_bytes(req.config)), plan.measured)
+        program, host_bytes(graph, program), bucket_bytes(req.config), host_arrays(graph)),
+        plan.measured)
 
 
 def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
@@ -397,7 +398,8 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         search="loaded" if req.strategy is not None else _search_name(config),
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
         peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
-        host_bytes=host_bytes(graph, program), bucket_bytes=bucket_bytes(config),
+        host_bytes=host_bytes(graph, program), host_arrays=host_arrays(graph),
+        bucket_bytes=bucket_bytes(config),
         measured_compute=None if pipelined else first.measured,
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace + t_bound),

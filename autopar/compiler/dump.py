@@ -3,8 +3,8 @@
 In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its mesh (a pipeline's
 first stage's; other stage meshes get their own), the traced Graph and its argument names.
 Out: ``assemble_strategy`` (the one place a ``Strategy`` is built from a plan; its per-call
-overhead from ``cost_model.call_overhead`` with ``host_bytes``, the bytes of the arguments and
-results, and the runtime's all-reduce ``bucket_bytes``),
+overhead from ``cost_model.call_overhead`` with ``host_bytes`` and ``host_arrays``, the bytes
+and the number of the arguments and results, and the runtime's all-reduce ``bucket_bytes``),
 ``op_strategies`` (an ``OpStrategy`` per node), ``comm_records`` (a ``CommStrategy`` per
 communication step, priced), ``label`` (how the memory timeline names an instruction) and
 ``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
@@ -21,7 +21,7 @@ from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strat
 
 
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
-                      timeline=(), output_comm=0.0, host_bytes=0, bucket_bytes=0,
+                      timeline=(), output_comm=0.0, host_bytes=0, host_arrays=0, bucket_bytes=0,
                       micro_batches=1, scheduler="", phase_seconds=(), search_cost=None,
                       search_bound=None, measured_compute=None) -> Strategy:
     """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
@@ -38,7 +38,7 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
     return Strategy(mode=mode, search=search, mesh_shape=tuple(mesh.shape),
                     axis_names=tuple(mesh.axis_names), inputs=tuple(inputs), ops=tuple(ops),
                     output_comm_time=output_comm,
-                    overhead_time=call_overhead(program, host_bytes, bucket_bytes),
+                    overhead_time=call_overhead(program, host_bytes, bucket_bytes, host_arrays),
                     peak_memory=peak, peak_op=peak_op,
                     memory_limit=cap, stages=stages,
                     micro_batches=micro_batches if pipelined else 1,
@@ -62,6 +62,11 @@ def host_bytes(graph, program) -> int:
     return moved + sum(size(v) if l.is_replicated() else local(v, l) * n
                        for v, l in zip(graph.outputs, program.out_layouts)
                        if not isinstance(v, Const))
+
+
+def host_arrays(graph) -> int:
+    """Arrays a call passes between the caller and the devices: its arguments and results."""
+    return sum(not isinstance(v, Const) for v in (*graph.inputs, *graph.outputs))
 
 
 def bucket_bytes(config) -> int:

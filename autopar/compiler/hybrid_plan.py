@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ..arguments import arg_layouts, leaf_names, state_pairs
-from .dump import assemble_strategy, bucket_bytes, host_bytes, label, op_strategies
+from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, label, op_strategies
 from ..errors import ConfigError, InfeasibleError
 from ..graph import Value
 from ..layout import Layout
@@ -69,12 +69,13 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                               "of the arguments (in_strategy) or use a smaller batch.")
     inputs = tuple(InputStrategy(name=nm, shape=v.shape, dtype=str(v.dtype), layout=l, is_param=p)
                    for (nm, p), v, l in zip(names, graph_inputs.inputs, in_layouts))
+    called = types.SimpleNamespace(inputs=graph_inputs.inputs, outputs=[
+        Value(v.id, tuple(s * k for s, k in zip(v.shape, l.splits(mesh))), v.dtype)
+        if isinstance(v, Value) else v for v, l in zip(graph.outputs, out_layouts)])
     strat = assemble_strategy(
         mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
         program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap, timeline=timeline,
-        host_bytes=host_bytes(types.SimpleNamespace(inputs=graph_inputs.inputs, outputs=[
-            Value(v.id, tuple(s * k for s, k in zip(v.shape, l.splits(mesh))), v.dtype)
-            if isinstance(v, Value) else v for v, l in zip(graph.outputs, out_layouts)]), program),
+        host_bytes=host_bytes(called, program), host_arrays=host_arrays(called),
         bucket_bytes=bucket_bytes(config),
         phase_seconds=(("trace", t_trace - t0), ("search", 0.0),
                        ("lower", time.monotonic() - t_trace)))

@@ -8,7 +8,9 @@ process's JAX devices) and a device count. Out:
   it on its workers as it runs a plan's step, not in the caller), so contention for this
   machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
-  a 4 MB argument: per byte sent to the devices and fetched back), ``flops`` and ``small_dot_flops``
+  a 4 MB argument: per byte sent to the devices and fetched back), ``arg_overhead`` (the same
+  step on 16 arguments of 16 KB, 16 results, against one of 256 KB: per array in or out: a
+  GPT's step passes dozens of parameters each way), ``flops`` and ``small_dot_flops``
   (chained 1024x1024 @ 1024x1024 and 256x512 @ 512x512 matmuls: Topology.matmul_rate
   interpolates between the two), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
   this process, read plus write, best of 10, times the share of this machine's cores a device
@@ -57,6 +59,7 @@ from autopar.topology import KINDS, Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
 CHAIN = 8                         # operators chained in a timed step
+ARGS, ARG_ELEMENTS = 16, 4096     # arg_overhead: 16 arguments of 16 KB against one of 256 KB
 WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
 MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
                                        # topology.SMALL_DOT and LARGE_DOT FLOPs each
@@ -107,7 +110,8 @@ def stretch(topo: Topology, n: int) -> Topology:
     f = m / n
     return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
                    mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
-                   small_dot_flops=topo.small_dot_flops * f, reference_compute=0.0)
+                   small_dot_flops=topo.small_dot_flops * f, reference_compute=0.0,
+                   arg_overhead=topo.arg_overhead / f)
 
 
 def save(topo: Topology, path) -> None:
@@ -253,6 +257,10 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     small = np.ones(SMALL, np.float32)
     big = rng.random(BIG, dtype=np.float32)
     t0 = _time_step(add_one, (small,), backend, n)
+    parts = tuple(rng.random(ARG_ELEMENTS, dtype=np.float32) for _ in range(ARGS))
+    t_parts = _time_step(lambda *xs: [x + 1.0 for x in xs], parts, backend, n, reps=15)
+    t_whole = _time_step(add_one, (np.concatenate(parts),), backend, n, reps=15)
+    arg_overhead = max(t_parts - t_whole, 0.0) / (2 * (ARGS - 1))    # per argument or result
     per_call = []                                # (flops, seconds) of one matmul per size
     for rows, dim in MATMULS:
         w = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
@@ -276,7 +284,8 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
     topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
                     step_overhead=float(t0), host_beta=float(host_beta),
-                    small_dot_flops=float(min(small_rate, flops)))
+                    small_dot_flops=float(min(small_rate, flops)),
+                    arg_overhead=float(arg_overhead))
 
     def model(kind, beta, nbytes):
         lv = replace(level, beta=beta, betas={kind: beta})
@@ -305,6 +314,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     topo = replace(topo, reference_compute=float(compute_seconds(
         [reference_program(topo, backend, n)], backend)[0]))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
+                  "arg_overhead_us": arg_overhead * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
                   "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
                   "elementwise_GBps": mem_bw * 1e-9,
