@@ -103,7 +103,7 @@ def test_profiles_are_scaled_to_the_machines_speed_at_calibration(monkeypatch):
 
 
 def test_each_argument_and_result_costs_the_topologys_arg_overhead():
-    """``Topology.arg_overhead`` (calibrated: 16 arrays of 16 KB against one of 256 KB) is
+    """``Topology.arg_overhead`` (calibrated: 16 arrays of 64 KB against one of 1 MB) is
     paid per argument and result of a call: a plan's overhead grows by it times their number;
     a stretched topology's per call grows as its step overhead does."""
     from dataclasses import replace

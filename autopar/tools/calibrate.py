@@ -9,8 +9,9 @@ process's JAX devices) and a device count. Out:
   machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
   a 4 MB argument: per byte sent to the devices and fetched back), ``arg_overhead`` (the same
-  step on 16 arguments of 16 KB, 16 results, against one of 256 KB: per array in or out: a
-  GPT's step passes dozens of parameters each way), ``flops`` and ``small_dot_flops``
+  step on 16 arguments of 64 KB, 16 results, against one of 1 MB: per array in or out; a GPT's
+  step passes dozens of parameters each way, and arrays of 64 KB or more are the ones each
+  handled on their own, ``runtime.packing``), ``flops`` and ``small_dot_flops``
   (chained 1024x1024 @ 1024x1024 and 256x512 @ 512x512 matmuls: Topology.matmul_rate
   interpolates between the two), ``mem_bandwidth`` (one elementwise operator on 4 MB jitted in
   this process, read plus write, best of 10, times the share of this machine's cores a device
@@ -59,7 +60,7 @@ from autopar.topology import KINDS, Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
 CHAIN = 8                         # operators chained in a timed step
-ARGS, ARG_ELEMENTS = 16, 4096     # arg_overhead: 16 arguments of 16 KB against one of 256 KB
+ARGS, ARG_ELEMENTS = 16, 16384    # arg_overhead: 16 arguments of 64 KB against one of 1 MB
 WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
 MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
                                        # topology.SMALL_DOT and LARGE_DOT FLOPs each
