@@ -5,9 +5,9 @@ In: a ``Program`` and the flattened global arguments. Out: the flattened global 
 rank's copy of a replicated result (the ranks share the large ones out, ``_answerers``, and
 each stays in the shared memory its rank wrote it into while it is held, up to
 ``LENT_ANSWERS`` calls' worth: ``Job.call``), the ranks' blocks put together for a split one
-(parameters and optimizer state keep their layout from step to step). A Program whose ranks would all
-compute the same values and exchange nothing (``Program.ranks_alike``) starts no workers:
-``Compiled`` runs one rank's step in the caller (``jax_backend.build_alone``).
+(parameters and optimizer state keep their layout from step to step). A Program whose ranks
+would all compute the same values and exchange nothing (``Program.ranks_alike``) starts no
+workers: ``Compiled`` runs one rank's step in the caller (``jax_backend.build_alone``).
 
 The caller exports every ``Segment`` once with ``jax.export`` (``shippable``: local shapes,
 serialised, so the workers never see the user's Python function), starts a

@@ -183,7 +183,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
     those that came through the box are views of it instead, valid until the next message into
-    this box (``Box.lent`` says whether any of them is still held)."""
+    this box (``Box.lent_out`` says whether any of them is still held)."""
     skeleton, meta, grown = pickle.loads(conn.recv_bytes())
     sizes = [m[2] for m in meta]
     offsets, _ = _packing(sizes)

@@ -7,10 +7,11 @@ messages may go single-copy ("1"/"0", the Comm's ``direct``), this rank's IPv4 a
 host's: where it listens for TCP links); the job token in ``AUTOPAR_JOB_TOKEN``. Out: replies
 on the control socket: ("ready",) once the links are up, then per ("call", (module, name),
 args, box, dropped boxes) an ("ok", result) or ("error", kind, message, traceback text); kind
-is "CollectiveError" for any autopar CollectiveError, else the exception's type name. Calls and replies travel as ``runtime.wire`` messages (their arrays in
-shared memory, received aligned: one ``wire.Box`` for the calls, and the replies into the box
-the call names, one of as many as the caller still holds arrays of). Exits when the caller
-closes the socket or goes away.
+is "CollectiveError" for any autopar CollectiveError, else the exception's type name. Calls
+and replies travel as ``runtime.wire`` messages (their arrays in shared memory, received
+aligned: one ``wire.Box`` for the calls, and the replies into the box the call names, one of
+as many as the caller still holds arrays of). Exits when the caller closes the socket or goes
+away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).

@@ -285,7 +285,7 @@ def test_large_replicated_results_are_the_shared_memory_their_ranks_wrote_while_
         assert in_place == [k < LENT_ANSWERS] * 2, k
     job = c._runner.job
     assert job.lent() == LENT_ANSWERS
-    assert {r for r in c._runner._answer_by if r is not None} == {0, 1}   # w1 from one, w2 the other
+    assert {r for r in c._runner._answer_by if r is not None} == {0, 1}   # w1 one, w2 the other
     del held, got, g
     loss, got = c(want, b)       # the first results held are gone: in place again
     assert in_shared_memory(got["w1"]) and job.lent() == 1

@@ -46,8 +46,7 @@ from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
 from .search import default_search_mode, recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
-from ..tools.calibrate import machine_topology
-from ..tools.calibrate import reference_program
+from ..tools.calibrate import machine_topology, reference_program
 from ..tools.profile import compute_seconds
 from ..runtime.jax_distributed import multi_process
 from ..progress import logger
