@@ -190,3 +190,22 @@ def test_the_step_has_no_jax_effect_so_jit_dispatches_it_from_cpp_and_xla_keeps_
         for effects, calls, side_effecting in c.on_workers(dispatch):
             assert effects == 0
             assert calls == side_effecting > 4
+
+
+@pytest.mark.native
+def test_a_reduce_scatter_along_a_later_dimension_gives_each_rank_its_block(monkeypatch):
+    """A Megatron MLP whose output bias is split along the features: the second matmul's
+    partial sum is reduce-scattered along dim 1 inside the executable (its blocks lined up in
+    the value's own order, not transposed there and back), and the step gives the
+    single-device values."""
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
+    sizes = (64, 256, 64)
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=16, sizes=sizes)
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2, backend="native",
+                            progress=False)
+    shard = ({"w1": "[_,x]", "b1": "[x]", "w2": "[x,_]", "b2": "[x]"}, None)
+    with ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=shard) as c:
+        assert any(x.kind.value == "reduce_scatter" and x.dim == 1 for x in c.collectives())
+        for _ in range(2):
+            assert_same(c(p, b), m.mlp_sgd_step(p, b))
+        assert all(c.on_workers(whole))
