@@ -10,7 +10,7 @@ axis names), a step-like object with attributes ``kind``, ``axes``, ``dim`` and 
 |------------------|------------------------------------------------------------------------|
 | all_reduce       | ``psum(x, axes)`` (``pmax``/``pmin`` for a Collective's op max/min)    |
 | all_gather       | ``all_gather(x, axes, axis=dim, tiled=True)``                          |
-| reduce_scatter   | ``psum_scatter(x, axes, scatter_dimension=dim, tiled=True)``           |
+| reduce_scatter   | ``psum_scatter`` of ``x``'s ``dim`` blocks stacked first, along dim 0  |
 | all_to_all       | ``all_to_all(x, axes, split_axis=dst_dim, concat_axis=dim, tiled=True)``|
 | slice            | ``dynamic_slice_in_dim(x, index(axes) * chunk, chunk, dim)``           |
 | partial_zero     | ``where(index(axes) == 0, x, 0)``                                      |
@@ -71,8 +71,14 @@ def _all_gather(x, step, axes, name, mesh):
 
 
 def _reduce_scatter(x, step, axes, name, mesh):
-    _check_divides(x, step.dim, axes, mesh, step.kind)
-    return lax.psum_scatter(x, name, scatter_dimension=step.dim, tiled=True)
+    """Scattered along the leading dimension of ``x`` reshaped so that device j's block comes
+    j-th, each in ``x``'s own order: XLA's CPU reduce-scatter along a later dimension made
+    auto_parallel's mlp-large step (its second matmul's partial sum scattered along the
+    features) 7% slower than Megatron's all-reduce; this way 2% faster (/tmp probe)."""
+    n, d = _check_divides(x, step.dim, axes, mesh, step.kind), step.dim
+    blocks = jnp.moveaxis(x.reshape(x.shape[:d] + (n, x.shape[d] // n) + x.shape[d + 1:]), d, 0)
+    return lax.psum_scatter(blocks, name, scatter_dimension=0, tiled=True).reshape(
+        blocks.shape[1:])
 
 
 def _all_to_all(x, step, axes, name, mesh):
