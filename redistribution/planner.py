@@ -21,7 +21,8 @@ Slices are local and free; every other step costs ``collective_time(kind, local 
 axis size, level.alpha, level.beta)`` from ``strategies.comm_cost`` on the axis's topology level
 (a group of axes on the slowest of theirs, plus, when it spans hosts and the inside of a host,
 the intra-host size and level as ``inner``, for the 2D all-reduces; a group inside one host is
-``shared``, for the direct all-reduce).
+``shared``, for the direct all-reduce), plus, for a gather, scatter or all-to-all whose pieces
+are strided in the local block, the copy that moves them into place (``relayout_seconds``).
 The planner runs Dijkstra over layout states (only states whose splits divide the shape), so
 paths through intermediate layouts (``[x,y] -> [y,x]``) come out exact. Path costs are compared
 in whole picoseconds; ties go to fewer steps, then to the step sequence in a fixed order (kind
@@ -158,6 +159,7 @@ class Planner:
             out_shape = self._local(plan.shape, dims)
             b_in, b_out = item * math.prod(in_shape), item * math.prod(out_shape)
             sec, alg = self.step_time(st.kind, st.axes, b_in)
+            sec += self.relayout_seconds(st.kind, in_shape, st.dim, st.dst_dim, max(b_in, b_out))
             out.append(StepCost(st, in_shape, out_shape, b_in, b_out, sec, alg))
         return tuple(out)
 
@@ -178,6 +180,23 @@ class Planner:
         seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
                                         self._shared(axes), self._reducers(n))
         return seconds + launch, algo
+
+    def relayout_seconds(self, kind, shape, dim, dst_dim, nbytes: int) -> float:
+        """Seconds of the local copies a collective of ``kind`` over a local block of ``shape``
+        makes where its pieces are strided (some dimension before the one gathered, scattered
+        or split has more than one element): both backends then gather into, or scatter out
+        of, a block stacked along a new first dimension and copy it into place
+        (``runtime.native_step``, ``runtime.jax_collectives``), a read and a write of
+        ``nbytes`` (the larger of its local input and output) at memory speed per copy; an
+        all-to-all may copy on both sides (``dst_dim``: the dimension it splits)."""
+        before = lambda d: math.prod(shape[:d]) > 1
+        if kind in (StepKind.ALL_GATHER, StepKind.REDUCE_SCATTER):
+            copies = int(before(dim))
+        elif kind == StepKind.ALL_TO_ALL:
+            copies = int(before(dst_dim)) + int(before(dim))
+        else:
+            return 0.0
+        return copies * 2 * nbytes * self._gamma
 
     def all_reduce_prices(self, axes) -> tuple:
         """``((algorithm, seconds at 0 bytes, seconds per byte), ...)`` of every all-reduce over
@@ -327,7 +346,9 @@ class Planner:
         out = [_Move.of((at.dims, rest), sec, (2, head, k, -1),
                         Step(StepKind.ALL_REDUCE, group), group)]
         sec = self.step_time(StepKind.REDUCE_SCATTER, group, at.nbytes)[0]
-        out += [_Move.of((_put(at.dims, d, group), rest), sec, (3, head, d, k),
+        local = at.local()
+        out += [_Move.of((_put(at.dims, d, group), rest), sec + self.relayout_seconds(
+                    StepKind.REDUCE_SCATTER, local, d, None, at.nbytes), (3, head, d, k),
                          Step(StepKind.REDUCE_SCATTER, group, d), group)
                 for d in range(len(at.dims)) if at.fits(d, n)]
         return out
@@ -339,11 +360,14 @@ class Planner:
         n = math.prod(self._size[g] for g in group)
         head = self._order[group[0]]
         gone = at.dims[:i] + (at.dims[i][:-k],) + at.dims[i + 1:]
-        sec = self.step_time(StepKind.ALL_GATHER, group, at.nbytes)[0]
+        local = at.local()
+        sec = self.step_time(StepKind.ALL_GATHER, group, at.nbytes)[0] + self.relayout_seconds(
+            StepKind.ALL_GATHER, local, i, None, n * at.nbytes)
         out = [_Move.of((gone, at.partial), sec, (1, head, i, k if k > 1 else -1),
                         Step(StepKind.ALL_GATHER, group, i))]
         sec = self.step_time(StepKind.ALL_TO_ALL, group, at.nbytes)[0]
-        out += [_Move.of((_put(gone, j, group), at.partial), sec,
+        out += [_Move.of((_put(gone, j, group), at.partial), sec + self.relayout_seconds(
+                    StepKind.ALL_TO_ALL, local, i, j, at.nbytes),
                          (4, head, i, j * 8 + k if k > 1 else j),
                          Step(StepKind.ALL_TO_ALL, group, i, j))
                 for j in range(len(at.dims)) if j != i and at.fits(j, n)]
@@ -359,6 +383,10 @@ class _At:
     shape: tuple[int, ...]
     splits: tuple[int, ...]
     nbytes: int
+
+    def local(self) -> tuple[int, ...]:
+        """The local block's shape."""
+        return tuple(s // k for s, k in zip(self.shape, self.splits))
 
     def fits(self, d: int, n: int) -> bool:
         """Whether dimension ``d`` split ``n`` more ways still divides the shape."""

@@ -2,6 +2,7 @@
 each rank's segments and collectives compiled into one jitted function, the collectives XLA
 custom calls into autopar's C++ (native/src/xla_ffi.cc). Every plan gives the single-device
 step; the custom calls check their communicator handle and their buffers."""
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,12 +198,14 @@ def test_a_reduce_scatter_along_a_later_dimension_gives_each_rank_its_block(monk
     """A Megatron MLP whose output bias is split along the features: the second matmul's
     partial sum is reduce-scattered along dim 1 inside the executable (its blocks lined up in
     the value's own order, not transposed there and back), and the step gives the
-    single-device values."""
+    single-device values. (Copies into place priced as free: otherwise the planner prefers
+    scattering along the rows, whose blocks need none.)"""
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", "1")
     sizes = (64, 256, 64)
     p, b = m.mlp_params(sizes), m.mlp_batch(batch=16, sizes=sizes)
+    free_copies = dataclasses.replace(ap.Topology.local(2), mem_bandwidth=1e30)
     cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2, backend="native",
-                            progress=False)
+                            progress=False, topology=free_copies)
     shard = ({"w1": "[_,x]", "b1": "[x]", "w2": "[x,_]", "b2": "[x]"}, None)
     with ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=shard) as c:
         assert any(x.kind.value == "reduce_scatter" and x.dim == 1 for x in c.collectives())

@@ -17,6 +17,7 @@ layout (each mesh axis unused, partial, or splitting one dimension, in every ord
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -105,7 +106,22 @@ def step_seconds(mesh, layout, st, shape, itemsize):
     n = math.prod(mesh.axis_size(a) for a in st.axes)
     gamma = 1 / mesh.topology.mem_bandwidth            # seconds per reduced byte
     return collective_time(st.kind, nbytes, n, alpha, beta, gamma=gamma)[0] + max(
-        mesh.level(a).launch for a in st.axes)
+        mesh.level(a).launch for a in st.axes) + relayout(layout.local_shape(shape, mesh), st,
+                                                          nbytes, n, gamma)
+
+
+def relayout(local, st, nbytes, n, gamma):
+    """The copies into place of a step whose pieces are strided in the local block (a dim
+    before the one gathered, scattered or split holds more than one element): each reads and
+    writes the step's larger side."""
+    strided = lambda d: math.prod(local[:d]) > 1
+    if st.kind == "all_gather":
+        return 2 * n * nbytes * gamma * strided(st.dim)
+    if st.kind == "reduce_scatter":
+        return 2 * nbytes * gamma * strided(st.dim)
+    if st.kind == "all_to_all":
+        return 2 * nbytes * gamma * (strided(st.dim) + strided(st.dst_dim))
+    return 0.0
 
 
 def moves(layout, names, sizes, shape, keep):
@@ -324,7 +340,10 @@ def test_swap_goes_through_intermediate_layouts():
 
 
 def test_never_visits_a_split_that_does_not_divide():
-    pl, sizes = Planner(LogicalMesh.create((2, 2, 2))), {"x": 2, "y": 2, "z": 2}
+    # copies into place priced as free (memory that streams without limit), so parking an
+    # axis on another dimension costs only its all-to-all
+    fast = dataclasses.replace(Topology.local(8), mem_bandwidth=1e30)
+    pl, sizes = Planner(LogicalMesh.create((2, 2, 2), topology=fast)), {"x": 2, "y": 2, "z": 2}
     src, dst = L("[y,z,_]"), L("[(x,y),z,_]")
     # with room on dim 1, y parks there ([_,(z,y),_]) while x is sliced in ...
     wide = pl.plan(src, dst, (64, 32, 64), F32)
@@ -336,6 +355,37 @@ def test_never_visits_a_split_that_does_not_divide():
     for st in narrow.steps:
         lay = step_after(lay, st, sizes, (64, 30, 64))
     assert lay == dst
+    # priced as this machine copies, gathering y back along dim 0 (contiguous) beats parking
+    # it on a dimension whose pieces are strided
+    priced = Planner(LogicalMesh.create((2, 2, 2))).plan(src, dst, (64, 32, 64), F32)
+    assert priced.steps[0] == Step("all_gather", ("y",), 0)
+
+
+def test_strided_pieces_pay_their_copy_into_place():
+    """A gather or scatter along a dimension with a longer one before it (locally) pays a
+    read and a write of its larger side at memory speed; along the first, or after
+    dimensions of one element, nothing more."""
+    pl = Planner(MESH24)
+    gamma = 1 / MESH24.topology.mem_bandwidth
+    for kind, big in (("all_gather", 4 * 8 * 4 * 4), ("reduce_scatter", 4 * 8 * 4)):
+        assert pl.relayout_seconds(StepKind(kind), (4, 8), 1, None, big) == \
+            pytest.approx(2 * big * gamma)
+        assert pl.relayout_seconds(StepKind(kind), (4, 8), 0, None, big) == 0.0
+        assert pl.relayout_seconds(StepKind(kind), (1, 8), 1, None, big) == 0.0
+    assert pl.relayout_seconds(StepKind.ALL_TO_ALL, (4, 8), 0, 1, 128) == \
+        pytest.approx(2 * 128 * gamma)                     # split along 1: one copy
+    assert pl.relayout_seconds(StepKind.ALL_TO_ALL, (4, 8), 1, 0, 128) == \
+        pytest.approx(2 * 128 * gamma)                     # concatenated along 1: one copy
+    assert pl.relayout_seconds(StepKind.ALL_REDUCE, (4, 8), None, None, 128) == 0.0
+    line = Planner(LogicalMesh.create((4,)))
+    rows = line.plan(L("[_,_] sum{x}"), L("[x,_]"), (1024, 1024), F32)
+    assert rows.steps == (Step("reduce_scatter", ("x",), 0),)
+    # scattered along the columns: that step and its copy, or a cheaper way round
+    cols = Plan(L("[_,_] sum{x}"), L("[_,x]"), (1024, 1024), np.dtype(F32),
+                (Step("reduce_scatter", ("x",), 1),), 0.0)
+    (step,) = line.step_costs(cols)
+    assert step.seconds == pytest.approx(rows.cost + 2 * 1024 * 1024 * 4 * gamma)
+    assert rows.cost < line.plan(cols.src, cols.dst, (1024, 1024), F32).cost <= step.seconds
 
 
 def test_equal_layouts_need_nothing():
