@@ -4,9 +4,9 @@ In: a backend (``"native"``: one worker process per device; ``"jax"``: shard_map
 process's JAX devices) and a device count. Out:
 - ``calibrate(backend, n)``: ``(Topology, measurements)``. Every constant comes from timing small
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
-  median of several calls; each also all-reduces one number, so that the native runtime runs
-  it on its workers as it runs a plan's step, not in the caller), so contention for this
-  machine's cores is in the figures:
+  the median of back-to-back calls for at least ``TURN_SECONDS``; each also all-reduces one
+  number, so that the native runtime runs it on its workers as it runs a plan's step, not in
+  the caller), so contention for this machine's cores is in the figures:
   ``step_overhead`` (a call of a step that adds 1 to 8 numbers), ``host_beta`` (the same step on
   a 4 MB argument: per byte sent to the devices and fetched back), ``arg_overhead`` (the same
   step on 16 arguments of 64 KB, 16 results, against one of 1 MB: per array in or out; a GPT's
@@ -22,7 +22,8 @@ process's JAX devices) and a device count. Out:
   step's collectives sit between operators whose time varies from rank to rank, where each
   waits for the slowest: back to back with nothing between, a whole-step executable's 1 KB
   all-reduce costs less than the step's noise) and ``beta`` (fitted so the cost model's
-  all-reduce of 4 MB costs what it measured over one of 1 KB), and the level's ``betas``, one
+  all-reduce of 4 MB costs what it measured over one of 1 KB; each timed as a chain of them
+  alternated call by call with the same chain without), and the level's ``betas``, one
   per other collective kind (all-gather, reduce-scatter, all-to-all of 4 MB, each timed in a
   chain alternated with the same chain doing local work of the same shapes instead: the
   runtimes move those kinds' bytes at other rates, XLA's CPU all-to-all at a quarter to a
@@ -124,11 +125,18 @@ def save(topo: Topology, path) -> None:
     os.replace(tmp, path)                          # concurrent first calls never see half a file
 
 
+TURN_SECONDS = 0.2    # a timed step runs back to back for at least this long (``_median_call``)
+
+
 def _median_call(compiled, args, reps: int) -> float:
+    """The median seconds of back-to-back calls after an untimed one: at least ``reps`` of
+    them and at least ``TURN_SECONDS`` of calls, as a training loop calls its step (a handful
+    of calls could land on one of this machine's slow moments: a 4 MB all-reduce timed at
+    4.2 ms, its usual 0.5-1, set a calibration's link at 0.75 GB/s and its compute 1.5x slow)."""
     import jax
     jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(reps):
+    times, start = [], time.perf_counter()
+    while len(times) < reps or time.perf_counter() - start < TURN_SECONDS:
         t = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t)
@@ -270,7 +278,7 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
         per_call.append((2 * rows * dim * dim, (x, w, moved)))
     t_mm = [(f, _time_step(matmuls, xw[:2], backend, n), xw[2]) for f, xw in per_call]
     t_host = _time_step(add_one, (big,), backend, n)
-    t_ar = {k: _time_step(all_reduces, (a,), backend, n) - _time_step(no_reduces, (a,), backend, n)
+    t_ar = {k: _paired_difference(all_reduces, no_reduces, (a,), backend, n)
             for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
     w512 = (rng.standard_normal((512, 512)) / np.sqrt(512)).astype(np.float32)
     amid = (rng.standard_normal((WAIT_ROWS, 512)).astype(np.float32), w512,
