@@ -72,9 +72,10 @@ class Topology:
     below the peak rate). ``reducers``: CPU-only reducer processes, each on a host of its
     own with a NIC like the outermost level's, that an all-reduce over every device may go
     through (the native runtime's Reduction Server; 0: none). ``reference_compute``: the
-    seconds of the calibration's reference step's compute as ``profile_plans`` measured it when
-    these constants were (0: not measured); a later profile times that step beside the plans
-    and scales their figures to the machine's speed then (``compiler.api``)."""
+    seconds of the calibration's reference step's compute as it ran when these constants were
+    measured, every device busy (its call less its priced communication and overhead; 0: not
+    measured); a later profile (one rank alone on a core) times that step beside the plans and
+    scales their figures to it (``compiler.api``)."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
@@ -82,7 +83,7 @@ class Topology:
     host_beta: float = 0.0        # seconds per byte of the step's arguments and results
     small_dot_flops: float = 0.0  # FLOP/s of a matmul of SMALL_DOT FLOPs (0: flops)
     reducers: int = 0             # Reduction Server processes (hosts of their own)
-    reference_compute: float = 0.0  # seconds: the reference step's profiled compute (0: none)
+    reference_compute: float = 0.0  # seconds: the reference step's compute as run (0: none)
     arg_overhead: float = 0.0     # seconds per array argument or result of a call
 
     def __post_init__(self):

@@ -242,10 +242,12 @@ def _profiled(req: CompileRequest, plans: list) -> list:
     """``plans`` with their lowered programs' compute measured, all in one child process
     timing them in turn (``tools.profile.compute_seconds``), when the config has
     ``profile_plans``; else as they are. When the topology knows the calibration's reference
-    step's compute (``Topology.reference_compute``), that step is timed among them and their
-    figures scaled by its calibrated over its measured time: the machine's speed drifts here
-    by up to 1.5x within minutes, and the estimate's priced parts (communication, per-call
-    overhead) are at its speed at calibration, so the measured compute is brought there too."""
+    step's compute (``Topology.reference_compute``, as it ran in a step at calibration), that
+    step is timed among them and their figures scaled by its calibrated over its measured time:
+    the machine's speed drifts here by up to 1.5x within minutes, and the estimate's priced
+    parts (communication, per-call overhead) are at its speed at calibration, so the measured
+    compute is brought there too; and a step's compute with every device busy runs slower than
+    one rank's alone on a core (the reference step's by 1.1-1.2x here), which the scale holds."""
     if not req.config.profile_plans:
         return plans
     backend, mesh = req.config.backend.value, plans[0].program.mesh

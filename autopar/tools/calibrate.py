@@ -30,9 +30,10 @@ process's JAX devices) and a device count. Out:
   third of its all-reduce's here). Last, a whole training
   step (``reference_step``: a small language model no benchmark times) planned data parallel on
   those constants and run: the compute rates are divided by how much slower its operators ran
-  than priced (``_fit``; ``compute_slowdown`` in the measurements); and that step's compute
-  profiled as ``profile_plans`` profiles a plan (``Topology.reference_compute``: later profiles
-  time it again beside their plans and scale to the machine's speed at calibration).
+  than priced (``_fit``; ``compute_slowdown`` in the measurements); and that step's compute as
+  it ran (``Topology.reference_compute``: its measured call less its priced communication and
+  overhead; later profiles, one rank alone on a core, time it beside their plans and scale
+  them to it: to the machine's speed at calibration, and to a step's with every device busy).
 - ``machine_topology(backend, n, measure)``: the topology a plan without one uses: the
   ``AUTOPAR_TOPOLOGY`` preset or file if that is set (tests set ``local``), else this machine's
   calibration for (backend, n) from the cache (``$AUTOPAR_CACHE_DIR``, else
@@ -56,7 +57,6 @@ from pathlib import Path
 import numpy as np
 
 from autopar.errors import ConfigError
-from autopar.tools.profile import compute_seconds
 from autopar.topology import KINDS, Level, Topology
 
 SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
@@ -320,8 +320,9 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     k = _fit(run)
     topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
                    mem_bandwidth=topo.mem_bandwidth / k)
-    topo = replace(topo, reference_compute=float(compute_seconds(
-        [reference_program(topo, backend, n)], backend)[0]))
+    # the reference step's compute as it ran in a step, every device busy: what a profile,
+    # one rank alone on a core, is brought to (compiler.api._profiled)
+    topo = replace(topo, reference_compute=float(max(run[0] - run[2], run[0] / 2)))
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "arg_overhead_us": arg_overhead * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
@@ -403,7 +404,7 @@ def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple
 @functools.lru_cache(maxsize=8)
 def reference_program(topo: Topology, backend: str, n: int):
     """The reference step planned data parallel on ``topo`` for ``n`` devices: its Program
-    (``Topology.reference_compute`` is its compute as ``profile_plans`` measures it)."""
+    (``Topology.reference_compute`` is its compute as it ran at calibration)."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
     step, params, tokens = reference_step(n)
