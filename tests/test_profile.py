@@ -1,5 +1,7 @@
 """profile_plans (tools/profile.py): one rank's step measured with its collectives replaced by
 local stand-ins of the same shapes, and the Strategy's estimate built on the measurement."""
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,21 @@ def test_plans_are_timed_in_turn_in_one_child_and_the_same_program_once():
     t = profile.compute_seconds([a, less, again], seconds=0.3)
     assert len(t) == 3 and t[0] == t[2] and all(x > 0 for x in t)
     assert t[0] > t[1]
+
+
+def test_native_ranks_sharing_cores_take_turns(monkeypatch):
+    """A native mesh with more ranks than this process's cores: one rank's profiled step is
+    stretched by the ranks per core (its workers take turns on the cores); the jax backend's
+    profile runs every device at once and is not."""
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, progress=False)
+    prog = ap.compile(m.mlp_sgd_step, m.mlp_params(), m.mlp_batch(batch=16), config=cfg).program
+    done = subprocess.CompletedProcess([], 0, stdout=b'{"seconds": [0.01]}\n', stderr=b"")
+    monkeypatch.setattr(profile.subprocess, "run", lambda *a, **k: done)
+    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: {0})
+    assert profile.compute_seconds([prog], "native") == [pytest.approx(0.04)]
+    assert profile.compute_seconds([prog], "jax") == [pytest.approx(0.01)]
+    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert profile.compute_seconds([prog], "native") == [pytest.approx(0.01)]
 
 
 def test_profiles_are_scaled_to_the_machines_speed_at_calibration(monkeypatch):

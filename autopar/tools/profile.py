@@ -154,10 +154,11 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
     8-11 rounds put the third at 1.015-1.06 of the first this way and at 0.98-1.09 by plain
     medians; five of 3 rounds at 0.91-1.05 and 0.62-1.06).
     ``native``: one rank's step, the child pinned to one core with one single-threaded XLA
-    device, as a native worker runs it. ``jax``: every device's step at once in a child with
-    this process's XLA flags (its fake CPU devices), as the jax backend runs it here. Steps
-    whose exported programs are the same are timed once. Raises ConfigError when the child
-    fails or runs past ``timeout`` per step."""
+    device, as a native worker runs it; times the mesh's ranks per core of this process's
+    where the mesh has more ranks than cores (its workers then take turns on them). ``jax``:
+    every device's step at once in a child with this process's XLA flags (its fake CPU
+    devices), as the jax backend runs it here. Steps whose exported programs are the same are
+    timed once. Raises ConfigError when the child fails or runs past ``timeout`` per step."""
     blobs = [bytes(exported(p, backend)) for p in programs]
     distinct = list(dict.fromkeys(blobs))
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -178,7 +179,9 @@ def compute_seconds(programs, backend: str = "native", seconds: float = 1.0,
         raise ConfigError("profile_plans: timing a plan's step failed:\n"
                           + done.stderr.decode(errors="replace")[-2000:])
     seconds = json.loads(done.stdout.decode().strip().splitlines()[-1])["seconds"]
-    return [seconds[distinct.index(b)] for b in blobs]
+    cores = len(os.sched_getaffinity(0))
+    share = lambda p: max(1.0, p.mesh.size / cores) if backend == "native" else 1.0
+    return [seconds[distinct.index(b)] * share(p) for b, p in zip(blobs, programs)]
 
 
 def _child(seconds: float) -> dict:
