@@ -21,21 +21,20 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
 
-from autopar.errors import CollectiveError, RedistributionError
+from autopar.errors import RedistributionError
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
-from autopar.program import Collective, Slice, StepKind
+from autopar.program import StepKind
 from autopar.redistribution.planner import Plan, Planner, Step
-from autopar.runtime.jax_collectives import apply_step, apply_steps, group_index
+from autopar.runtime.jax_collectives import apply_step
 from autopar.strategies.comm_cost import collective_time
 from autopar.topology import Level, Topology
+from layout_cases import F32, L, canonical, enter, jax_mesh, leave, names_of, spec, weights
 
 CONFIGS = [((8,), (16,)), ((8,), (8, 8)), ((8,), (8, 2, 8)),
            ((2, 4), (16,)), ((2, 4), (8, 12)), ((2, 4), (4, 8, 4)),
@@ -44,15 +43,10 @@ CONFIGS = [((8,), (16,)), ((8,), (8, 8)), ((8,), (8, 2, 8)),
 IDS = ["mesh" + "x".join(map(str, m)) + "-shape" + "x".join(map(str, s)) for m, s in CONFIGS]
 WHOLE_PLANS_ALL = 800        # run every pair whole when the plan-prefix trees are this small
 WHOLE_PLANS_LONGEST = 40     # else the plans from the all-partial layout and the longest ones
-F32 = np.float32
 COMPILE_OPTS = {"xla_backend_optimization_level": 0}   # tiny arrays: compile time dominates
 
 
 # ---------------------------------------------------------------------------- helpers
-def names_of(mshape):
-    return ("x", "y", "z")[:len(mshape)]
-
-
 def all_layouts(mshape, shape):
     """Every layout of ``shape`` on the mesh whose splits divide the shape."""
     names, sizes, r = names_of(mshape), dict(zip(names_of(mshape), mshape)), len(shape)
@@ -169,35 +163,6 @@ def bellman_ford(mesh, src, shape, keep):
     return dist
 
 
-def jax_mesh(mshape):
-    n = math.prod(mshape)
-    return Mesh(np.array(jax.devices()[:n]).reshape(mshape), names_of(mshape))
-
-
-def spec(layout: Layout, names):
-    """Global representation: one leading dim per partial axis (mesh order), then the tensor."""
-    part = sorted(layout.partial, key=names.index)
-    return P(*part, *[None if not d else (d[0] if len(d) == 1 else d) for d in layout.dims])
-
-
-def weights(mshape):
-    """Per axis, integer weights summing to 1 (distinct per axis), for canonical addends."""
-    out = {}
-    for k, (a, n) in enumerate(zip(names_of(mshape), mshape)):
-        u = np.arange(n) * (k + 2) - (k + 1)
-        u[-1] += 1 - u.sum()
-        out[a] = u.astype(F32)
-    return out
-
-
-def canonical(G, layout, names, w):
-    part = sorted(layout.partial, key=names.index)
-    arr = G
-    for a in reversed(part):
-        arr = w[a].reshape((-1,) + (1,) * arr.ndim) * arr[None]
-    return arr
-
-
 def random_addends(G, layout, names, sizes, rng):
     part = sorted(layout.partial, key=names.index)
     if not part:
@@ -205,14 +170,6 @@ def random_addends(G, layout, names, sizes, rng):
     flat = rng.integers(-4, 5, size=(math.prod(sizes[a] for a in part),) + G.shape).astype(F32)
     flat[-1] = G - flat[:-1].sum(0)
     return flat.reshape(tuple(sizes[a] for a in part) + G.shape)
-
-
-def enter(block, layout):
-    return block.reshape(block.shape[len(layout.partial):])
-
-
-def leave(block, layout):
-    return block.reshape((1,) * len(layout.partial) + block.shape)
 
 
 @dataclass(frozen=True)
@@ -286,10 +243,6 @@ def test_plan_cost_matches_fresh_planner_and_is_memoised(case):
 # ---------------------------------------------------------------------------- unit tests
 MESH8 = LogicalMesh.create((8,))
 MESH24 = LogicalMesh.create((2, 4))
-
-
-def L(text):
-    return Layout.parse(text)
 
 
 def test_gather_cost_is_all_gather_time():
@@ -522,66 +475,6 @@ def test_plans_run_whole_on_jax(mshape, shape, case):
         pairs = pairs[:WHOLE_PLANS_LONGEST] + [p for p in pairs[WHOLE_PLANS_LONGEST:]
                                                if p[0].partial == every]
     run_whole(c, pairs, np.random.default_rng(2))
-
-
-# ---------------------------------------------------------------------------- runtime API
-def test_multi_axis_steps_match_single_axis_steps():
-    """Program collectives may name several axes: they act as one combined axis, first major."""
-    mshape, shape = (2, 2, 2), (8, 8)
-    names, jm, mesh = names_of(mshape), jax_mesh(mshape), LogicalMesh.create(mshape)
-    G = np.arange(64, dtype=F32).reshape(shape)
-    w = weights(mshape)
-    col = dict(shape=shape, dtype=F32, bytes=0)
-    cases = [  # (src, multi-axis step, dst)
-        (L("[(x,y),_]"), Collective("all_gather", ("x", "y"), dim=0, **col), L("[_,_]")),
-        (L("[(z,x,y),_]"), Collective("all_gather", ("x", "y"), dim=0, **col), L("[z,_]")),
-        (L("[_,z]"), Slice(("x", "y"), dim=0, shape=shape), L("[(x,y),z]")),
-        (L("[_,_] sum{x,y}"), Collective("all_reduce", ("x", "y"), **col), L("[_,_]")),
-        (L("[_,_] sum{x,y}"), Collective("reduce_scatter", ("x", "y"), dim=1, **col),
-         L("[_,(x,y)]")),
-        (L("[(x,y),_]"), Collective("all_to_all", ("x", "y"), dim=0, dst_dim=1, **col),
-         L("[_,(x,y)]")),
-        (L("[z,_]"), Step("all_to_all", ("z",), 0, 1), L("[_,z]")),
-    ]
-
-    def body(*blocks):
-        return tuple(leave(apply_step(enter(b, s), st, mesh), d)
-                     for b, (s, st, d) in zip(blocks, cases))
-
-    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=tuple(spec(s, names) for s, _, _ in cases),
-                               out_specs=tuple(spec(d, names) for _, _, d in cases),
-                               check_vma=False))
-    outs = fn(*[canonical(G, s, names, w) for s, _, _ in cases])
-    for (s, st, d), out in zip(cases, outs):
-        np.testing.assert_array_equal(np.asarray(out), canonical(G, d, names, w), err_msg=str(st))
-
-
-def test_apply_steps_group_index_and_errors():
-    mshape = (2, 4)
-    names, jm = names_of(mshape), jax_mesh(mshape)
-    plan = Planner(MESH24).plan(L("[x,y]"), L("[y,x]"), (8, 8), F32)
-    G = np.arange(64, dtype=F32).reshape(8, 8)
-
-    def body(b):
-        idx = group_index(("x", "y"), jm).reshape(1, 1)
-        return apply_steps(b, plan.steps, jm), idx
-
-    fn = jax.jit(jax.shard_map(body, mesh=jm, in_specs=P("x", "y"),
-                               out_specs=(P("y", "x"), P(("x", "y"))), check_vma=False))
-    out, idx = fn(G)
-    np.testing.assert_array_equal(np.asarray(out), G)
-    np.testing.assert_array_equal(np.asarray(idx).ravel(), np.arange(8))
-
-    def bad(b):
-        return apply_step(b, Step("slice", ("y",), 0), jm)
-
-    with pytest.raises(CollectiveError, match="does not|cannot split"):
-        jax.jit(jax.shard_map(bad, mesh=jm, in_specs=P("x"), out_specs=P(("x", "y")),
-                              check_vma=False))(np.zeros((6,), F32))
-    with pytest.raises(CollectiveError, match="unknown step kind"):
-        odd = SimpleNamespace(kind="teleport", axes=("x",), dim=None, dst_dim=None)
-        jax.jit(jax.shard_map(lambda b: apply_step(b, odd, jm), mesh=jm,
-                              in_specs=P(), out_specs=P(), check_vma=False))(np.zeros(4, F32))
 
 
 def test_plans_are_memoised(case):
