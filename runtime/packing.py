@@ -14,7 +14,6 @@ array's bytes at an ALIGN-byte offset, and the arrays back as views of it or tra
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -109,19 +108,6 @@ class Packing:
     def other_args(self, n: int) -> list:
         packed = set(self.args)
         return [i for i in range(n) if i not in packed]
-
-    def arg_bytes(self, blocks) -> list:
-        """The bytes of each argument's block, in argument order, out of a rank's ``blocks``
-        (the argument pack, then the others)."""
-        out = [0] * (len(self.args) + len(blocks) - 1)
-        for i, n in zip(self.args, self.arg_pack.sizes):
-            out[i] = n
-        rest = iter(blocks[1:])
-        return [n if i in self._packed_args else next(rest).nbytes for i, n in enumerate(out)]
-
-    @functools.cached_property
-    def _packed_args(self) -> frozenset:
-        return frozenset(self.args)
 
     def other_results(self, n: int) -> list:
         packed = set(self.replicated) | set(self.split)
