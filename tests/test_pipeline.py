@@ -283,6 +283,25 @@ def test_whole_batch_statistics_cannot_be_micro_batched():
         ap.compile(step, p, b, config=config(stages=1, n=2, micro=2))
 
 
+def test_a_pipeline_no_stage_size_can_hold_says_why_each_size_was_left_out():
+    """in_strategy splits the batch 4 ways, more than a stage of 2 (or 3) of the 4 devices
+    has: the error names each size left out and its reason, not only the stage count."""
+    p, b = m.mlp_params(), m.mlp_batch()
+
+    def step(params, batch):
+        value, grads = jax.value_and_grad(m.mlp_loss)(params, batch)
+        return value, m.sgd(params, grads)
+
+    with pytest.raises(ap.PipelineError) as e:
+        ap.compile(step, p, b, config=config(parallel_mode="semi_auto_parallel"),
+                   in_strategy=(None, ((4, 1), (4, 1))))
+    assert "a stage of 2 devices: in_strategy" in str(e.value)
+    assert "apply to each stage's devices" in str(e.value)
+    c = ap.compile(step, p, b, config=config(parallel_mode="semi_auto_parallel"),
+                   in_strategy=(None, ((2, 1), (2, 1))))
+    assert_same(c(p, b), step(p, b))
+
+
 def test_automatic_stages_cut_between_blocks_and_match_single_device():
     p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
     c = ap.compile(m.gpt_sgd_step, p, b, config=config(micro=4))     # no annotations

@@ -107,23 +107,24 @@ class _SizeOption:
     option: StageOption
 
 
-def _size_options(graph, full, on_mesh, S, M, given, batch, names) -> dict:
-    """Stage size -> _SizeOption for every size ``stage_sizes`` allows. With ``"auto"`` a size
-    whose layouts cannot split the batch is left out (the first refusal is raised when no size
-    is left); with given sizes any refusal is raised."""
+def _size_options(graph, full, on_mesh, S, M, given, batch, names) -> tuple[dict, dict]:
+    """Stage size -> _SizeOption for every size ``stage_sizes`` allows, and stage size -> the
+    error that left it out. With ``"auto"`` a size whose layouts cannot split the batch is
+    left out (the first refusal is raised when no size is left); with given sizes any refusal
+    is raised."""
     auto = given == "auto"
-    out, refused = {}, []
+    out, refused = {}, {}
     for k in stage_sizes(S, given, full):
         try:
             mesh_plan = on_mesh(stage_mesh(full, S, k))
         except (ConfigError, LayoutError) as e:    # "auto": a size the batch cannot use
             if not auto:
                 raise
-            refused.append(e)
+            refused[k] = e
             continue
         error = _micro_batch_error(graph, mesh_plan, batch, M, names, k)
         if error is not None:
-            refused.append(error)
+            refused[k] = error
             continue
         planner = MicroPlanner(micro_mesh(mesh_plan.mesh, M))
         inputs = mesh_plan.assignment.inputs
@@ -132,8 +133,8 @@ def _size_options(graph, full, on_mesh, S, M, given, batch, names) -> dict:
         out[k] = _SizeOption(mesh_plan, planner, StageOption(
             mesh_plan.mesh, mesh_plan.assignment.choice, inputs, mesh_plan.comm, plan))
     if refused and (not auto or not out):
-        raise refused[0]
-    return out
+        raise next(iter(refused.values()))
+    return out, refused
 
 
 def _pipeline_mesh(full, S, sizes):
@@ -176,14 +177,22 @@ def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pair
     given = config.pipeline_stage_devices
     if given is None:                    # the planner's choice where it cuts the stages
         given = "equal" if fixed is not None else "auto"
-    by_size = _size_options(graph, full, on_mesh, S, M, given, batch, names)
+    by_size, refused = _size_options(graph, full, on_mesh, S, M, given, batch, names)
     sizes = (given if isinstance(given, tuple) else None if given == "auto"
              else (full.size // S,) * S)
-    return Staged(plan_stages(StageRequest(
-        graph=graph, count=S, micro=M, scheduler=config.pipeline_scheduler,
-        options={k: o.option for k, o in by_size.items()}, batch_inputs=frozenset(batch),
-        link=full.level(full.axis_names[0]), devices=full.size, cap=config.max_device_memory,
-        sizes=sizes, stages=fixed)), by_size)
+    try:
+        return Staged(plan_stages(StageRequest(
+            graph=graph, count=S, micro=M, scheduler=config.pipeline_scheduler,
+            options={k: o.option for k, o in by_size.items()}, batch_inputs=frozenset(batch),
+            link=full.level(full.axis_names[0]), devices=full.size,
+            cap=config.max_device_memory, sizes=sizes, stages=fixed)), by_size)
+    except PipelineError as e:
+        if not refused:
+            raise
+        why = "\n".join(f"- a stage of {k} devices: {err}" for k, err in refused.items())
+        note = ("\nWith pipeline stages, in_strategy's split counts apply to each stage's "
+                "devices.") if "in_strategy" in why else ""
+        raise PipelineError(f"{e}\nThe stage sizes left out, and why:\n{why}{note}") from None
 
 
 def pipeline_program(config, graph, full, staged: Staged):
