@@ -5,7 +5,9 @@ Out: a ``Graph`` whose inputs are the flattened leaves and whose outputs are the
 results (``in_tree``/``out_tree`` keep the pytree structure). Nested ``jit``, ``closed_call``,
 ``remat``/``jax.checkpoint``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
 is traced the custom derivative rules have been applied, so their primal bodies are what runs.
-Operators whose results nothing reads are dropped.
+PRNG keys (``jax.random``) are kept as their uint32 data, each operation on keys inlined as the
+operations on the data JAX lowers it to (``trace_keys``). Operators whose results nothing reads
+are dropped.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
+from . import trace_keys
 from .errors import LayoutError, RuleError
 from .graph import Const, Graph, Node, Value
 
@@ -48,6 +51,13 @@ def _flat(fn, args):
 
 
 def _graph(jaxpr, consts, in_tree, out_tree) -> Graph:
+    for what, vs in (("argument", jaxpr.invars), ("result", jaxpr.outvars)):
+        k = next((i for i, v in enumerate(vs) if trace_keys.is_key(v.aval)), None)
+        if k is not None:
+            raise RuleError(f"the step's {what} {k} (flattened) is a typed PRNG key "
+                            f"({vs[k].aval.str_short()}); pass and return its data instead: "
+                            "jax.random.key_data(key), or a raw jax.random.PRNGKey, which "
+                            "jax.random takes as it is.")
     b = _Builder()
     inputs = [b.new_value(v.aval) for v in jaxpr.invars]
     outs = b.inline(jaxpr, consts, inputs, "", "")
@@ -114,9 +124,9 @@ class _Builder:
         except TypeError:
             where = (f" made by '{eqn.primitive.name}' at "
                      f"{source_info_util.summarize(eqn.source_info)}") if eqn is not None else ""
-            raise RuleError(f"a value of type {aval.str_short()}{where} has no array dtype autopar "
-                            "can shard (e.g. a typed PRNG key); use raw uint32 keys "
-                            "(jax.random.PRNGKey) or make random masks outside the step.") from None
+            raise RuleError(f"a value of type {aval.str_short()}{where} has no array dtype "
+                            "autopar can shard; compute it outside the step, or return and "
+                            "pass its data as an array.") from None
         v = Value(self.next_id, tuple(int(d) for d in aval.shape), dtype)
         self.next_id += 1
         return v
@@ -146,6 +156,10 @@ class _Builder:
                 else:
                     sub, sub_consts = body, ()
                 outs = self.inline(sub, sub_consts, ins, src, scope)
+            elif trace_keys.involves_keys(eqn):   # on a key's data instead (trace_keys)
+                rule = trace_keys.physical_rule(eqn, f" at {src}" if src else "")
+                sub = jax.make_jaxpr(rule)(*[trace_keys.physical(v.aval) for v in eqn.invars])
+                outs = self.inline(sub.jaxpr, sub.consts, ins, src, scope)
             else:
                 outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
                 if eqn.effects:

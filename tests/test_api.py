@@ -323,14 +323,6 @@ def test_partial_in_strategy_rejected_at_compile():
         ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=(None, ("[x,_] sum{y}", None)))
 
 
-def test_typed_prng_key_is_a_rule_error():
-    def f(params, x):
-        mask = jax.random.bernoulli(jax.random.key(0), 0.5, x.shape)
-        return jnp.sum(jnp.where(mask, x @ params, 0.0))
-    with pytest.raises(ap.RuleError, match="PRNG"):
-        ap.compile(f, jnp.ones((4, 4)), jnp.ones((2, 4)))
-
-
 def test_strategy_records_collectives_and_memory_timeline():
     """The dump carries every communication step (priced) and the per-device memory timeline,
     and both survive the JSON round trip. Checked against data parallelism's definition: one

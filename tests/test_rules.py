@@ -189,6 +189,25 @@ def test_rule_check_other_primitives(shape):
     assert report.checked > 150
 
 
+def _random_ops(key, x):
+    """What jax.random's threefry becomes on a key's data (autopar.trace_keys), and bitcasts."""
+    k1, k2 = jax.random.split(key)
+    return [jax.random.bits(k1, (8, 8)), jax.random.uniform(k2, (4, 16)),
+            jax.random.normal(jax.random.fold_in(key, 3), (16,)),
+            lax.bitcast_convert_type(x, jnp.uint8),
+            lax.bitcast_convert_type(x.astype(jnp.uint32), jnp.float32)]
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4,)])
+def test_rule_check_random_bits(shape):
+    g = trace(_random_ops, jax.random.PRNGKey(0), jnp.ones((8, 4)))
+    assert {"threefry2x32", "iota_2x32_shape", "shift_right_logical",
+            "bitcast_convert_type"} <= {n.prim for n in g.nodes}
+    report = check_graph(g, *_meshes(shape))
+    assert report.failures == (), str(report)
+    assert report.checked > 20
+
+
 # ---------------------------------------------------------------- the checker is not vacuous
 
 _X = jnp.ones((16, 8))
@@ -212,6 +231,8 @@ _WRONG = {
     "scatter-add operand counted per device": (
         lambda x: x.at[jnp.array([1, 3, 5, 3])].add(jnp.ones((4, 8))), "scatter-add",
         parse("_ w, s+ _, s+ w -> _ w")),
+    "threefry counters split": (lambda x: jax.random.bits(jax.random.PRNGKey(0), (16, 8)),
+                                "iota_2x32_shape", parse(" -> a b, a b")),
     "convert bool claimed linear": (lambda x: (x > 0).astype(jnp.float32), "convert_element_type",
                                     parse("a b -> a b", linear=((0,),))),
 }

@@ -35,7 +35,8 @@ _NONLINEAR = ["exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "integer_pow", 
               "min", "abs", "sign", "erf", "erf_inv", "log1p", "expm1", "eq", "ne", "lt", "le",
               "gt", "ge", "and", "or", "not", "xor", "floor", "ceil", "round", "rem", "exp2",
               "is_finite", "square", "clamp", "nextafter", "atan2", "sin", "cos", "cbrt",
-              "stop_gradient"]
+              "stop_gradient", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+              "threefry2x32"]   # threefry2x32: each counter's bits from it and the key alone
 
 RULES = {name: elementwise() for name in _NONLINEAR}
 RULES.update({
@@ -50,7 +51,21 @@ RULES.update({
     "convert_element_type": Rule(lambda node: _convert_spec(node)),
     "reduce_precision": elementwise(linear=((0,),)),
     "select_n": Rule(lambda node: _select_spec(node)),
+    "bitcast_convert_type": Rule(lambda node: _bitcast_spec(node)),
 })
+
+
+def _bitcast_spec(node):
+    """Elementwise between types of one width; to a narrower type the result gains a last
+    dimension (the pieces of an element), from one it loses it: never split."""
+    (x,), (y,) = node.inputs, node.outputs
+    if len(x.shape) == len(y.shape):
+        return elementwise().spec(node)
+    if len(y.shape) > len(x.shape):
+        dims = _letters(len(x.shape))
+        return OpSpec((dims,), (dims + (None,),), frozenset(), ())
+    dims = _letters(len(y.shape))
+    return OpSpec((dims + (None,),), (dims,), frozenset(), ())
 
 
 def _convert_spec(node):

@@ -8,11 +8,14 @@ In: primitive names (``"add"``, ``"scatter-add"``, ``"add_any"``, ``"autopar_sha
 from __future__ import annotations
 
 from jax import lax
+from jax._src.random.prng import iota_2x32_shape_p
+from jax.extend.random import threefry2x32_p
 from jax.interpreters import ad
 
 from autopar.annotate import shard_p
 
-_OTHER = {"autopar_shard": shard_p, "add_any": ad.add_jaxvals_p}   # not in jax.lax
+_OTHER = {"autopar_shard": shard_p, "add_any": ad.add_jaxvals_p,   # not in jax.lax
+          "threefry2x32": threefry2x32_p, "iota_2x32_shape": iota_2x32_shape_p}
 
 
 def primitive(name: str):

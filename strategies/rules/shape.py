@@ -152,6 +152,14 @@ def iota_spec(node):
     return OpSpec(tuple(() for _ in node.inputs), (out,), frozenset(), ())
 
 
+def iota_2x32_spec(node):
+    """A 64-bit counter over the whole shape (random bits' threefry counters), as two uint32
+    halves: every element's value depends on its place in every dimension, so never split
+    (a split layout is a slice of it, made locally)."""
+    out = (None,) * len(node.params["shape"])
+    return OpSpec((), (out, out), frozenset(), ())
+
+
 # ---------------------------------------------------------------- slice and pad
 
 def _slice_whole(node):
@@ -199,6 +207,7 @@ RULES = {
     "tile": Rule(tile_spec),
     "rev": Rule(rev_spec),
     "iota": Rule(iota_spec),
+    "iota_2x32_shape": Rule(iota_2x32_spec),
     "slice": Rule(slice_spec, slice_local_params),
     "pad": Rule(pad_spec),
 }

@@ -1,0 +1,104 @@
+"""PRNG keys inside a traced step, as the uint32 data they are made of.
+
+``jax.random`` wraps every key, a raw ``jax.random.PRNGKey`` or a typed ``jax.random.key``,
+into a value of a key dtype (``key<fry>``), which has no array dtype to shard, price or send.
+The tracer (``autopar.trace``) therefore keeps such a value as its physical data (uint32, the
+key's shape followed by the implementation's key shape, e.g. ``(2,)`` for threefry) and
+replaces each operation on keys by the operations JAX itself lowers it to: ``random_bits``,
+``random_split``, ``random_fold_in`` and ``random_seed`` by their implementation's functions on
+the data (the same ones JAX's lowering calls, so the bits are identical), ``random_wrap`` and
+``random_unwrap`` by nothing, and the structural operations a program applies to arrays of keys
+(slicing ``split``'s result, squeezing, reshaping, broadcasting, concatenating, selecting) by the
+same operation on the data with the key's trailing dimensions carried along. The random bits
+that come out are ordinary uint32 arrays the planner lays out like any other.
+
+In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
+makes keys, and a function of the physical operands returning the physical results, to be
+traced and inlined in its place. Keys among the step's arguments or results are refused
+(``RuleError``): pass and return ``jax.random.key_data(key)`` (or raw ``PRNGKey`` arrays).
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax import lax
+
+from .errors import RuleError
+
+
+def is_key(aval) -> bool:
+    """Whether ``aval`` (an abstract value) holds PRNG keys."""
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def physical(aval) -> jax.ShapeDtypeStruct:
+    """The uint32 data of a key-typed (or any other) abstract value."""
+    if not is_key(aval):
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    impl = aval.dtype._impl
+    return jax.ShapeDtypeStruct(tuple(aval.shape) + tuple(impl.key_shape), np.dtype(np.uint32))
+
+
+def involves_keys(eqn) -> bool:
+    """Whether ``eqn`` reads or makes a key-typed value."""
+    return any(is_key(v.aval) for v in (*eqn.invars, *eqn.outvars))
+
+
+def _trailing(aval) -> tuple:
+    return tuple(aval.dtype._impl.key_shape) if is_key(aval) else ()
+
+
+def physical_rule(eqn, where: str):
+    """A function of ``eqn``'s physical operands giving its physical results (a list): see the
+    module docstring. ``where`` names the equation's source line for the error a primitive
+    on keys without a rule raises."""
+    name, params = eqn.primitive.name, eqn.params
+    ins = [v.aval for v in eqn.invars]
+    out = eqn.outvars[0].aval
+    from jax._src.random import prng
+    if name in ("random_wrap", "random_unwrap", "copy", "copy_p"):
+        return lambda x: [x]
+    if name == "random_seed":
+        return lambda s: [prng.random_seed_impl_base(s, impl=params["impl"])]
+    if name == "random_bits":
+        impl, n = ins[0].dtype._impl, len(ins[0].shape)
+        return lambda k: [prng.random_bits_impl_base(impl, k, n, bit_width=params["bit_width"],
+                                                     shape=params["shape"])]
+    if name == "random_split":
+        impl, n = ins[0].dtype._impl, len(ins[0].shape)
+        return lambda k: [prng.random_split_impl_base(impl, k, n, shape=params["shape"])]
+    if name == "random_fold_in":
+        impl, shape = ins[0].dtype._impl, tuple(ins[0].shape)
+        return lambda k, m: [prng.random_fold_in_impl_base(impl, k, m, shape)]
+    tail = _trailing(out)
+    t = len(tail)
+    if name == "slice":
+        strides = params.get("strides") or (1,) * len(params["start_indices"])
+        return lambda x: [lax.slice(x, tuple(params["start_indices"]) + (0,) * t,
+                                    tuple(params["limit_indices"]) + tail,
+                                    tuple(strides) + (1,) * t)]
+    if name == "squeeze":
+        return lambda x: [lax.squeeze(x, params["dimensions"])]
+    if name == "reshape" and params.get("dimensions") is None:
+        return lambda x: [lax.reshape(x, tuple(params["new_sizes"]) + tail)]
+    if name == "broadcast_in_dim":
+        rank = len(params["shape"])
+        return lambda x: [lax.broadcast_in_dim(
+            x, tuple(params["shape"]) + tail,
+            tuple(params["broadcast_dimensions"]) + tuple(range(rank, rank + t)))]
+    if name == "concatenate":
+        return lambda *xs: [lax.concatenate(xs, params["dimension"])]
+    if name == "dynamic_slice":
+        return lambda x, *idx: [lax.dynamic_slice(
+            x, tuple(idx) + (0,) * t, tuple(params["slice_sizes"]) + tail)]
+    if name == "select_n" and not is_key(ins[0]):
+        def select(which, *cases):
+            if which.ndim:                    # one choice per key: the same for its data
+                which = lax.broadcast_in_dim(which, cases[0].shape, tuple(range(which.ndim)))
+            return [lax.select_n(which, *cases)]
+        return select
+    raise RuleError(f"'{name}' on PRNG keys{where} has no rule in autopar (it handles "
+                    "random_bits, split, fold_in, seed, wrap/unwrap and slicing, reshaping, "
+                    "broadcasting, concatenating and selecting keys); make the random values "
+                    "outside the step and pass them in, or rewrite that line.")

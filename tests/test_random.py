@@ -1,0 +1,115 @@
+"""Random numbers inside a step (``jax.random`` with a key argument, or keys made in the step)
+run sharded and give the single-device step's values, bit for bit in the random draws
+(autopar.trace_keys); typed keys as arguments or results are refused with what to pass."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autopar as ap
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                         rtol=RTOL, atol=ATOL), a, b)
+
+
+def dropout_step(params, key, batch):
+    """A user's MLP step: dropout from a raw key, noise from a folded key, the next key out."""
+    x, y = batch
+
+    def loss(p):
+        k1, k2 = jax.random.split(key)
+        h = jax.nn.relu(x @ p["w1"])
+        keep = jax.random.bernoulli(k1, 0.8, h.shape)
+        h = jnp.where(keep, h / 0.8, 0.0)
+        noise = 0.01 * jax.random.normal(jax.random.fold_in(k2, 3), (y.shape[1],))
+        return jnp.mean((h @ p["w2"] + noise - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    next_key, _ = jax.random.split(key)
+    return value, jax.tree.map(lambda a, g: a - 0.1 * g, params, grads), next_key
+
+
+def typed_keys_step(params, batch):
+    """Typed keys made in the step: split into three, unpacked, one folded."""
+    x, y = batch
+    a, _, c = jax.random.split(jax.random.key(7), 3)
+
+    def loss(p):
+        keep = jax.random.uniform(jax.random.fold_in(a, 1), x.shape) > 0.3
+        h = jnp.where(keep, x, 0.0) @ p["w1"] + jax.random.normal(c, (p["w1"].shape[1],))
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return value, jax.tree.map(lambda a, g: a - 0.1 * g, params, grads)
+
+
+def case():
+    r = np.random.default_rng(0)
+    p = {"w1": jnp.asarray(r.normal(0, .3, (16, 32)), jnp.float32),
+         "w2": jnp.asarray(r.normal(0, .3, (32, 16)), jnp.float32)}
+    b = (jnp.asarray(r.normal(size=(8, 16)), jnp.float32),
+         jnp.asarray(r.normal(size=(8, 16)), jnp.float32))
+    return p, jax.random.PRNGKey(42), b
+
+
+MEGATRON = {"w1": (1, 4), "w2": (4, 1)}
+
+
+@pytest.mark.parametrize("mode", ["data_parallel", "semi_auto_parallel", "auto_parallel"])
+def test_dropout_from_a_key_argument_matches_single_device_over_two_steps(mode):
+    p, key, b = case()
+    cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, backend="jax", progress=False)
+    ins = (MEGATRON, None, None) if mode == "semi_auto_parallel" else None
+    c = ap.compile(dropout_step, p, key, b, config=cfg, batch_argnums=(2,), in_strategy=ins)
+    got, want = c(p, key, b), jax.jit(dropout_step)(p, key, b)
+    assert_same(got, want)
+    assert_same(c(*got[1:], b), jax.jit(dropout_step)(*want[1:], b))
+    prims = {op.prim for op in c.strategy.ops}
+    assert {"threefry2x32", "iota_2x32_shape"} <= prims     # the draws are planned operators
+
+
+def test_typed_keys_made_in_the_step_match_single_device():
+    p, _, b = case()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4, backend="jax",
+                            progress=False)
+    c = ap.compile(typed_keys_step, p, b, config=cfg, in_strategy=(MEGATRON, None))
+    assert_same(c(p, b), jax.jit(typed_keys_step)(p, b))
+
+
+def test_random_draws_in_a_pipeline_match_single_device():
+    p, key, b = case()
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax",
+                            pipeline_stages=2, micro_batches=2, progress=False)
+    c = ap.compile(dropout_step, p, key, b, config=cfg, batch_argnums=(2,))
+    assert_same(c(p, key, b), jax.jit(dropout_step)(p, key, b))
+
+
+def test_typed_keys_as_arguments_or_results_are_refused_with_their_data_named():
+    x = jnp.ones((4, 4))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+                            progress=False)
+    with pytest.raises(ap.ConfigError, match="key_data"):
+        ap.compile(lambda k, x: jax.random.normal(k, x.shape) + x, jax.random.key(0), x,
+                   config=cfg)
+    with pytest.raises(ap.RuleError, match="result 1 .* typed PRNG key.*key_data"):
+        ap.compile(lambda x: (x, jax.random.key(0)), x, config=cfg)
+
+
+@pytest.mark.native
+def test_dropout_on_the_native_runtime_matches_single_device():
+    p, key, b = case()
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=2, backend="native",
+                            progress=False)
+    c = ap.compile(dropout_step, p, key, b, config=cfg, batch_argnums=(2,),
+                   in_strategy=({"w1": (1, 2), "w2": (2, 1)}, None, None))
+    try:
+        got, want = c(p, key, b), jax.jit(dropout_step)(p, key, b)
+        assert_same(got, want)
+        assert_same(c(*got[1:], b), jax.jit(dropout_step)(*want[1:], b))
+    finally:
+        c.close()
