@@ -5,6 +5,8 @@ Out: a ``Graph`` whose inputs are the flattened leaves and whose outputs are the
 results (``in_tree``/``out_tree`` keep the pytree structure). Nested ``jit``, ``closed_call``,
 ``remat``/``jax.checkpoint``, ``custom_jvp_call`` and ``custom_vjp_call`` are inlined: by the time a training step
 is traced the custom derivative rules have been applied, so their primal bodies are what runs.
+``lax.scan`` is unrolled and ``lax.cond`` computed as a select of its branches
+(``trace_control``).
 PRNG keys (``jax.random``) are kept as their uint32 data, each operation on keys inlined as the
 operations on the data JAX lowers it to (``trace_keys``). Operators whose results nothing reads
 are dropped.
@@ -19,7 +21,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
-from . import trace_keys
+from . import trace_control, trace_keys
 from .errors import LayoutError, RuleError
 from .graph import Const, Graph, Node, Value
 
@@ -149,7 +151,10 @@ class _Builder:
             src = source_info_util.summarize(eqn.source_info) or outer_src
             scope = "/".join(s for s in (outer_scope, str(eqn.source_info.name_stack)) if s)
             key = _INLINE.get(eqn.primitive.name)
-            if key is not None and key in eqn.params:
+            control = trace_control.HANDLERS.get(eqn.primitive.name)
+            if control is not None:                # scan unrolled, cond as a select
+                outs = control(self, eqn, ins, src, scope)
+            elif key is not None and key in eqn.params:
                 body = eqn.params[key]
                 if eqn.primitive.name == "custom_vjp_call_jaxpr" or hasattr(body, "consts"):
                     sub, sub_consts = body.jaxpr, body.consts
@@ -158,8 +163,7 @@ class _Builder:
                 outs = self.inline(sub, sub_consts, ins, src, scope)
             elif trace_keys.involves_keys(eqn):   # on a key's data instead (trace_keys)
                 rule = trace_keys.physical_rule(eqn, f" at {src}" if src else "")
-                sub = jax.make_jaxpr(rule)(*[trace_keys.physical(v.aval) for v in eqn.invars])
-                outs = self.inline(sub.jaxpr, sub.consts, ins, src, scope)
+                outs = trace_control.emit(self, rule, ins, src, scope)
             else:
                 outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
                 if eqn.effects:

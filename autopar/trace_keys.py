@@ -13,14 +13,13 @@ same operation on the data with the key's trailing dimensions carried along. The
 that come out are ordinary uint32 arrays the planner lays out like any other.
 
 In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
-makes keys, and a function of the physical operands returning the physical results, to be
-traced and inlined in its place. Keys among the step's arguments or results are refused
+makes keys, and a function of the physical operands returning the physical results, which
+the tracer traces and inlines in its place (``trace_control.emit``). Keys among the step's arguments or results are refused
 (``RuleError``): pass and return ``jax.random.key_data(key)`` (or raw ``PRNGKey`` arrays).
 """
 from __future__ import annotations
 
 import jax
-import numpy as np
 from jax import lax
 
 from .errors import RuleError
@@ -30,14 +29,6 @@ def is_key(aval) -> bool:
     """Whether ``aval`` (an abstract value) holds PRNG keys."""
     dtype = getattr(aval, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def physical(aval) -> jax.ShapeDtypeStruct:
-    """The uint32 data of a key-typed (or any other) abstract value."""
-    if not is_key(aval):
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
-    impl = aval.dtype._impl
-    return jax.ShapeDtypeStruct(tuple(aval.shape) + tuple(impl.key_shape), np.dtype(np.uint32))
 
 
 def involves_keys(eqn) -> bool:

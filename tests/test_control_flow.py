@@ -1,0 +1,105 @@
+"""Control flow in a step (autopar.trace_control): ``lax.scan`` and static ``fori_loop``
+unrolled, ``lax.cond`` / ``lax.switch`` computed as a select of their branches; the sharded
+step gives the single-device step's values. Too long a scan and a ``while_loop`` are refused
+with the user's line."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autopar as ap
+from autopar.trace import trace
+from autopar.trace_control import MAX_UNROLL
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_same(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                         rtol=RTOL, atol=ATOL), a, b)
+
+
+def case():
+    r = np.random.default_rng(0)
+    p = {"w1": jnp.asarray(r.normal(0, .3, (16, 32)), jnp.float32),
+         "w2": jnp.asarray(r.normal(0, .3, (32, 16)), jnp.float32)}
+    b = (jnp.asarray(r.normal(size=(8, 16)), jnp.float32),
+         jnp.asarray(r.normal(size=(8, 16)), jnp.float32))
+    return p, b
+
+
+def mse(p, x, y):
+    return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
+
+
+def accumulating_step(p, batch):
+    """Gradient accumulation over 4 micro-batches with scan; the learning rate by cond."""
+    x, y = batch
+
+    def body(acc, xy):
+        value, grads = jax.value_and_grad(mse)(p, *xy)
+        return jax.tree.map(jnp.add, acc, (value, grads)), value
+
+    zero = (jnp.float32(0), jax.tree.map(jnp.zeros_like, p))
+    (value, grads), per_micro = jax.lax.scan(body, zero, (x.reshape(4, 2, 16),
+                                                          y.reshape(4, 2, 16)))
+    lr = jax.lax.cond(value > 4.0, lambda: 0.05, lambda: 0.1)
+    return value / 4, jax.tree.map(lambda a, g: a - lr * g / 4, p, grads), per_micro
+
+
+def layer_stack_step(p, batch):
+    """Two layers through a (reversed) scan over stacked weights, a static fori_loop and a
+    three-way switch."""
+    x, y = batch
+
+    def loss(p):
+        ws = jnp.stack([p["w1"][:, :16], p["w2"][:16, :]])
+        h, hs = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), h.sum()), x, ws, reverse=True)
+        h = jax.lax.fori_loop(0, 3, lambda i, h: h * 0.9 + 0.01 * i, h)
+        h = jax.lax.switch(jnp.argmax(hs) % 3, [lambda h: h, jnp.sin, jnp.cos], h)
+        return jnp.mean((h - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(p)
+    return value, jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
+
+
+@pytest.mark.parametrize("mode", ["data_parallel", "semi_auto_parallel", "auto_parallel"])
+@pytest.mark.parametrize("step", [accumulating_step, layer_stack_step])
+def test_scans_and_conds_match_single_device(step, mode):
+    p, b = case()
+    cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, backend="jax", progress=False)
+    ins = ({"w1": (1, 4), "w2": (4, 1)}, None) if mode == "semi_auto_parallel" else None
+    c = ap.compile(step, p, b, config=cfg, in_strategy=ins)
+    assert_same(c(p, b), jax.jit(step)(p, b))
+
+
+def test_a_scan_is_unrolled_and_a_cond_selects():
+    p, b = case()
+    prims = [n.prim for n in trace(accumulating_step, p, b).nodes]
+    assert "scan" not in prims and "cond" not in prims
+    assert prims.count("dot_general") == 4 * 5    # per micro-batch: 2 forward, 3 backward
+    assert "select_n" in prims
+
+
+def test_too_long_a_scan_and_a_while_loop_are_refused_with_the_line():
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+                            progress=False)
+    xs = jnp.ones((MAX_UNROLL + 1, 4))
+    with pytest.raises(ap.RuleError, match=f"scan of {MAX_UNROLL + 1} iterations at .*"
+                                           "test_control_flow"):
+        ap.compile(lambda w, xs: jax.lax.scan(lambda c, x: (c + x @ w, None), xs[0], xs)[0],
+                   jnp.ones((4, 4)), xs, config=cfg)
+    with pytest.raises(ap.RuleError, match="'while'"):
+        ap.compile(lambda w, x: jax.lax.while_loop(lambda v: v.sum() < 100.0,
+                                                   lambda v: v @ w + 1.0, x),
+                   jnp.ones((4, 4)), jnp.ones((2, 4)), config=cfg)
+
+
+@pytest.mark.native
+def test_accumulating_scan_on_the_native_runtime_matches_single_device():
+    p, b = case()
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False)
+    with ap.compile(accumulating_step, p, b, config=cfg) as c:
+        assert_same(c(p, b), jax.jit(accumulating_step)(p, b))
