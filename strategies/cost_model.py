@@ -5,7 +5,8 @@ holds every constant: per-device FLOP/s and memory bandwidth, per-level alpha/be
 Out: seconds and bytes, per device:
 - ``flops(node)``: floating-point operations of the whole (unsharded) operator: a contraction
   is 2 x output elements x contracted size, a reduction one op per input element, everything
-  else one op per output element;
+  else one op per output element (``threefry2x32``, random bits: its 20 rounds of add, rotate
+  and xor and 5 key injections, ~58 integer ops per output word);
 - ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
   a matmul's rate for its size, ``Topology.matmul_rate``) where
   S is how many ways the candidate splits the work (output splits times split contractions) and
@@ -47,7 +48,10 @@ def flops(node) -> float:
         return 2.0 * _size(out.shape) * k
     if node.prim.startswith("reduce_") or node.prim in (lax.argmax_p.name, lax.argmin_p.name):
         return float(_size(node.inputs[0].shape))
-    return float(sum(_size(v.shape) for v in node.outputs))
+    return float(sum(_size(v.shape) for v in node.outputs)) * _OPS_PER_ELEMENT.get(node.prim, 1)
+
+
+_OPS_PER_ELEMENT = {"threefry2x32": 58}     # see the module docstring
 
 
 def split_factor(cand, mesh) -> int:
