@@ -119,6 +119,7 @@ class _Server:
         theirs.close()
         self.sock, self.exits, self.alive, self.idle = mine, {}, True, set()
         self.lock, self.changed, self.pids = threading.Lock(), threading.Condition(), []
+        self.stale = 0      # answers owed to requests whose caller stopped waiting (Ctrl-C)
         self.reader = threading.Thread(target=self._read, daemon=True, name="autopar-forkserver")
         self.reader.start()
 
@@ -144,17 +145,27 @@ class _Server:
                 return
 
     def spawn(self, args, fd_args, cwd, token) -> Forked:
+        """The worker forked for this request. The server answers requests in order; an answer
+        whose caller was interrupted while waiting for it (``stale``) is the next to come, and
+        its worker, which no job will ever accept, is killed rather than taken for this one."""
         null = os.open(os.devnull, os.O_RDONLY)
         try:
             with self.lock:                       # one request answered at a time
                 _send(self.sock, ("spawn", list(args), list(fd_args), cwd, token),
                       [null, 1, 2] + [int(args[i]) for i in fd_args])
-                with self.changed:
-                    while not self.pids and self.alive:
-                        self.changed.wait(0.05)
-                    if not self.pids:
-                        raise OSError("the fork server exited before forking a worker")
-                    return Forked(self, self.pids.pop(0))
+                try:
+                    with self.changed:
+                        while len(self.pids) <= self.stale and self.alive:
+                            self.changed.wait(0.05)
+                        for _ in range(min(self.stale, len(self.pids))):
+                            Forked(self, self.pids.pop(0)).kill()
+                            self.stale -= 1
+                        if not self.pids:
+                            raise OSError("the fork server exited before forking a worker")
+                        return Forked(self, self.pids.pop(0))
+                except BaseException:
+                    self.stale += 1               # this request's answer is still to come
+                    raise
         finally:
             os.close(null)
 

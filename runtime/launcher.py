@@ -172,32 +172,46 @@ class Job:
                  "1" if direct else "0", places[hosts[r]][1], str(tcp_streams)]
                 for r in range(nranks)]
         self._warm = None                        # (path, env) of the fork server, if forked
-        if fork and namespaces is None:        # forked from a warm server (forkserver.py)
-            from . import forkserver
-            path, package = _worker_path()
-            self.procs = [forkserver.spawn(path, [package, *a], env, fd_args=(4,))
-                          for a in args]
-            self._warm = (path, env)
-        else:
-            command = _worker_command()
-            self.procs = [subprocess.Popen([*places[hosts[r]][0], *command, *args[r]],
-                                           pass_fds=(self.segment.fd,), env=env,
-                                           stdin=subprocess.DEVNULL) for r in range(nranks)]
+        self.procs = []
+        try:
+            if fork and namespaces is None:    # forked from a warm server (forkserver.py)
+                from . import forkserver
+                path, package = _worker_path()
+                for a in args:
+                    self.procs.append(forkserver.spawn(path, [package, *a], env, fd_args=(4,)))
+                self._warm = (path, env)
+            else:
+                command = _worker_command()
+                for r in range(nranks):
+                    self.procs.append(subprocess.Popen(
+                        [*places[hosts[r]][0], *command, *args[r]],
+                        pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL))
+        except BaseException:                  # e.g. Ctrl-C: the ranks started so far go
+            listener.close()
+            self._dir.cleanup()
+            for p in self.procs:
+                p.kill()
+            raise
         self.failure: str | None = None
         self.closed = False
+        self._pid = os.getpid()          # a forked child's copy of the job is not its own
+        self._calls = threading.Lock()   # one call at a time: threads share a compiled step
         self._took = 0.0                 # seconds the last call took (Job._collect)
         self.conns = [None] * nranks                 # filled in by _accept
         self._to = [wire.Box() for _ in range(nranks)]     # to rank r; and its answers', one
         self._from = [{} for _ in range(nranks)]           # per answer still lent out, + 1
-        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns)
+        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns,
+                                           self._pid)
         try:
             try:
                 self._start(listener)
             finally:
-                listener.close()      # before close() removes the folder holding its socket
-        except BaseException:
+                listener.close()      # before the folder holding its socket goes
+                self._dir.cleanup()   # (the ranks are connected: nothing is left to a caller
+        except BaseException:         # killed later)
             self.close()
             raise
+        _JOBS.add(self)
         self._monitor = threading.Thread(target=self._watch, daemon=True)
         self._monitor.start()
 
@@ -278,11 +292,16 @@ class Job:
         """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results. With
         ``borrow``, the results' arrays that came through shared memory are views of it
         (``wire.recv``), valid as long as they are held: a rank answers into shared memory
-        none of whose views are held (``lent`` counts those that are).
+        none of whose views are held (``lent`` counts those that are). Calls from several
+        threads run one after another.
 
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
         killed and the job is failed)."""
+        with self._calls:
+            return self._call(fn, per_rank_args, borrow)
+
+    def _call(self, fn, per_rank_args, borrow):
         dead = None if self.closed or self.failure else self._dead()
         if dead:                           # before the monitor has seen it
             self.failure = dead
@@ -498,8 +517,21 @@ class Job:
         for box in self._to + [b for boxes in self._from for b in boxes.values()]:
             box.close()
 
+    def _forked(self) -> None:
+        """In a child forked from the caller: the workers are the parent's, so the child
+        closes its copies of their sockets and marks the job closed without stopping them (its
+        next call starts workers of its own)."""
+        self.closed = True
+        self._calls = threading.Lock()   # a thread of the parent's may have held it
+        self._finalizer.detach()
+        for c in self.conns:
+            if c is not None:
+                c.close()
+
     @staticmethod
-    def _stop(procs, conns):
+    def _stop(procs, conns, owner):
+        if os.getpid() != owner:  # a forked child's copy: the parent's workers are not its own
+            return
         for c in conns:           # a worker exits when its control socket closes; sending it
             if c is not None:     # anything could block on a stopped worker's full buffer
                 c.close()
@@ -516,3 +548,16 @@ class Job:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()     # this process's started jobs
+
+
+def _forget_jobs() -> None:
+    """``os.fork``'s child hook: every job it inherited is the parent's (``Job._forked``)."""
+    for job in list(_JOBS):
+        job._forked()
+    _JOBS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_jobs)

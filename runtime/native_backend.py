@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 import gc
 import math
+import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +106,7 @@ class WorkerState:
     reducers: list = field(default_factory=list)   # the job's Reduction Server ranks
     stats: dict = field(default_factory=_fresh_stats)
     thread: Optional[ThreadPoolExecutor] = None
+    cache: Optional[str] = None               # the job's XLA cache folder (compile_rounds)
 
     def comm_thread(self) -> ThreadPoolExecutor:
         """The one thread collectives run on, started with the first program loaded. The comm
@@ -139,6 +142,10 @@ def shippable(instructions) -> tuple:
     return tuple(out)
 
 
+_RESTART = threading.Lock()
+PRIVATE_CACHE = "autopar-xla-"  # a job's own XLA cache folder (none configured): its prefix
+
+
 class WorkerRunner:
     """A job of worker processes with a program loaded in every rank, restarted on the next
     call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout``, ``options`` (a
@@ -167,12 +174,12 @@ class WorkerRunner:
                        direct=self.options.direct, inter_host="tcp" if places else "shm",
                        namespaces=places, tcp_streams=self.options.tcp_streams)
         users = jax.config.jax_compilation_cache_dir
-        cache = users or tempfile.mkdtemp(prefix="autopar-xla-")
-        job = self.job
+        cache = users or tempfile.mkdtemp(prefix=PRIVATE_CACHE)
+        job, owner = self.job, os.getpid()
 
         def stop():
             job.close()
-            if not users:
+            if not users and os.getpid() == owner:    # not in a forked child: the parent's
                 shutil.rmtree(cache, ignore_errors=True)
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
@@ -189,9 +196,10 @@ class WorkerRunner:
             raise
 
     def _ready(self):
-        if self.job.closed or self.job.failure:
-            self._finalizer()
-            self._start()
+        with _RESTART:                  # threads sharing the runner start one new job
+            if self.job.closed or self.job.failure:
+                self._finalizer()
+                self._start()
 
     def close(self):
         """Stop the workers; calling the runner again starts new ones. Closed by its user,
@@ -374,6 +382,7 @@ def compile_rounds(comm, compiles, ranks, cache):
     long, and its barrier waits up to ``COMPILE_TIMEOUT`` rather than the collective timeout:
     a compile on a loaded machine can take longer than a collective may wait)."""
     import jax
+    WORKER.cache = cache
     if cache is None or len(ranks) == 1:
         return [c() for c in compiles]
     jax.config.update("jax_compilation_cache_dir", cache)
@@ -418,6 +427,13 @@ def load(comm, payload, cache=None):
     if WORKER.reducers:
         compiled_everywhere(comm)
     return True
+
+
+def remove_private_cache() -> None:
+    """A worker whose caller went away (killed, or exited without closing the job) removes the
+    job's own XLA cache folder, which the caller would have removed on close."""
+    if WORKER.cache and os.path.basename(WORKER.cache).startswith(PRIVATE_CACHE):
+        shutil.rmtree(WORKER.cache, ignore_errors=True)
 
 
 def compiled_everywhere(comm):

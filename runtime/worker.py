@@ -101,7 +101,10 @@ def main(argv):
     xla_flags(single_threaded=False)
     _pin(rank, size)
     token = os.environ.pop("AUTOPAR_JOB_TOKEN")
-    conn = Client(address, family="AF_UNIX", authkey=token.encode())
+    try:
+        conn = Client(address, family="AF_UNIX", authkey=token.encode())
+    except (FileNotFoundError, ConnectionRefusedError):
+        return 1                      # the caller gave the job up before this rank connected
     conn.send(rank)
     try:
         elsewhere = _imported_elsewhere(package)
@@ -124,16 +127,34 @@ def main(argv):
             # (wire.readable) rather than let this core idle
             wire.readable([conn], None, time.perf_counter() + wire.SPIN_SECONDS)
             msg = wire.recv(conn, incoming)
-        except (EOFError, OSError):
-            return 0                  # the caller closed the job or is gone
+        except (EOFError, OSError):   # the caller closed the job or is gone
+            return _caller_gone()
         _, (module, name), args, at, drop = msg
         for i in drop:                # boxes the caller holds no views of and no longer uses
             ANSWERS.pop(i).close()
         box = ANSWERS.setdefault(at, wire.Box())
         try:
-            wire.send(conn, ("ok", _resolve(module, name)(comm, *args)), box)
+            reply = ("ok", _resolve(module, name)(comm, *args))
         except Exception as e:        # noqa: BLE001 - reported to the caller
-            kind = "CollectiveError" if isinstance(e, CollectiveError) else type(e).__name__
-            wire.send(conn, ("error", kind, str(e), traceback.format_exc()), box)
+            reply = _error(e)
+        try:
+            wire.send(conn, reply, box)
+        except (BrokenPipeError, ConnectionResetError):
+            return _caller_gone()     # (interrupted or killed mid-call: nothing to print)
+        except Exception as e:        # noqa: BLE001 - e.g. a result pickle cannot carry
+            wire.send(conn, _error(e), box)
+
+
+def _error(e) -> tuple:
+    kind = "CollectiveError" if isinstance(e, CollectiveError) else type(e).__name__
+    return ("error", kind, str(e), traceback.format_exc())
+
+
+def _caller_gone() -> int:
+    """The caller closed the job, or went away without closing it: its own XLA cache folder
+    goes with this rank (the caller removes it on close)."""
+    from .native_backend import remove_private_cache
+    remove_private_cache()
+    return 0
 
 

@@ -346,3 +346,127 @@ def test_soak_500_calls_with_workers_killed_at_random_moments():
     assert autopar_threads() <= before[2]
     assert set(os.listdir("/dev/shm")) == before[3]
     print(f"soak: {answered} answered, {failed} CollectiveError, {len(killed)} workers killed")
+
+
+# --- sharing, forking and interrupting a job (found by an outside bug hunt) ------------------
+
+def rank_times(comm, x):
+    return x * (comm.rank + 1)
+
+
+def test_threads_sharing_a_job_each_get_their_own_answers():
+    """Calls from several threads run one after another: no thread reads another's answer."""
+    with Job(2, timeout=TIMEOUT) as j:
+        got, errors = {}, []
+
+        def worker(t):
+            try:
+                for k in range(20):
+                    x = np.full(4, float(100 * t + k), np.float32)
+                    got[t, k] = j.call(rank_times, [(x,)] * 2)
+            except Exception as e:        # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND)
+        assert not errors, errors
+        for (t, k), answers in got.items():
+            assert [float(a[0]) for a in answers] == [100 * t + k, 2 * (100 * t + k)]
+        assert len(got) == 60
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")   # JAX's; the child leaves by
+def test_a_forked_child_runs_its_own_workers_and_leaves_the_parents_alone():   # os._exit
+    """After os.fork the child's copy of a compiled step starts workers of its own (its
+    answers right); the parent's workers keep running and answering."""
+    p, b = m.mlp_params(), m.mlp_batch()
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False, collective_timeout=TIMEOUT)
+    with ap.compile(m.mlp_sgd_step, p, b, config=cfg) as c:
+        want = m.mlp_sgd_step(p, b)
+        assert_same(c(p, b), want)
+        parents = c.on_workers(worker_pid)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:                      # the child: report, then leave without JAX's exit
+            ok = False
+            try:
+                got = c(p, b)
+                ok = c.on_workers(worker_pid) != parents and all(
+                    np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+                    for x, y in zip(jax_leaves(got), jax_leaves(want)))
+                c.close()
+            finally:
+                os.write(write, b"1" if ok else b"0")
+                os._exit(0)
+        os.close(write)
+        import select
+        if not select.select([read], [], [], BOUND)[0]:      # a child stuck in its call
+            os.kill(pid, signal.SIGKILL)
+        assert os.read(read, 1) == b"1"
+        os.waitpid(pid, 0)
+        assert all(os.path.exists(f"/proc/{q}") for q in parents)
+        assert c.on_workers(worker_pid) == parents
+        assert_same(c(p, b), want)
+
+
+def test_a_spawn_interrupted_while_waiting_drops_its_late_worker(monkeypatch):
+    """Ctrl-C while the fork server forks a worker: that worker's pid still comes; the next
+    spawn kills it and takes its own, rather than every later job pairing ranks with the
+    previous job's pids."""
+    from autopar.runtime import forkserver
+
+    class Interrupted(threading.Condition):
+        first = True
+
+        def wait(self, timeout=None):
+            if Interrupted.first:
+                Interrupted.first = False
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+    srv = forkserver._Server.__new__(forkserver._Server)
+    srv.sock, srv.exits, srv.alive, srv.idle, srv.pids, srv.stale = None, {}, True, set(), [], 0
+    srv.lock, srv.changed = threading.Lock(), Interrupted()
+    killed = []
+    monkeypatch.setattr(forkserver, "_send", lambda *a, **k: None)
+    monkeypatch.setattr(forkserver.Forked, "kill", lambda self: killed.append(self.pid))
+    with pytest.raises(KeyboardInterrupt):
+        srv.spawn(["worker"], (), "/", "token")
+    assert srv.stale == 1
+    srv.pids += [111, 222]              # the interrupted request's answer, then this one's
+    assert srv.spawn(["worker"], (), "/", "token").pid == 222
+    assert killed == [111] and srv.stale == 0 and srv.pids == []
+
+
+def test_a_caller_killed_leaves_no_folders_behind(tmp_path):
+    """A caller killed mid-job (SIGKILL: no clean-up of its own): its ranks exit and remove
+    the job's XLA cache folder; the control socket's folder went once the ranks connected."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, autopar as ap, models as m, os, signal\n"
+            "p, b = m.mlp_params(), m.mlp_batch()\n"
+            "cfg = ap.ParallelConfig(parallel_mode='data_parallel', device_num=2, "
+            "backend='native', progress=False)\n"
+            "c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)\n"
+            "c(p, b)\n"
+            "print(sorted(os.listdir(os.environ['TMPDIR'])), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path), JAX_COMPILATION_CACHE_DIR="",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__),
+                                           os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert "autopar-xla-" in out.stdout, out.stdout + out.stderr    # the job's cache, in use
+    assert "'autopar-" not in out.stdout.replace("'autopar-xla-", "")   # no control folder
+    deadline = time.monotonic() + BOUND
+    while [n for n in os.listdir(tmp_path) if n.startswith("autopar-")] and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [n for n in os.listdir(tmp_path) if n.startswith("autopar-")] == []
+
+
+def jax_leaves(tree):
+    import jax
+    return jax.tree.leaves(tree)

@@ -60,10 +60,16 @@ def worker_facts(comm):
 
 
 @pytest.mark.native
-def test_the_job_token_is_private_and_the_control_socket_folder_too():
+def test_the_job_token_is_private_and_the_control_socket_folder_too(monkeypatch):
     from autopar.runtime.launcher import Job
+    modes, start = [], Job._start
+
+    def watched(self, listener):              # the folder holds the socket while ranks connect
+        modes.append(stat.S_IMODE(Path(self._dir.name).stat().st_mode))
+        return start(self, listener)
+    monkeypatch.setattr(Job, "_start", watched)
     with Job(2, timeout=5.0) as j:
-        folder = Path(j._dir.name)            # held the socket until every rank connected
-        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert modes == [0o700]
+        assert not Path(j._dir.name).exists()  # gone once every rank connected
         for cmdline, token_in_env in j.call(worker_facts, [(), ()]):
             assert j.token not in cmdline and not token_in_env
