@@ -4,28 +4,16 @@ step gives the single-device step's values. Too long a scan and a ``while_loop``
 with the user's line."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import autopar as ap
 from autopar.trace import trace
 from autopar.trace_control import MAX_UNROLL
-
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def assert_same(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
-                                                         rtol=RTOL, atol=ATOL), a, b)
+from test_random import assert_same, case as random_case
 
 
 def case():
-    r = np.random.default_rng(0)
-    p = {"w1": jnp.asarray(r.normal(0, .3, (16, 32)), jnp.float32),
-         "w2": jnp.asarray(r.normal(0, .3, (32, 16)), jnp.float32)}
-    b = (jnp.asarray(r.normal(size=(8, 16)), jnp.float32),
-         jnp.asarray(r.normal(size=(8, 16)), jnp.float32))
+    p, _, b = random_case()
     return p, b
 
 
