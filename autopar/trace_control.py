@@ -9,8 +9,9 @@ over a long sequence) would make a graph too large to plan, and is refused. ``la
 ``lax.switch`` with a traced index computes every branch and selects each result by the index
 (``select_n``), as XLA does for cheap branches: the values are the chosen branch's; a branch's
 cost is paid even when it is not taken (the uninitialised scalars, ``empty2``, a differentiated
-cond keeps for the branches not taken become zeros, as XLA lowers them). ``while_loop`` (a trip count known only at run time)
-is not handled: its eqn reaches the rule table, which refuses it with the user's line.
+cond keeps for the branches not taken become zeros, as XLA lowers them). ``while_loop`` (a trip
+count known only at run time) is not handled: its eqn reaches the rule table, which refuses it
+with the user's line.
 
 In: the tracer's builder (``autopar.trace._Builder``), a ``scan`` or ``cond`` equation, its
 operands as graph values, its source line and scope. Out: the equation's results as graph

@@ -1,21 +1,22 @@
 """PRNG keys inside a traced step, as the uint32 data they are made of.
 
-``jax.random`` wraps every key, a raw ``jax.random.PRNGKey`` or a typed ``jax.random.key``,
-into a value of a key dtype (``key<fry>``), which has no array dtype to shard, price or send.
-The tracer (``autopar.trace``) therefore keeps such a value as its physical data (uint32, the
-key's shape followed by the implementation's key shape, e.g. ``(2,)`` for threefry) and
-replaces each operation on keys by the operations JAX itself lowers it to: ``random_bits``,
-``random_split``, ``random_fold_in`` and ``random_seed`` by their implementation's functions on
-the data (the same ones JAX's lowering calls, so the bits are identical), ``random_wrap`` and
-``random_unwrap`` by nothing, and the structural operations a program applies to arrays of keys
-(slicing ``split``'s result, squeezing, reshaping, broadcasting, concatenating, selecting) by the
-same operation on the data with the key's trailing dimensions carried along. The random bits
-that come out are ordinary uint32 arrays the planner lays out like any other.
+``jax.random`` wraps every key, a raw ``jax.random.PRNGKey`` or a typed ``jax.random.key``, into
+a value of a key dtype (``key<fry>``), which has no array dtype to shard, price or send. The
+tracer (``autopar.trace``) therefore keeps such a value as its physical data (uint32, the key's
+shape followed by the implementation's key shape, e.g. ``(2,)`` for threefry) and replaces each
+operation on keys by the operations JAX itself lowers it to: ``random_bits``, ``random_split``,
+``random_fold_in`` and ``random_seed`` by their implementation's functions on the data (the same
+ones JAX's lowering calls, so the bits are identical), ``random_wrap`` and ``random_unwrap`` by
+nothing, and the structural operations a program applies to arrays of keys (slicing ``split``'s
+result, squeezing, reshaping, broadcasting, concatenating, selecting) by the same operation on
+the data with the key's trailing dimensions carried along. The random bits that come out are
+ordinary uint32 arrays the planner lays out like any other.
 
 In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
-makes keys, and a function of the physical operands returning the physical results, which
-the tracer traces and inlines in its place (``trace_control.emit``). Keys among the step's arguments or results are refused
-(``RuleError``): pass and return ``jax.random.key_data(key)`` (or raw ``PRNGKey`` arrays).
+makes keys, and a function of the physical operands returning the physical results, which the
+tracer traces and inlines in its place (``trace_control.emit``). Keys among the step's arguments
+or results are refused (``RuleError``): pass and return ``jax.random.key_data(key)`` (or raw
+``PRNGKey`` arrays).
 """
 from __future__ import annotations
 

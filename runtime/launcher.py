@@ -59,6 +59,7 @@ from autopar.errors import CollectiveError, ConfigError, WorkerError
 
 from . import wire
 
+START_SECONDS = 60.0   # the least a job's ranks get to connect and report their links up
 _GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed, and again once
                   # the job was aborted (each at most half the collective timeout); a rank in a
                   # collective answers within milliseconds of an abort, one silent for longer is
@@ -219,13 +220,18 @@ class Job:
         """Accept every rank's control connection and wait for each to report its links up."""
         accept = threading.Thread(target=self._accept, args=(listener,), daemon=True)
         accept.start()
-        deadline = time.monotonic() + max(60.0, self.timeout)
+        deadline = time.monotonic() + max(START_SECONDS, self.timeout)
         while accept.is_alive() and time.monotonic() < deadline and not self._dead():
             accept.join(0.05)
         if any(c is None for c in self.conns):
             accept.join(0.5)        # a rank that reported and exited may still be being accepted
-            raise CollectiveError(self._start_failure() or self._dead()
-                                  or "the workers did not start in time")
+            late = [f"{r} (pid {self.procs[r].pid})" for r, c in enumerate(self.conns)
+                    if c is None]
+            raise CollectiveError(
+                self._start_failure() or self._dead()
+                or f"rank(s) {', '.join(late)} did not connect within "
+                   f"{max(START_SECONDS, self.timeout):.0f} s of the job's start (stopped, or the "
+                   "machine too busy to start them); nothing is left running, call again")
         for r, c in enumerate(self.conns):       # each rank reports after connecting links
             try:
                 if not c.poll(max(0.0, deadline - time.monotonic())):

@@ -225,6 +225,18 @@ def test_a_worker_that_exits_before_connecting_is_named(monkeypatch):
     assert err.value.__context__ is None
 
 
+def test_ranks_that_never_connect_are_named(monkeypatch):
+    from autopar.runtime import launcher
+    monkeypatch.setattr(launcher, "START_SECONDS", 1.0)
+    monkeypatch.setattr(launcher, "_worker_command",
+                        lambda: [launcher.sys.executable, "-c", "import time; time.sleep(60)"])
+    start = time.monotonic()
+    with pytest.raises(CollectiveError, match=r"rank\(s\) 0 \(pid \d+\), 1 \(pid \d+\) did not "
+                                              r"connect within 2 s"):
+        Job(2, timeout=TIMEOUT, fork=False)
+    assert time.monotonic() - start < BOUND
+
+
 def nbytes(comm, x):
     return int(x.nbytes)
 
