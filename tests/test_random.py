@@ -113,3 +113,25 @@ def test_dropout_on_the_native_runtime_matches_single_device():
         assert_same(c(*got[1:], b), jax.jit(dropout_step)(*want[1:], b))
     finally:
         c.close()
+
+
+def many_draws_step(w, key, x):
+    """jax.random's other samplers, each built on random_bits, inside one step."""
+    ks = jax.random.split(key, 6)
+    picks = jax.random.permutation(ks[2], x.shape[0])
+    value = jnp.sum((x[picks] @ w) * jax.random.randint(ks[0], (8, 4), 0, 10))
+    value += jnp.sum(jax.random.categorical(ks[1], x @ w))
+    value += jax.random.truncated_normal(ks[3], -1.0, 1.0, (4,)).sum()
+    value += jax.random.choice(ks[4], 8, (3,), replace=False).sum()
+    return value + jax.random.gumbel(ks[5], (8, 4)).sum()
+
+
+@pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
+def test_other_samplers_match_single_device(mode):
+    r = np.random.default_rng(0)
+    w = jnp.asarray(r.normal(size=(4, 4)), jnp.float32)
+    x = jnp.asarray(r.normal(size=(8, 4)), jnp.float32)
+    key = jax.random.PRNGKey(3)
+    cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, backend="jax", progress=False)
+    c = ap.compile(many_draws_step, w, key, x, config=cfg, batch_argnums=(2,))
+    assert_same(c(w, key, x), jax.jit(many_draws_step)(w, key, x))
