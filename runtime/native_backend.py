@@ -196,10 +196,11 @@ class WorkerRunner:
             raise
 
     def _ready(self):
-        with _RESTART:                  # threads sharing the runner start one new job
-            if self.job.closed or self.job.failure:
-                self._finalizer()
-                self._start()
+        if self.job.closed or self.job.failure:
+            with _RESTART:              # threads sharing the runner start one new job
+                if self.job.closed or self.job.failure:
+                    self._finalizer()
+                    self._start()
 
     def close(self):
         """Stop the workers; calling the runner again starts new ones. Closed by its user,
