@@ -556,6 +556,9 @@ def run(comm, blocks, keys=None, drop=()):
             for x, by in zip(results, p.answer_by)]                     # arrays
 
 
+run.borrows = True      # its argument blocks may be views of the call's message (worker.py)
+
+
 def _interpret(comm, blocks, workers) -> list:
     """The loaded program's steps in turn (collectives on the comm thread): the results."""
     p, stats = WORKER.payload, WORKER.stats

@@ -342,6 +342,9 @@ def run_stage(comm, blocks, keys=None, drop=()):
             for (k, _, split), x in zip(payload.outputs, results)}
 
 
+run_stage.borrows = True    # its argument blocks may be views of the call's message (worker.py)
+
+
 class _StageStep:
     """The registers of one step of a stage: ``step`` (values for the whole step: arguments
     the same for every micro-batch, values kept across micro-batches, sums over them), one

@@ -24,6 +24,8 @@ import numpy as np
 
 from autopar.errors import CollectiveError
 
+from . import wire
+
 RESIDENT_BYTES = 64 << 10       # results this large or larger stay in the workers too
 
 # ------------------------------------------------------------------ worker side
@@ -53,9 +55,10 @@ def take(blocks, drop) -> list:
 
 
 def keep(results, keys) -> None:
-    """Store ``results[i]`` under ``keys[i]`` for each result index in ``keys``."""
+    """Store ``results[i]`` under ``keys[i]`` for each result index in ``keys`` (its own copy if
+    it is an argument's block still in the call's shared memory, ``wire.owned``)."""
     for i, key in keys.items():
-        STORE[key] = results[i]
+        STORE[key] = wire.owned(results[i])
 
 
 # ------------------------------------------------------------------ caller side

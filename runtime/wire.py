@@ -12,11 +12,12 @@ each direction of a connection a ``Box``: shared memory the sender writes a mess
 into (messages of up to ``BOX_BYTES``; larger ones stream through the socket). Out:
 C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the object
 ``send`` sent, the arrays in its tuples, lists and dicts (carried beside its pickle, not in
-it) copied once out of the box into
-such memory (or, ``borrow``ed, views of the box valid until the next message: the caller
-reads its workers' results where they arrived). Without a box the arrays' bytes travel
-through the socket instead (two kernel copies and one more in ``multiprocessing``'s reader):
-a worker's 4 MB of results took about 5 ms of the caller's time per call that way.
+it) copied once out of the box into such memory (or, ``borrow``ed, views of the box valid
+until the next message: the caller reads its workers' results where they arrived, a worker
+its step's arguments; ``owned`` / ``unborrowed`` copy what must outlive the message).
+Without a box the arrays' bytes travel through the socket instead (two kernel copies and one
+more in ``multiprocessing``'s reader): a worker's 4 MB of results took about 5 ms of the
+caller's time per call that way.
 """
 from __future__ import annotations
 
@@ -198,6 +199,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             held = np.frombuffer(box.mm, np.uint8) if box.mm is not None else \
                 np.empty(0, np.uint8)                       # (all empty)
             box.lent = weakref.ref(held)                    # when they are gone
+            _LENDING.add(box)
             return _put(skeleton, (_view(held, at, m) for at, m in zip(offsets, meta)))
         held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
         for i, n in enumerate(sizes):
@@ -223,6 +225,47 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
         for i, at in zip(small, offsets):
             views[i] = _view(pack, at, meta[i])
     return _put(skeleton, iter(views))
+
+
+_LENDING = weakref.WeakSet()     # the boxes ``recv`` lent views of
+
+
+def _address(x) -> int | None:
+    """Where the data of a numpy or (single-device) JAX array starts, else None."""
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0]
+    pointer = getattr(x, "unsafe_buffer_pointer", None)
+    try:
+        return pointer() if pointer is not None else None
+    except Exception:                 # noqa: BLE001 - e.g. an array over several devices
+        return None
+
+
+def owned(x):
+    """``x``, or an aligned copy of it (of its own type) when its data lies in a box ``recv``
+    lent views of: such memory is valid only until that box's next message, so what a process
+    keeps past it (a worker's kept results, ``runtime.resident``) must not be there."""
+    at = _address(x)
+    if not at:
+        return x
+    for box in list(_LENDING):
+        held = box.lent() if box.lent is not None else None
+        if held is not None and held.size and \
+                held.ctypes.data <= at < held.ctypes.data + held.size:
+            if isinstance(x, np.ndarray):
+                out = empty(x.shape, x.dtype)
+                np.copyto(out, x)
+                return out
+            import jax.numpy as jnp
+            return jnp.array(x, copy=True)
+    return x
+
+
+def unborrowed(obj):
+    """``obj`` (as ``recv`` with ``borrow`` returned it) with every array in its tuples, lists
+    and dict values that views a lent box replaced by its own copy: what ``recv`` without
+    ``borrow`` would have returned."""
+    return _rebuilt(obj, lambda x: owned(x) if type(x) is np.ndarray else _SAME)
 
 
 SPIN_SECONDS = 2e-3     # how long ``readable`` polls before it blocks

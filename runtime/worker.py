@@ -8,10 +8,11 @@ host's: where it listens for TCP links); the job token in ``AUTOPAR_JOB_TOKEN``.
 on the control socket: ("ready",) once the links are up, then per ("call", (module, name),
 args, box, dropped boxes) an ("ok", result) or ("error", kind, message, traceback text); kind
 is "CollectiveError" for any autopar CollectiveError, else the exception's type name. Calls
-and replies travel as ``runtime.wire`` messages (their arrays in shared memory, received
-aligned: one ``wire.Box`` for the calls, and the replies into the box the call names, one of
-as many as the caller still holds arrays of). Exits when the caller closes the socket or goes
-away.
+and replies travel as ``runtime.wire`` messages (their arrays in shared memory, aligned: one
+``wire.Box`` for the calls, and the replies into the box the call names, one of as many as the
+caller still holds arrays of). A function marked ``borrows`` (the step runners) reads its
+arguments' arrays in the call's box, any other gets copies (``wire.unborrowed``). Exits when
+the caller closes the socket or goes away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
@@ -126,7 +127,7 @@ def main(argv):
             # a training loop's next call comes soon after this one's answer: poll for it
             # (wire.readable) rather than let this core idle
             wire.readable([conn], None, time.perf_counter() + wire.SPIN_SECONDS)
-            msg = wire.recv(conn, incoming)
+            msg = wire.recv(conn, incoming, borrow=True)
         except (EOFError, OSError):   # the caller closed the job or is gone
             return _caller_gone()
         _, (module, name), args, at, drop = msg
@@ -134,7 +135,12 @@ def main(argv):
             ANSWERS.pop(i).close()
         box = ANSWERS.setdefault(at, wire.Box())
         try:
-            reply = ("ok", _resolve(module, name)(comm, *args))
+            fn = _resolve(module, name)
+            # the arguments' arrays are views of the call's shared memory, valid until the
+            # next call: a function marked ``borrows`` reads them there (a step's argument
+            # blocks go to XLA in place, not copied first), any other gets copies
+            reply = ("ok", fn(comm, *(args if getattr(fn, "borrows", False)
+                                      else wire.unborrowed(args))))
         except Exception as e:        # noqa: BLE001 - reported to the caller
             reply = _error(e)
         try:

@@ -8,6 +8,7 @@ import pytest
 
 import autopar as ap
 import models as m
+from autopar.runtime import wire
 from autopar.runtime.native_backend import measure_memory
 from test_api import assert_same
 
@@ -254,6 +255,50 @@ def test_resident_results_stay_in_the_workers_and_a_loop_matches_the_single_devi
     got["w1"] += 1.0                                   # changed: sent whole, not by key
     want = dict(want, w1=np.asarray(want["w1"]) + 1.0)
     assert_same(c(got, b), m.mlp_sgd_step(want, b))
+    c.close()
+
+
+KEPT = []
+
+
+def keep_argument(comm, x):
+    """In a worker: hold on to ``x`` past the call."""
+    KEPT.append(x)
+
+
+def first_kept(comm):
+    return KEPT[0]
+
+
+def test_a_worker_keeps_its_own_copy_of_an_argument_past_the_call():
+    """A call's arrays reach the worker in the call's shared memory, which the next call's
+    overwrite; a function not marked ``borrows`` (only the step runners are) gets copies, so
+    what it keeps stays as it was sent."""
+    from autopar.runtime.launcher import Job
+    first = np.arange(wire.PACK, dtype=np.float64)
+    with Job(2, timeout=20.0) as j:
+        j.call(keep_argument, [(first,)] * 2)
+        j.call(keep_argument, [(-first,)] * 2)      # sent into the same memory
+        assert all(np.array_equal(got, first) for got in j.call(first_kept, [()] * 2))
+
+
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_a_result_that_is_an_argument_unchanged_keeps_its_values_in_the_workers(
+        monkeypatch, whole):
+    """A step runner reads its argument blocks where the call put them; a result that is an
+    argument passed through (here ``w``), kept in the workers (runtime.resident), is their own
+    copy: the next calls, which send another argument into the same memory, still see it."""
+    monkeypatch.setenv("AUTOPAR_RESIDENT", "1")
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
+    w = np.arange(128 * 256, dtype=np.float32).reshape(128, 256)      # 128 KiB: kept
+    x = np.ones((128, 256), np.float32)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False)
+    c = ap.compile(lambda w, x: (w, x * 2.0), w, x, config=cfg)
+    got, _ = c(w, x)
+    for k in range(3):
+        got, y = c(got, x + k)                      # got goes as a key, x + k where w was
+        assert np.array_equal(got, w) and np.array_equal(y, (x + k) * 2.0)
     c.close()
 
 

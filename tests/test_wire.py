@@ -149,3 +149,30 @@ def test_arrays_in_any_layout_dtype_and_place_arrive_equal():
             assert wire.is_aligned(y) and y.flags.writeable
         assert np.array_equal(got[2][0][0], base) and np.array_equal(got[2][0][1][0], base)
         assert got[2][1].dtype == object and list(got[2][1]) == [Fraction(1, 3), None]
+
+
+def test_owned_copies_only_arrays_that_view_a_lent_box():
+    """What a worker keeps past a call must not be the call's shared memory, which the next
+    message overwrites: ``owned`` copies an array viewing a box ``recv`` lent (aligned, equal,
+    writable), and returns any other array as it is; ``unborrowed`` does so for a message."""
+    import jax.numpy as jnp
+    a, b = Pipe()
+    out, into = wire.Box(), wire.Box()
+    obj = {"large": np.arange(wire.PACK // 4, dtype=np.float32), "small": np.arange(3.0)}
+    sender = threading.Thread(target=wire.send, args=(a, obj, out))
+    sender.start()
+    got = wire.recv(b, into, borrow=True)
+    sender.join()
+    mine, theirs = np.arange(4.0), jnp.arange(4.0)
+    for x in (got["large"], got["small"], got["large"][1::2]):
+        own = wire.owned(x)
+        assert np.array_equal(own, x) and not np.shares_memory(own, into.array)
+        assert wire.is_aligned(own) and own.flags.writeable
+    assert wire.owned(mine) is mine and wire.owned(theirs) is theirs
+    copied = wire.unborrowed({"x": [got["large"]], "y": (got["small"], mine), "z": 3})
+    assert not np.shares_memory(copied["x"][0], into.array)
+    assert not np.shares_memory(copied["y"][0], into.array)
+    assert copied["y"][1] is mine and copied["z"] == 3
+    assert np.array_equal(copied["x"][0], obj["large"])
+    del got
+    out.close(), into.close()
