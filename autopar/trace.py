@@ -165,11 +165,16 @@ class _Builder:
                 rule = trace_keys.physical_rule(eqn, f" at {src}" if src else "")
                 outs = trace_control.emit(self, rule, ins, src, scope)
             else:
-                outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
-                if eqn.effects:
-                    self.effectful.add(len(self.nodes))
-                self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
-                                       dict(eqn.params), src, scope, "transpose(" in scope))
+                outs = self.add_node(eqn, ins, src, scope)
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
         return [read(a) for a in jaxpr.outvars]
+
+    def add_node(self, eqn, ins, src, scope) -> list:
+        """``eqn`` as one operator on ``ins``: its results, new values."""
+        outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
+        if eqn.effects:
+            self.effectful.add(len(self.nodes))
+        self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
+                               dict(eqn.params), src, scope, "transpose(" in scope))
+        return outs

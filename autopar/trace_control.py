@@ -13,6 +13,8 @@ cond keeps for the branches not taken become zeros, as XLA lowers them). ``while
 count known only at run time) is not handled: its eqn reaches the rule table, which refuses it
 with the user's line.
 
+``HANDLERS`` also sends random bits' counters (``iota_2x32_shape``) to ``trace_keys.counters``.
+
 In: the tracer's builder (``autopar.trace._Builder``), a ``scan`` or ``cond`` equation, its
 operands as graph values, its source line and scope. Out: the equation's results as graph
 values, the operators that compute them added to the builder.
@@ -26,6 +28,7 @@ from jax import lax
 
 from .errors import RuleError
 from .graph import Const
+from .trace_keys import counters
 
 MAX_UNROLL = 128        # scan iterations inlined at most
 
@@ -77,4 +80,5 @@ def empty_scalar(builder, eqn, ins, src, scope) -> list:
     return [Const(np.zeros((), dtype), (), dtype)]
 
 
-HANDLERS = {"scan": unroll_scan, "cond": cond_as_select, "empty2": empty_scalar}
+HANDLERS = {"scan": unroll_scan, "cond": cond_as_select, "empty2": empty_scalar,
+            "iota_2x32_shape": counters}

@@ -10,7 +10,10 @@ ones JAX's lowering calls, so the bits are identical), ``random_wrap`` and ``ran
 nothing, and the structural operations a program applies to arrays of keys (slicing ``split``'s
 result, squeezing, reshaping, broadcasting, concatenating, selecting) by the same operation on
 the data with the key's trailing dimensions carried along. The random bits that come out are
-ordinary uint32 arrays the planner lays out like any other.
+ordinary uint32 arrays the planner lays out like any other. Their threefry counters
+(``iota_2x32_shape``: each element's row-major place, as two uint32 words) are built from one
+small iota per dimension, scaled and broadcast (``counters``), so that a device making its
+block of a split dropout mask makes only its block's counters, not the whole mask's.
 
 In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
 makes keys, and a function of the physical operands returning the physical results, which the
@@ -20,7 +23,10 @@ or results are refused (``RuleError``): pass and return ``jax.random.key_data(ke
 """
 from __future__ import annotations
 
+import math
+
 import jax
+import numpy as np
 from jax import lax
 
 from .errors import RuleError
@@ -39,6 +45,27 @@ def involves_keys(eqn) -> bool:
 
 def _trailing(aval) -> tuple:
     return tuple(aval.dtype._impl.key_shape) if is_key(aval) else ()
+
+
+def counters(builder, eqn, ins, src, scope) -> list:
+    """``iota_2x32_shape``: every element's row-major place in ``shape`` as (high, low) uint32
+    words, as JAX makes them; below 2**32 elements the high word is zero and the low one the sum
+    over dimensions of a 1-d iota times the dimension's stride, broadcast (elementwise and
+    broadcast operators: any dimension may be split, a device makes its block). A larger shape
+    stays one operator (never split: every device makes all of it and slices its block)."""
+    from .trace_control import emit
+    shape = tuple(eqn.params["shape"])
+    if not shape or math.prod(shape) >= 2 ** 32:
+        return builder.add_node(eqn, ins, src, scope)
+
+    def build():
+        low = None
+        for d, n in enumerate(shape):
+            place = lax.iota(np.uint32, n) * np.uint32(math.prod(shape[d + 1:]))
+            place = lax.broadcast_in_dim(place, shape, (d,))
+            low = place if low is None else low + place
+        return [lax.full(shape, 0, np.uint32), low]
+    return emit(builder, build, [], src, scope)
 
 
 def physical_rule(eqn, where: str):

@@ -201,8 +201,8 @@ def _random_ops(key, x):
 @pytest.mark.parametrize("shape", [(2, 2), (4,)])
 def test_rule_check_random_bits(shape):
     g = trace(_random_ops, jax.random.PRNGKey(0), jnp.ones((8, 4)))
-    assert {"threefry2x32", "iota_2x32_shape", "shift_right_logical",
-            "bitcast_convert_type"} <= {n.prim for n in g.nodes}
+    assert {"threefry2x32", "shift_right_logical", "bitcast_convert_type"} <= \
+        {n.prim for n in g.nodes}
     report = check_graph(g, *_meshes(shape))
     assert report.failures == (), str(report)
     assert report.checked > 20
@@ -231,8 +231,6 @@ _WRONG = {
     "scatter-add operand counted per device": (
         lambda x: x.at[jnp.array([1, 3, 5, 3])].add(jnp.ones((4, 8))), "scatter-add",
         parse("_ w, s+ _, s+ w -> _ w")),
-    "threefry counters split": (lambda x: jax.random.bits(jax.random.PRNGKey(0), (16, 8)),
-                                "iota_2x32_shape", parse(" -> a b, a b")),
     "convert bool claimed linear": (lambda x: (x > 0).astype(jnp.float32), "convert_element_type",
                                     parse("a b -> a b", linear=((0,),))),
 }
@@ -248,6 +246,29 @@ def test_checker_catches_wrong_rules(name):
     assert wrong.failures[0].candidate and wrong.failures[0].error
     right = check_node(node, mesh, jm, np.random.default_rng(0))
     assert right.failures == () and right.checked >= 1
+
+
+def test_threefry_counters_from_iotas_and_as_one_operator():
+    """Random bits' counters (``iota_2x32_shape``) are traced as iotas scaled, broadcast and
+    added, which any dimension may split; over 2**32 elements they stay one operator, whose
+    rule splits nothing: the checker runs its candidate and catches one that splits it."""
+    from jax._src.random.prng import iota_2x32_shape_p
+    from autopar.trace import _Builder
+    small = trace(lambda k: jax.random.bits(k, (16, 8)), jax.random.PRNGKey(0))
+    assert "iota_2x32_shape" not in {n.prim for n in small.nodes}
+    huge = trace(lambda k: jax.random.bits(k, (1 << 16, 1 << 16)), jax.random.PRNGKey(0))
+    assert [n.params["shape"] for n in huge.nodes if n.prim == "iota_2x32_shape"] == \
+        [(1 << 16, 1 << 16)]
+    eqn = jax.make_jaxpr(lambda: iota_2x32_shape_p.bind(shape=(16, 8)))().eqns[0]
+    builder = _Builder()
+    builder.add_node(eqn, [], "", "")
+    node = builder.nodes[0]
+    mesh, jm = _meshes((2, 2))
+    right = check_node(node, mesh, jm, np.random.default_rng(0))
+    assert right.failures == () and right.checked >= 1
+    wrong = check_node(node, mesh, jm, np.random.default_rng(0),
+                       rule=Rule(lambda n: parse(" -> a b, a b")))
+    assert wrong.failures and wrong.failures[0].primitive == "iota_2x32_shape"
 
 
 def test_report_text_and_mesh_mismatch():
