@@ -10,10 +10,13 @@ over a long sequence) would make a graph too large to plan, and is refused. ``la
 (``select_n``), as XLA does for cheap branches: the values are the chosen branch's; a branch's
 cost is paid even when it is not taken (the uninitialised scalars, ``empty2``, a differentiated
 cond keeps for the branches not taken become zeros, as XLA lowers them). ``while_loop`` (a trip
-count known only at run time) is not handled: its eqn reaches the rule table, which refuses it
-with the user's line.
+count known only at run time) stays one operator, which every device runs whole
+(``strategies/rules/control.py``); one carrying PRNG keys is refused (``trace_keys``).
 
-``HANDLERS`` also sends random bits' counters (``iota_2x32_shape``) to ``trace_keys.counters``.
+A cond whose index is known when traced (``platform_index``, resolved here for the platform
+JAX computes on) is just the chosen branch. ``custom_linear_solve`` (``jnp.linalg.solve``) is
+its ``solve`` function, inlined. ``HANDLERS`` also sends random bits' counters
+(``iota_2x32_shape``) to ``trace_keys.counters``.
 
 In: the tracer's builder (``autopar.trace._Builder``), a ``scan`` or ``cond`` equation, its
 operands as graph values, its source line and scope. Out: the equation's results as graph
@@ -64,9 +67,11 @@ def unroll_scan(builder, eqn, ins, src, scope) -> list:
 
 
 def cond_as_select(builder, eqn, ins, src, scope) -> list:
-    index, ops = ins[0], ins[1:]
-    outs = [builder.inline(b.jaxpr, b.consts, list(ops), src, scope)
-            for b in eqn.params["branches"]]
+    index, ops, branches = ins[0], ins[1:], eqn.params["branches"]
+    if isinstance(index, Const):            # known when traced (``platform_index``): that
+        b = branches[int(np.clip(np.asarray(index.value), 0, len(branches) - 1))]   # branch
+        return builder.inline(b.jaxpr, b.consts, list(ops), src, scope)
+    outs = [builder.inline(b.jaxpr, b.consts, list(ops), src, scope) for b in branches]
     if len(outs) == 1:
         return outs[0]
     return [emit(builder, lambda w, *cases: [lax.select_n(w, *cases)], [index, *cases],
@@ -80,5 +85,33 @@ def empty_scalar(builder, eqn, ins, src, scope) -> list:
     return [Const(np.zeros((), dtype), (), dtype)]
 
 
+def platform_index(builder, eqn, ins, src, scope) -> list:
+    """``platform_index`` (``lax.platform_dependent``, e.g. inside ``jnp.linalg.det``): the
+    index of the code for the platform JAX computes on by default (``jax.default_backend()``;
+    the native runtime's workers compute on CPU), else of the default code, as a constant."""
+    here = {"cpu": {"cpu"}, "gpu": {"cuda", "rocm", "gpu"}, "tpu": {"tpu"}}.get(
+        jax.default_backend(), {jax.default_backend()})
+    groups = eqn.params["platforms"]
+    found = [i for i, ps in enumerate(groups) if ps is not None and here & set(ps)]
+    default = [i for i, ps in enumerate(groups) if ps is None]
+    if not found and not default:
+        raise RuleError(f"code at {src or 'an unknown source line'} has versions for "
+                        f"{[p for ps in groups for p in ps]} only, none for "
+                        f"{jax.default_backend()}: run the step where JAX computes on one of "
+                        "those, or give it a default version.")
+    return [Const(np.int32((found or default)[0]), (), np.dtype(np.int32))]
+
+
+def linear_solve(builder, eqn, ins, src, scope) -> list:
+    """``custom_linear_solve`` (``jnp.linalg.solve``, ``inv``): its ``solve`` function on the
+    right-hand side (its consts, then the operands); a differentiated step has already turned
+    the solve's transpose into a solve of its own."""
+    n, solve = eqn.params["const_lengths"], eqn.params["jaxprs"].solve
+    start = n.matvec + n.vecmat
+    consts, rhs = ins[start:start + n.solve], ins[sum(n):]
+    return builder.inline(solve.jaxpr, solve.consts, [*consts, *rhs], src, scope)
+
+
 HANDLERS = {"scan": unroll_scan, "cond": cond_as_select, "empty2": empty_scalar,
-            "iota_2x32_shape": counters}
+            "iota_2x32_shape": counters, "platform_index": platform_index,
+            "custom_linear_solve": linear_solve}

@@ -32,8 +32,12 @@ from jax import lax
 from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, reads, writes
 
+from .rules import linalg
 from .rules.elementwise import RULES as ELEMENTWISE
 from .rules.primitives import primitives
+
+
+LINALG = frozenset(linalg.RULES)
 
 
 def _size(shape) -> int:
@@ -48,6 +52,8 @@ def flops(node) -> float:
         return 2.0 * _size(out.shape) * k
     if node.prim.startswith("reduce_") or node.prim in (lax.argmax_p.name, lax.argmin_p.name):
         return float(_size(node.inputs[0].shape))
+    if node.prim in LINALG:
+        return linalg.flops(node)
     return float(sum(_size(v.shape) for v in node.outputs)) * _OPS_PER_ELEMENT.get(node.prim, 1)
 
 

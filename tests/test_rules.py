@@ -283,3 +283,36 @@ def test_report_text_and_mesh_mismatch():
     assert isinstance(report.merge(CheckReport(1, 2)), CheckReport)
     with pytest.raises(ConfigError):
         check_node(node, LogicalMesh.create((4,)), jm, np.random.default_rng(0))
+
+
+def _linalg_ops(a, x):
+    """A batch of matrices through jnp.linalg, jax.scipy.linalg and jnp.fft, the special
+    functions of probability densities, and a while loop."""
+    spd = a @ jnp.swapaxes(a, -1, -2) + 8.0 * jnp.eye(a.shape[-1])
+    chol = jnp.linalg.cholesky(spd)
+    w, v = jnp.linalg.eigh(spd)
+    q, r = jnp.linalg.qr(a)
+    u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+    tri = jax.scipy.linalg.solve_triangular(chol, x, lower=True)
+    spectrum = jnp.fft.rfft(x, axis=-1)
+    return [chol, w, v, q, r, u, s, vt, jnp.linalg.solve(spd, x), jnp.linalg.det(spd), tri,
+            jnp.fft.irfft(spectrum, n=x.shape[-1], axis=-1), jnp.abs(jnp.fft.fft2(a)),
+            lax.lgamma(spd + 20.0), lax.digamma(spd + 20.0), lax.erfc(x), jnp.sinh(x),
+            lax.igamma(jnp.abs(x) + 1.0, jnp.abs(x)), jnp.searchsorted(jnp.sort(x[0, 0]), x),
+            lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 1.5, c[1] + 1), (x, 0))[0]]
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4,)])
+def test_rule_check_linear_algebra_fft_and_special_functions(shape):
+    """Factorisations, solves and transforms split only their batch dimensions, a while loop
+    nothing; every candidate runs sharded and gives the unsharded values."""
+    r = np.random.default_rng(0)
+    a = jnp.asarray(r.normal(size=(4, 6, 6)), jnp.float32)
+    x = jnp.asarray(r.normal(size=(4, 6, 8)), jnp.float32)
+    g = trace(_linalg_ops, a, x)
+    prims = {n.prim for n in g.nodes}
+    assert {"cholesky", "eigh", "qr", "svd", "lu", "triangular_solve", "fft", "lgamma",
+            "digamma", "erfc", "igamma", "sinh", "while"} <= prims
+    report = check_graph(g, *_meshes(shape))
+    assert report.failures == (), str(report)
+    assert report.checked > 40

@@ -10,12 +10,13 @@ from __future__ import annotations
 from autopar.errors import RuleError
 from autopar.graph import type_str
 
-from . import annotate, dot, elementwise, indexing, reduce, shape, window
+from . import annotate, control, dot, elementwise, indexing, linalg, reduce, shape, window
 from .primitives import primitive
 from .spec import OpSpec, Rule, parse
 
 RULES: dict = {primitive(name): rule
-               for family in (elementwise, dot, shape, reduce, indexing, annotate, window)
+               for family in (elementwise, dot, shape, reduce, indexing, annotate, window,
+                              linalg, control)
                for name, rule in family.RULES.items()}
 
 

@@ -372,10 +372,11 @@ def _compare(got, layout, want, mesh):
         key = tuple(int(coords[a]) for a in mesh.axis_names if a not in layout.partial)
         groups.setdefault(key, []).append((b, coords))
     floating = np.issubdtype(want.dtype, np.inexact)
+    wide = np.complex128 if np.issubdtype(want.dtype, np.complexfloating) else np.float64
     for members in groups.values():
         b, coords = members[0]
         if floating:
-            total = sum(got[m].astype(np.float64) for m, _ in members)
+            total = sum(got[m].astype(wide) for m, _ in members)
         else:
             total = sum(got[m] for m, _ in members) if len(members) > 1 else got[b]
         block = want[layout.block(want.shape, coords, mesh)]
@@ -386,7 +387,7 @@ def _compare(got, layout, want, mesh):
         else:
             ok = np.array_equal(total.astype(want.dtype), block)
         if not ok:
-            diff = np.abs(np.asarray(total, np.float64) - np.asarray(block, np.float64))
+            diff = np.abs(np.asarray(total, wide) - np.asarray(block, wide))
             return (f"device {b} (coords {dict((a, int(c)) for a, c in coords.items())}) differs "
                     f"from the unsharded result, max abs error {np.nanmax(diff):.3g}")
     return None

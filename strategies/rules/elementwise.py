@@ -36,7 +36,11 @@ _NONLINEAR = ["exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "integer_pow", 
               "gt", "ge", "and", "or", "not", "xor", "floor", "ceil", "round", "rem", "exp2",
               "is_finite", "square", "clamp", "nextafter", "atan2", "sin", "cos", "cbrt",
               "stop_gradient", "shift_left", "shift_right_logical", "shift_right_arithmetic",
-              "threefry2x32"]   # threefry2x32: each counter's bits from it and the key alone
+              "threefry2x32",   # threefry2x32: each counter's bits from it and the key alone
+              "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc",
+              "lgamma", "digamma", "polygamma", "zeta", "igamma", "igammac", "igamma_grad_a",
+              "regularized_incomplete_beta", "bessel_i0e", "bessel_i1e", "population_count",
+              "clz", "mulhi", "eq_to", "le_to", "lt_to"]   # *_to: total-order comparisons
 
 RULES = {name: elementwise() for name in _NONLINEAR}
 RULES.update({
@@ -48,6 +52,9 @@ RULES.update({
     "div": elementwise(linear=((0,),)),
     "copy": elementwise(linear=((0,),)),
     "real": elementwise(linear=((0,),)),
+    "imag": elementwise(linear=((0,),)),
+    "conj": elementwise(linear=((0,),)),
+    "complex": elementwise(linear=((0, 1),)),
     "convert_element_type": Rule(lambda node: _convert_spec(node)),
     "reduce_precision": elementwise(linear=((0,),)),
     "select_n": Rule(lambda node: _select_spec(node)),

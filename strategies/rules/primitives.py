@@ -20,10 +20,11 @@ _OTHER = {"autopar_shard": shard_p, "add_any": ad.add_jaxvals_p,   # not in jax.
 
 def primitive(name: str):
     """The primitive a jaxpr prints as ``name``; ImportError when JAX has none."""
-    p = _OTHER.get(name) or getattr(lax, name.replace("-", "_") + "_p", None)
+    attr = name.replace("-", "_") + "_p"
+    p = _OTHER.get(name) or getattr(lax, attr, None) or getattr(lax.linalg, attr, None)
     if p is None or p.name != name:
-        raise ImportError(f"no JAX primitive is named {name!r} (looked for jax.lax."
-                          f"{name.replace('-', '_')}_p): a rule or primitive table names an "
+        raise ImportError(f"no JAX primitive is named {name!r} (looked for jax.lax.{attr} and "
+                          f"jax.lax.linalg.{attr}): a rule or primitive table names an "
                           "operator this JAX version does not have; fix or delete that key")
     return p
 
