@@ -15,8 +15,8 @@ count known only at run time) stays one operator, which every device runs whole
 
 A cond whose index is known when traced (``platform_index``, resolved here for the platform
 JAX computes on) is just the chosen branch. ``custom_linear_solve`` (``jnp.linalg.solve``) is
-its ``solve`` function, inlined. ``HANDLERS`` also sends random bits' counters
-(``iota_2x32_shape``) to ``trace_keys.counters``.
+its ``solve`` function, inlined; ``device_put`` is its operands. ``HANDLERS`` also sends
+random bits' counters (``iota_2x32_shape``) to ``trace_keys.counters``.
 
 In: the tracer's builder (``autopar.trace._Builder``), a ``scan`` or ``cond`` equation, its
 operands as graph values, its source line and scope. Out: the equation's results as graph
@@ -112,6 +112,12 @@ def linear_solve(builder, eqn, ins, src, scope) -> list:
     return builder.inline(solve.jaxpr, solve.consts, [*consts, *rhs], src, scope)
 
 
+def placed(builder, eqn, ins, src, scope) -> list:
+    """``device_put`` inside a step (``jax.device_put(x)``, ``jnp.array(x, copy=True)``): its
+    operands; where values live is the plan's to choose."""
+    return list(ins)
+
+
 HANDLERS = {"scan": unroll_scan, "cond": cond_as_select, "empty2": empty_scalar,
             "iota_2x32_shape": counters, "platform_index": platform_index,
-            "custom_linear_solve": linear_solve}
+            "custom_linear_solve": linear_solve, "device_put": placed}

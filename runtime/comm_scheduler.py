@@ -114,6 +114,11 @@ def _step(comm, st, x, mesh, reducers):
     if not axes:
         return x
     ranks, me = _group(mesh, comm.rank, axes)
+    if np.iscomplexobj(x):            # the collectives move and sum real numbers: a complex
+        part = np.dtype(f"f{x.dtype.itemsize // 2}")        # value goes as (real, imaginary)
+        y = _STEPS[st.kind](comm, st, x.view(part).reshape(x.shape + (2,)), ranks, me,
+                            reducers)                       # pairs, a trailing dimension
+        return np.ascontiguousarray(y).view(x.dtype).reshape(y.shape[:-1])
     return _STEPS[st.kind](comm, st, x, ranks, me, reducers)
 
 

@@ -98,6 +98,7 @@ class Tracer:
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
         self.buckets = []          # (tensors, bytes, algorithm) per all-reduce the step makes
         self.started, self.fence, self.latest = {}, None, None
+        self.complex = set()       # collectives' results carried as (real, imaginary) pairs
 
     def get(self, r):
         """Register ``r``'s value; a started bucket holding it is awaited here, a bucket not
@@ -112,6 +113,9 @@ class Tracer:
         return self.regs[r] if r in self.regs else self.step[r]
 
     def put(self, r, value):
+        if r in self.complex:                  # back from a collective's real pairs
+            from jax import lax
+            value = lax.complex(value[..., 0], value[..., 1])
         self.regs[r] = value
         if r in self.keep:
             self.step[r] = value
@@ -134,15 +138,20 @@ class Tracer:
             self.latest = outs[0] if outs else self.latest
             return
         axes = tuple(a for a in ins.axes if self.mesh.axis_size(a) > 1)
+        x = self.get(ins.src)
         if not axes:
-            self.put(ins.out, self.get(ins.src))
-        elif ins.kind == StepKind.ALL_REDUCE:
-            self.put_all(self._defer(ins, self.get(ins.src), axes))
+            self.put(ins.out, x)
+            return
+        if np.issubdtype(x.dtype, np.complexfloating):   # the collectives move and sum real
+            import jax.numpy as jnp                       # numbers: a complex value goes as
+            x = jnp.stack([jnp.real(x), jnp.imag(x)], -1)  # pairs (a trailing dimension)
+            self.complex.add(ins.out)
+        if ins.kind == StepKind.ALL_REDUCE:
+            self.put_all(self._defer(ins, x, axes))
         else:
             self.put_all(self._flush())           # every rank issues in program order
             groups, me = self._groups(axes)
-            out, self.order = _LOWER[ins.kind](self, ins, self.get(ins.src), groups, me,
-                                               self.order)
+            out, self.order = _LOWER[ins.kind](self, ins, x, groups, me, self.order)
             self.put(ins.out, out)
 
     def settle(self):

@@ -57,6 +57,10 @@ class Pack:
             raw = lax.slice(buffer, (at,), (at + math.prod(shape) * dtype.itemsize,))
             if dtype == np.bool_:
                 x = raw != 0
+            elif dtype.kind == "c":            # XLA bitcasts no complex: two real parts
+                part = np.dtype(f"f{dtype.itemsize // 2}")
+                pair = lax.bitcast_convert_type(raw.reshape(-1, 2, part.itemsize), part)
+                x = lax.complex(pair[:, 0], pair[:, 1])
             elif dtype.itemsize == 1:
                 x = lax.bitcast_convert_type(raw, dtype)
             else:
@@ -73,6 +77,8 @@ class Pack:
         for (shape, dtype), at, v in zip(self.items, self.offsets, values):
             if at > end:
                 parts.append(jnp.zeros((at - end,), jnp.uint8))
+            if dtype.kind == "c":
+                v = jnp.stack([jnp.real(v), jnp.imag(v)], -1)
             raw = (v.astype(jnp.uint8) if dtype == np.bool_ else
                    lax.bitcast_convert_type(v, jnp.uint8)).reshape(-1)
             parts.append(raw)

@@ -138,3 +138,46 @@ def test_a_while_loop_runs_whole_on_every_device_and_matches_single_device(mode)
     loops = [op for op in c.strategy.ops if op.prim == "while"]
     assert loops and all(lay.is_replicated() for op in loops
                          for lay in (*op.in_layouts, *op.out_layouts))
+
+
+def newton_cg_step(params, batch):
+    """A damped Gauss-Newton step of a linear model solved by conjugate gradients
+    (``jax.scipy.sparse.linalg.cg``: a while loop, ``device_put`` of its operands)."""
+    x, y = batch
+    g = jax.grad(lambda p: jnp.mean((x @ p["w"] - y) ** 2))(params)["w"]
+    gram = x.T @ x / x.shape[0] + 0.1 * jnp.eye(x.shape[1])
+    d, _ = jax.scipy.sparse.linalg.cg(lambda v: gram @ v, g, maxiter=20)
+    return {"w": params["w"] - 0.5 * d}
+
+
+def test_a_conjugate_gradient_step_matches_single_device():
+    r = np.random.default_rng(2)
+    p = {"w": r.normal(size=(6, 3)).astype(np.float32)}
+    b = (r.normal(size=(16, 6)).astype(np.float32), r.normal(size=(16, 3)).astype(np.float32))
+    for mode in ("data_parallel", "auto_parallel"):
+        cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, backend="jax", progress=False)
+        assert_close(ap.compile(newton_cg_step, p, b, config=cfg)(p, b),
+                     jax.jit(newton_cg_step)(p, b))
+
+
+def spectrum_step(w, x):
+    """A complex filter (an argument) on each row's spectrum; the batch's mean filtered
+    spectrum (a complex result: its partial sums cross the ranks)."""
+    return (jnp.fft.rfft(x) * w).mean(0), jnp.mean(jnp.abs(jnp.fft.rfft(x) * w) ** 2)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("whole", ["0", "1"])
+@pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
+def test_complex_arguments_results_and_collectives_on_native_ranks(monkeypatch, mode, whole):
+    """The native collectives move and sum real numbers: complex values cross the ranks as
+    (real, imaginary) pairs, and travel packed to and from a whole step the same way."""
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
+    r = np.random.default_rng(3)
+    w = (r.normal(size=9) + 1j * r.normal(size=9)).astype(np.complex64)
+    x = r.normal(size=(8, 16)).astype(np.float32)
+    cfg = ap.ParallelConfig(parallel_mode=mode, device_num=2, backend="native", progress=False)
+    with ap.compile(spectrum_step, w, x, config=cfg) as c:
+        got = c(w, x)
+        assert got[0].dtype == np.complex64
+        assert_close(got, jax.jit(spectrum_step)(w, x))

@@ -11,7 +11,9 @@ RNG = np.random.default_rng(0)
 ARRAYS = [RNG.normal(size=(3, 5)).astype(np.float32), np.array(7, np.int32),
           RNG.normal(size=(4,)).astype(ml_dtypes.bfloat16), np.array([True, False, True]),
           np.arange(-3, 4, dtype=np.int8), np.zeros((0, 2), np.float32),
-          RNG.normal(size=(2, 3)).astype(np.float16)[:, ::2]]           # strided
+          RNG.normal(size=(2, 3)).astype(np.float16)[:, ::2],           # strided
+          (RNG.normal(size=(2, 3)) + 1j * RNG.normal(size=(2, 3))).astype(np.complex64),
+          np.array(1.5 - 2j, np.complex64)]               # complex: XLA bitcasts no complex
 
 
 def test_numpy_pack_unpacks_inside_jit_and_packs_back_to_the_same_bytes():
