@@ -82,6 +82,11 @@ def trace_per_device(fn, args, mesh, in_specs, out_specs=None) -> Graph:
     from jax.sharding import AbstractMesh, PartitionSpec
     flat_fn, specs, in_tree, out_tree = _flat(fn, args)
     am = AbstractMesh(tuple(mesh.shape), tuple(mesh.axis_names))
+    if len(jax.devices()) >= mesh.size:
+        # with the kind of JAX's devices, as the jax backend's mesh has it: the values inside a
+        # while loop's body carry the mesh they were traced on, and must match where they run
+        am = jax.sharding.Mesh(np.array(jax.devices()[:mesh.size]).reshape(am.axis_sizes),
+                               am.axis_names).abstract_mesh
     try:
         closed = jax.make_jaxpr(jax.shard_map(
             flat_fn, mesh=am, in_specs=tuple(in_specs),

@@ -13,8 +13,8 @@ cond keeps for the branches not taken become zeros, as XLA lowers them). ``while
 count known only at run time) stays one operator, which every device runs whole
 (``strategies/rules/control.py``); one carrying PRNG keys is refused (``trace_keys``).
 
-A cond whose index is known when traced (``platform_index``, resolved here for the platform
-JAX computes on) is just the chosen branch. ``custom_linear_solve`` (``jnp.linalg.solve``) is
+A cond whose index is known when traced (``platform_index``, resolved here: the default code)
+is just the chosen branch. ``custom_linear_solve`` (``jnp.linalg.solve``) is
 its ``solve`` function, inlined; ``device_put`` is its operands. ``HANDLERS`` also sends
 random bits' counters (``iota_2x32_shape``) to ``trace_keys.counters``.
 
@@ -86,9 +86,10 @@ def empty_scalar(builder, eqn, ins, src, scope) -> list:
 
 
 def platform_index(builder, eqn, ins, src, scope) -> list:
-    """``platform_index`` (``lax.platform_dependent``, e.g. inside ``jnp.linalg.det``): the
-    index of the code for the platform JAX computes on by default (``jax.default_backend()``;
-    the native runtime's workers compute on CPU), else of the default code, as a constant."""
+    """``platform_index`` (``lax.platform_dependent``, e.g. inside ``jnp.linalg.det``), as a
+    constant: the index of the default code, which runs on every platform (a step traced here
+    may run on the native runtime's CPU workers or on JAX's devices), else of the code for the
+    platform JAX computes on by default (``jax.default_backend()``)."""
     here = {"cpu": {"cpu"}, "gpu": {"cuda", "rocm", "gpu"}, "tpu": {"tpu"}}.get(
         jax.default_backend(), {jax.default_backend()})
     groups = eqn.params["platforms"]
@@ -99,7 +100,7 @@ def platform_index(builder, eqn, ins, src, scope) -> list:
                         f"{[p for ps in groups for p in ps]} only, none for "
                         f"{jax.default_backend()}: run the step where JAX computes on one of "
                         "those, or give it a default version.")
-    return [Const(np.int32((found or default)[0]), (), np.dtype(np.int32))]
+    return [Const(np.int32((default or found)[0]), (), np.dtype(np.int32))]
 
 
 def linear_solve(builder, eqn, ins, src, scope) -> list:

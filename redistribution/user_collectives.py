@@ -35,6 +35,26 @@ COLLECTIVE_PRIMS = frozenset(_REDUCE) | set(_GATHER) | set(_RETYPE) | {
     "reduce_scatter", "all_to_all", "axis_index"}
 
 
+def collectives_inside(node) -> set:
+    """The ``ap.comm`` functions whose collective primitives lie inside ``node``'s own jaxprs
+    (a while loop's body and condition), at any depth: the native runtime cannot run them there
+    (only a Program's collectives are its own), JAX's shard_map can."""
+    found, todo = set(), [p for p in node.params.values()]
+    while todo:
+        p = todo.pop()
+        if isinstance(p, (tuple, list)):
+            todo.extend(p)
+            continue
+        jaxpr = getattr(p, "jaxpr", p)
+        for eqn in getattr(jaxpr, "eqns", ()):
+            name = eqn.primitive.name
+            if name in COLLECTIVE_PRIMS - set(_RETYPE):
+                found.add("ap.comm." + ("all_reduce" if name in _REDUCE else
+                                        "all_gather" if name in _GATHER else name))
+            todo.extend(eqn.params.values())
+    return found
+
+
 def _axes(node) -> tuple:
     names = node.params.get("axes", node.params.get("axis_name"))
     names = (names,) if isinstance(names, str) else tuple(names)

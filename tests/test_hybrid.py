@@ -107,3 +107,42 @@ def test_errors_say_what_to_do():
         ap.plan(lambda p, b: m.mlp_loss(p, b), p, b, config=hybrid("jax", device_num=4))
     with pytest.raises(ap.ConfigError, match="pipeline stages"):
         ap.plan(dp_step, p, b, config=hybrid("jax", device_num=4, pipeline_stages=2))
+
+
+def power_step(w, x):
+    """A distributed power iteration until converged (a while loop, its body all-reducing over
+    the devices' rows of x), then a step scaled by the top eigenvalue; the loop's result is
+    read by later operators."""
+    def body(c):
+        v, _, i = c
+        nv = ap.comm.all_reduce(x.T @ (x @ v), "x")
+        nv = nv / jnp.linalg.norm(nv)
+        return nv, jnp.abs(nv - v).max(), i + 1
+    v, _, _ = jax.lax.while_loop(lambda c: (c[1] > 1e-6) & (c[2] < 100), body,
+                                 (jnp.ones_like(w) / w.size ** 0.5, jnp.float32(1.0), 0))
+    top = ap.comm.all_reduce(jnp.sum((x @ v) ** 2), "x")
+    return w - 0.1 * v / top
+
+
+def power_single(w, x):
+    def body(c):
+        v, _, i = c
+        nv = x.T @ (x @ v)
+        nv = nv / jnp.linalg.norm(nv)
+        return nv, jnp.abs(nv - v).max(), i + 1
+    v, _, _ = jax.lax.while_loop(lambda c: (c[1] > 1e-6) & (c[2] < 100), body,
+                                 (jnp.ones_like(w) / w.size ** 0.5, jnp.float32(1.0), 0))
+    return w - 0.1 * v / jnp.sum((x @ v) ** 2)
+
+
+def test_a_while_loop_with_collectives_runs_on_jax_devices_and_is_refused_natively():
+    """Values made inside a while loop carry the mesh they were traced on: traced with the
+    devices' kind they run on, a later operator reading them lowers; the native runtime runs
+    no collective inside such a loop and says so when compiling."""
+    r = np.random.default_rng(0)
+    w, x = r.normal(size=6).astype(np.float32), r.normal(size=(16, 6)).astype(np.float32)
+    c = ap.compile(power_step, w, x, config=hybrid("jax", device_num=4))
+    assert_same(c(w, x), jax.jit(power_single)(w, x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ap.ConfigError, match=r"while at .*test_hybrid.*ap\.comm\.all_reduce "
+                                             r"inside its body.*fori_loop"):
+        ap.compile(power_step, w, x, config=hybrid("native", device_num=2))

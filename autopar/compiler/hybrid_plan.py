@@ -21,7 +21,8 @@ from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, labe
 from ..errors import ConfigError, InfeasibleError
 from ..graph import Value
 from ..layout import Layout
-from ..redistribution.user_collectives import COLLECTIVE_PRIMS, lower_hybrid
+from ..config import Backend
+from ..redistribution.user_collectives import COLLECTIVE_PRIMS, collectives_inside, lower_hybrid
 from ..redistribution.planner import Planner
 from ..strategies.candidates import Candidate
 from ..strategies.cost_model import memory_timeline, program_memory
@@ -51,6 +52,16 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
         out_layouts[j] = in_layouts[i]
     graph = trace_per_device(fn, args, mesh, in_specs, [l.to_partition_spec() for l in out_layouts])
     t_trace = time.monotonic()
+    if config.backend is Backend.NATIVE:
+        for node in graph.nodes:
+            inside = collectives_inside(node)
+            if inside:
+                raise ConfigError(
+                    f"hybrid_parallel: {node.prim} at {node.source or node.name} calls "
+                    f"{', '.join(sorted(inside))} inside its body; the native runtime runs "
+                    "collectives between operators, not inside a loop whose trip count is "
+                    "known only at run time. Use lax.fori_loop with static bounds (unrolled), "
+                    "move the collective out of the loop, or use backend='jax'.")
     planner = Planner(mesh)
     program, comm = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
     replicated = [Candidate((), frozenset(), -1,
