@@ -43,7 +43,8 @@ def leaf_names(args) -> list[tuple[str, bool]]:
 def check_call(fn, args, batch_argnums) -> tuple:
     """ConfigError unless ``fn`` is callable, every argument leaf is a number or an array of
     numbers (or a ``jax.ShapeDtypeStruct``) and ``batch_argnums`` names arguments; the batch
-    arguments' positions as a tuple (default: every argument after the first)."""
+    arguments' positions as a tuple (default, until the step is traced: every argument after
+    the first; ``default_batch`` then leaves out the state the step returns)."""
     if not callable(fn):
         raise ConfigError(f"the step {fn!r} is not callable; pass the function to compile.")
     for (name, _), x in zip(leaf_names(args), jax.tree.leaves(args)):
@@ -222,6 +223,20 @@ def fixed_layouts(config, mesh, graph) -> dict:
     return {n.id: spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
                                f"ap.shard at {n.source or n.name}")
             for n in graph.nodes if n.prim == shard_p.name}
+
+
+def default_batch(graph) -> tuple:
+    """The batch arguments when the user names none: every argument after the first whose new
+    version the step does not return (``state_pairs``: optimizer state, a PRNG key threaded
+    through), so ``step(params, opt_state, batch)`` splits the batch alone; every argument
+    after the first if that leaves none."""
+    n_args = len(jax.tree.unflatten(graph.in_tree, [0] * len(graph.inputs)))
+    leaves = jax.tree.unflatten(graph.in_tree, range(len(graph.inputs)))
+    state = {i for i, _ in state_pairs(graph)}
+    batch = tuple(a for a in range(1, n_args)
+                  if not (jax.tree.leaves(leaves[a]) and
+                          set(jax.tree.leaves(leaves[a])) <= state))
+    return batch or tuple(range(1, n_args))
 
 
 def state_pairs(graph) -> tuple:

@@ -75,6 +75,27 @@ def test_data_parallel_adam_mlp():
     assert {x.kind for x in c.collectives()} == {"all_reduce"}
 
 
+def test_the_default_batch_leaves_out_the_state_the_step_returns():
+    """Without batch_argnums, ``step(params, opt_state, batch)`` and ``step(params, key,
+    batch)`` split the batch alone: the optimizer state and the key come back new, so they are
+    state, kept whole (before, the optimizer state was taken for a batch and refused)."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    s = m.adam_init(p)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4)
+    c = ap.compile(m.mlp_adam_step, p, s, b, config=cfg)
+    assert_same(c(p, s, b), m.mlp_adam_step(p, s, b))
+    split = [i.name for i in c.strategy.inputs if not i.layout.is_replicated()]
+    assert split and all(name.startswith("arg2") for name in split), split
+
+    def keyed(params, key, batch):
+        noise = 1e-3 * jax.random.normal(key, params["w1"].shape)
+        params = dict(params, w1=params["w1"] + noise)
+        return m.mlp_sgd_step(params, batch) + (jax.random.split(key)[0],)
+    key = jax.random.PRNGKey(0)
+    c = ap.compile(keyed, p, key, b, config=cfg)
+    assert_same(c(p, key, b), jax.jit(keyed)(p, key, b))
+
+
 def test_data_parallel_gpt():
     # SGD: Adam divides by sqrt(v) and so turns the rounding noise of near-zero gradients
     # (rare tokens, the attention key bias) into lr-sized differences under any reordering.

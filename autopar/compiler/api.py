@@ -34,8 +34,8 @@ from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
 from ..trace import trace
-from ..arguments import (arg_layouts, check_call, fixed_layouts, leaf_names, leaf_type,
-                         state_pairs)
+from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
+                         leaf_type, state_pairs)
 from .compiled import Compiled
 from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
@@ -139,7 +139,9 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
             batch_is_process_local: bool = False) -> Compiled:
     """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
 
-    ``batch_argnums``: arguments holding the batch (default: every argument after the first).
+    ``batch_argnums``: arguments holding the batch (default: every argument after the first
+    whose new version the step does not return: ``step(params, opt_state, batch)`` splits the
+    batch, not the optimizer state; hybrid_parallel: every argument after the first).
     ``in_strategy``: semi_auto_parallel / auto_parallel; one entry per argument: None, a
     split-count tuple, an ``ap.Layout`` (or its text), or a pytree of those matching the argument.
     ``strategy``: a saved ``Strategy`` to reuse instead of searching.
@@ -323,6 +325,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
     measured first when ``measure``, as ``compile`` does before running here)."""
     config = config_of(config)
+    named = batch_argnums is not None
     batch_argnums = check_call(fn, args, batch_argnums)
     in_strategy, ops, strategy = mindspore_constraints(strategy, config, args, in_strategy)
     if strategy is not None and not isinstance(strategy, Strategy):
@@ -342,6 +345,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     graph, in_strategy = tuples_on_device_matrices(
         config, with_operator_letters(trace(fn, *args)), args, in_strategy)
     t_trace = time.monotonic()
+    if not named:
+        batch_argnums = default_batch(graph)
     config = mesh_for_device_matrices(config, graph, in_strategy)
     full = config.mesh()
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:

@@ -22,13 +22,14 @@ import json
 
 import jax
 
-from ..arguments import check_call
+from ..arguments import check_call, default_batch
 from ..config import ParallelMode
 from ..errors import AutoparError, ConfigError
 from ..strategies.strategy import Strategy
 from ..topology import Topology
 from ..runtime.jax_distributed import broadcast_text, check_same
 from ..tools.calibrate import machine_topology
+from ..trace import trace
 
 PROVENANCE = ("search", "search_cost", "search_bound")   # how process 0 found the plan
 
@@ -108,7 +109,10 @@ def plan_for_processes(plan, fn, args, config, batch_argnums, in_strategy, strat
     when ``batch_is_process_local``, and the flat leaf positions of the process-local batch
     leaves (empty when the batch is global)."""
     batch = check_call(fn, args, batch_argnums)
+    if batch_argnums is None and batch_is_process_local and \
+            config.parallel_mode is not ParallelMode.HYBRID_PARALLEL:
+        batch = default_batch(trace(fn, *args))     # the state the step returns is no batch
     local = process_local_positions(args, batch) if batch_is_process_local else ()
     made = plan_everywhere(plan, fn, global_arguments(args, batch) if local else args, config,
-                           batch_argnums, in_strategy, strategy)
+                           batch if local else batch_argnums, in_strategy, strategy)
     return made, local
