@@ -117,6 +117,13 @@ def physical_rule(eqn, where: str):
                 which = lax.broadcast_in_dim(which, cases[0].shape, tuple(range(which.ndim)))
             return [lax.select_n(which, *cases)]
         return select
+    if name in ("random_gamma", "while"):
+        raise RuleError(f"'{name}' on PRNG keys{where}: jax.random.gamma, beta and dirichlet "
+                        "(random_gamma) and poisson (a while loop over keys) draw by rejection "
+                        "loops autopar does not trace. Draw them outside the step and pass them "
+                        "in; for draws that must follow the parameters, build them from uniform "
+                        "or normal draws inside the step (e.g. Kumaraswamy for Beta, a "
+                        "logistic-normal for Dirichlet).")
     raise RuleError(f"'{name}' on PRNG keys{where} has no rule in autopar (it handles "
                     "random_bits, split, fold_in, seed, wrap/unwrap and slicing, reshaping, "
                     "broadcasting, concatenating and selecting keys); make the random values "

@@ -105,6 +105,19 @@ def test_typed_keys_as_arguments_or_results_are_refused_with_their_data_named():
         ap.compile(lambda x: (x, jax.random.key(0)), x, config=cfg)
 
 
+@pytest.mark.parametrize("draw", [lambda k, a: jax.random.gamma(k, a),
+                                  lambda k, a: jax.random.beta(k, a, 2.0),
+                                  lambda k, a: jax.random.poisson(k, a).astype(jnp.float32)])
+def test_rejection_samplers_are_refused_with_what_to_do(draw):
+    """gamma / beta / dirichlet / poisson draw by loops over keys autopar does not trace: the
+    refusal says so and what to do instead."""
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+                            progress=False)
+    with pytest.raises(ap.RuleError, match="rejection loops.*Kumaraswamy"):
+        ap.compile(lambda a, k: jnp.sum(draw(k, a)), jnp.full((4,), 2.0),
+                   jax.random.PRNGKey(0), config=cfg, batch_argnums=())
+
+
 @pytest.mark.native
 def test_dropout_on_the_native_runtime_matches_single_device():
     p, key, b = case()
