@@ -230,13 +230,11 @@ def default_batch(graph) -> tuple:
     version the step does not return (``state_pairs``: optimizer state, a PRNG key threaded
     through), so ``step(params, opt_state, batch)`` splits the batch alone; every argument
     after the first if that leaves none."""
-    n_args = len(jax.tree.unflatten(graph.in_tree, [0] * len(graph.inputs)))
-    leaves = jax.tree.unflatten(graph.in_tree, range(len(graph.inputs)))
+    args = [jax.tree.leaves(a) for a in jax.tree.unflatten(graph.in_tree,
+                                                           range(len(graph.inputs)))]
     state = {i for i, _ in state_pairs(graph)}
-    batch = tuple(a for a in range(1, n_args)
-                  if not (jax.tree.leaves(leaves[a]) and
-                          set(jax.tree.leaves(leaves[a])) <= state))
-    return batch or tuple(range(1, n_args))
+    batch = tuple(a for a in range(1, len(args)) if not (args[a] and set(args[a]) <= state))
+    return batch or tuple(range(1, len(args)))
 
 
 def state_pairs(graph) -> tuple:

@@ -4,8 +4,9 @@ In: a graph ``Node``, one of its ``Candidate``s and the ``LogicalMesh`` (whose `
 holds every constant: per-device FLOP/s and memory bandwidth, per-level alpha/beta).
 Out: seconds and bytes, per device:
 - ``flops(node)``: floating-point operations of the whole (unsharded) operator: a contraction
-  is 2 x output elements x contracted size, a reduction one op per input element, everything
-  else one op per output element (``threefry2x32``, random bits: its 20 rounds of add, rotate
+  is 2 x output elements x contracted size, a reduction one op per input element, a
+  factorisation, solve or FFT its usual count (``rules.linalg.flops``), everything else one op
+  per output element (``threefry2x32``, random bits: its 20 rounds of add, rotate
   and xor and 5 key injections, ~58 integer ops per output word);
 - ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
   a matmul's rate for its size, ``Topology.matmul_rate``) where
