@@ -55,10 +55,6 @@ def check_call(fn, args, batch_argnums) -> tuple:
             kind = np.dtype(dtype).kind if dtype is not None else None
         except TypeError:
             kind = None
-        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-            raise ConfigError(f"argument leaf {name} is a typed PRNG key ({dtype}); pass its "
-                              "data, jax.random.key_data(key), or a raw jax.random.PRNGKey: "
-                              "jax.random inside the step takes either as it is.")
         if kind not in tuple("biufc") and not (dtype is not None and
                                                  jax.dtypes.issubdtype(dtype, np.number)):
             raise ConfigError(f"argument leaf {name} is {type(x).__name__} "

@@ -17,9 +17,9 @@ block of a split dropout mask makes only its block's counters, not the whole mas
 
 In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
 makes keys, and a function of the physical operands returning the physical results, which the
-tracer traces and inlines in its place (``trace_control.emit``). Keys among the step's arguments
-or results are refused (``RuleError``): pass and return ``jax.random.key_data(key)`` (or raw
-``PRNGKey`` arrays).
+tracer traces and inlines in its place (``trace_control.emit``). Typed keys among the step's
+arguments and results reach the tracer as their data (``compiler.key_args``); ``trace`` itself
+refuses them (``RuleError``).
 """
 from __future__ import annotations
 

@@ -94,15 +94,31 @@ def test_random_draws_in_a_pipeline_match_single_device():
     assert_same(c(p, key, b), jax.jit(dropout_step)(p, key, b))
 
 
-def test_typed_keys_as_arguments_or_results_are_refused_with_their_data_named():
-    x = jnp.ones((4, 4))
-    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax",
+def typed_key_step(w, keys, x):
+    """Typed keys in (a dict of streams, as Flax NNX's state holds them) and out."""
+    drop, noise = jax.random.split(keys["dropout"])
+    h = jnp.where(jax.random.bernoulli(drop, 0.7, x.shape), x, 0.0) @ w
+    h = h + 0.01 * jax.random.normal(keys["noise"], h.shape)
+    return jnp.mean(h ** 2), {"dropout": noise, "noise": jax.random.fold_in(keys["noise"], 1)}
+
+
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
+def test_typed_keys_as_arguments_and_results_go_in_and_out_as_keys(backend):
+    """Typed PRNG keys among the arguments (``nnx.split`` puts one per Rngs stream in a
+    model's state) travel as their data and come back typed; the draws are the single-device
+    step's over two steps."""
+    w, x = jnp.ones((8, 4)), jnp.asarray(np.random.default_rng(0).normal(size=(16, 8)))
+    keys = {"dropout": jax.random.key(0), "noise": jax.random.key(1)}
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend=backend,
                             progress=False)
-    with pytest.raises(ap.ConfigError, match="key_data"):
-        ap.compile(lambda k, x: jax.random.normal(k, x.shape) + x, jax.random.key(0), x,
-                   config=cfg)
-    with pytest.raises(ap.RuleError, match="result 1 .* typed PRNG key.*key_data"):
-        ap.compile(lambda x: (x, jax.random.key(0)), x, config=cfg)
+    with ap.compile(typed_key_step, w, keys, x, config=cfg, batch_argnums=(2,)) as c:
+        got, want = c(w, keys, x), jax.jit(typed_key_step)(w, keys, x)
+        for _ in range(2):
+            assert all(jax.dtypes.issubdtype(k.dtype, jax.dtypes.prng_key)
+                       for k in got[1].values())
+            assert_same((got[0], jax.tree.map(jax.random.key_data, got[1])),
+                        (want[0], jax.tree.map(jax.random.key_data, want[1])))
+            got, want = c(w, got[1], x), jax.jit(typed_key_step)(w, want[1], x)
 
 
 @pytest.mark.parametrize("draw", [lambda k, a: jax.random.gamma(k, a),

@@ -37,6 +37,7 @@ from ..trace import trace
 from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
                          leaf_type, state_pairs)
 from .compiled import Compiled
+from .key_args import split_keys
 from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
 from .multiprocess import plan_for_processes
@@ -152,6 +153,10 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     process gets the whole results, as numpy arrays.
     """
     config = config_of(config)
+    keys = None
+    keyed = split_keys(fn, args)            # typed PRNG keys go in and out as their data
+    if keyed is not None:
+        fn, args, keys = keyed
     if strategy is None and config.strategy_ckpt_load_file:
         strategy = Strategy.load(config.strategy_ckpt_load_file)
     check_backend(config)
@@ -169,7 +174,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     if config.strategy_ckpt_save_file and (not multi_process() or jax.process_index() == 0):
         strat.save(config.strategy_ckpt_save_file)       # one writer: the plan is everyone's
     leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
-    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types, local)
+    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types, local, keys)
 
 
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
@@ -177,6 +182,9 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     """The Strategy ``compile`` would choose (with its estimated step time and per-device
     memory), without building anything runnable. Arguments may be ``jax.ShapeDtypeStruct``s,
     so a model far larger than this machine's memory is planned without allocating it."""
+    keyed = split_keys(fn, args)
+    if keyed is not None:
+        fn, args, _ = keyed
     return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
 
 

@@ -24,8 +24,9 @@ class Compiled:
     """A compiled step: call it like the original function."""
 
     def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types,
-                 process_local=()):
+                 process_local=(), keys=None):
         self.fn, self.graph, self.config = fn, graph, config
+        self._keys = keys         # compiler.key_args.KeyData: typed PRNG keys in and out
         self.strategy, self.program = strategy, program
         self._in_tree, self._leaf_types = in_tree, leaf_types
         self._process_local = process_local   # flat positions holding this process's rows
@@ -115,6 +116,8 @@ class Compiled:
         return build(self.program, self._process_local)
 
     def _call(self, *args):
+        if self._keys is not None:
+            args = self._keys.args_in(args)
         flat, tree = jax.tree.flatten(args)
         if tree != self._in_tree or not self._checked(flat):
             got = [leaf_type(x) for x in flat]
@@ -127,7 +130,8 @@ class Compiled:
                         self.program.mesh.size)
             self._runner = self._make_runner()
             self._timings["start"] = time.monotonic() - t0
-        return jax.tree.unflatten(self.program.out_tree, self._runner(flat))
+        out = jax.tree.unflatten(self.program.out_tree, self._runner(flat))
+        return out if self._keys is None else self._keys.results_out(out)
 
 
 def _types(leaf_types) -> str:
