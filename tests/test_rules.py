@@ -287,7 +287,7 @@ def test_report_text_and_mesh_mismatch():
 
 def _linalg_ops(a, x):
     """A batch of matrices through jnp.linalg, jax.scipy.linalg and jnp.fft, the special
-    functions of probability densities, and a while loop."""
+    functions of probability densities, a while loop and reductions by the user's function."""
     spd = a @ jnp.swapaxes(a, -1, -2) + 8.0 * jnp.eye(a.shape[-1])
     chol = jnp.linalg.cholesky(spd)
     w, v = jnp.linalg.eigh(spd)
@@ -299,7 +299,10 @@ def _linalg_ops(a, x):
             jnp.fft.irfft(spectrum, n=x.shape[-1], axis=-1), jnp.abs(jnp.fft.fft2(a)),
             lax.lgamma(spd + 20.0), lax.digamma(spd + 20.0), lax.erfc(x), jnp.sinh(x),
             lax.igamma(jnp.abs(x) + 1.0, jnp.abs(x)), jnp.searchsorted(jnp.sort(x[0, 0]), x),
-            lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 1.5, c[1] + 1), (x, 0))[0]]
+            lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * 1.5, c[1] + 1), (x, 0))[0],
+            lax.reduce(x, 0.0, lambda p, q: p + 2.0 * q, (1,)),                 # own reducer
+            *lax.reduce((x, a[..., :1, :1] * x), (0.0, 1.0),
+                        lambda p, q: (p[0] + q[0], jnp.maximum(p[1], q[1])), (2,))]
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (4,)])
@@ -312,7 +315,7 @@ def test_rule_check_linear_algebra_fft_and_special_functions(shape):
     g = trace(_linalg_ops, a, x)
     prims = {n.prim for n in g.nodes}
     assert {"cholesky", "eigh", "qr", "svd", "lu", "triangular_solve", "fft", "lgamma",
-            "digamma", "erfc", "igamma", "sinh", "while"} <= prims
+            "digamma", "erfc", "igamma", "sinh", "while", "reduce"} <= prims
     report = check_graph(g, *_meshes(shape))
     assert report.failures == (), str(report)
     assert report.checked > 40

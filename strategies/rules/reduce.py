@@ -1,13 +1,15 @@
 """Reductions, scans and sorts along axes.
 
-In: a node of ``reduce_sum``, ``reduce_max``/``min``/``prod``/``and``/``or``/``xor``,
+In: a node of ``reduce_sum``, ``reduce_max``/``min``/``prod``/``and``/``or``/``xor``, ``reduce``,
 ``argmax``/``argmin``, ``cumsum``/``cumprod``/``cummax``/``cummin``/``cumlogsumexp``, ``sort`` or
 ``top_k``. Out: its ``OpSpec``:
 
 - ``reduce_sum``: kept dimensions carry letters, reduced ones carry ``+`` letters (a split
   reduced dimension leaves a partial sum), e.g. ``"a b+ c -> a c"``; linear in its operand.
 - every other reduction: reduced dimensions are ``_`` (a local max of a block is not the max, and
-  the notation's only pending reduction is a sum); kept dimensions carry letters.
+  the notation's only pending reduction is a sum); kept dimensions carry letters. So also
+  ``reduce`` (``lax.reduce`` with a function of the user's own, over one or more operands with
+  their initial values: scalars, no letters).
 - scans, ``sort`` and ``top_k``: the scanned/sorted axis is ``_``, the others carry letters;
   ``cumsum`` is linear.
 No local params change: ``axes``/``axis``/``dimension``/``k`` name dimensions, not sizes.
@@ -27,6 +29,16 @@ def _reduction(summed: bool):
         reduce = frozenset(f"r{d}" for d in axes) if summed else frozenset()
         return OpSpec((ins,), (out,), reduce, ((0,),) if summed else ())
     return Rule(spec)
+
+
+def _user_reduction(node):
+    """``reduce``: its operands, then as many scalar initial values; one result per operand."""
+    n = len(node.outputs)
+    rank = len(node.inputs[0].shape)
+    axes = set(node.params["dimensions"])
+    dims = tuple(None if d in axes else f"d{d}" for d in range(rank))
+    out = tuple(l for d, l in enumerate(dims) if d not in axes)
+    return OpSpec((dims,) * n + ((),) * n, (out,) * n, frozenset(), ())
 
 
 def _along_axis(param: str, linear: bool):
@@ -50,4 +62,5 @@ RULES = {
     **{name: _along_axis("axis", linear=False) for name in
        ("cumprod", "cummax", "cummin", "cumlogsumexp", "top_k")},
     "sort": _along_axis("dimension", linear=False),
+    "reduce": Rule(_user_reduction),
 }
