@@ -91,7 +91,7 @@ def leaf_type(x) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _canonical(dtype):
-    return jax.dtypes.canonicalize_dtype(dtype)
+    return jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)   # typed PRNG keys
 
 
 def check_counts(spec, shape, devices: int, what) -> tuple:

@@ -119,6 +119,10 @@ def test_typed_keys_as_arguments_and_results_go_in_and_out_as_keys(backend):
             assert_same((got[0], jax.tree.map(jax.random.key_data, got[1])),
                         (want[0], jax.tree.map(jax.random.key_data, want[1])))
             got, want = c(w, got[1], x), jax.jit(typed_key_step)(w, want[1], x)
+    if backend == "jax":                    # the decorator too (it keeps its compiled steps)
+        step = ap.parallel(typed_key_step, config=cfg, batch_argnums=(2,))
+        assert_same(jax.tree.map(jax.random.key_data, step(w, keys, x)[1]),
+                    jax.tree.map(jax.random.key_data, jax.jit(typed_key_step)(w, keys, x)[1]))
 
 
 @pytest.mark.parametrize("draw", [lambda k, a: jax.random.gamma(k, a),
