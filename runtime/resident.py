@@ -87,8 +87,10 @@ class Residency:
         """Record that the workers of ``job`` hold ``array`` (a result in ``layout``) under
         ``key``; ``array``, now read-only."""
         array.flags.writeable = False
-        self._kept[id(array)] = _Kept(weakref.ref(array), key, job, layout)
-        weakref.finalize(array, self._release, id(array), key)
+        ident = id(array)
+        # the weak reference's callback (not a weakref.finalize: a third of the time) drops it
+        self._kept[ident] = _Kept(weakref.ref(array, lambda _: self._release(ident, key)),
+                                  key, job, layout)
         return array
 
     def _release(self, ident, key) -> None:

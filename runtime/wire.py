@@ -199,6 +199,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             held = np.frombuffer(box.mm, np.uint8) if box.mm is not None else \
                 np.empty(0, np.uint8)                       # (all empty)
             box.lent = weakref.ref(held)                    # when they are gone
+            box.span = (box.start, box.start + held.size)
             _LENDING.add(box)
             return _put(skeleton, (_view(held, at, m) for at, m in zip(offsets, meta)))
         held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
@@ -245,13 +246,13 @@ def owned(x):
     """``x``, or an aligned copy of it (of its own type) when its data lies in a box ``recv``
     lent views of: such memory is valid only until that box's next message, so what a process
     keeps past it (a worker's kept results, ``runtime.resident``) must not be there."""
+    if not _LENDING:
+        return x
     at = _address(x)
     if not at:
         return x
     for box in list(_LENDING):
-        held = box.lent() if box.lent is not None else None
-        if held is not None and held.size and \
-                held.ctypes.data <= at < held.ctypes.data + held.size:
+        if box.span[0] <= at < box.span[1] and box.lent_out:
             if isinstance(x, np.ndarray):
                 out = empty(x.shape, x.dtype)
                 np.copyto(out, x)
@@ -311,7 +312,9 @@ class Box:
 
     def __init__(self):
         self.mm, self.size, self.array = None, 0, None
+        self.start = 0              # the mapping's address
         self.lent = None            # a weak reference to the base of the views recv lent
+        self.span = (0, 0)          # the addresses of the memory it lent
 
     @property
     def lent_out(self) -> bool:
@@ -338,6 +341,7 @@ class Box:
         self.close()
         self.mm, self.size = mmap.mmap(fd, size), size
         self.array = np.frombuffer(self.mm, np.uint8)
+        self.start = self.array.ctypes.data
 
     def close(self) -> None:
         if self.mm is not None:
