@@ -8,7 +8,10 @@ over the stage's devices on dimension 0), so a ``block`` Transfer is a ``jax.dev
 the stack onto the receiving stage's devices, block i to device i, and a ``whole`` one puts the
 sender's first block (the whole value) on every receiving device. The controller issues the
 tasks of every stage in an order that respects the schedule and the transfers; JAX's
-asynchronous dispatch lets stages run at the same time. Accumulation (a sum or a concatenation
+asynchronous dispatch lets stages run at the same time. A phase that receives, after other
+work, what a peer stage computes from that work (a global gradient norm over both stages'
+gradients, a parameter both stages read) runs as one function per part (``_parts``), in the
+order the native runner's blocking receives give it. Accumulation (a sum or a concatenation
 over micro-batches) runs on the stage's devices between phases.
 """
 from __future__ import annotations
@@ -80,6 +83,19 @@ class _Phase:
             self.fn = jax.jit(local)
 
 
+def _parts(name: str, body) -> list:
+    """Phase ``name``'s ``body`` cut before each receive that follows other work -> (name of
+    the part: ``name``, then ``name.1``, ...; its instructions). A part runs as one function,
+    all its inputs present before it starts, and publishes its sends when it ends."""
+    is_recv = lambda i: isinstance(i, Transfer) and i.kind == TransferKind.RECV
+    parts = [[]]
+    for i in body:
+        if is_recv(i) and not all(is_recv(j) for j in parts[-1]):
+            parts.append([])
+        parts[-1].append(i)
+    return [(name if k == 0 else f"{name}.{k}", part) for k, part in enumerate(parts)]
+
+
 @dataclass(eq=False)
 class _Run:
     """The state of one call: ``store`` maps (stage, register or tag, micro-batch or None) to a
@@ -102,22 +118,26 @@ class PipelineRunner:
                 f"{p.mesh} needs {p.mesh.size} devices but JAX sees {len(devices)} "
                 f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_"
                 f"count={p.mesh.size} before importing jax, or lower device_num.")
-        self.shardings, self.phases = [], []
+        self.shardings, self.phases, self.tasks = [], [], []
+        self._done = []        # per stage, the part after which a micro-batch's values go
         results = {o for o in p.outputs if isinstance(o, int)}
-        for st in p.stages:
+        for st, order in zip(p.stages, schedule(p.scheduler, len(p.stages), p.micro_batches)):
             devs = np.array([devices[d] for d in st.devices])
             jmesh = Mesh(devs.reshape(st.mesh.shape), st.mesh.axis_names)
             self.shardings.append(NamedSharding(jmesh, P(tuple(st.mesh.axis_names))))
+            named = {name: _parts(name, body) for name, body in st.phases()}
+            parts = [part for ps in named.values() for part in ps]
             phases = {}
-            for name, body in st.phases():
+            for k, (name, body) in enumerate(parts):
                 elsewhere = set(st.keep) | results
-                for other, b in st.phases():
-                    if other != name:
+                for other, (_, b) in enumerate(parts):
+                    if other != k:
                         elsewhere |= {r for i in b for r in reads(i)}
                 phases[name] = _Phase(body, elsewhere, st.mesh, jmesh, p.micro_batches)
             self.phases.append(phases)
-        self.tasks = [list(t) + [("post", None)] for t in
-                      schedule(p.scheduler, len(p.stages), p.micro_batches)]
+            self.tasks.append([(part, m) for name, m in list(order) + [("post", None)]
+                               for part, _ in named[name]])
+            self._done.append(named["backward"][-1][0])
 
     def _stacked(self, x, i, m, s):
         st = self.p.stages[s]
@@ -173,11 +193,11 @@ class PipelineRunner:
         if vals is None:
             return False
         self._publish(run, s, ph, m, ph.fn(jnp.int32(m or 0), *vals))
-        if name == "backward":         # micro-batch m is done on this stage
+        if name == self._done[s]:      # micro-batch m is done on this stage
             for key in [k for k in run.store if k[0] == s and k[2] == m]:
                 del run.store[key]
         run.nxt[s] += 1
-        if self.tasks[s][run.nxt[s]:] == [("post", None)]:    # the sums post reads
+        if self.tasks[s][run.nxt[s]:run.nxt[s] + 1] == [("post", None)]:   # the sums post reads
             for a, v in run.acc[s].items():
                 run.store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
                     if isinstance(v, tuple) else v
