@@ -23,6 +23,8 @@ dict holds an int per dimension, or a list for a dimension over several axes.
 from __future__ import annotations
 
 import functools
+import os
+import re
 from dataclasses import dataclass
 
 from autopar.device_matrix import DeviceSpec
@@ -183,9 +185,16 @@ class MindSporeLayouts:
     stage: int
     params: tuple                 # ((name, DeviceSpec), ...)
     ops: tuple                    # ((name, split tuples), ...)
+    files: int = 0                # a pipeline's folder: how many stage files were merged
 
     @staticmethod
     def read(path) -> "MindSporeLayouts":
+        """The file at ``path``, or for a folder of a pipeline's stage files (``stage0.ckpt``,
+        ``stage1.ckpt``, ... or ``.json``, as ``Strategy.save`` and MindSpore's stages write
+        them) all of them merged, as ``merge_pipeline_strategys`` merges them: every stage's
+        operators, and each parameter's layout from the first stage that has it."""
+        if os.path.isdir(path):
+            return MindSporeLayouts._merged(path)
         d = read(path)
         try:
             params = tuple((name, DeviceSpec(p["dev_matrix"], p["tensor_map"]))
@@ -197,7 +206,29 @@ class MindSporeLayouts:
                     for name, o in d["parallel_strategy_item"].items())
         return MindSporeLayouts(str(path), int(d.get("current_stage", 0)), params, ops)
 
+    @staticmethod
+    def _merged(path) -> "MindSporeLayouts":
+        found = sorted((int(m.group(1)), name) for name in os.listdir(path)
+                       for m in [re.fullmatch(r"stage(\d+)\.(?:ckpt|json)", name)] if m)
+        if not found:
+            raise LayoutError(f"{path} is a folder without stage files (stage0.ckpt, "
+                              "stage1.ckpt, ... or .json, as a pipeline's strategy is saved); "
+                              "give the path of a strategy file or of such a folder.")
+        if len({s for s, _ in found}) < len(found):
+            raise LayoutError(f"{path} holds a .ckpt and a .json file of one stage; keep one.")
+        parts = [MindSporeLayouts.read(os.path.join(path, name)) for _, name in found]
+        params, ops = {}, {}
+        for part in parts:
+            for name, spec in part.params:
+                params.setdefault(name, spec)
+            ops.update(part.ops)
+        return MindSporeLayouts(str(path), found[0][0], tuple(params.items()),
+                                tuple(ops.items()), len(found))
+
     def __str__(self) -> str:
+        if self.files:
+            return (f"MindSpore strategy folder {self.path} ({self.files} stage files): "
+                    f"{len(self.params)} parameter layouts, {len(self.ops)} operator strategies")
         return (f"MindSpore strategy file {self.path} (stage {self.stage}): "
                 f"{len(self.params)} parameter layouts, {len(self.ops)} operator strategies")
 

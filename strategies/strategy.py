@@ -275,8 +275,11 @@ class Strategy:
         """The strategy autopar saved at ``path`` (its JSON), or for a MindSpore strategy
         checkpoint (protobuf, or MindSpore's JSON) a ``mindspore_ckpt.MindSporeLayouts``: its
         parameters' layouts and operators' tuples, which ``compile``/``plan`` take as
-        ``strategy`` and plan around."""
+        ``strategy`` and plan around; for the folder of a pipeline's stage files that ``save``
+        wrote, the same of all of them merged."""
         from .mindspore_ckpt import MindSporeLayouts, loads
+        if os.path.isdir(path):           # a pipeline's MindSpore stage files (``save``)
+            return MindSporeLayouts.read(path)
         try:
             with open(path, "rb") as f:
                 data = f.read()

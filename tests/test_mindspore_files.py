@@ -166,6 +166,21 @@ def test_a_pipeline_writes_one_file_per_stage_as_mindspores_stages_do(tmp_path):
     s.save(tmp_path / "pp.json", format="mindspore")             # the same in MindSpore's JSON
     assert sorted(f.name for f in (tmp_path / "pp.json").iterdir()) == ["stage0.json",
                                                                        "stage1.json"]
+    for folder in ("pp.ckpt", "pp.json"):         # loaded back by the path it was saved to
+        back = ap.Strategy.load(tmp_path / folder)
+        assert back.files == 2 and "2 stage files" in str(back)
+        assert dict(back.ops) == {o.name: tuple(l.to_strategy(st_mesh(s, o.stage))
+                                                for l in o.in_layouts) for o in s.ops}
+        assert {name for name, _ in back.params} == {i.name for i in s.inputs if i.is_param}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ap.LayoutError, match="without stage files"):
+        ap.Strategy.load(tmp_path / "empty")
+
+
+def st_mesh(strategy, stage):
+    from autopar.mesh import LogicalMesh
+    st = next(x for x in strategy.stages if x.index == stage)
+    return LogicalMesh.create(st.mesh_shape, st.axis_names)
 
 
 # ---------------------------------------------------------------- parallel optimizer fields
