@@ -11,6 +11,9 @@ Rules, in order:
    gradient (the stage that reads the parameter in the forward pass).
 3. A node none of whose inputs comes from a staged node (a schedule on the step count, a
    parameter transposed ahead of use) is in the earliest stage that reads it, else stage 0.
+4. An unannotated node of the backward pass that reads no derivative (only forward values:
+   the slices of a ``lax.scan``'s stacked residuals its transpose reads) is in the latest
+   stage of its readers: it is work on forward values, sent where the derivatives need them.
 
 Checks (``PipelineError``): a marker outside 0..stages-1, a stage with no operator, a forward
 operator reading the forward output of a later stage, or a derivative reading the derivative of
@@ -79,6 +82,17 @@ def assign_stages(graph, count: int) -> Stages:
             users = [stage[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())]
             users = [s for s in users if s is not None]
             stage[k] = min(users) if users else 0
+    forward_only = [False] * len(graph.nodes)                # rule 4
+    for k, n in enumerate(graph.nodes):
+        if n.backward and not marked[k]:
+            prods = [graph.producer.get(x.id) for x in n.inputs if isinstance(x, Value)]
+            forward_only[k] = all(p is None or not p.backward or forward_only[index[p.id]]
+                                  for p in prods)
+    for k in reversed(range(len(graph.nodes))):
+        if forward_only[k]:
+            users = [stage[index[u.id]] for v in graph.nodes[k].outputs
+                     for u, _ in graph.users.get(v.id, ())]
+            stage[k] = max(users, default=stage[k])
     missing = sorted(set(range(count)) - set(stage))
     if missing:
         raise PipelineError(f"pipeline stages {missing} have no operator; wrap a block of the "
@@ -93,7 +107,8 @@ def assign_stages(graph, count: int) -> Stages:
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
             p = graph.producer.get(x.id) if isinstance(x, Value) else None
-            if p is None or p.backward != n.backward or not feeds_marked[k]:
+            if p is None or p.backward != n.backward or not feeds_marked[k] or \
+                    forward_only[index[p.id]]:
                 continue
             a, b = stage[index[p.id]], stage[k]
             if (b < a) if not n.backward else (b > a):

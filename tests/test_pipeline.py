@@ -110,6 +110,30 @@ def test_stages_exchanging_values_in_their_update_match_single_device(backend):
         assert_same(c(got[1], b), shared_weight_clipped_step(want[1], b))
 
 
+def scan_between_stages_step(params, batch):
+    """An unannotated lax.scan over stacked layers between the two annotated stages: its
+    transpose slices the stacked residuals in the backward pass, reading forward values only."""
+    def loss_fn(p):
+        x, y = batch
+        with ap.pipeline_stage(0):
+            h = jnp.tanh(x @ p["a"])
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), h, p["w"])
+        with ap.pipeline_stage(1):
+            h = h @ p["c"]
+        return jnp.mean((h - y) ** 2)
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    return loss, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+
+
+def test_an_unannotated_scan_between_stages_matches_single_device():
+    r = np.random.default_rng(1)
+    p = {k: jnp.asarray(r.normal(size=s) * 0.3, jnp.float32)
+         for k, s in (("a", (8, 8)), ("w", (3, 8, 8)), ("c", (8, 8)))}
+    b = tuple(jnp.asarray(r.normal(size=(8, 8)), jnp.float32) for _ in range(2))
+    c = ap.compile(scan_between_stages_step, p, b, config=config(n=2))
+    assert_same(c(p, b), scan_between_stages_step(p, b))
+
+
 def test_pipeline_with_adam_and_sharded_optimizer_on_jax():
     sizes = (64, 256, 64)
     p, b = m.mlp_params(sizes), m.mlp_batch(batch=128, sizes=sizes)
