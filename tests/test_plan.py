@@ -1,5 +1,9 @@
 """ap.plan: strategies without running, on abstract (ShapeDtypeStruct) arguments."""
+import warnings
+
 import jax
+import jax.numpy as jnp
+import pytest
 
 import autopar as ap
 import models as m
@@ -38,3 +42,33 @@ def test_plan_gpt3_width_without_allocating():
     assert s.step_time > 0 and s.comm_time > 0
     assert all(i.layout.is_replicated() for i in s.inputs if i.is_param)
     assert "peak memory" in s.table()
+
+
+def _accumulating_step(chunks_of_rows):
+    """Gradient accumulation over K=2 chunks of the batch, the chunks made by ``chunks_of_rows``."""
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def step(w, x):
+        def body(acc, xk):
+            return acc + jax.grad(loss)(w, xk), None
+        g, _ = jax.lax.scan(body, jnp.zeros_like(w), chunks_of_rows(x))
+        return w - 0.1 * g / 2
+    return step
+
+
+def test_data_parallel_warns_where_a_reshape_ends_the_batch_split():
+    """x.reshape(2, -1, D) on 4 devices puts every chunk's rows on two devices: data_parallel
+    all-gathers the batch and computes it whole on every device, and says where and what to
+    do; chunks of every device's rows (reshape(-1, 2, D).swapaxes(0, 1)) stay split, silently."""
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    x = jax.ShapeDtypeStruct((256, 64), jnp.float32)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4)
+    with pytest.warns(UserWarning, match=r"row split ends at reshape.*100% of the batch's work"):
+        lost = ap.plan(_accumulating_step(lambda x: x.reshape(2, -1, 64)), w, x, config=cfg)
+    assert {c.kind for c in lost.collectives} == {"all_gather"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = ap.plan(_accumulating_step(lambda x: x.reshape(-1, 2, 64).swapaxes(0, 1)), w, x,
+                       config=cfg)
+    assert {c.kind for c in kept.collectives} == {"all_reduce"}

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import gc
 import time
+import warnings
 
 import jax
 
@@ -40,6 +41,7 @@ from .compiled import Compiled
 from .key_args import split_keys
 from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
+from .lost_split import lost_split
 from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of, pipelined
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
@@ -231,6 +233,11 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     else:
         assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                reshard_cost(planner), cands)
+        if mode is ParallelMode.DATA_PARALLEL and mesh.size > 1 and not pipelined:
+            lost = lost_split(graph, assignment,
+                              batch_inputs(graph, req.args, req.batch_argnums, pairs), cands)
+            if lost:
+                warnings.warn(lost)
     return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]
 
 
