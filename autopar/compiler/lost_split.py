@@ -5,8 +5,9 @@ data_parallel splits the batch's rows and lets every operator follow its inputs'
 operator whose rule has no layout for the rows as they arrive (``x.reshape(K, -1, D)`` on a
 one-axis mesh of more than K devices: every chunk's rows lie on some devices only) takes its
 input whole (an all-gather), and everything computed from it follows whole. In: the graph, the
-propagated Assignment and the batch's graph input positions. Out: None, or the text of the
-warning naming that operator and the share of the batch's work after it.
+propagated Assignment, the batch's graph input positions and the operators' candidates. Out:
+None, or the text of the warning naming that operator and the share of the batch's work after
+it.
 """
 from __future__ import annotations
 
