@@ -52,6 +52,8 @@ def layer_stack_step(p, batch):
     return value, jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
 
 
+# (data_parallel rightly warns that accumulating_step's chunks of rows end the batch split)
+@pytest.mark.filterwarnings("ignore:data_parallel. the batch's row split ends")
 @pytest.mark.parametrize("mode", ["data_parallel", "semi_auto_parallel", "auto_parallel"])
 @pytest.mark.parametrize("step", [accumulating_step, layer_stack_step])
 def test_scans_and_conds_match_single_device(step, mode):

@@ -164,6 +164,8 @@ def many_draws_step(w, key, x):
     return value + jax.random.gumbel(ks[5], (8, 4)).sum()
 
 
+# (data_parallel rightly warns that x[permutation] takes the batch whole)
+@pytest.mark.filterwarnings("ignore:data_parallel. the batch's row split ends")
 @pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
 def test_other_samplers_match_single_device(mode):
     r = np.random.default_rng(0)

@@ -16,6 +16,7 @@ import math
 from ..graph import Value
 
 SHARE = 0.5       # warn when at least this share of the batch's work runs unsplit
+CHUNKING = frozenset({"reshape", "slice", "squeeze", "dynamic_slice"})   # chunks of rows
 
 
 def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
@@ -52,7 +53,7 @@ def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
         return None
     advice = ("; or keep the rows a dimension of their own: x.reshape(-1, K, ...).swapaxes(0, 1) "
               "instead of x.reshape(K, -1, ...) makes chunk k the rows k, K + k, ... of every "
-              "device" if first.prim == "reshape" else "")
+              "device" if first.prim in CHUNKING else "")
     return (f"data_parallel: the batch's row split ends at {first.name} at "
             f"{first.source or 'an unknown line'}, which takes its input whole (an all-gather); "
             f"{whole / work:.0%} of the batch's work after it runs whole on every device. "
