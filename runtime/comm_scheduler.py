@@ -108,12 +108,24 @@ def _group(mesh, rank, axes):
     return mesh.group(rank, axes)
 
 
+# the C++ collectives reduce 32- and 64-bit numbers: narrower integers and booleans are reduced
+# widened and narrowed back (wrapping sums and products agree modulo 2**bits; max / min keep
+# their order)
+WIDENED = {np.dtype(np.bool_): np.dtype(np.int32), np.dtype(np.int8): np.dtype(np.int32),
+           np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint8): np.dtype(np.int32),
+           np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+REDUCING = (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER)
+
+
 def _step(comm, st, x, mesh, reducers):
     x = wire.aligned(x)               # see _all_to_all
     axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
     if not axes:
         return x
     ranks, me = _group(mesh, comm.rank, axes)
+    if st.kind in REDUCING and x.dtype in WIDENED:
+        y = _STEPS[st.kind](comm, st, x.astype(WIDENED[x.dtype]), ranks, me, reducers)
+        return wire.aligned(y.astype(x.dtype))
     if np.iscomplexobj(x):            # the collectives move and sum real numbers: a complex
         part = np.dtype(f"f{x.dtype.itemsize // 2}")        # value goes as (real, imaginary)
         y = _STEPS[st.kind](comm, st, x.view(part).reshape(x.shape + (2,)), ranks, me,

@@ -37,6 +37,8 @@ from autopar.errors import CollectiveError
 from autopar.graph import Const
 from autopar.program import Collective, StepKind, checked_table
 
+from .comm_scheduler import REDUCING, WIDENED
+
 _MARK = "autopar CollectiveError:"
 _registered = []
 
@@ -99,6 +101,7 @@ class Tracer:
         self.buckets = []          # (tensors, bytes, algorithm) per all-reduce the step makes
         self.started, self.fence, self.latest = {}, None, None
         self.complex = set()       # collectives' results carried as (real, imaginary) pairs
+        self.narrowed = {}         # reductions' results carried widened -> their own dtype
 
     def get(self, r):
         """Register ``r``'s value; a started bucket holding it is awaited here, a bucket not
@@ -116,6 +119,8 @@ class Tracer:
         if r in self.complex:                  # back from a collective's real pairs
             from jax import lax
             value = lax.complex(value[..., 0], value[..., 1])
+        elif r in self.narrowed:
+            value = value.astype(self.narrowed[r])
         self.regs[r] = value
         if r in self.keep:
             self.step[r] = value
@@ -146,6 +151,9 @@ class Tracer:
             import jax.numpy as jnp                       # numbers: a complex value goes as
             x = jnp.stack([jnp.real(x), jnp.imag(x)], -1)  # pairs (a trailing dimension)
             self.complex.add(ins.out)
+        elif ins.kind in REDUCING and np.dtype(x.dtype) in WIDENED:   # (comm_scheduler)
+            self.narrowed[ins.out] = x.dtype
+            x = x.astype(WIDENED[np.dtype(x.dtype)])
         if ins.kind == StepKind.ALL_REDUCE:
             self.put_all(self._defer(ins, x, axes))
         else:

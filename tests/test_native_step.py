@@ -39,6 +39,29 @@ def test_data_parallel_step_is_one_executable(monkeypatch):
     assert {x.kind.value for x in kinds} == {"all_reduce"}
 
 
+def narrow_sums(w, b):
+    """Sums and maxima of 8- and 16-bit integers and booleans over a split batch: the C++
+    collectives reduce 32- and 64-bit numbers, so these go widened and come back narrowed."""
+    return (jnp.sum(b, dtype=jnp.int8), jnp.sum(b.astype(jnp.int16) * 300, dtype=jnp.int16),
+            jnp.max(b.astype(jnp.uint8)), jnp.sum((b > 0).astype(jnp.uint8), dtype=jnp.uint8),
+            jnp.any(b > 60), w + jnp.sum(b, dtype=jnp.int8).astype(w.dtype))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("whole_step", ["1", "0"])
+def test_narrow_integers_and_booleans_reduce_across_ranks(monkeypatch, whole_step):
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole_step)
+    w = jnp.zeros((4,), jnp.float32)
+    b = jnp.asarray(np.random.default_rng(0).integers(-64, 64, (8, 4)), jnp.int8)
+    config = ap.ParallelConfig(backend="native", parallel_mode="semi_auto_parallel",
+                               device_num=2, dataset_strategy="data_parallel", progress=False)
+    with ap.compile(narrow_sums, w, b, config=config) as c:
+        got, want = c(w, b), narrow_sums(w, b)
+        assert [x.dtype for x in got] == [x.dtype for x in want]
+        assert_same(got, want)
+        assert any(x.kind.value == "all_reduce" for x in c.collectives())
+
+
 @pytest.mark.native
 def test_every_collective_kind_inside_the_executable(monkeypatch):
     """A GPT block planned by auto_parallel on 2x2 (all-gathers, all-to-alls, slices, partial
