@@ -404,6 +404,7 @@ def load(comm, payload, cache=None):
     otherwise come at once and start the launcher's clock on the compiling ranks (which a
     loaded machine's compiles outlast)."""
     devices = list(range(payload.mesh.size))
+    payload.options.apply_x64()
     WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
     # every call's argument blocks have these shapes (counted once: jax.Array.nbytes per call
     # took 0.07 ms of a 2-rank medium GPT step's critical path, its caches cold after the step)

@@ -224,6 +224,7 @@ def load_stage(comm, payload: StagePayload, cache=None):
     with ``RuntimeOptions.whole_step``, else each segment for ``run_stage``'s interpreter;
     answer once every rank of the job has compiled."""
     nb.WORKER.whole = None
+    payload.options.apply_x64()
     if payload.options.whole_step and supported(payload) is None:
         nb.WORKER.stage = payload
         nb.WORKER.whole = WholeStage(comm, payload, cache)

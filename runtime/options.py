@@ -4,9 +4,14 @@ caller's environment (``from_env``). Out: a frozen value the runner ships with t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.errors import ConfigError
+
+
+def _caller_x64() -> bool:
+    import jax
+    return bool(jax.config.jax_enable_x64)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,15 @@ class RuntimeOptions:
     # caller gets read-only numpy arrays, and passing one back unchanged to its step sends only
     # its key, so parameters and optimizer state do not go to the workers again
     resident: bool = True
+    # the caller's jax_enable_x64: a rank traces and compiles its step with the same dtypes
+    # (without it a rank's JAX made every 64-bit value of the caller's plan 32-bit)
+    x64: bool = field(default_factory=_caller_x64)
+
+    def apply_x64(self) -> None:
+        """Set this process's jax_enable_x64 as the caller had it (a worker, on loading)."""
+        import jax
+        if bool(jax.config.jax_enable_x64) != self.x64:
+            jax.config.update("jax_enable_x64", self.x64)
 
     @classmethod
     def from_env(cls) -> "RuntimeOptions":

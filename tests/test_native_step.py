@@ -63,6 +63,25 @@ def test_narrow_integers_and_booleans_reduce_across_ranks(monkeypatch, whole_ste
 
 
 @pytest.mark.native
+def test_a_caller_with_64_bit_values_on_gets_its_dtypes_from_the_ranks():
+    """jax_enable_x64 in the caller: the ranks trace with it too (float64 and int64 values,
+    and a float32 step's packed arguments, were read as 32-bit values in the ranks)."""
+    jax.config.update("jax_enable_x64", True)
+    try:
+        for dtype in (jnp.float32, jnp.float64):
+            p, b = m.mlp_params(), m.mlp_batch(batch=8)
+            p, b = jax.tree.map(lambda x: x.astype(dtype), (p, b))
+            config = ap.ParallelConfig(backend="native", parallel_mode="data_parallel",
+                                       device_num=2, progress=False)
+            with ap.compile(m.mlp_sgd_step, p, b, config=config) as c:
+                got, want = c(p, b), m.mlp_sgd_step(p, b)
+                assert {x.dtype for x in jax.tree.leaves(got)} == {np.dtype(dtype)}
+                assert_same(got, want)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+@pytest.mark.native
 def test_every_collective_kind_inside_the_executable(monkeypatch):
     """A GPT block planned by auto_parallel on 2x2 (all-gathers, all-to-alls, slices, partial
     sums) and the parallel optimizer's reduce-scatters, on 4 ranks."""
