@@ -69,6 +69,14 @@ def build_alone(program):
     return lambda flat_args: _with_consts(program, f(*flat_args))
 
 
+def _moved(x, sharding):
+    """``x``; a JAX array not already in ``sharding`` put there first (jit refuses arrays
+    committed to other devices, and a mesh with other axis names failed inside shard_map)."""
+    if isinstance(x, jax.Array) and x.sharding != sharding:
+        return jax.device_put(x, sharding)
+    return x
+
+
 def _with_consts(program, results) -> list:
     """The flat results with the Program's constant outputs put back in their places (a
     constant result comes back as the traced function returned it, e.g. a Python float)."""
@@ -94,12 +102,12 @@ def build(program, process_local=()):
     JAX runtime every process calls it with the same arguments (or, for the flat positions
     ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
     f, jm, in_specs = sharded_function(program)
+    shardings = [NamedSharding(jm, s) for s in in_specs]
     if multi_process():
-        shardings = [NamedSharding(jm, s) for s in in_specs]
         local = set(process_local)
         call = lambda flat: [fetch(r) for r in f(*[
             place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))])]
-    else:
-        call = lambda flat: f(*flat)
+    else:       # a JAX array placed otherwise (another mesh, its axis names, other devices,
+        call = lambda flat: f(*[_moved(x, sh) for x, sh in zip(flat, shardings)])   # one)
 
     return lambda flat_args: _with_consts(program, call(flat_args))

@@ -369,3 +369,22 @@ def test_strategy_records_collectives_and_memory_timeline():
     back = ap.Strategy.from_json(s.to_json())
     assert back.collectives == s.collectives and back.memory_timeline == s.memory_timeline
     assert [o.operands for o in back.ops] == [o.operands for o in s.ops]
+
+
+def test_jax_backend_takes_arrays_placed_on_other_meshes_and_devices():
+    """JAX arrays the user placed elsewhere (a mesh with other axis names, a subset or another
+    order of the devices, one device) go where the plan wants them (were a KeyError from
+    inside shard_map, or jit's incompatible-devices error)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax")
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    want = m.mlp_sgd_step(p, b)
+    devs = jax.devices()
+    for mesh, spec in [(Mesh(np.array(devs[:4]), ("y",)), P("y")),
+                       (Mesh(np.array(devs[:4]).reshape(2, 2), ("a", "b")), P("a")),
+                       (Mesh(np.array(devs[:2]), ("x",)), P("x")),
+                       (Mesh(np.array(devs[:4][::-1]), ("x",)), P("x"))]:
+        placed = jax.device_put(b, NamedSharding(mesh, spec))
+        assert_same(c(p, placed), want)
+    assert_same(c(jax.device_put(p, devs[1]), b), want)
