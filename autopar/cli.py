@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -124,6 +125,12 @@ def _plan(args) -> int:
         raise ConfigError(f"{args.target} must return (step, args) or (step, args, options), "
                           f"options a dict of ap.compile keywords; it returned {type(got).__name__}.")
     step, example, options = got[0], tuple(got[1]), (got[2] if len(got) == 3 else {})
+    known = set(inspect.signature(ap.plan).parameters) - {"fn", "args", "config"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"{args.target} returned options {unknown} that ap.plan does not take; "
+                          f"it takes {sorted(known)} (the mode and mesh come from this "
+                          "command's own options).")
     start = time.monotonic()
     strategy = ap.plan(step, *example, config=config, **options)
     head = 2 + len(strategy.stages) + (1 if strategy.stages else 0)
@@ -141,7 +148,8 @@ def _plan(args) -> int:
 
 def _launch(args) -> int:
     from .runtime.jax_launch import LaunchOptions, launch
-    return launch(LaunchOptions(tuple(args.command), args.nprocs, args.devices_per_process,
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return launch(LaunchOptions(tuple(command), args.nprocs, args.devices_per_process,
                                 args.nnodes, args.node_rank, args.coordinator))
 
 
@@ -405,6 +413,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["bench"]:                  # every option, --help included, is bench's
         from .tools import bench
         return bench.main(argv[1:], prog="autopar bench")
+    if "launch" in argv and "-m" in argv[argv.index("launch"):] and "--" not in argv:
+        at = argv.index("-m", argv.index("launch"))     # argparse takes -m for an option of
+        argv = argv[:at] + ["--"] + argv[at:]           # its own: the command starts there
     args = _parser().parse_args(argv)
     args.own_process = own_process
     try:

@@ -30,6 +30,9 @@ def build():
     return (m.gpt_sgd_step, (m.gpt_params(layers=2, abstract=True),
                              m.gpt_batch(batch=8, abstract=True)))
 
+def build_with_bad_options():
+    return build() + ({{"bogus": 1}},)
+
 def build_with_options():                     # w1, w2: 128 KB, over the 64 KB threshold
     p = m.mlp_params(sizes=(128, 256, 128))
     return m.mlp_adam_step, (p, m.adam_init(p), m.mlp_batch(sizes=(128, 256, 128))), \
@@ -84,6 +87,16 @@ def test_plan_errors(tmp_path):
     assert r.returncode == 2 and "cluster:HOSTSxPER_HOST" in r.stderr
     r = run("plan", "nocolon")
     assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
+    r = run("plan", "mymodel.py:build_with_bad_options", cwd=tmp_path)
+    assert r.returncode == 2 and "['bogus'] that ap.plan does not take" in r.stderr
+
+
+def test_launch_runs_a_module(tmp_path):
+    """``autopar launch -m MODULE ARGS`` as its help says (argparse took -m for an option)."""
+    (tmp_path / "j.json").write_text('{"a": 1}')
+    for extra in ([], ["--"]):
+        r = run("launch", "--nprocs", "1", *extra, "-m", "json.tool", "j.json", cwd=tmp_path)
+        assert r.returncode == 0 and '"a": 1' in r.stdout, r.stderr
 
 
 def test_every_command_has_complete_help():
