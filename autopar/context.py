@@ -117,8 +117,7 @@ _MINDSPORE_ONLY = {
                       "fuses all-reduces only", None),
 }
 MINDSPORE_FUSION_MB = 64           # comm_fusion's "auto" all-reduce threshold in MindSpore
-KEYS = tuple(sorted(set(_FIELDS) - {v for d in _DICTS.values() for v in d.values() if v}
-                    | set(_DICTS) | {k for k in _MINDSPORE_ONLY if not any(
+KEYS = tuple(sorted(set(_FIELDS) | set(_DICTS) | {k for k in _MINDSPORE_ONLY if not any(
                         k in d for d in _DICTS.values())}
                     | {"strategy_ckpt_load_file", "strategy_ckpt_save_file"}))
 

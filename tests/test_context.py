@@ -101,6 +101,17 @@ def test_mindspore_keys_autopar_honours_become_config_fields():
     assert ap.context_config().allreduce_fusion_bytes == 64 << 20      # MindSpore's auto
 
 
+def test_every_config_field_is_a_key_by_its_own_name_too():
+    """Fields that MindSpore sets inside a dict key (parallel_optimizer_config,
+    pipeline_config) are keys by their ParallelConfig names as well, both ways."""
+    ap.set_auto_parallel_context(optimizer_level="level3", parallel_optimizer_threshold=0,
+                                 pipeline_scheduler="gpipe")
+    cfg = ap.context_config()
+    assert cfg.optimizer_level is ap.OptimizerLevel.LEVEL3 and cfg.parallel_optimizer_threshold == 0
+    assert ap.get_auto_parallel_context("pipeline_scheduler") == "gpipe"
+    assert ap.get_auto_parallel_context("parallel_optimizer_config")["optimizer_level"] == "level3"
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"global_rank": 3}, "global_rank=3: in MindSpore, this process's rank; autopar ignores "
                          "it: autopar takes each process's rank from its launcher"),
