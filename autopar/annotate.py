@@ -19,6 +19,7 @@ import functools
 import itertools
 
 import jax
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -75,13 +76,25 @@ def _shard_fn(fn, in_strategy, out_strategy):
                           f"{in_strategy!r}): give one entry per argument: a split tuple, an "
                           "ap.Layout(...)(...) or None, e.g. ((2, 1), (1, 4)).")
     plain = lambda s: s is not None and not isinstance(s, (Layout, DeviceSpec, str))
+    name = getattr(fn, "__name__", "fn")
     counts = tuple(tuple(s) if plain(s) else None for s in in_strategy)
+    for c in counts:
+        if c is not None and not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                     for n in c):
+            raise LayoutError(f"ap.shard({name}, in_strategy={in_strategy!r}): {c} is not a "
+                              "tuple of split counts (whole numbers >= 1, one per dimension of "
+                              "its argument).")
 
     @functools.wraps(fn)
     def wrapped(*args):
         if len(args) != len(in_strategy):
-            raise LayoutError(f"{getattr(fn, '__name__', 'fn')} was given {len(args)} "
+            raise LayoutError(f"{name} was given {len(args)} "
                               f"arguments but in_strategy has {len(in_strategy)} entries.")
+        for i, (a, c) in enumerate(zip(args, counts)):
+            if c is not None and len(c) != np.ndim(a):
+                raise LayoutError(f"ap.shard({name}, in_strategy={in_strategy!r}): argument {i} "
+                                  f"has {np.ndim(a)} dimension(s) but its strategy {c} gives "
+                                  f"{len(c)} split counts; give one per dimension.")
         group = next(_groups)
         args = [a if s is None else shard_p.bind(
                     a, spec=OperatorSpec(counts, i, group) if counts[i] is not None

@@ -185,3 +185,16 @@ def test_argument_tuples_with_device_num_alone_are_mindspores_tensor_layouts():
         {"w1": (1, 4), "b1": None, "w2": (4, 1), "b2": None}, None))
     assert {i.name: str(i.layout) for i in s.inputs if i.name in ("w1", "w2")} == \
         {"w1": "[_,y]", "w2": "[y,_]"}
+
+
+def test_function_tuples_are_checked_against_their_arguments():
+    """ap.shard(fn, in_strategy=...): a tuple per argument of whole split counts >= 1, one per
+    dimension (one of the wrong length was taken silently, a 0 divided by zero)."""
+    x, w = jnp.ones((16, 32)), jnp.ones((32, 8))
+    for bad, says in [(((2, 1, 1), (1, 1)), "argument 0 has 2 dimension"),
+                      (((2, 1), (1,)), "argument 1 has 2 dimension"),
+                      (((0, 1), (1, 1)), "not a tuple of split counts"),
+                      ((("a", 1), (1, 4)), "not a tuple of split counts"),
+                      (((2.0, 1), (1, 4)), "not a tuple of split counts")]:
+        with pytest.raises(ap.LayoutError, match=says):
+            ap.shard(jnp.matmul, in_strategy=bad)(x, w)
