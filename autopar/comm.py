@@ -10,7 +10,7 @@ autopar lowers each to one collective of its runtimes:
 | call                                        | jax.lax                                   | result per device                      |
 |---------------------------------------------|-------------------------------------------|----------------------------------------|
 | ``all_reduce(x, axis, op="sum")``           | ``psum`` / ``pmax`` / ``pmin``            | the reduction over the group           |
-| ``all_gather(x, axis, dim=0)``              | ``all_gather(tiled=True)``                | blocks concatenated along ``dim``      |
+| ``all_gather(x, axis, dim=0)``              | ``all_gather_invariant(tiled=True)``      | blocks concatenated along ``dim`` (typed the same on every device) |
 | ``reduce_scatter(x, axis, dim=0)``          | ``psum_scatter(tiled=True)``              | this device's block of the sum         |
 | ``all_to_all(x, axis, split_dim, concat_dim)`` | ``all_to_all(tiled=True)``             | block j of ``split_dim`` sent to device j, received blocks concatenated along ``concat_dim`` |
 | ``axis_index(axis)``                        | ``axis_index``                            | this device's index in the group (int32) |
@@ -23,6 +23,11 @@ from __future__ import annotations
 from jax import lax
 
 from .errors import ConfigError
+
+try:                                          # JAX >= 0.6; not in jax.lax's public names yet
+    from jax._src.lax.parallel import all_gather_invariant as _gather
+except ImportError:                           # pragma: no cover - older JAX
+    _gather = lax.all_gather
 
 _REDUCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 
@@ -45,7 +50,11 @@ def all_reduce(x, axis, op: str = "sum"):
 
 
 def all_gather(x, axis, dim: int = 0):
-    return _bound("all_gather", axis, lambda: lax.all_gather(x, axis, axis=dim, tiled=True))
+    # the gathered value is the same on every device of the group, and JAX's replication
+    # typing knows it only from all_gather_invariant (lax.all_gather's result counts as
+    # varying: a loss over the gathered batch could not be returned, and its parameters'
+    # gradients would have been summed over the group once more)
+    return _bound("all_gather", axis, lambda: _gather(x, axis, axis=dim, tiled=True))
 
 
 def reduce_scatter(x, axis, dim: int = 0):

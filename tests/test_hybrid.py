@@ -97,6 +97,23 @@ def test_every_collective_matches_jax_shard_map(backend):
     assert {x.op for x in c.collectives() if x.kind == "all_reduce"} >= {"sum", "max", "min"}
 
 
+def gathered_step(params, batch):
+    """The whole batch gathered on every device, then the plain step: the gathered value is
+    the same everywhere, so its loss may be returned whole (JAX typed lax.all_gather's result
+    as varying and the step was refused)."""
+    x, y = (ap.comm.all_gather(v, "x") for v in batch)
+    loss, g = jax.value_and_grad(m.mlp_loss)(params, (x, y))
+    return loss, m.sgd(params, g)
+
+
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
+def test_a_loss_over_the_gathered_batch_is_the_single_device_step(backend):
+    p, b = m.mlp_params(), m.mlp_batch(batch=16)
+    n = 4 if backend == "jax" else 2
+    with ap.compile(gathered_step, p, b, config=hybrid(backend, device_num=n)) as c:
+        assert_same(c(p, b), m.mlp_sgd_step(p, b))
+
+
 def test_errors_say_what_to_do():
     with pytest.raises(ap.ConfigError, match="hybrid_parallel"):
         ap.comm.all_reduce(jnp.ones(3), "x")
