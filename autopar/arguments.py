@@ -224,13 +224,21 @@ def fixed_layouts(config, mesh, graph) -> dict:
 def default_batch(graph) -> tuple:
     """The batch arguments when the user names none: every argument after the first whose new
     version the step does not return (``state_pairs``: optimizer state, a PRNG key threaded
-    through), so ``step(params, opt_state, batch)`` splits the batch alone; every argument
-    after the first if that leaves none."""
+    through) and that is not a PRNG key (``_key_like``), so ``step(params, opt_state, batch)``
+    and ``step(params, batch, key)`` split the batch alone; every argument after the first if
+    that leaves none."""
     args = [jax.tree.leaves(a) for a in jax.tree.unflatten(graph.in_tree,
                                                            range(len(graph.inputs)))]
     state = {i for i, _ in state_pairs(graph)}
-    batch = tuple(a for a in range(1, len(args)) if not (args[a] and set(args[a]) <= state))
+    batch = tuple(a for a in range(1, len(args)) if not (args[a] and set(args[a]) <= state)
+                  and not (args[a] and all(_key_like(graph.inputs[j]) for j in args[a])))
     return batch or tuple(range(1, len(args)))
+
+
+def _key_like(v) -> bool:
+    """Whether graph input ``v`` holds PRNG key data: uint32 with a last dimension of 2
+    (threefry, ``jax.random.PRNGKey`` or a typed key's data) or 4 (rbg), at most one other."""
+    return np.dtype(v.dtype) == np.uint32 and 1 <= len(v.shape) <= 2 and v.shape[-1] in (2, 4)
 
 
 def state_pairs(graph) -> tuple:

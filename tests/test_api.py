@@ -95,6 +95,15 @@ def test_the_default_batch_leaves_out_the_state_the_step_returns():
     c = ap.compile(keyed, p, key, b, config=cfg)
     assert_same(c(p, key, b), jax.jit(keyed)(p, key, b))
 
+    def dropped(params, batch, key):           # a key the step does not return: not a batch
+        keep = jax.random.bernoulli(key, 0.9, params["w1"].shape)
+        return m.mlp_sgd_step(dict(params, w1=jnp.where(keep, params["w1"], 0.0)), batch)
+    for key in (jax.random.PRNGKey(1), jax.random.key(1)):
+        c = ap.compile(dropped, p, b, key, config=cfg)
+        assert_same(c(p, b, key), jax.jit(dropped)(p, b, key))
+        assert {i.name.split(".")[0] for i in c.strategy.inputs
+                if not i.layout.is_replicated()} == {"arg1"}
+
 
 def test_data_parallel_gpt():
     # SGD: Adam divides by sqrt(v) and so turns the rounding noise of near-zero gradients
