@@ -22,7 +22,7 @@ from jax._src import source_info_util
 from jax.extend.core import Literal
 
 from . import trace_control, trace_keys
-from .errors import LayoutError, RuleError
+from .errors import ConfigError, LayoutError, RuleError
 from .graph import Const, Graph, Node, Value
 
 # Report the user's line, not autopar's, as the source of an operation (ap.shard and friends):
@@ -68,7 +68,17 @@ def _graph(jaxpr, consts, in_tree, out_tree) -> Graph:
 
 def trace(fn, *args) -> Graph:
     flat_fn, specs, in_tree, out_tree = _flat(fn, args)
-    closed = jax.make_jaxpr(flat_fn)(*specs)
+    try:
+        closed = jax.make_jaxpr(flat_fn)(*specs)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+            jax.errors.TracerBoolConversionError) as e:
+        raise ConfigError(
+            f"the step used a traced value as a Python value ({type(e).__name__}, its message "
+            "below): every argument of a compiled step, Python numbers included, is traced as "
+            "an array, as under jax.jit. Bind a number the step uses as a Python number (a "
+            "loop count, a shape, a flag) with functools.partial or a closure before "
+            "compiling; for a choice that depends on array values use lax.cond or "
+            f"jnp.where.\n{e}") from e
     return _graph(closed.jaxpr, closed.consts, in_tree, out_tree())
 
 

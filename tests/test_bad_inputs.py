@@ -553,3 +553,17 @@ def test_native_job_calls():
         check(lambda: j.call(worker_rank, [()]), ConfigError, "one argument tuple per rank")
         check(lambda: j.call(worker_rank, "ab"), ConfigError, "per_rank_args")
         assert j.call(worker_rank, [(), ()]) == [0, 1]          # the job is still good
+
+
+def test_a_python_number_used_as_one_says_to_bind_it():
+    """A loop count passed as an argument is traced like every argument (as jax.jit does):
+    the error says so and how to bind it, JAX's own message after it."""
+    def step(w, x, n):
+        for _ in range(n):
+            x = x @ w
+        return x.sum()
+    w, x = jnp.ones((4, 4)), jnp.ones((8, 4))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax")
+    with pytest.raises(ap.ConfigError, match="functools.partial") as e:
+        ap.compile(step, w, x, 3, config=cfg)
+    assert "TracerIntegerConversionError" in str(e.value)

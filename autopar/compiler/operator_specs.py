@@ -154,7 +154,12 @@ def with_tuples(graph, cands: dict, tuples: dict, mesh) -> dict:
         out[n.id] = [c for c in cands[n.id]
                      if tuple(l.to_strategy(mesh) for l in c.in_layouts) == tuples[n.name]]
         if not out[n.id]:
-            raise LayoutError(f"operator {n.name}: the loaded MindSpore file gives it "
-                              f"{tuples[n.name]}, which no layout of its operands on {mesh} "
-                              "has; plan on the mesh the file was written for.")
+            shapes = [tuple(x.shape) for x in n.inputs]
+            raise LayoutError(f"operator {n.name} ({n.source or 'an unknown line'}, operands "
+                              f"{shapes}): the loaded MindSpore file gives it {tuples[n.name]}, "
+                              f"which no layout of its operands on {mesh} has. Operators are "
+                              "named by their place in the traced step, so a file saved from "
+                              "another version of the step (an annotation added or removed "
+                              "moves the numbering) names other operators: save the strategy "
+                              "from this step, or plan on the mesh the file was written for.")
     return out
