@@ -397,3 +397,17 @@ def test_jax_backend_takes_arrays_placed_on_other_meshes_and_devices():
         placed = jax.device_put(b, NamedSharding(mesh, spec))
         assert_same(c(p, placed), want)
     assert_same(c(jax.device_put(p, devs[1]), b), want)
+
+
+def test_a_compiled_step_takes_its_arguments_by_name_too():
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=2)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    want = m.mlp_sgd_step(p, b)
+    names = list(__import__("inspect").signature(m.mlp_sgd_step).parameters)
+    assert_same(c(**dict(zip(names, (p, b)))), want)
+    assert_same(c(p, **{names[1]: b}), want)
+    with pytest.raises(ap.ConfigError, match="calling the compiled"):
+        c(p, nope=b)
+    f = ap.parallel(m.mlp_sgd_step, config=cfg)                  # the decorator's too
+    assert_same(f(**dict(zip(names, (p, b)))), want)

@@ -37,7 +37,7 @@ from ..redistribution.planner import Planner
 from ..trace import trace
 from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
                          leaf_type, state_pairs)
-from .compiled import Compiled
+from .compiled import Compiled, positional
 from .key_args import split_keys
 from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
 from .hybrid_plan import plan_hybrid
@@ -520,7 +520,9 @@ class ParallelFunction:
             self._cache[key] = compile(self.fn, *args, config=config, **self.kw)
         return self._cache[key]
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:             # by the step's signature, as a compiled step takes them
+            args = positional(self.fn, args, kwargs)
         return self.compile(*args)(*args)
 
 

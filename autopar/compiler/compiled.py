@@ -71,7 +71,9 @@ class Compiled:
         ``first_call``: the first step, start included."""
         return {**dict(self.strategy.phase_seconds), **self._timings}
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = positional(self.fn, args, kwargs)
         if self._runner is None:
             t0 = time.monotonic()
             out = self._call(*args)
@@ -136,3 +138,19 @@ class Compiled:
 
 def _types(leaf_types) -> str:
     return "[" + ", ".join(type_str(*t) for t in leaf_types) + "]"
+
+
+def positional(fn, args, kwargs) -> tuple:
+    """A call's arguments in ``fn``'s order, keyword ones put in their places by its signature
+    (``step(params=p, batch=b)``, as jax.jit takes them)."""
+    import inspect
+    name = getattr(fn, "__name__", "step")
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"calling the compiled {name}: {e}") from None
+    if bound.kwargs:
+        raise ConfigError(f"{name} takes {sorted(bound.kwargs)} as keyword-only or **kwargs "
+                          "arguments; a compiled step takes its arguments by position or by the "
+                          "name of a positional parameter.")
+    return bound.args
