@@ -191,7 +191,8 @@ def test_strategy_ckpt_config_saves_and_loads(tmp_path):
 
 
 @pytest.mark.parametrize("ds, split", [("full_batch", False), ("data_parallel", True),
-                                       (((4, 1), (4, 1)), True), (((1, 1), (1, 1)), False)])
+                                       (((4, 1), (4, 1)), True), (((1, 1), (1, 1)), False),
+                                       (((2, 1), (2, 1)), True)])   # mesh (2, 2), as MindSpore's
 def test_dataset_strategy_lays_out_the_batch(ds, split):
     p, b = m.mlp_params(), m.mlp_batch(batch=8)
     cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4, backend="jax",

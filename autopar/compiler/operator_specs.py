@@ -22,6 +22,7 @@ aliases)(...)``), the ParallelConfig and the user's ``in_strategy``. Out:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 import jax
@@ -117,9 +118,15 @@ def mesh_for_device_matrices(config, graph: Graph, in_strategy):
         x, DeviceSpec)) if isinstance(s, DeviceSpec)]
     specs = [s.resolve(n, f"ap.shard {s}") if isinstance(s, OperatorSpec) else s
              for s in specs if isinstance(s, (OperatorSpec, DeviceSpec))]
-    if not specs:
+    # a dataset_strategy's tuples as MindSpore lays them out: the devices a tuple does not
+    # split repeat it, first ((2, 1) on 4 devices: device matrix (2, 2, 1))
+    ds = config.dataset_strategy if isinstance(config.dataset_strategy, tuple) else ()
+    data = [(n // math.prod(t),) + tuple(t) for t in ds
+            if all(isinstance(c, int) and c >= 1 for c in t) and n % math.prod(t) == 0
+            and 1 < math.prod(t) < n]
+    if not specs and not data:
         return config
-    shape = refining_mesh([s.dev_matrix for s in specs], n)
+    shape = refining_mesh([s.dev_matrix for s in specs] + data, n)
     if len(shape) <= 1:                            # every device matrix fits the one axis
         return config
     named = {tuple(a for a, d in zip(s.names, s.dev_matrix) if d > 1)
