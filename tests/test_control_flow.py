@@ -87,6 +87,7 @@ def test_too_long_a_scan_is_refused_with_the_line_and_a_while_loop_runs_whole():
     assert_same(ap.compile(grow, w, x, config=cfg)(w, x), jax.jit(grow)(w, x))
 
 
+@pytest.mark.filterwarnings("ignore:data_parallel. the batch's row split ends")   # (rightly)
 @pytest.mark.native
 def test_accumulating_scan_on_the_native_runtime_matches_single_device():
     p, b = case()
