@@ -9,7 +9,8 @@ parameters at every segment that reads them, and holds the copies for a while af
 
 In: shapes and dtypes (``empty``), arrays (``aligned``), picklable objects (``send``), and for
 each direction of a connection a ``Box``: shared memory the sender writes a message's arrays
-into (messages of up to ``BOX_BYTES``; larger ones stream through the socket). Out:
+into (a call's messages of up to ``BOX_BYTES``, larger ones stream through the socket; the
+answers of any size). Out:
 C-contiguous arrays whose data starts on a 64-byte boundary; ``recv`` returns the object
 ``send`` sent, the arrays in its tuples, lists and dicts (carried beside its pickle, not in
 it) copied once out of the box into such memory (or, ``borrow``ed, views of the box valid
@@ -116,24 +117,26 @@ def _put(obj, arrays):
     return _rebuilt(obj, lambda x: next(arrays) if x is ARRAY else _SAME)
 
 
-def send(conn, obj, box: "Box | None" = None) -> None:
+def send(conn, obj, box: "Box | None" = None, any_size: bool = False) -> None:
     """Send ``obj`` over a ``multiprocessing`` connection: the pickle of ``obj`` with its arrays
     taken out (``_take``; pickling an array costs ~5 us more each than its place, dtype and
     shape: a small model's step has dozens), with each array's (dtype, shape, bytes), then the
-    arrays' bytes. With a ``box`` and arrays of at most ``BOX_BYTES`` in all: the bytes are
-    written into the box first, each at an ALIGN-byte offset (a larger box, when needed, goes
-    with the message as a descriptor). Else (larger messages stream, so that a first call's
-    parameters, sent to every rank, are not held in shared memory once per rank at once): the
-    arrays of ``PACK`` bytes or more follow the pickle, each a message of its own, then the
-    smaller ones together in one message, each at an ALIGN-byte offset (a step's many small
-    arguments cost one system call, not one each)."""
+    arrays' bytes. With a ``box`` and arrays of at most ``BOX_BYTES`` in all, or of any size
+    with ``any_size`` (a rank's answer, which the caller reads where it arrived: copied out of
+    the socket instead, a 4096-wide MLP's 143 MB of new parameters made its step 2.3x slower):
+    the bytes are written into the box first, each at an ALIGN-byte offset (a larger box, when
+    needed, goes with the message as a descriptor). Else (larger messages stream, so that a
+    first call's parameters, sent to every rank, are not held in shared memory once per rank at
+    once): the arrays of ``PACK`` bytes or more follow the pickle, each a message of its own,
+    then the smaller ones together in one message, each at an ALIGN-byte offset (a step's many
+    small arguments cost one system call, not one each)."""
     arrays = []
     skeleton = _take(obj, arrays)
     meta = [(a.dtype.str if a.dtype.kind in _BY_NAME else a.dtype, a.shape, a.nbytes)
             for a in arrays]
     sizes = [m[2] for m in meta]
     offsets, total = _packing(sizes)
-    if box is not None and total <= BOX_BYTES:
+    if box is not None and (any_size or total <= BOX_BYTES):
         fd = box.reserve(total)
         for a, at in zip(arrays, offsets):
             if a.nbytes:                 # an empty one needs no box (there may be none yet)

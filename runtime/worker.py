@@ -144,11 +144,11 @@ def main(argv):
         except Exception as e:        # noqa: BLE001 - reported to the caller
             reply = _error(e)
         try:
-            wire.send(conn, reply, box)
+            wire.send(conn, reply, box, any_size=True)    # an answer: one rank's, any size
         except (BrokenPipeError, ConnectionResetError):
             return _caller_gone()     # (interrupted or killed mid-call: nothing to print)
         except Exception as e:        # noqa: BLE001 - e.g. a result pickle cannot carry
-            wire.send(conn, _error(e), box)
+            wire.send(conn, _error(e), box, any_size=True)
 
 
 def _error(e) -> tuple:

@@ -123,6 +123,22 @@ def test_a_message_over_box_bytes_streams_through_the_socket(monkeypatch):
     out.close(), into.close()
 
 
+def test_an_answer_of_any_size_goes_through_the_box(monkeypatch):
+    """A rank's answer (``any_size``) is written into shared memory whatever its size: the
+    caller reads it there instead of copying it out of the socket."""
+    monkeypatch.setattr(wire, "BOX_BYTES", 1 << 16)
+    a, b = Pipe()
+    out, into = wire.Box(), wire.Box()
+    big = np.arange(1 << 18, dtype=np.float64)
+    sender = threading.Thread(target=wire.send, args=(a, big, out), kwargs={"any_size": True})
+    sender.start()
+    got = wire.recv(b, into, borrow=True)
+    sender.join()
+    assert np.array_equal(got, big) and into.size >= big.nbytes and into.lent_out
+    del got
+    out.close(), into.close()
+
+
 def test_arrays_in_any_layout_dtype_and_place_arrive_equal():
     """Arrays are taken out of tuples, lists and dict values at any depth, whatever their
     layout (strided, Fortran order, 0-d) or dtype (bfloat16, bool, big-endian); the rest of the
