@@ -72,9 +72,13 @@ def build_alone(program):
 def _moved(x, sharding):
     """``x``; a JAX array not already in ``sharding`` put there first (jit refuses arrays
     committed to other devices, and a mesh with other axis names failed inside shard_map)."""
-    if isinstance(x, jax.Array) and x.sharding != sharding:
-        return jax.device_put(x, sharding)
-    return x
+    if not isinstance(x, jax.Array):
+        return x
+    s = x.sharding            # (a step's own results come back P() where it takes P(None, None))
+    if isinstance(s, NamedSharding) and s.mesh == sharding.mesh and \
+            s.is_equivalent_to(sharding, x.ndim):
+        return x
+    return jax.device_put(x, sharding)
 
 
 def _with_consts(program, results) -> list:
