@@ -255,7 +255,10 @@ def _solve_anytime(solve, problem, limit, say) -> tuple:
         why = ""
         try:                     # a SIGINT may land while start() waits for the thread
             thread.start()
-            thread.join(limit + GRACE)
+            # joined in short waits: the kernel may hand a SIGINT to the solver's thread,
+            # and then only a wait that ends notices it (one long join slept through it)
+            while thread.is_alive() and time.monotonic() < t0 + limit + GRACE:
+                thread.join(min(0.1, max(0.0, t0 + limit + GRACE - time.monotonic())))
             if thread.is_alive():
                 why = f"still searching {GRACE:g} s past the time limit"
         except KeyboardInterrupt:

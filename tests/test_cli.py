@@ -235,6 +235,9 @@ cli.GRACE = float(sys.argv[2])
 def slow(problem, time_limit, progress):
     anytime.offer(problem.cost([0, 0, 0, 0, 0]), [0, 0, 0, 0, 0])   # a feasible answer...
     print("ready", flush=True)
+    if sys.argv[3:] == ["here"]:            # a SIGINT the kernel hands to this thread
+        import signal, threading
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
     time.sleep(60)                                                   # ...then nothing more
     raise AssertionError("not interrupted")
 
@@ -254,6 +257,9 @@ def test_solve_answers_with_the_best_so_far_on_sigint_and_past_the_deadline():
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
     assert out.startswith("interrupted after") and f"| {cost} [0, 0, 0, 0, 0]" in out
+    r = subprocess.run([sys.executable, "-c", ANYTIME, "30", "30", "here"], capture_output=True,
+                       text=True, timeout=20)
+    assert r.stdout.startswith("ready\ninterrupted after"), r.stderr
     r = subprocess.run([sys.executable, "-c", ANYTIME, "0.2", "0.3"], capture_output=True,
                        text=True, timeout=30)
     assert "still searching 0.3 s past the time limit |" in r.stdout, r.stderr
