@@ -57,7 +57,7 @@ from autopar.program import Collective, Segment, StepKind
 from . import resident
 from .comm_scheduler import CommScheduler
 from .options import RuntimeOptions
-from .packing import Packing
+from .packing import ArgPacker, Packing
 
 
 def _check_algorithm(name: str) -> None:
@@ -230,16 +230,30 @@ class NativeRunner(WorkerRunner):
         self._kept = large if self.options.resident else []
         packing = None
         if self.options.whole_step and supported(instructions) is None:
-            small_args = [i for i, (r, l) in enumerate(zip(program.inputs, program.in_layouts))
-                          if _global_bytes(program, r, l) < resident.RESIDENT_BYTES]
+            small_args = sorted((i for i, (r, l) in enumerate(zip(program.inputs,
+                                                                   program.in_layouts))
+                                 if _global_bytes(program, r, l) < resident.RESIDENT_BYTES),
+                                key=lambda i: not program.in_layouts[i].is_replicated())
             packing = Packing.plan([program.avals[r] for r in program.inputs], small_args,
                                    [program.avals[o] for o, _ in results], split,
                                    [k for k in range(len(results)) if k not in large])
         self._packing = packing
-        self._packed_args = frozenset(packing.args) if packing else frozenset()
+        packed = packing.args if packing else ()
+        self._unpacked = [i for i in range(len(program.inputs)) if i not in packed]
+        self._packed_rep = [i for i in packed if program.in_layouts[i].is_replicated()]
+        self._packed_split = [i for i in packed if not program.in_layouts[i].is_replicated()]
+        self._packer = packing and ArgPacker(packing.arg_pack, len(self._packed_rep),
+                                             program.mesh.size)
+        self._lock = threading.Lock()     # the packer's buffers: one call at a time
         others = packing.other_results(len(results)) if packing else range(len(results))
         first = 2 if packing else 0       # the two packs come first in a rank's answer
         self._answer_at = {k: first + j for j, k in enumerate(others)}
+        self._outs_in_order, k = [], 0  # per output: (it, result index, place in an answer,
+        for o, l in zip(program.outputs, program.out_layouts):    # layout); a Const's k None
+            self._outs_in_order.append((o, None, None, l) if isinstance(o, Const) else
+                                       (o, k, self._answer_at.get(k), l))
+            k += not isinstance(o, Const)
+        self._outs = [entry for entry in self._outs_in_order if entry[1] is not None]
         answer_split = ((False, True) if packing else ()) + tuple(split[k] for k in others)
         sizes = ((0, 0) if packing else ()) + tuple(
             _global_bytes(program, *results[k]) for k in others)
@@ -261,25 +275,34 @@ class NativeRunner(WorkerRunner):
         return load, [(self._payload,)] * (self.mesh.size + self.reducers)
 
     def __call__(self, flat_args):
-        mesh, p = self.program.mesh, self.program
         self._ready()
+        with self._lock:
+            return self._step(flat_args)
+
+    def _step(self, flat_args):
+        mesh, p = self.program.mesh, self.program
         res, job = self._resident, self.job
-        pk, packed = self._packing, self._packed_args
+        pk, layouts = self._packing, p.in_layouts
         per_rank = [[] for _ in range(mesh.size)]
-        small = [[] for _ in range(mesh.size)]        # the blocks that go packed
-        for i, (x, l) in enumerate(zip(flat_args, p.in_layouts)):
-            ref = res.ref_for(x, job, l) if res and i not in packed else None
+        for i in self._unpacked:
+            x, l = flat_args[i], layouts[i]
+            ref = res.ref_for(x, job, l) if res else None
             if ref is not None:
                 for blocks in per_rank:
                     blocks.append(ref)
                 continue
             x = np.asarray(x)
-            for blocks, where in zip(small if i in packed else per_rank,
-                                     self._blocks(i, l, x.shape)):
-                blocks.append(x[where])            # wire and Pack copy any layout
+            for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
+                blocks.append(x[where])            # wire and ArgPacker copy any layout
         if pk is not None:
-            for blocks, parts in zip(per_rank, small):
-                blocks.insert(0, pk.arg_pack.pack(parts))
+            split = [[] for _ in range(mesh.size)]
+            for i in self._packed_split:
+                x = np.asarray(flat_args[i])
+                for blocks, where in zip(split, self._blocks(i, layouts[i], x.shape)):
+                    blocks.append(x[where])
+            packs = self._packer.fill([flat_args[i] for i in self._packed_rep], split)
+            for blocks, buffer in zip(per_rank, packs):
+                blocks.insert(0, buffer)
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         lend = job.lent() < LENT_ANSWERS
@@ -296,28 +319,26 @@ class NativeRunner(WorkerRunner):
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
             raise
+        answers = {}
         if pk is not None:        # the packed results: one rank's block, or every rank's, by k
             answers = dict(zip(pk.replicated,
-                           pk.replicated_pack.views(ranks[self._answer_by[0]][0])))
+                               pk.replicated_pack.copies(ranks[self._answer_by[0]][0])))
             split = [pk.split_pack.views(got[1]) for got in ranks]
-            answers.update((k, [views[j] for views in split]) for j, k in enumerate(pk.split))
-        out, k = [], 0
-        for o, l in zip(p.outputs, p.out_layouts):
-            if isinstance(o, Const):
+            answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
+                           for j, k in enumerate(pk.split))
+        out = []
+        for o, k, at, layout in self._outs_in_order:
+            if k is None:
                 out.append(o.value)
                 continue
-            if k in self._answer_at:
-                at = self._answer_at[k]
-                got = ranks[self._answer_by[at]][at] if l.is_replicated() else \
-                    [r[at] for r in ranks]
-            else:
-                got = answers[k]
-            if not l.is_replicated():              # each rank's block in its place
-                x = l.assemble(got, mesh)
-            else:
-                x = got if lend and k in self._answer_at else np.array(got)
-            out.append(res.kept(x, keys[k], job, l) if k in keys else x)
-            k += 1
+            if at is None:                  # packed: copied or put together above
+                x = answers[k]
+            elif layout.is_replicated():
+                x = ranks[self._answer_by[at]][at]
+                x = x if lend else np.array(x)
+            else:                           # each rank's block in its place
+                x = layout.assemble([r[at] for r in ranks], mesh)
+            out.append(res.kept(x, keys[k], job, layout) if k in keys else x)
         return out
 
     def _blocks(self, i: int, layout, shape) -> list:
@@ -531,7 +552,7 @@ def execute(st, get, comms) -> list:
 
 
 def run(comm, blocks, keys=None, drop=()):
-    """One step on this rank: its argument blocks (``resident.Ref``s for blocks it kept) ->
+    """One step on this rank: its argument blocks (keys, ``resident.is_ref``, for blocks it kept) ->
     its results (rank 0: all; the others: their split ones); it also keeps the results under
     ``keys`` (result index -> key, ``resident``) and forgets those under ``drop``."""
     p, stats = WORKER.payload, WORKER.stats

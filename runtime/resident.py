@@ -10,8 +10,10 @@ again (``flags.writeable = True``) is sent whole, as any other argument, since i
 changed. A block is dropped in the workers at the call after its array was garbage collected.
 
 Caller side: ``Residency`` (a runner's bookkeeping). Worker side: ``take`` (argument blocks, a
-``Ref`` replaced by the block it names; dropped keys forgotten), ``keep`` (results stored
-under their keys).
+reference replaced by the block it names; dropped keys forgotten), ``keep`` (results stored
+under their keys). A reference to a kept block is its key, a plain ``int`` in the call's list
+of blocks (``is_ref``; every other block is an array): pickled 20x faster than an object of
+a class of its own (0.7 against 13.7 us for a step's 16 parameters, per rank per call).
 """
 from __future__ import annotations
 
@@ -33,23 +35,22 @@ RESIDENT_BYTES = 64 << 10       # results this large or larger stay in the worke
 STORE: dict = {}                # this worker's kept blocks, by key
 
 
-@dataclass(frozen=True)
-class Ref:
-    """An argument block already in the worker, by key."""
-    key: int
+def is_ref(block) -> bool:
+    """Whether an argument block is a reference to a block the worker kept (its key)."""
+    return type(block) is int
 
 
 def take(blocks, drop) -> list:
-    """Forget the blocks under ``drop``; ``blocks`` with each ``Ref`` replaced by its block."""
+    """Forget the blocks under ``drop``; ``blocks`` with each reference replaced by its block."""
     for key in drop:
         STORE.pop(key, None)
     out = []
     for b in blocks:
-        if isinstance(b, Ref):
-            if b.key not in STORE:
-                raise CollectiveError(f"a resident argument (key {b.key}) is not in this worker; "
+        if type(b) is int:
+            if b not in STORE:
+                raise CollectiveError(f"a resident argument (key {b}) is not in this worker; "
                                       "it was dropped or made by another job.")
-            b = STORE[b.key]
+            b = STORE[b]
         out.append(b)
     return out
 
@@ -110,10 +111,10 @@ class Residency:
             self._gone.extend(keys)
 
     def ref_for(self, x, job, layout):
-        """``Ref`` for ``x`` when it is a result the workers of ``job`` hold in ``layout``,
-        still read-only; else None."""
+        """The key of ``x`` (a reference, ``is_ref``) when it is a result the workers of
+        ``job`` hold in ``layout``, still read-only; else None."""
         k = self._kept.get(id(x))
         if k is None or k.array() is not x or k.job is not job or k.layout != layout or \
                 not isinstance(x, np.ndarray) or x.flags.writeable:
             return None
-        return Ref(k.key)
+        return k.key
