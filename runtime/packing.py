@@ -7,9 +7,10 @@ executable ~0.5 ms). So the native runner packs the arguments and results smalle
 ``resident.RESIDENT_BYTES`` (the ones never kept in the workers) into one uint8 array each,
 and the whole-step executable unpacks its arguments and packs its results itself, inside XLA.
 
-In: the (local shape, dtype) of the arrays (``Pack.of``), then arrays (numpy: ``pack``,
-``views``; traced JAX values: ``unpack``, ``pack_traced``). Out: a uint8 buffer holding each
-array's bytes at an ALIGN-byte offset, and the arrays back as views of it or traced values.
+In: the (local shape, dtype) of the arrays (``Pack.of``), then arrays (numpy: ``ArgPacker``,
+``views``, ``copies``; traced JAX values: ``unpack``, ``pack_traced``). Out: a uint8 buffer
+holding each array's bytes at an ALIGN-byte offset, and the arrays back as views of it, copies
+or traced values.
 ``Packing`` says which of a step's arguments and results travel packed and where the rest go.
 """
 from __future__ import annotations
@@ -36,13 +37,6 @@ class Pack:
         sizes = tuple(math.prod(s) * d.itemsize for s, d in items)
         offsets, total = wire._packing(sizes)
         return cls(items, tuple(offsets), sizes, total)
-
-    def pack(self, arrays) -> np.ndarray:
-        """One aligned uint8 array holding ``arrays`` (numpy, in order, any layout)."""
-        out = wire.empty((self.nbytes,), np.uint8)
-        for (shape, dtype), at, n, x in zip(self.items, self.offsets, self.sizes, arrays):
-            out[at:at + n].view(dtype).reshape(shape)[...] = x
-        return out
 
     def views(self, buffer: np.ndarray) -> list:
         """The arrays in ``buffer`` (a pack's bytes), as views of it."""

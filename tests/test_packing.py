@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 
 from autopar.runtime import wire
-from autopar.runtime.packing import Pack, Packing
+from autopar.runtime.packing import ArgPacker, Pack, Packing
 
 RNG = np.random.default_rng(0)
 ARRAYS = [RNG.normal(size=(3, 5)).astype(np.float32), np.array(7, np.int32),
@@ -18,7 +18,7 @@ ARRAYS = [RNG.normal(size=(3, 5)).astype(np.float32), np.array(7, np.int32),
 
 def test_numpy_pack_unpacks_inside_jit_and_packs_back_to_the_same_bytes():
     pack = Pack.of([(x.shape, x.dtype) for x in ARRAYS])
-    buffer = pack.pack(ARRAYS)
+    (buffer,) = ArgPacker(pack, len(ARRAYS), 1).fill(ARRAYS, [[]])
     assert buffer.dtype == np.uint8 and buffer.size == pack.nbytes and wire.is_aligned(buffer)
     assert all(at % wire.ALIGN == 0 for at in pack.offsets)
     for x, y in zip(pack.views(buffer), ARRAYS):
@@ -30,11 +30,34 @@ def test_numpy_pack_unpacks_inside_jit_and_packs_back_to_the_same_bytes():
     assert again.shape == (pack.nbytes,)
     for x, y in zip(pack.views(again), ARRAYS):
         assert np.array_equal(x, y)
+    copies = pack.copies(again)
+    for x, y in zip(copies, ARRAYS):
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+        assert x.base is None or x.base is not again      # its own memory
+
+
+def test_arg_packer_fills_every_rank_and_reuses_its_buffers():
+    """Replicated arguments first, once for all ranks; each rank's split blocks after them;
+    the same buffers call after call, each call's values in them."""
+    items = [((2, 3), np.float32), ((), np.int32), ((2,), np.float32)]   # the last one split
+    packer = ArgPacker(Pack.of(items), 2, 3)
+    for step in range(2):
+        rep = [np.full((2, 3), step, np.float32), 7 + step]
+        split = [[np.array([r, -r], np.float32) + step] for r in range(3)]
+        bufs = packer.fill(rep, split)
+        if step:
+            assert all(b is c for b, c in zip(bufs, first))
+        first = list(bufs)
+        for r, b in enumerate(bufs):
+            x, k, mine = Pack.of(items).views(b)
+            assert (x == step).all() and k == 7 + step and np.array_equal(mine, split[r][0])
 
 
 def test_an_empty_pack_is_an_empty_buffer():
     pack = Pack.of([])
-    assert pack.nbytes == 0 and pack.pack([]).shape == (0,) and pack.views(pack.pack([])) == []
+    (buffer,) = ArgPacker(pack, 0, 1).fill([], [[]])
+    assert pack.nbytes == 0 and buffer.shape == (0,) and pack.views(buffer) == []
+    assert pack.copies(buffer) == []
     assert np.asarray(jax.jit(lambda: pack.pack_traced([]))()).shape == (0,)
 
 
