@@ -307,8 +307,8 @@ def _sender(peer):
 def run_stage(comm, blocks, keys=None, drop=()):
     """One step of this rank's stage: its tasks in order, then ``post``; per result position,
     its block (None for a replicated result on ranks other than the stage's first). Argument
-    blocks may be references (``resident.is_ref``) to blocks this rank kept; it keeps the results under
-    ``keys`` (result position -> key) and forgets those under ``drop``."""
+    blocks may be references (``resident.is_ref``) to blocks this rank kept; it keeps the
+    results under ``keys`` (result position -> key) and forgets those under ``drop``."""
     payload = nb.WORKER.stage
     nb.WORKER.stats["kept_args"] = sum(resident.is_ref(b)
                                        for bs in blocks.values() for b in bs)
