@@ -4,12 +4,14 @@ In: a graph ``Node``, one of its ``Candidate``s and the ``LogicalMesh`` (whose `
 holds every constant: per-device FLOP/s and memory bandwidth, per-level alpha/beta).
 Out: seconds and bytes, per device:
 - ``flops(node)``: floating-point operations of the whole (unsharded) operator: a contraction
-  is 2 x output elements x contracted size, a reduction one op per input element, a
+  is 2 x output elements x contracted size (a convolution's: its kernel's input features, of
+  its group, times its window), a reduction one op per input element, a
   factorisation, solve or FFT its usual count (``rules.linalg.flops``), everything else one op
   per output element (``threefry2x32``, random bits: its 20 rounds of add, rotate
   and xor and 5 key injections, ~58 integer ops per output word);
 - ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
-  a matmul's rate for its size, ``Topology.matmul_rate``) where
+  a matmul's rate for its size, ``Topology.matmul_rate``, for contractions and convolutions)
+  where
   S is how many ways the candidate splits the work (output splits times split contractions) and
   ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
@@ -39,6 +41,7 @@ from .rules.primitives import primitives
 
 
 LINALG = frozenset(linalg.RULES)
+CONTRACTIONS = frozenset({lax.dot_general_p.name, lax.conv_general_dilated_p.name})
 
 
 def _size(shape) -> int:
@@ -51,6 +54,10 @@ def flops(node) -> float:
         (lc, _), _ = node.params["dimension_numbers"]
         k = math.prod(node.inputs[0].shape[d] for d in lc)
         return 2.0 * _size(out.shape) * k
+    if node.prim == lax.conv_general_dilated_p.name:
+        _, rhs_spec, _ = node.params["dimension_numbers"]
+        kernel = node.inputs[1].shape     # an output element: its output feature's slice
+        return 2.0 * _size(out.shape) * (_size(kernel) // kernel[rhs_spec[0]])
     if node.prim.startswith("reduce_") or node.prim in (lax.argmax_p.name, lax.argmin_p.name):
         return float(_size(node.inputs[0].shape))
     if node.prim in LINALG:
@@ -98,7 +105,7 @@ def _compute_time(node, cand, mesh) -> float:
                 if not isinstance(x, Const))
     moved += sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
     work = flops(node) / split_factor(cand, mesh)
-    rate = topo.matmul_rate(work) if node.prim == lax.dot_general_p.name else topo.flops
+    rate = topo.matmul_rate(work) if node.prim in CONTRACTIONS else topo.flops
     return max(work / rate, moved / topo.mem_bandwidth)
 
 

@@ -319,3 +319,31 @@ def test_rule_check_linear_algebra_fft_and_special_functions(shape):
     report = check_graph(g, *_meshes(shape))
     assert report.failures == (), str(report)
     assert report.checked > 40
+
+
+def test_a_convolutions_flops_are_its_multiply_adds_in_every_direction():
+    """The cost model prices a convolution as the contraction it is: 2 x output elements x the
+    kernel's input features (of its group) x window, forward and in both gradients (XLA's own
+    count for the SAME-padded forward and standard gradients is within 10%: it skips the
+    padding), and a depthwise one by its group's single input feature."""
+    from autopar.strategies.cost_model import flops
+
+    def conv(x, w, groups=1):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", feature_group_count=groups,
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return (y ** 2).sum()
+
+    x, w = jnp.ones((8, 16, 16, 32)), jnp.ones((3, 3, 32, 64))
+    hand = 2 * 8 * 16 * 16 * 64 * (3 * 3 * 32)
+    for fn, n in ((conv, 1), (jax.grad(conv, argnums=(0, 1)), 3)):
+        got = [flops(node) for node in trace(fn, x, w).nodes
+               if node.prim == "conv_general_dilated"]
+        assert got == [hand] * n
+        xla = jax.jit(fn).lower(x, w).compile().cost_analysis()
+        xla = (xla[0] if isinstance(xla, list) else xla)["flops"]
+        assert 0.9 < xla / sum(got) < 1.0
+    dw = jnp.ones((3, 3, 1, 32))
+    depthwise = jax.grad(lambda x, w: conv(x, w, groups=32), argnums=(0, 1))
+    got = [flops(node) for node in trace(depthwise, x, dw).nodes
+           if node.prim == "conv_general_dilated"]
+    assert got == [2 * 8 * 16 * 16 * 32 * 9] * 3
