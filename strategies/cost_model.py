@@ -11,9 +11,8 @@ Out: seconds and bytes, per device:
   and xor and 5 key injections, ~58 integer ops per output word);
 - ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
   a matmul's rate for its size, ``Topology.matmul_rate``, for contractions and convolutions)
-  where
-  S is how many ways the candidate splits the work (output splits times split contractions) and
-  ``bytes_moved`` the local inputs plus outputs;
+  where S is how many ways the candidate splits the work (output splits times split
+  contractions) and ``bytes_moved`` the local inputs plus outputs;
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
