@@ -11,7 +11,7 @@ into stages by the stage planner; each rank is also compared with its own stage'
 next ``--calls`` steps is read from every worker (``measure_memory`` turns measuring on): the
 bytes resident above the process's level before the step (VmHWM after resetting it through
 /proc/self/clear_refs; the worker first lets what the previous step left be freed, see
-``native_backend.PeakMeter``) plus its argument blocks. The workers run with a fixed mmap
+``peak_memory.PeakMeter``) plus its argument blocks. The workers run with a fixed mmap
 threshold (MALLOC_MMAP_THRESHOLD_=65536: every large array is its own mapping, returned when
 freed); by default they keep freed memory for reuse (``worker.tune_malloc``), which would hide a
 step's allocations from the resident count.
@@ -33,7 +33,8 @@ os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
 
 import autopar as ap  # noqa: E402
 import models as m  # noqa: E402
-from autopar.runtime.native_backend import measure_memory, stats  # noqa: E402
+from autopar.runtime.native_backend import stats  # noqa: E402
+from autopar.runtime.peak_memory import measure_memory  # noqa: E402
 
 
 CONFIGS = {

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
-import gc
 import math
 import os
 import shutil
@@ -57,6 +56,7 @@ from autopar.program import Collective, Segment, StepKind
 from . import resident
 from .comm_scheduler import CommScheduler
 from .options import RuntimeOptions
+from .peak_memory import PeakMeter
 from .packing import ArgPacker, Packing
 
 
@@ -480,65 +480,6 @@ def _last_reads(steps, outputs):
     return frees
 
 
-def _memory():
-    """(resident KB, peak resident KB) of this process."""
-    with open("/proc/self/status") as f:
-        status = f.read()
-    return tuple(int(status.split(key)[1].split()[0]) for key in ("VmRSS:", "VmHWM:"))
-
-
-def measure_memory(comm) -> bool:
-    """From the next step on, measure each step's peak memory (``stats()['step_peak_bytes']``;
-    a measured step first waits for the memory still being freed, ``PeakMeter``). False
-    where /proc/self/clear_refs cannot reset the peak. For tests and benchmarks, whose workers
-    start with ``MALLOC_MMAP_THRESHOLD_=65536`` in their environment: malloc then gives every
-    allocation of 64 KB or more its own mapping and returns it when freed, so the resident size
-    follows what is live (without it the workers keep freed memory for reuse,
-    ``worker.tune_malloc``)."""
-    WORKER.stats["measure"] = _reset_peak()
-    return WORKER.stats["measure"]
-
-
-class PeakMeter:
-    """One step's peak memory: resident bytes above the level at the step's start, plus the
-    arguments (resident before it starts).
-
-    What the previous step left is released late: a numpy array XLA read in place is
-    released only when jaxlib next collects its deferred references (at its next execution,
-    or a garbage collection), and XLA's CPU client frees its own buffers on one of its
-    threads. When measuring, the start therefore collects (``gc.collect(0)`` runs jaxlib's
-    callback) and waits until the resident size stops falling (at most ``SETTLE`` seconds), so
-    the level holds only what the step starts with."""
-
-    SETTLE = 0.05
-
-    def __init__(self):
-        self.on = WORKER.stats["measure"]
-        if self.on:
-            gc.collect(0)
-            last, t0, steady = _memory()[0], time.monotonic(), 0
-            while steady < 3 and time.monotonic() - t0 < self.SETTLE:
-                time.sleep(5e-4)
-                now = _memory()[0]
-                steady = steady + 1 if now >= last else 0
-                last = min(last, now)
-            _reset_peak()
-            self.base = _memory()[0]
-
-    def stop(self, input_bytes: int) -> None:
-        if self.on:
-            WORKER.stats["step_peak_bytes"] = (_memory()[1] - self.base) * 1024 + input_bytes
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:     # resets VmHWM (Linux >= 4.0)
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def execute(st, get, comms) -> list:
     """Run one loaded step (a compiled segment, a collective or a slice); the (register,
     value) pairs it produced now (an all-reduce's result comes later, from ``comms.wait``)."""
@@ -561,7 +502,7 @@ def run(comm, blocks, keys=None, drop=()):
     if comm.rank not in workers:           # a reducer: serve the step's Reduction Servers
         stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
         return None
-    meter = PeakMeter()
+    meter = PeakMeter(stats)
     if WORKER.whole is not None:
         from autopar._native import collective_seconds
         t0, c0 = time.perf_counter(), collective_seconds()
@@ -615,6 +556,6 @@ def stats(comm):
     step's all-reduce calls as (tensors, bytes, algorithm), its seconds (``step_seconds``) and
     the part of them inside the collectives' custom calls, moving data or waiting for peers
     (``collective_seconds``; whole-step executables only), argument block sizes, the latest
-    measured step's peak memory (``PeakMeter``; None until ``measure_memory`` turned
+    measured step's peak memory (``peak_memory.PeakMeter``; None until ``measure_memory`` turned
     measuring on and a step ran) and its host id."""
     return dict(WORKER.stats)

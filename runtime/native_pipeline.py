@@ -315,7 +315,7 @@ def run_stage(comm, blocks, keys=None, drop=()):
     blocks = {r: resident.take(bs, drop) for r, bs in blocks.items()}
     mine = {k for k, _, _ in payload.outputs}
     keys = {k: key for k, key in (keys or {}).items() if k in mine}
-    meter = nb.PeakMeter()
+    meter = nb.PeakMeter(nb.WORKER.stats)
     start = time.perf_counter()
     if nb.WORKER.whole is not None:
         waited = comm.recv_seconds

@@ -11,7 +11,7 @@ import pytest
 import autopar as ap
 import models as m
 from autopar.runtime import wire
-from autopar.runtime.native_backend import measure_memory
+from autopar.runtime.peak_memory import measure_memory
 from test_api import assert_same
 
 pytestmark = pytest.mark.native
