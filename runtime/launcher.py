@@ -298,8 +298,10 @@ class Job:
         """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results. With
         ``borrow``, the results' arrays that came through shared memory are views of it
         (``wire.recv``), valid as long as they are held: a rank answers into shared memory
-        none of whose views are held (``lent`` counts those that are). Calls from several
-        threads run one after another.
+        none of whose views are held (``lent`` counts those that are). For a function marked
+        ``flat`` (``worker``), ``per_rank_args[r]`` is ``(arrays, *args)``, ``arrays`` a list
+        of numpy arrays and ``args`` holding none, and each rank's result is ``(head,
+        arrays)``. Calls from several threads run one after another.
 
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
@@ -324,13 +326,17 @@ class Job:
             raise ConfigError(f"per_rank_args must hold one argument tuple per rank "
                               f"({self.nranks}); got {per_rank_args!r:.80}.")
         results, errors = [None] * self.nranks, {}        # errors: rank -> (kind, message, tb)
-        pending = {}
+        pending, flat = {}, getattr(fn, "flat", False)
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
             if any(e[0] == "unresponsive" for e in errors.values()):
                 break                            # the job is failed: the rest get nothing to run
             at, drop = self._answer_box(r)
             try:
-                wire.send(c, ("call", name, tuple(args), at, drop), self._to[r])
+                if flat:
+                    wire.send(c, ("call", name, tuple(args[1:]), at, drop, args[0]),
+                              self._to[r], flat=True)
+                else:
+                    wire.send(c, ("call", name, tuple(args), at, drop), self._to[r])
                 pending[c] = (r, self._from[r][at])
             except BlockingIOError:
                 errors[r] = self._unresponsive(r, "took no byte of the call's arguments in "
@@ -401,7 +407,7 @@ class Job:
                     errors[r] = ("exited", self._gone(r), "")
                     continue
                 if reply[0] == "ok":
-                    results[r] = reply[1]
+                    results[r] = reply[1] if len(reply) == 2 else reply[1:]  # flat: 2 items
                 else:
                     errors[r] = tuple(reply[1:])              # (kind, message, traceback)
             now = time.monotonic()

@@ -243,7 +243,7 @@ class NativeRunner(WorkerRunner):
         self._packed_rep = [i for i in packed if program.in_layouts[i].is_replicated()]
         self._packed_split = [i for i in packed if not program.in_layouts[i].is_replicated()]
         self._packer = packing and ArgPacker(packing.arg_pack, len(self._packed_rep),
-                                             program.mesh.size)
+                                             program.mesh.size, packing.replicated_pack)
         self._lock = threading.Lock()     # the packer's buffers: one call at a time
         others = packing.other_results(len(results)) if packing else range(len(results))
         first = 2 if packing else 0       # the two packs come first in a rank's answer
@@ -283,17 +283,9 @@ class NativeRunner(WorkerRunner):
         mesh, p = self.program.mesh, self.program
         res, job = self._resident, self.job
         pk, layouts = self._packing, p.in_layouts
-        per_rank = [[] for _ in range(mesh.size)]
-        for i in self._unpacked:
-            x, l = flat_args[i], layouts[i]
-            ref = res.ref_for(x, job, l) if res else None
-            if ref is not None:
-                for blocks in per_rank:
-                    blocks.append(ref)
-                continue
-            x = np.asarray(x)
-            for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
-                blocks.append(x[where])            # wire and ArgPacker copy any layout
+        # per rank its argument blocks (arrays) and in order of the blocks, the key of each
+        # one the workers kept (runtime.resident) or None for the next of its arrays
+        per_rank, refs = [[] for _ in range(mesh.size)], []
         if pk is not None:
             split = [[] for _ in range(mesh.size)]
             for i in self._packed_split:
@@ -302,7 +294,17 @@ class NativeRunner(WorkerRunner):
                     blocks.append(x[where])
             packs = self._packer.fill([flat_args[i] for i in self._packed_rep], split)
             for blocks, buffer in zip(per_rank, packs):
-                blocks.insert(0, buffer)
+                blocks.append(buffer)
+            refs.append(None)
+        for i in self._unpacked:
+            x, l = flat_args[i], layouts[i]
+            ref = res.ref_for(x, job, l) if res else None
+            refs.append(ref)
+            if ref is not None:
+                continue
+            x = np.asarray(x)
+            for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
+                blocks.append(x[where])            # wire and ArgPacker copy any layout
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         lend = job.lent() < LENT_ANSWERS
@@ -312,17 +314,19 @@ class NativeRunner(WorkerRunner):
             # another: Job.call), the others copied once, into the caller's whole array or out
             # of their pack (a fresh copy of each first cost a page fault per 4 KB, most of the
             # caller's time per call with split parameters)
-            ranks = self._call(run, [(b, {self._answer_at[k]: key for k, key in keys.items()},
-                                      drop) for b in per_rank]
-                               + [([], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
+            kept = {self._answer_at[k]: key for k, key in keys.items()}
+            ranks = self._call(run, [(b, refs, kept, drop) for b in per_rank]
+                               + [([], [], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
         except AutoparError:
             if res and not self.job.failure:
                 res.dropped_later(drop)          # the workers may not have got to them
             raise
+        ranks = [self._places(r, got) for r, (_, got) in enumerate(ranks)]
         answers = {}
         if pk is not None:        # the packed results: one rank's block, or every rank's, by k
-            answers = dict(zip(pk.replicated,
-                               pk.replicated_pack.copies(ranks[self._answer_by[0]][0])))
+            got, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0])
+            self._packer.returned(got, own)
+            answers = dict(zip(pk.replicated, got))
             split = [pk.split_pack.views(got[1]) for got in ranks]
             answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
                            for j, k in enumerate(pk.split))
@@ -340,6 +344,12 @@ class NativeRunner(WorkerRunner):
                 x = layout.assemble([r[at] for r in ranks], mesh)
             out.append(res.kept(x, keys[k], job, layout) if k in keys else x)
         return out
+
+    def _places(self, rank: int, got: list) -> list:
+        """A rank's answer (the arrays it sent, ``run``) by place in an answer: None where
+        another rank sends a replicated result."""
+        it = iter(got)
+        return [next(it) if by is None or by == rank else None for by in self._answer_by]
 
     def _blocks(self, i: int, layout, shape) -> list:
         """Every rank's slices of argument ``i`` of ``shape``, in rank order (found once)."""
@@ -492,16 +502,19 @@ def execute(st, get, comms) -> list:
     return [(st.out, comms.run(st, get(st.src)))]
 
 
-def run(comm, blocks, keys=None, drop=()):
-    """One step on this rank: its argument blocks (keys, ``resident.is_ref``, for blocks it kept) ->
-    its results (rank 0: all; the others: their split ones); it also keeps the results under
-    ``keys`` (result index -> key, ``resident``) and forgets those under ``drop``."""
+def run(comm, arrays, refs, keys=None, drop=()):
+    """One step on this rank (a ``flat`` call, ``worker``): its argument blocks, given in
+    order by ``refs``: the key of a block it kept (``resident``) or None for the next of
+    ``arrays`` -> (None, the results it answers: its split ones, and the replicated ones
+    ``answer_by`` names it for, in order). It also keeps the results under ``keys`` (place in
+    an answer -> key) and forgets those under ``drop``."""
     p, stats = WORKER.payload, WORKER.stats
-    blocks = resident.take(blocks, drop)
+    it = iter(arrays)
+    blocks = resident.take([next(it) if b is None else b for b in refs], drop)
     workers = list(range(p.mesh.size))
     if comm.rank not in workers:           # a reducer: serve the step's Reduction Servers
         stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
-        return None
+        return None, []
     meter = PeakMeter(stats)
     if WORKER.whole is not None:
         from autopar._native import collective_seconds
@@ -515,11 +528,11 @@ def run(comm, blocks, keys=None, drop=()):
         results = _interpret(comm, blocks, workers)
     meter.stop(sum(stats["input_bytes"]))
     resident.keep(results, keys or {})
-    return [np.asarray(x) if by is None or by == comm.rank else None   # a whole step's are JAX
-            for x, by in zip(results, p.answer_by)]                     # arrays
+    return None, [np.asarray(x) for x, by in zip(results, p.answer_by)   # a whole step's are
+                  if by is None or by == comm.rank]                     # JAX arrays
 
 
-run.borrows = True      # its argument blocks may be views of the call's message (worker.py)
+run.flat = True     # its argument blocks are views of the call's message (worker.py)
 
 
 def _interpret(comm, blocks, workers) -> list:

@@ -43,10 +43,19 @@ class Pack:
         return [buffer[at:at + n].view(dtype).reshape(shape)
                 for (shape, dtype), at, n in zip(self.items, self.offsets, self.sizes)]
 
-    def copies(self, buffer: np.ndarray) -> list:
-        """The arrays in ``buffer`` (a pack's bytes), each a copy of its own."""
-        return [np.ndarray(shape, dtype, buffer, at).copy()
-                for (shape, dtype), at in zip(self.items, self.offsets)]
+    def copies(self, buffer: np.ndarray) -> tuple:
+        """The arrays in ``buffer`` (a pack's bytes), views of one copy of it that is theirs
+        alone (one copy, not one per array), and that copy."""
+        own = buffer.copy()
+        return [np.ndarray(shape, dtype, own, at)
+                for (shape, dtype), at in zip(self.items, self.offsets)], own
+
+    def runs_of(self, head: "Pack", n: int) -> tuple:
+        """Where in this pack the first ``n`` arrays of ``head`` lie in a row, as they do there
+        (the same shapes and dtypes, so at the same offsets from the first): their indices."""
+        want = head.items[:n]
+        return tuple(j for j in range(len(self.items) - n + 1)
+                     if n and self.items[j:j + n] == want)
 
     def unpack(self, buffer) -> list:
         """The arrays in ``buffer``, a traced uint8 value (inside a jitted function)."""
@@ -93,20 +102,30 @@ class ArgPacker:
     replicated arguments come first in the pack (``Packing.plan``), so they are copied once,
     into rank 0's pack, and its first bytes then into the others' at once: per argument one
     copy, not a slice, a view and a copy per rank (the small GPT's 16 parameters took 50 us of
-    the caller's 0.3 ms per call to pack twice)."""
+    the caller's 0.3 ms per call to pack twice). When they are the very arrays the step's last
+    call returned out of its replicated results' pack (``results``; ``returned``), in a row as
+    in this pack (a training loop's parameters), they are copied as one block."""
 
-    def __init__(self, pack: Pack, replicated: int, nranks: int):
+    def __init__(self, pack: Pack, replicated: int, nranks: int, results: Pack | None = None):
         self.replicated = replicated
         end = pack.offsets[replicated] if replicated < len(pack.items) else pack.nbytes
         self.buffers = [wire.zeros((pack.nbytes,), np.uint8) for _ in range(nranks)]
         self.views = [pack.views(b) for b in self.buffers]
         self.heads = [b[:end] for b in self.buffers]
+        self._runs = results.runs_of(pack, replicated) if results is not None else ()
+        self._offsets = results.offsets if results is not None else ()
+        self._returned = None
+
+    def returned(self, arrays: list, buffer: np.ndarray) -> None:
+        """The replicated results' arrays the last call returned, views of ``buffer``."""
+        self._returned = (arrays, buffer)
 
     def fill(self, replicated, split) -> list:
         """Every rank's pack of ``replicated`` (the replicated arguments, whole, any array or
         scalar) and ``split`` (per rank, its blocks of the split arguments), in pack order."""
-        for dst, x in zip(self.views[0], replicated):
-            np.copyto(dst, x, casting="unsafe")       # as ``dst[...] = x`` casts
+        if not self._fill_returned(replicated):
+            for dst, x in zip(self.views[0], replicated):
+                np.copyto(dst, x, casting="unsafe")       # as ``dst[...] = x`` casts
         for head in self.heads[1:]:
             np.copyto(head, self.heads[0])
         n = self.replicated
@@ -114,6 +133,20 @@ class ArgPacker:
             for dst, x in zip(views[n:], blocks):
                 np.copyto(dst, x, casting="unsafe")
         return self.buffers
+
+    def _fill_returned(self, replicated) -> bool:
+        """Copy ``replicated`` into the first pack as one block if they are returned arrays
+        in a row (the same objects: whatever was written into them is in their buffer)."""
+        if not self._returned or not self._runs:
+            return False
+        arrays, buffer = self._returned
+        for j in self._runs:
+            if arrays[j] is replicated[0] and \
+                    all(a is b for a, b in zip(arrays[j:j + self.replicated], replicated)):
+                at = self._offsets[j]
+                np.copyto(self.heads[0], buffer[at:at + self.heads[0].size])
+                return True
+        return False
 
 
 @dataclass(frozen=True)

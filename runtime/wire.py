@@ -122,7 +122,8 @@ def _put(obj, arrays):
     return obj
 
 
-def send(conn, obj, box: "Box | None" = None, any_size: bool = False) -> None:
+def send(conn, obj, box: "Box | None" = None, any_size: bool = False,
+         flat: bool = False) -> None:
     """Send ``obj`` over a ``multiprocessing`` connection: the pickle of ``obj`` with its arrays
     taken out (``_take``; pickling an array costs ~5 us more each than its place, dtype and
     shape: a small model's step has dozens), with each array's (dtype, shape, bytes), then the
@@ -134,9 +135,15 @@ def send(conn, obj, box: "Box | None" = None, any_size: bool = False) -> None:
     first call's parameters, sent to every rank, are not held in shared memory once per rank at
     once): the arrays of ``PACK`` bytes or more follow the pickle, each a message of its own,
     then the smaller ones together in one message, each at an ALIGN-byte offset (a step's many
-    small arguments cost one system call, not one each)."""
-    arrays = []
-    skeleton = _take(obj, arrays)
+    small arguments cost one system call, not one each). With ``flat``, ``obj`` is a tuple
+    whose last item is a list of numpy arrays and whose other items hold none: sent without
+    the walk, and ``recv`` returns the same tuple (a step call's walk and the pickling of its
+    placeholders took ~20 us per message on this machine)."""
+    if flat:
+        skeleton, arrays = obj[:-1], obj[-1]
+    else:
+        arrays = []
+        skeleton = _take(obj, arrays)
     meta = [(a.dtype.str if a.dtype.kind in _BY_NAME else a.dtype, a.shape, a.nbytes)
             for a in arrays]
     sizes = [m[2] for m in meta]
@@ -146,14 +153,14 @@ def send(conn, obj, box: "Box | None" = None, any_size: bool = False) -> None:
         for a, at in zip(arrays, offsets):
             if a.nbytes:                 # an empty one needs no box (there may be none yet)
                 _write(box, at, a)
-        conn.send_bytes(pickle.dumps((skeleton, meta, box.size if fd is not None else 0),
-                                     protocol=5))
+        conn.send_bytes(pickle.dumps((skeleton, meta, box.size if fd is not None else 0,
+                                      flat), protocol=5))
         if fd is not None:
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
                 socket.send_fds(s, [b"B"], [fd])
             os.close(fd)
         return
-    conn.send_bytes(pickle.dumps((skeleton, meta, None), protocol=5))
+    conn.send_bytes(pickle.dumps((skeleton, meta, None, flat), protocol=5))
     small = [a for a in arrays if a.nbytes < PACK]
     for a in arrays:
         if a.nbytes >= PACK:
@@ -188,12 +195,17 @@ def _view(buffer: np.ndarray, at: int, meta) -> np.ndarray:
     return buffer[at:at + n].view(dtype).reshape(shape)
 
 
+def _flat(skeleton, arrays):
+    return (*skeleton, list(arrays))
+
+
 def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
     those that came through the box are views of it instead, valid until the next message into
     this box (``Box.lent_out`` says whether any of them is still held)."""
-    skeleton, meta, grown = pickle.loads(conn.recv_bytes())
+    skeleton, meta, grown, flat = pickle.loads(conn.recv_bytes())
+    put = _flat if flat else _put
     sizes = [m[2] for m in meta]
     offsets, _ = _packing(sizes)
     if grown is not None:               # through the box
@@ -207,8 +219,8 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             box.lent = weakref.ref(held)                    # when they are gone
             box.span = (box.start, box.start + held.size)
             _LENDING.add(box)
-            return _put(skeleton, iter([np.ndarray(m[1], m[0], held, at)
-                                        for at, m in zip(offsets, meta)]))
+            return put(skeleton, iter([np.ndarray(m[1], m[0], held, at)
+                                       for at, m in zip(offsets, meta)]))
     small = [i for i, n in enumerate(sizes) if n < PACK]
     views = [None] * len(sizes)
     if grown is not None:
@@ -223,7 +235,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             for i, at in zip(small, packed_at):
                 pack[at:at + sizes[i]] = held[offsets[i]:offsets[i] + sizes[i]]
                 views[i] = _view(pack, at, meta[i])
-        return _put(skeleton, iter(views))
+        return put(skeleton, iter(views))
     for i, n in enumerate(sizes):
         if n >= PACK:
             views[i] = empty((n,), np.uint8)
@@ -235,7 +247,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
         conn.recv_bytes_into(pack)
         for i, at in zip(small, offsets):
             views[i] = _view(pack, at, meta[i])
-    return _put(skeleton, iter(views))
+    return put(skeleton, iter(views))
 
 
 _LENDING = weakref.WeakSet()     # the boxes ``recv`` lent views of

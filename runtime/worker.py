@@ -6,19 +6,24 @@ timeout, whether ranks of different hosts use TCP, the TCP rendezvous address, w
 messages may go single-copy ("1"/"0", the Comm's ``direct``), this rank's IPv4 address (its
 host's: where it listens for TCP links); the job token in ``AUTOPAR_JOB_TOKEN``. Out: replies
 on the control socket: ("ready",) once the links are up, then per ("call", (module, name),
-args, box, dropped boxes) an ("ok", result) or ("error", kind, message, traceback text); kind
+args, box, dropped boxes[, arrays]) an ("ok", result) (("ok", head, arrays) from a ``flat``
+function) or ("error", kind, message, traceback text); kind
 is "CollectiveError" for any autopar CollectiveError, else the exception's type name. Calls
 and replies travel as ``runtime.wire`` messages (their arrays in shared memory, aligned: one
 ``wire.Box`` for the calls, and the replies into the box the call names, one of as many as the
-caller still holds arrays of). A function marked ``borrows`` (the step runners) reads its
-arguments' arrays in the call's box, any other gets copies (``wire.unborrowed``). Exits when
-the caller closes the socket or goes away.
+caller still holds arrays of). A function marked ``borrows`` (a pipeline's stage runner) reads
+its arguments' arrays in the call's box, any other gets copies (``wire.unborrowed``). One marked
+``flat`` (the step runner) is called ``fn(comm, arrays, *args)`` with the call's arrays as one
+list of views of the box, and returns ``(head, arrays)``: no array in ``head``, none in
+``args`` (``wire.send``'s ``flat``: neither message is walked). Exits when the caller closes
+the socket or goes away.
 
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -32,7 +37,10 @@ from autopar.runtime import wire
 
 ANSWERS: dict = {}      # the boxes this rank answers into, by the index calls name
 
-def _resolve(module: str, qualname: str):
+@functools.lru_cache(maxsize=None)
+def _resolve(name: tuple):
+    """The function a call names: (module, qualified name)."""
+    module, qualname = name
     obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -130,21 +138,27 @@ def main(argv):
             msg = wire.recv(conn, incoming, borrow=True)
         except (EOFError, OSError):   # the caller closed the job or is gone
             return _caller_gone()
-        _, (module, name), args, at, drop = msg
+        _, name, args, at, drop, *arrays = msg     # a flat call's arrays: [the list]
         for i in drop:                # boxes the caller holds no views of and no longer uses
             ANSWERS.pop(i).close()
         box = ANSWERS.setdefault(at, wire.Box())
+        flat = False
         try:
-            fn = _resolve(module, name)
+            fn = _resolve(name)
             # the arguments' arrays are views of the call's shared memory, valid until the
-            # next call: a function marked ``borrows`` reads them there (a step's argument
-            # blocks go to XLA in place, not copied first), any other gets copies
-            reply = ("ok", fn(comm, *(args if getattr(fn, "borrows", False)
-                                      else wire.unborrowed(args))))
+            # next call: a function marked ``borrows`` or ``flat`` reads them there (a step's
+            # argument blocks go to XLA in place, not copied first), any other gets copies
+            flat = getattr(fn, "flat", False)
+            if flat:
+                head, out = fn(comm, *arrays, *args)
+                reply = ("ok", head, out)
+            else:
+                reply = ("ok", fn(comm, *(args if getattr(fn, "borrows", False)
+                                          else wire.unborrowed(args))))
         except Exception as e:        # noqa: BLE001 - reported to the caller
-            reply = _error(e)
+            flat, reply = False, _error(e)
         try:
-            wire.send(conn, reply, box, any_size=True)    # an answer: one rank's, any size
+            wire.send(conn, reply, box, any_size=True, flat=flat)  # one rank's answer, any size
         except (BrokenPipeError, ConnectionResetError):
             return _caller_gone()     # (interrupted or killed mid-call: nothing to print)
         except Exception as e:        # noqa: BLE001 - e.g. a result pickle cannot carry

@@ -30,10 +30,10 @@ def test_numpy_pack_unpacks_inside_jit_and_packs_back_to_the_same_bytes():
     assert again.shape == (pack.nbytes,)
     for x, y in zip(pack.views(again), ARRAYS):
         assert np.array_equal(x, y)
-    copies = pack.copies(again)
+    copies, own = pack.copies(again)
     for x, y in zip(copies, ARRAYS):
         assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
-        assert x.base is None or x.base is not again      # its own memory
+        assert x.base is own and own is not again and x.flags.writeable   # memory of their own
 
 
 def test_arg_packer_fills_every_rank_and_reuses_its_buffers():
@@ -57,7 +57,7 @@ def test_an_empty_pack_is_an_empty_buffer():
     pack = Pack.of([])
     (buffer,) = ArgPacker(pack, 0, 1).fill([], [[]])
     assert pack.nbytes == 0 and buffer.shape == (0,) and pack.views(buffer) == []
-    assert pack.copies(buffer) == []
+    assert pack.copies(buffer)[0] == []
     assert np.asarray(jax.jit(lambda: pack.pack_traced([]))()).shape == (0,)
 
 
@@ -67,3 +67,29 @@ def test_packing_sorts_results_into_replicated_and_split():
                                       ((1 << 15,), np.float32)], (False, True, True), [0, 1])
     assert pk.args == (0, 2) and pk.other_args(3) == [1]
     assert (pk.replicated, pk.split, pk.other_results(3)) == ((0,), (1,), [2])
+
+
+def test_arg_packer_copies_the_arrays_its_last_call_returned_as_one_block():
+    """A training loop passes back the very arrays the step returned out of its replicated
+    results' pack (after a loss): packed as one block, in-place changes included; anything
+    else (a new array in their place, another order) array by array, with the same bytes."""
+    params = [((2, 3), np.float32), ((), np.int32), ((5,), np.float16)]
+    arg_pack, results = Pack.of(params + [((2,), np.float32)]), Pack.of([((), np.float32)] + params)
+    assert results.runs_of(arg_pack, 3) == (1,) and results.runs_of(arg_pack, 0) == ()
+    packer = ArgPacker(arg_pack, 3, 2, results)
+    answer = wire.zeros((results.nbytes,), np.uint8)
+    values = [np.float32(0.5), RNG.normal(size=(2, 3)).astype(np.float32), np.int32(9),
+              RNG.normal(size=5).astype(np.float16)]
+    for v, x in zip(values, results.views(answer)):
+        x[...] = v
+    got, own = results.copies(answer)
+    packer.returned(got, own)
+    got[1][0, 0] = 42.0                                       # written after it was returned
+    cases = [got[1:], [got[1].copy(), got[2], got[3]], [got[1], np.int32(9), got[3]]]
+    assert [packer._fill_returned(rep) for rep in cases] == [True, False, False]
+    for rep in cases:
+        bufs = packer.fill(rep, [[np.ones(2, np.float32)], [np.zeros(2, np.float32)]])
+        for r, b in enumerate(bufs):
+            *ps, mine = arg_pack.views(b)
+            assert all(np.array_equal(p, x) for p, x in zip(ps, rep)) and ps[0][0, 0] == 42.0
+            assert np.array_equal(mine, np.full(2, 1 - r, np.float32))
