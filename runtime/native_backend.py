@@ -248,10 +248,11 @@ class NativeRunner(WorkerRunner):
         others = packing.other_results(len(results)) if packing else range(len(results))
         first = 2 if packing else 0       # the two packs come first in a rank's answer
         self._answer_at = {k: first + j for j, k in enumerate(others)}
-        self._outs_in_order, k = [], 0  # per output: (it, result index, place in an answer,
-        for o, l in zip(program.outputs, program.out_layouts):    # layout); a Const's k None
-            self._outs_in_order.append((o, None, None, l) if isinstance(o, Const) else
-                                       (o, k, self._answer_at.get(k), l))
+        self._outs_in_order, k = [], 0  # per output: (it, result index (a Const's None),
+        for o, l in zip(program.outputs, program.out_layouts):    # place in an answer, layout,
+            # whether replicated)
+            self._outs_in_order.append((o, None, None, l, True) if isinstance(o, Const) else
+                                       (o, k, self._answer_at.get(k), l, l.is_replicated()))
             k += not isinstance(o, Const)
         self._outs = [entry for entry in self._outs_in_order if entry[1] is not None]
         answer_split = ((False, True) if packing else ()) + tuple(split[k] for k in others)
@@ -331,13 +332,13 @@ class NativeRunner(WorkerRunner):
             answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
                            for j, k in enumerate(pk.split))
         out = []
-        for o, k, at, layout in self._outs_in_order:
+        for o, k, at, layout, replicated in self._outs_in_order:
             if k is None:
                 out.append(o.value)
                 continue
             if at is None:                  # packed: copied or put together above
                 x = answers[k]
-            elif layout.is_replicated():
+            elif replicated:
                 x = ranks[self._answer_by[at]][at]
                 x = x if lend else np.array(x)
             else:                           # each rank's block in its place
@@ -511,9 +512,9 @@ def run(comm, arrays, refs, keys=None, drop=()):
     p, stats = WORKER.payload, WORKER.stats
     it = iter(arrays)
     blocks = resident.take([next(it) if b is None else b for b in refs], drop)
-    workers = list(range(p.mesh.size))
-    if comm.rank not in workers:           # a reducer: serve the step's Reduction Servers
-        stats["all_reduce_calls"] += comm.serve_reductions(workers, WORKER.reducers)
+    if comm.rank >= p.mesh.size:           # a reducer: serve the step's Reduction Servers
+        stats["all_reduce_calls"] += comm.serve_reductions(list(range(p.mesh.size)),
+                                                           WORKER.reducers)
         return None, []
     meter = PeakMeter(stats)
     if WORKER.whole is not None:
@@ -525,7 +526,7 @@ def run(comm, arrays, refs, keys=None, drop=()):
         stats["buckets"], stats["host"] = WORKER.whole.buckets, comm.host
         stats["all_reduce_calls"] += len(WORKER.whole.buckets)
     else:
-        results = _interpret(comm, blocks, workers)
+        results = _interpret(comm, blocks, list(range(p.mesh.size)))
     meter.stop(sum(stats["input_bytes"]))
     resident.keep(results, keys or {})
     return None, [np.asarray(x) for x, by in zip(results, p.answer_by)   # a whole step's are

@@ -16,6 +16,7 @@ or traced values.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,7 +143,7 @@ class ArgPacker:
         arrays, buffer = self._returned
         for j in self._runs:
             if arrays[j] is replicated[0] and \
-                    all(a is b for a, b in zip(arrays[j:j + self.replicated], replicated)):
+                    all(map(operator.is_, arrays[j:j + self.replicated], replicated)):
                 at = self._offsets[j]
                 np.copyto(self.heads[0], buffer[at:at + self.heads[0].size])
                 return True
