@@ -85,12 +85,31 @@ def xla_flags(single_threaded: bool) -> None:
     once): one CPU device (a caller's ``--xla_force_host_platform_device_count``, inherited,
     made every rank's step 1.2-1.4x slower: the same executable pinned to one core, 36-44 ms
     with one device against 43-57 with four), and, when ``single_threaded``, Eigen on one
-    thread (a pinned rank's other threads would only take turns on its core)."""
+    thread (a pinned rank's other threads would only take turns on its core) and XLA's
+    sequential schedule (``ONE_THREAD_FLAGS``)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     if single_threaded:
         flags.append("--xla_cpu_multi_thread_eigen=false")
+        flags += ONE_THREAD_FLAGS if _jaxlib_minor() == (0, 10) else []
     os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+# XLA's default CPU schedule orders a step's operations for thunks run concurrently on a
+# thread pool, which a rank on one thread does not have: the sequential one ran the small GPT's
+# step 1.14-1.17x faster on one core (the medium GPT's 1.00x) and a rank's whole step 1.04x
+# (paired turns of two processes, 20 rounds). Set only for the jaxlib it was measured on: XLA
+# aborts a process whose XLA_FLAGS name a flag it does not know, and a per-compile option of
+# this name is accepted but not applied.
+ONE_THREAD_FLAGS = ["--xla_cpu_enable_concurrency_optimized_scheduler=false"]
+
+
+def _jaxlib_minor() -> tuple:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return tuple(int(p) for p in version("jaxlib").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return ()
 
 
 def _imported_elsewhere(package: str) -> str | None:
