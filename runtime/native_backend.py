@@ -325,9 +325,9 @@ class NativeRunner(WorkerRunner):
         ranks = [self._places(r, got) for r, (_, got) in enumerate(ranks)]
         answers = {}
         if pk is not None:        # the packed results: one rank's block, or every rank's, by k
-            got, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0])
-            self._packer.returned(got, own)
-            answers = dict(zip(pk.replicated, got))
+            rep, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0])
+            self._packer.returned(rep, own)       # a loop passes them back: one block
+            answers = dict(zip(pk.replicated, rep))
             split = [pk.split_pack.views(got[1]) for got in ranks]
             answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
                            for j, k in enumerate(pk.split))
