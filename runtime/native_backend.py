@@ -18,7 +18,8 @@ its block of every argument (``Layout.block`` at ``mesh.coords(r)``; with
 ``RuntimeOptions.resident``, the default, only a key for a result of an earlier call it still
 holds, ``runtime.resident``). By default (``RuntimeOptions.whole_step``) it runs its whole step
 as one executable (``runtime.native_step``), its arguments and results smaller than
-``resident.RESIDENT_BYTES`` packed into one array each way (``runtime.packing``); otherwise,
+``resident.RESIDENT_BYTES`` packed, replicated and split ones apart, two arrays each way
+(``runtime.packing``; a loop's small replicated state is kept in the workers too); otherwise,
 and for a program with a Reduction Server, it runs the instructions: segments through their
 exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
@@ -235,6 +236,7 @@ class NativeRunner(WorkerRunner):
                                  if _global_bytes(program, r, l) < resident.RESIDENT_BYTES),
                                 key=lambda i: not program.in_layouts[i].is_replicated())
             packing = Packing.plan([program.avals[r] for r in program.inputs], small_args,
+                                   sum(program.in_layouts[i].is_replicated() for i in small_args),
                                    [program.avals[o] for o, _ in results], split,
                                    [k for k in range(len(results)) if k not in large])
         self._packing = packing
@@ -242,8 +244,7 @@ class NativeRunner(WorkerRunner):
         self._unpacked = [i for i in range(len(program.inputs)) if i not in packed]
         self._packed_rep = [i for i in packed if program.in_layouts[i].is_replicated()]
         self._packed_split = [i for i in packed if not program.in_layouts[i].is_replicated()]
-        self._packer = packing and ArgPacker(packing.arg_pack, len(self._packed_rep),
-                                             program.mesh.size, packing.replicated_pack)
+        self._packer = packing and ArgPacker(packing, program.mesh.size)
         self._lock = threading.Lock()     # the packer's buffers: one call at a time
         others = packing.other_results(len(results)) if packing else range(len(results))
         first = 2 if packing else 0       # the two packs come first in a rank's answer
@@ -269,6 +270,7 @@ class NativeRunner(WorkerRunner):
                      for a in (ins.algorithm, *(price[0] for price in ins.prices)))
         self.reducers = program.mesh.topology.reducers if served else 0
         self._resident = resident.Residency() if self.options.resident else None
+        self._pack_key = None           # the key of the replicated results' pack kept last
         self._slices = {}               # (argument index, shape) -> every rank's slices
         self._start()
 
@@ -293,10 +295,10 @@ class NativeRunner(WorkerRunner):
                 x = np.asarray(flat_args[i])
                 for blocks, where in zip(split, self._blocks(i, layouts[i], x.shape)):
                     blocks.append(x[where])
-            packs = self._packer.fill([flat_args[i] for i in self._packed_rep], split)
-            for blocks, buffer in zip(per_rank, packs):
-                blocks.append(buffer)
-            refs.append(None)
+            packs, head = self._packer.fill([flat_args[i] for i in self._packed_rep], split)
+            for blocks, parts in zip(per_rank, packs):
+                blocks += parts
+            refs += [head, None]
         for i in self._unpacked:
             x, l = flat_args[i], layouts[i]
             ref = res.ref_for(x, job, l) if res else None
@@ -308,6 +310,8 @@ class NativeRunner(WorkerRunner):
                 blocks.append(x[where])            # wire and ArgPacker copy any layout
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
+        # the replicated results' pack stays in the workers too, for a loop's next call
+        pack_key = res.pack_key() if res and pk is not None and pk.run is not None else None
         lend = job.lent() < LENT_ANSWERS
         try:
             # the ranks' results are read where they arrived: a large replicated one is the
@@ -316,17 +320,25 @@ class NativeRunner(WorkerRunner):
             # of their pack (a fresh copy of each first cost a page fault per 4 KB, most of the
             # caller's time per call with split parameters)
             kept = {self._answer_at[k]: key for k, key in keys.items()}
+            if pack_key is not None:
+                kept[0] = pack_key
             ranks = self._call(run, [(b, refs, kept, drop) for b in per_rank]
                                + [([], [], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
         except AutoparError:
-            if res and not self.job.failure:
-                res.dropped_later(drop)          # the workers may not have got to them
+            if res and not self.job.failure:     # the workers may not have got to them
+                res.dropped_later(drop + [k for k in (self._pack_key, pack_key) if k is not None])
+            self._pack_key = None
             raise
+        if self._pack_key is not None:       # the last call's pack: not referred to again
+            res.dropped_later([self._pack_key])
+        self._pack_key = pack_key
         ranks = [self._places(r, got) for r, (_, got) in enumerate(ranks)]
         answers = {}
         if pk is not None:        # the packed results: one rank's block, or every rank's, by k
-            rep, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0])
-            self._packer.returned(rep, own)       # a loop passes them back: one block
+            # a loop passes them back: one block, or (kept in the workers, read-only) none
+            rep, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0],
+                                                 writeable=pack_key is None)
+            self._packer.returned(rep, own, pack_key)
             answers = dict(zip(pk.replicated, rep))
             split = [pk.split_pack.views(got[1]) for got in ranks]
             answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
@@ -510,6 +522,7 @@ def run(comm, arrays, refs, keys=None, drop=()):
     ``answer_by`` names it for, in order). It also keeps the results under ``keys`` (place in
     an answer -> key) and forgets those under ``drop``."""
     p, stats = WORKER.payload, WORKER.stats
+    stats["kept_args"] = len(refs) - refs.count(None)
     it = iter(arrays)
     blocks = resident.take([next(it) if b is None else b for b in refs], drop)
     if comm.rank >= p.mesh.size:           # a reducer: serve the step's Reduction Servers

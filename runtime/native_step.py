@@ -5,8 +5,10 @@ so Python runs once per step instead of once per instruction.
 In: the worker's ``Comm``, the loaded ``ProgramPayload`` (segments as ``jax.export`` bytes;
 collectives as ``Collective``s; the arguments' shapes), the job's device ranks and XLA cache
 folder, then per call the rank's argument blocks. Out: the rank's results, as JAX arrays.
-With ``payload.packing`` (``runtime.packing``) the small arguments come as one uint8 array and
-the small results go back as two (replicated, split), unpacked and packed inside the executable.
+With ``payload.packing`` (``runtime.packing``) the small arguments come as two uint8 arrays (the
+replicated ones, laid out as the replicated results so that a loop's next call can take that
+pack as it is, ``runtime.resident``; the split ones) and the small results go back as two
+(replicated, split), unpacked and packed inside the executable.
 Every rank's executable is the same: the rank is an argument (slices and partial zeros index
 by it) and each custom call gets every group of its partition, picking the one holding its
 rank, so rank 0 compiles it into the job's cache and the others load it (``compile_rounds``).
@@ -272,7 +274,7 @@ class WholeStep(Tracer):
                          for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
         pk, avals = payload.packing, list(payload.in_avals)
         if pk is not None:           # the small arguments in one array (runtime.packing)
-            avals = [((pk.arg_pack.nbytes,), np.uint8)] + \
+            avals = [((pk.head.nbytes,), np.uint8), ((pk.tail.nbytes,), np.uint8)] + \
                 [avals[i] for i in pk.other_args(len(avals))]
         self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals] + \
             [jax.ShapeDtypeStruct((), np.int32)]
@@ -290,9 +292,9 @@ class WholeStep(Tracer):
         p, pk = self.payload, self.payload.packing
         *blocks, me = blocks                       # this rank, traced: one executable for all
         if pk is not None:
-            packed, *others = blocks
+            head, tail, *others = blocks
             blocks = [None] * len(p.inputs)
-            for i, x in zip(pk.args, pk.arg_pack.unpack(packed)):
+            for i, x in zip(pk.args, pk.head.unpack(head) + pk.tail.unpack(tail)):
                 blocks[i] = x
             for i, x in zip(pk.other_args(len(p.inputs)), others):
                 blocks[i] = x

@@ -4,7 +4,11 @@ A training step threads its parameters and optimizer state through every call. W
 on, each rank also keeps its block of every result of ``RESIDENT_BYTES`` or more, and the caller
 gets that result as a read-only numpy array. Passed back unchanged to the step that made it, in
 the layout the step takes for that argument, only its key goes to the workers; so a loop
-``loss, params = step(params, batch)`` sends the batch in, not the parameters. The results
+``loss, params = step(params, batch)`` sends the batch in, not the parameters. The smaller
+results a whole step packs (``runtime.packing``) stay too, the replicated ones' pack of the last
+call only, under a negative key (``Residency.pack_key``), and come back as read-only views of
+the caller's one copy of it; when a call's replicated arguments are those arrays, in a row as
+the step takes them, that pack's key goes instead (``ArgPacker.fill``). The results
 are ordinary numpy arrays (JAX, numpy and optax take them as before); an array made writable
 again (``flags.writeable = True``) is sent whole, as any other argument, since it may have
 changed. A block is dropped in the workers at the call after its array was garbage collected.
@@ -77,12 +81,16 @@ class Residency:
     weakly), and the keys whose arrays are gone (dropped at the next call)."""
 
     def __init__(self):
-        self._keys = itertools.count()
+        self._keys, self._pack_keys = itertools.count(), itertools.count(-1, -1)
         self._gone, self._lock = [], threading.Lock()
         self._kept: dict[int, _Kept] = {}
 
     def key(self) -> int:
         return next(self._keys)
+
+    def pack_key(self) -> int:
+        """A fresh key for a whole step's replicated results' pack (negative: apart)."""
+        return next(self._pack_keys)
 
     def kept(self, array: np.ndarray, key: int, job, layout) -> np.ndarray:
         """Record that the workers of ``job`` hold ``array`` (a result in ``layout``) under

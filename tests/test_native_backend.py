@@ -262,8 +262,10 @@ def test_planned_memory_of_a_dropout_mask_is_within_15_percent_of_the_measured_p
 
 
 def kept_keys(comm):
+    """The keys of the results kept in this worker; a whole step's replicated results' packs
+    (negative keys) apart."""
     from autopar.runtime import resident
-    return sorted(resident.STORE)
+    return sorted(k for k in resident.STORE if k >= 0), sorted(k for k in resident.STORE if k < 0)
 
 
 @pytest.mark.parametrize("whole", ["0", "1"])
@@ -289,7 +291,7 @@ def test_resident_results_stay_in_the_workers_and_a_loop_matches_the_single_devi
     keys = c.on_workers(kept_keys)
     # the last two calls' w1 and w2: the first call's were dropped at the third, the second's
     # (collected as the third returned) go at the next call
-    assert keys == [[2, 3, 4, 5]] * 4
+    assert [k for k, _ in keys] == [[2, 3, 4, 5]] * 4
     got["w1"].setflags(write=True)
     got["w1"] += 1.0                                   # changed: sent whole, not by key
     want = dict(want, w1=np.asarray(want["w1"]) + 1.0)
@@ -338,6 +340,36 @@ def test_a_result_that_is_an_argument_unchanged_keeps_its_values_in_the_workers(
     for k in range(3):
         got, y = c(got, x + k)                      # got goes as a key, x + k where w was
         assert np.array_equal(got, w) and np.array_equal(y, (x + k) * 2.0)
+    c.close()
+
+
+def kept_args(comm):
+    from autopar.runtime.native_backend import WORKER
+    return WORKER.stats["kept_args"]
+
+
+def test_a_loop_passes_the_small_replicated_results_back_by_reference():
+    """A whole step's small replicated results (a data-parallel MLP's parameters, packed) stay
+    in the workers as one pack; passed back as they came, read-only, in a row, each rank takes
+    them from its own pack (one reference, no bytes sent) and the loop gives the single-device
+    loop's values. An earlier call's arrays, or copies of them, go whole, with the same values;
+    only the last call's pack is kept (the one before goes at the next call)."""
+    p, b = m.mlp_params((16, 32, 16)), m.mlp_batch(batch=8, sizes=(16, 32, 16))
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="native",
+                            progress=False)
+    c = ap.compile(m.mlp_sgd_step, p, b, config=cfg)
+    got, want, first = p, p, None
+    for k in range(4):
+        loss, got = c(got, b)
+        assert c.on_workers(kept_args) == [int(k > 0)] * 2
+        want_loss, want = m.mlp_sgd_step(want, b)
+        assert_same((loss, got), (want_loss, want))
+        first = first or got
+    assert not any(x.flags.writeable for x in jax.tree.leaves(got))
+    assert [pk for _, pk in c.on_workers(kept_keys)] == [[-4, -3]] * 2
+    for again in (first, jax.tree.map(np.array, got)):   # not the last call's: sent whole
+        assert_same(c(again, b), m.mlp_sgd_step(jax.tree.map(np.asarray, again), b))
+        assert c.on_workers(kept_args) == [0, 0]
     c.close()
 
 
