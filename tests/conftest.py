@@ -47,7 +47,10 @@ sys.path.insert(0, os.path.dirname(__file__))   # tests/models.py
 
 # test modules whose tests start processes of their own (native workers, examples, installs):
 # under pytest-xdist (``-n``) they run one at a time in one group, beside the in-process tests
-_PROCESS_MODULES = {"test_examples.py", "test_cli.py"}
+# (a test elsewhere that starts native workers in a subprocess, or times this machine, joins the
+# group with ``pytest.mark.xdist_group("processes")``; the command line's other tests, each
+# one single-threaded process at a time, run beside the group as in-process tests do)
+_PROCESS_MODULES = {"test_examples.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -108,6 +108,7 @@ def test_every_command_has_complete_help():
     assert "--max-memory" in says["plan"] and "--algorithm" in says["bench"]
 
 
+@pytest.mark.xdist_group("processes")      # it times this machine
 def test_calibrate_measures_the_topology_plans_use(tmp_path, monkeypatch):
     """``autopar calibrate`` writes this machine's constants into the cache, and a plan
     without a topology prices on them (tests otherwise pin the ``local`` preset)."""
@@ -159,6 +160,7 @@ def test_calibration_fits_the_reference_steps_slowdown():
     assert _fit((1.0, 0.05, 0.004)) == SLOWDOWN[1]
 
 
+@pytest.mark.xdist_group("processes")      # native ranks
 def test_bench_prints_json_rows():
     r = run("bench", "--op", "all_reduce", "--ranks", "2", "--size", "4KB", "--json")
     assert r.returncode == 0, r.stderr
