@@ -138,23 +138,21 @@ class ArgPacker:
         ``[head, tail]``, None), or (per rank ``[tail]``, key) when each rank's head is the
         pack it kept under key."""
         found, self._returned = self._find_returned(replicated), None   # a failed call
-        if found is not None and found[1] is not None:                # leaves the next one
-            ref = found[1]                                            # to copy
-        else:
-            ref = None
-            if found is None:
+        buffer, key = found or (None, None)                 # leaves the next one to copy
+        if key is None:
+            if buffer is None:
                 for dst, x in zip(self._head, replicated):
                     np.copyto(dst, x, casting="unsafe")       # as ``dst[...] = x`` casts
             else:
-                np.copyto(self.heads[0], found[0])
+                np.copyto(self.heads[0], buffer)
             for head in self.heads[1:]:
                 np.copyto(head, self.heads[0])
         for views, blocks in zip(self._tails, split):
             for dst, x in zip(views, blocks):
                 np.copyto(dst, x, casting="unsafe")
-        if ref is None:
+        if key is None:
             return [[h, t] for h, t in zip(self.heads, self.tails)], None
-        return [[t] for t in self.tails], ref
+        return [[t] for t in self.tails], key
 
     def _find_returned(self, replicated):
         """(buffer, key) of the last call's replicated results' pack if ``replicated`` are its
