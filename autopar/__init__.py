@@ -1,17 +1,44 @@
-"""autopar: an auto-parallel compiler for JAX training steps."""
-from .errors import (AutoparError, AutoparWarning, CollectiveError, ConfigError, InfeasibleError,
-                     LayoutError, NativeArgumentError, PipelineError, RedistributionError,
-                     RuleError, WorkerError)
-from .layout import Layout
-from .mesh import LogicalMesh
-from .topology import Level, Topology
-from .annotate import pipeline_stage, shard
-from .config import (Backend, OptimizerLevel, ParallelConfig, ParallelMode, PipelineScheduler,
-                     SearchMode)
-from .context import (context_config, get_auto_parallel_context, reset_auto_parallel_context,
-                      set_auto_parallel_context)
-from .compiler.api import Compiled, compile, parallel, plan
-from .runtime.jax_distributed import init_distributed
-from . import comm
-from .strategies.strategy import Strategy
-from .program import Collective, Program
+"""autopar: an auto-parallel compiler for JAX training steps.
+
+The public names below load on first use (PEP 562), so `import autopar` and the
+`autopar` command line do not import JAX until a name that needs it is touched;
+`autopar solve` and `autopar COMMAND --help` stay numpy-only.
+"""
+import importlib
+import importlib.util
+
+_EXPORTS = {
+    ".errors": ("AutoparError", "AutoparWarning", "CollectiveError", "ConfigError",
+                "InfeasibleError", "LayoutError", "NativeArgumentError", "PipelineError",
+                "RedistributionError", "RuleError", "WorkerError"),
+    ".layout": ("Layout",),
+    ".mesh": ("LogicalMesh",),
+    ".topology": ("Level", "Topology"),
+    ".annotate": ("pipeline_stage", "shard"),
+    ".config": ("Backend", "OptimizerLevel", "ParallelConfig", "ParallelMode",
+                "PipelineScheduler", "SearchMode"),
+    ".context": ("context_config", "get_auto_parallel_context", "reset_auto_parallel_context",
+                 "set_auto_parallel_context"),
+    ".compiler.api": ("Compiled", "compile", "parallel", "plan"),
+    ".runtime.jax_distributed": ("init_distributed",),
+    ".strategies.strategy": ("Strategy",),
+    ".program": ("Collective", "Program"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE) + ["comm"]
+
+
+def __getattr__(name):
+    """A public name, or a submodule, imported the first time it is asked for."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -14,7 +14,6 @@ are dropped.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
@@ -24,11 +23,9 @@ from jax.extend.core import Literal
 from . import trace_control, trace_keys
 from .errors import ConfigError, LayoutError, RuleError
 from .graph import Const, Graph, Node, Value
+from .jax_frames import hide_autopar_frames
 
-# Report the user's line, not autopar's, as the source of an operation (ap.shard and friends):
-# this registers autopar's folder with JAX's traceback filter once, at import (JAX keeps that
-# list; it is the one piece of global state autopar touches).
-source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))
+hide_autopar_frames()      # the user's line, not autopar's, as an operation's source
 
 # primitive name -> parameter holding the body to inline
 _INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",

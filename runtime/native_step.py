@@ -267,7 +267,9 @@ class WholeStep(Tracer):
         cache ``cache``): every rank's executable is the same, its rank an argument."""
         import jax
         from jax import export
+        from autopar.jax_frames import hide_autopar_frames
         from .native_backend import compile_rounds
+        hide_autopar_frames()            # the HLO's metadata: the caller's lines
         self._setup(comm, payload.mesh, 0, payload.options, payload.bucket_bytes)
         self.payload = payload
         self.segments = {k: export.deserialize(ins[1])
