@@ -18,7 +18,8 @@ another case, 0.38-0.39 ms alone) runs
   1`` (this file with ``--worker``): each process jits the step with the plan's argument
   layouts as NamedShardings over the 4 processes' devices (the new parameters in the same
   layouts), XLA's partitioner choosing the rest, the parameters left on the devices between
-  steps: ``jax_multiprocess_loop_ms``
+  steps and the batch placed from the host each step (``make_array_from_callback``), as the
+  native loop takes it: ``jax_multiprocess_loop_ms``
   (process 0's median).
 Out: one JSON object per (config, mode) with both and their ratio (above 1: autopar is
 faster), and ``ranks_alike``: the plan exchanges nothing and replicates everything, so the
@@ -84,13 +85,14 @@ def worker(name, mode, iters):
            jax.tree.unflatten(jax.tree.structure(p), shardings[:n_params]))
     spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings,
                    out_shardings=out)
-    placed = [jax.make_array_from_callback(x.shape, sh, lambda idx, x=x: x[idx])
-              for x, sh in zip(flat, shardings)]
-    params, batch = jax.tree.unflatten(tree, placed)
-    state = [params]
+    def placed(xs, shs):     # each process's blocks of host arrays, as a JAX user places them
+        return [jax.make_array_from_callback(x.shape, sh, lambda idx, x=x: x[idx])
+                for x, sh in zip(xs, shs)]
+    state = [jax.tree.unflatten(jax.tree.structure(p), placed(flat[:n_params], shardings))]
 
-    def call():
-        loss, state[0] = spmd(*jax.tree.leaves((state[0], batch)))
+    def call():             # the batch from the host each step, as the native loop's
+        batch = placed(flat[n_params:], shardings[n_params:])
+        loss, state[0] = spmd(*jax.tree.leaves(state[0]), *batch)
         float(np.asarray(loss.addressable_data(0)))
     ms = median_ms(call, iters, WARM)
     print("RESULT " + json.dumps({"process": jax.process_index(), "ms": ms}), flush=True)

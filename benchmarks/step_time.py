@@ -24,7 +24,8 @@ median of --iters calls after 2 warm-ups. Then as a training loop runs (``loss, 
 step(params, batch)``, the loss read each step): ``native_resident_loop_ms`` with the runtime's
 defaults, whole step and results kept in the workers (runtime.resident: only the batch goes
 in), against
-``jax_spmd_loop_ms`` (the parameters stay on JAX's devices). The whole step per call, JAX SPMD
+``jax_spmd_loop_ms`` (the parameters stay on JAX's devices; the batch comes from the host each
+step, as the native loop's does and a data loader's would). The whole step per call, JAX SPMD
 per call and the two loops are timed together, their calls taking turns round after round (the
 other columns one after another). Out: one JSON object per (config, mode) with milliseconds per
 step (medians) and the ratios JAX SPMD / autopar native (above 1: autopar is faster):
@@ -125,11 +126,11 @@ def measure(name, mode, iters, bucket_bytes=25 << 20):
             jax.tree.unflatten(jax.tree.structure(p), shardings[:n_params]))
     spmd = jax.jit(lambda *xs: step(*jax.tree.unflatten(tree, xs)), in_shardings=shardings,
                    out_shardings=kept)
-    placed = [jax.device_put(x, sh) for x, sh in zip(flat, shardings)]
+    placed = jax.tree.unflatten(jax.tree.structure(p), [
+        jax.device_put(x, sh) for x, sh in zip(flat[:n_params], shardings)])
     t = timed({"whole": lambda: host(per_call(p, b)), "spmd": lambda: host(spmd(*flat)),
                "loop": loop(compiled, p, b),
-               "spmd_loop": loop(lambda *a: spmd(*jax.tree.leaves(a)),
-                                 *jax.tree.unflatten(tree, placed))}, iters)
+               "spmd_loop": loop(lambda *a: spmd(*jax.tree.leaves(a)), placed, b)}, iters)
     per_call.close(), compiled.close()
     for label, name in (("native_whole_step_ms", "whole"), ("jax_spmd_ms", "spmd"),
                         ("native_resident_loop_ms", "loop"), ("jax_spmd_loop_ms", "spmd_loop")):
