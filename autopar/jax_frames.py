@@ -3,8 +3,9 @@ Out: ``hide_autopar_frames()``, which registers autopar's folder with JAX's trac
 once per process (JAX keeps that list; it is the one piece of global state autopar touches).
 
 Called by whatever traces JAX code: the tracer (``autopar.trace``: ``ap.shard`` and friends)
-and a worker's whole-step executable (``runtime.native_step``), whose HLO would otherwise name
-the worker's own frames (the forkserver, the loader) in its metadata."""
+and a worker's whole-step or pipeline-stage executable (``runtime.native_step.Tracer``), whose
+HLO would otherwise name the worker's own frames (the forkserver, the loader) in its
+metadata."""
 import functools
 import os
 

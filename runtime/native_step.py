@@ -92,6 +92,8 @@ class Tracer:
     ``self.me`` is this rank's position on that mesh, traced (an argument of the step)."""
 
     def _setup(self, comm, mesh, offset, options, bucket_bytes):
+        from autopar.jax_frames import hide_autopar_frames
+        hide_autopar_frames()            # the HLO's metadata names the caller's lines, not ours
         self.primitive = register_targets()
         self.comm, self.handle = comm, np.int64(comm.ffi_handle)
         self.mesh, self.offset, self.options, self.bucket_limit = mesh, offset, options, bucket_bytes
@@ -267,9 +269,7 @@ class WholeStep(Tracer):
         cache ``cache``): every rank's executable is the same, its rank an argument."""
         import jax
         from jax import export
-        from autopar.jax_frames import hide_autopar_frames
         from .native_backend import compile_rounds
-        hide_autopar_frames()            # the HLO's metadata: the caller's lines
         self._setup(comm, payload.mesh, 0, payload.options, payload.bucket_bytes)
         self.payload = payload
         self.segments = {k: export.deserialize(ins[1])
