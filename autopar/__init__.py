@@ -32,6 +32,13 @@ def __getattr__(name):
     """A public name, or a submodule, imported the first time it is asked for."""
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    elif name == "__version__":                  # the installed distribution's (pyproject.toml)
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            value = version(__name__)
+        except PackageNotFoundError:
+            raise AttributeError("autopar.__version__: autopar is not installed (run `pip install "
+                                 ".` from the repository root)") from None
     elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         value = importlib.import_module(f".{name}", __name__)
     else:

@@ -15,3 +15,25 @@ def test_import_linter_contracts_are_kept():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "2 kept, 0 broken" in r.stdout, r.stdout[-2000:]
+
+
+def test_the_package_imports_a_public_name_when_first_asked():
+    """``import autopar`` loads nothing heavy (the command line's start); each public name and
+    submodule imports on first use, unknown names raise AttributeError, and ``__version__`` is
+    the installed distribution's."""
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    code = (
+        "import sys, autopar as ap\n"
+        "assert 'jax' not in sys.modules, 'import autopar imported jax'\n"
+        "assert ap.Layout.__module__ == 'autopar.layout' and 'jax' not in sys.modules\n"
+        "assert ap.comm.__name__ == 'autopar.comm' and ap.runtime.__name__ == 'autopar.runtime'\n"
+        "assert all(getattr(ap, n) is not None for n in ap.__all__)\n"
+        "assert set(ap.__all__) <= set(dir(ap))\n"
+        "try:\n    ap.no_such_name\nexcept AttributeError as e:\n    print('refused', e)\n"
+        "print('version', ap.__version__)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused module 'autopar' has no attribute 'no_such_name'" in r.stdout
+    assert f"version {version}" in r.stdout
