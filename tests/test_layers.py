@@ -1,6 +1,7 @@
 """The layering contract (pyproject.toml's [tool.importlinter]): entry > runtime >
 redistribution > strategies > core, and a runtime that imports no planning, checked by
-import-linter on the source tree (lazy imports inside functions count)."""
+import-linter on the source tree (lazy imports inside functions count); and the package's
+init, which imports each public name on first use."""
 import shutil
 import subprocess
 import sys
