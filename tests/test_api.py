@@ -411,3 +411,21 @@ def test_a_compiled_step_takes_its_arguments_by_name_too():
         c(p, nope=b)
     f = ap.parallel(m.mlp_sgd_step, config=cfg)                  # the decorator's too
     assert_same(f(**dict(zip(names, (p, b)))), want)
+
+
+def test_strategy_prices_an_all_gather_on_its_input_as_the_planner_does():
+    """An all-gather moves (n - 1) blocks of its input: the collectives table prices it on the
+    rank's input bytes, as the planner priced it, not on the gathered output (n times more)."""
+    from autopar.redistribution.planner import Planner
+    p, x = {"w": jnp.ones((64, 32))}, jnp.ones((8, 64))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=4,
+                            topology=ap.Topology.cluster(1, 4))
+    s = ap.plan(lambda p, x: x @ p["w"], p, x, config=cfg, in_strategy=({"w": "[_,x]"}, None))
+    gathers = [c for c in s.collectives if c.kind == "all_gather"]
+    assert gathers, [str(c) for c in s.collectives]
+    planner = Planner(ap.LogicalMesh.create((4,), ("x",), cfg.topology))
+    for c in gathers:
+        sent = c.bytes // 4                   # the output is the four blocks of the inputs
+        copy = planner.relayout_seconds("all_gather", c.shape, 1, None, c.bytes)
+        assert c.seconds == pytest.approx(planner.step_time("all_gather", c.axes, sent)[0] + copy)
+        assert c.seconds < planner.step_time("all_gather", c.axes, c.bytes)[0]

@@ -130,8 +130,9 @@ def comm_records(program, planner) -> tuple:
                                     reason=f"stage {stage} {way} stage {ins.peer}",
                                     count=micro if ins.micro else 1))
         else:
-            pl = planners.get(stage, planner)
-            seconds = pl.step_time(ins.kind, ins.axes, ins.bytes)[0] + pl.relayout_seconds(
+            pl = planners.get(stage, planner)      # priced on its input, as the planner does
+            sent = int(np.prod(ins.shape, dtype=np.int64)) * np.dtype(ins.dtype).itemsize
+            seconds = pl.step_time(ins.kind, ins.axes, sent)[0] + pl.relayout_seconds(
                 ins.kind, ins.shape, ins.dim, ins.dst_dim, ins.bytes)
             out.append(CommStrategy(**common, seconds=seconds, reason=ins.reason,
                                     count=micro if phase in ("forward", "backward") else 1))
