@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from .chip import Chip
 from .errors import ConfigError
 from .frozen import cached_hash
 
@@ -28,13 +29,17 @@ class Level:
     ``betas``: ``(kind, seconds per byte)`` pairs for the collective kinds whose bytes a runtime
     moves at another rate than its all-reduce's (``beta``), sorted by kind (``autopar
     calibrate`` measures all-gather, reduce-scatter and all-to-all on the runtime it calibrates:
-    a runtime's own buffers and copies around each kind differ)."""
+    a runtime's own buffers and copies around each kind differ). ``share``: how many devices
+    share one link of this level (a host's one NIC serving its 8 GPUs: 8; a NIC per GPU: 1);
+    every device communicates at once in an SPMD step, so each gets ``1 / share`` of the link:
+    its seconds per byte there are ``beta x share``."""
     name: str
     size: int
     alpha: float
     beta: float
     launch: float = 0.0
     betas: tuple[tuple[str, float], ...] = ()
+    share: int = 1
 
     def __post_init__(self):
         try:
@@ -45,17 +50,23 @@ class Level:
             raise ConfigError(f"Topology level {self.name!r}: betas={self.betas!r} must map "
                               f"collective kinds ({', '.join(KINDS)}) to seconds per byte.")
         object.__setattr__(self, "betas", betas)
+        if isinstance(self.share, bool) or not isinstance(self.share, int) or self.share < 1:
+            raise ConfigError(f"Topology level {self.name!r}: share={self.share!r} must be a "
+                              "whole number of devices per link, at least 1.")
 
     def beta_for(self, kind) -> float:
-        """Seconds per byte of one collective ``kind`` (a StepKind or its name) at this level."""
+        """Seconds per byte one device moves in a collective ``kind`` (a StepKind or its name,
+        or "send") at this level, its link shared ``share`` ways."""
         for k, b in self.betas:
             if k == kind:
-                return b
-        return self.beta
+                return b * self.share
+        return self.beta * self.share
 
     def __str__(self) -> str:
         kinds = "".join(f",{k}:{1e-9 / b:g}GB/s" for k, b in self.betas)
-        return f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s{kinds}"
+        shared = f"/{self.share}" if self.share > 1 else ""
+        return (f"{self.name}={self.size}@{self.alpha * 1e6:g}us,{1e-9 / self.beta:g}GB/s"
+                f"{shared}{kinds}")
 
 
 @cached_hash
@@ -75,7 +86,10 @@ class Topology:
     seconds of the calibration's reference step's compute as it ran when these constants were
     measured, every device busy (its call less its priced communication and overhead; 0: not
     measured); a later profile (one rank alone on a core) times that step beside the plans and
-    scales their figures to it (``compiler.api``)."""
+    scales their figures to it (``compiler.api``). ``chip``: the accelerator every device is
+    (``autopar.chip``; None: this machine's CPU, priced by the calibrated rates above); with a
+    chip the cost model prices operators by its matmul and memory model, and ``flops`` and
+    ``mem_bandwidth`` are its bf16 matmul and streaming rates."""
     levels: tuple[Level, ...]
     flops: float = 50e9           # sustained float32 FLOP/s of one device
     mem_bandwidth: float = 10e9   # bytes/s of one device's memory
@@ -85,6 +99,8 @@ class Topology:
     reducers: int = 0             # Reduction Server processes (hosts of their own)
     reference_compute: float = 0.0  # seconds: the reference step's compute as run (0: none)
     arg_overhead: float = 0.0     # seconds per array argument or result of a call
+    chip: Chip | None = None      # the accelerator (None: this machine's CPU, calibrated)
+    source: str = ""              # what the figures are: a preset and its sources, a file
 
     def __post_init__(self):
         if not self.levels:
@@ -150,16 +166,43 @@ class Topology:
         return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
 
     @staticmethod
-    def cluster(hosts: int, per_host: int = 8, nic_gbps: float = 200.0) -> "Topology":
-        """GPU hosts with ``per_host`` NVLink-connected devices joined by ``nic_gbps`` NICs."""
-        return Topology((Level("node", hosts, alpha=10e-6, beta=8 / (nic_gbps * 1e9)),
-                         Level("gpu", per_host, alpha=3e-6, beta=1 / 150e9)),
-                        flops=300e12, mem_bandwidth=2e12)
+    def machine(name: str, hosts: int, per_host: int | None = None) -> "Topology":
+        """``hosts`` of the real machine ``name`` (``MACHINES``), ``per_host`` of its GPUs each
+        (default: all of them): the chip's datasheet figures and the links' (module
+        ``MACHINES`` notes say where each figure comes from)."""
+        try:
+            m = MACHINES[name]
+        except KeyError:
+            raise ConfigError(f"unknown machine {name!r}; choose one of "
+                              f"{', '.join(MACHINES)}.") from None
+        per = m.gpus if per_host is None else per_host
+        if not 1 <= per <= m.gpus or hosts < 1:
+            raise ConfigError(f"{name}: {hosts} hosts of {per} GPUs; a host has 1 to {m.gpus}.")
+        chip = Chip.named(m.chip)
+        nic_share = max(1, per // m.nics) if m.nics < m.gpus else 1
+        return Topology((Level("node", hosts, alpha=m.nic_alpha, beta=1 / m.nic_bw,
+                               share=nic_share),
+                         Level("gpu", per, alpha=m.link_alpha, beta=1 / m.link_bw)),
+                        flops=chip.peak("bfloat16") * chip.matmul_efficiency,
+                        mem_bandwidth=chip.stream_rate, chip=chip,
+                        source=f"{name}: {m.sources}")
+
+    @staticmethod
+    def cluster(hosts: int, per_host: int = 8, nic_gbps: float | None = None) -> "Topology":
+        """``hosts`` DGX A100 80GB nodes of ``per_host`` GPUs (``machine("dgx-a100", ...)``);
+        ``nic_gbps``: another per-GPU NIC speed than its 200 Gb/s HDR InfiniBand."""
+        topo = Topology.machine("dgx-a100", hosts, per_host)
+        if nic_gbps is None:
+            return topo
+        node = replace(topo.levels[0], beta=1 / (nic_gbps / 8 * 1e9 * NIC_EFFICIENCY))
+        return replace(topo, levels=(node,) + topo.levels[1:])
 
     @staticmethod
     def preset(name: str, devices: int) -> "Topology":
-        """A named topology for ``devices`` devices: ``local`` (this host), ``cluster:HxG`` (H
-        hosts of G GPUs; ``cluster`` alone: 8 per host), or a topology file (``save``,
+        """A named topology for ``devices`` devices: ``local`` (this host), a real machine
+        ``MACHINE:H`` or ``MACHINE:HxG`` (H hosts of it, G of its GPUs each; ``MACHINES``:
+        ``dgx-a100``, ``dgx-h100``, ``v100-cloud``), ``cluster:HxG`` (DGX A100 nodes;
+        ``cluster`` alone: 8 per host), or a topology file (``save``,
         ``autopar calibrate``), whose one level is stretched to ``devices`` if it has one; a
         ``+rN`` suffix adds N Reduction Server processes (``cluster:4x1+r4``)."""
         import os
@@ -171,17 +214,19 @@ class Topology:
                 raise ConfigError(f"topology {name!r}: write +rN for N reducer processes "
                                   "(e.g. cluster:4x1+r4).")
             return replace(Topology.preset(base, devices), reducers=int(servers))
-        if name.startswith("cluster"):
-            _, _, shape = name.partition(":")
+        kind, _, shape = name.partition(":")
+        if kind == "cluster" or kind in MACHINES:
+            gpus = MACHINES.get(kind, MACHINES["dgx-a100"]).gpus
             try:
-                hosts, per = (int(x) for x in shape.lower().split("x")) if shape else (
-                    max(devices // 8, 1), min(devices, 8))
+                dims = [int(x) for x in shape.lower().split("x")] if shape else []
+                hosts, per = (dims if len(dims) == 2 else (dims[0], gpus) if dims else
+                              (max(devices // gpus, 1), min(devices, gpus)))
             except ValueError:
                 hosts = per = 0
             if hosts * per != devices:
                 raise ConfigError(f"topology {name!r} does not describe {devices} devices; write "
-                                  f"cluster:HOSTSxPER_HOST with HOSTS x PER_HOST = {devices}.")
-            return Topology.cluster(hosts, per)
+                                  f"{kind}:HOSTSxPER_HOST with HOSTS x PER_HOST = {devices}.")
+            return Topology.machine("dgx-a100" if kind == "cluster" else kind, hosts, per)
         if os.path.exists(name):
             topo = Topology.load(name)
             if topo.num_devices != devices and len(topo.levels) == 1:
@@ -191,16 +236,20 @@ class Topology:
                 raise ConfigError(f"topology file {name} describes {topo.num_devices} devices, "
                                   f"not {devices}.")
             return topo
-        raise ConfigError(f"unknown topology {name!r}; choose local, cluster:HOSTSxPER_HOST or "
-                          "the path of a topology file (autopar calibrate writes one).")
+        raise ConfigError(f"unknown topology {name!r}; choose local, cluster:HOSTSxPER_HOST, "
+                          f"one of {', '.join(m + ':HOSTS' for m in MACHINES)} or the path of a "
+                          "topology file (autopar calibrate writes one).")
 
     def to_dict(self) -> dict:
         return {"format": "autopar-topology", "flops": self.flops,
                 "mem_bandwidth": self.mem_bandwidth, "step_overhead": self.step_overhead,
                 "host_beta": self.host_beta, "small_dot_flops": self.small_dot_flops,
                 "levels": [{"name": lv.name, "size": lv.size, "alpha": lv.alpha, "beta": lv.beta,
-                            "launch": lv.launch, **({"betas": dict(lv.betas)} if lv.betas else {})}
+                            "launch": lv.launch, **({"betas": dict(lv.betas)} if lv.betas else {}),
+                            **({"share": lv.share} if lv.share > 1 else {})}
                            for lv in self.levels],
+                **({"chip": self.chip.to_dict()} if self.chip else {}),
+                **({"source": self.source} if self.source else {}),
                 **({"reducers": self.reducers} if self.reducers else {}),
                 **({"reference_compute": self.reference_compute}
                    if self.reference_compute else {}),
@@ -229,11 +278,58 @@ class Topology:
                             d["mem_bandwidth"], d.get("step_overhead", 0.0),
                             d.get("host_beta", 0.0), d.get("small_dot_flops", 0.0),
                             d.get("reducers", 0), d.get("reference_compute", 0.0),
-                            d.get("arg_overhead", 0.0))
+                            d.get("arg_overhead", 0.0),
+                            Chip.from_dict(d["chip"]) if d.get("chip") else None,
+                            d.get("source", ""))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where} is a damaged autopar topology file ({e!r}); write it "
                               "again with autopar calibrate.") from None
 
     def __str__(self) -> str:
         servers = f" + {self.reducers} reducers" if self.reducers else ""
-        return "Topology(" + " x ".join(str(lv) for lv in self.levels) + servers + ")"
+        chip = f" of {self.chip}" if self.chip else ""
+        return "Topology(" + " x ".join(str(lv) for lv in self.levels) + servers + chip + ")"
+
+
+# What a collective reaches of a link's datasheet bandwidth (NCCL-tests' bus bandwidth against
+# the link's rate, one direction): NVLink/NVSwitch all-reduces reach ~78% (DGX A100: ~235 of 300
+# GB/s), InfiniBand ~94% (23.5 of 25 GB/s per HDR port), TCP over a cloud NIC ~90%.
+NVLINK_EFFICIENCY, NIC_EFFICIENCY, TCP_EFFICIENCY = 0.78, 0.94, 0.9
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A real GPU host: its chip, GPUs, NICs and the bandwidths (bytes/s, as collectives
+    reach them) and latencies of its GPU links and NICs, with the sources of each figure."""
+    chip: str
+    gpus: int
+    nics: int             # NICs per host (fewer than ``gpus``: shared by the GPUs)
+    link_bw: float        # GPU-to-GPU bytes/s one direction, as an all-reduce's bus bandwidth
+    link_alpha: float
+    nic_bw: float         # bytes/s of one NIC, one direction
+    nic_alpha: float
+    sources: str
+
+
+MACHINES = {
+    # DGX A100 80GB: 8 A100 SXM4 on NVLink 3 through NVSwitch (12 links x 25 GB/s = 300 GB/s
+    # per direction per GPU), 8 ConnectX-6 HDR InfiniBand 200 Gb/s NICs, one per GPU (DGX
+    # A100 user guide and datasheet)
+    "dgx-a100": Machine("a100-80gb", 8, 8, 300e9 * NVLINK_EFFICIENCY, 3e-6,
+                        200e9 / 8 * NIC_EFFICIENCY, 8e-6,
+                        "DGX A100 datasheet (8 x A100 80GB, NVSwitch, 300 GB/s NVLink per "
+                        "direction per GPU, 8 x 200 Gb/s HDR InfiniBand)"),
+    # DGX H100: 8 H100 SXM5 on NVLink 4 through NVSwitch (18 links, 450 GB/s per direction per
+    # GPU), 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric, one per GPU
+    "dgx-h100": Machine("h100-sxm", 8, 8, 450e9 * NVLINK_EFFICIENCY, 3e-6,
+                        400e9 / 8 * NIC_EFFICIENCY, 8e-6,
+                        "DGX H100 datasheet (8 x H100 SXM5, NVSwitch, 450 GB/s NVLink per "
+                        "direction per GPU, 8 x 400 Gb/s NDR InfiniBand)"),
+    # a V100 cloud host as AWS p3.16xlarge: 8 V100 SXM2 16GB on NVLink 2 in a hybrid cube
+    # mesh (6 links x 25 GB/s = 150 GB/s per direction per GPU), one 25 Gb/s Ethernet NIC
+    # serving all eight (TCP)
+    "v100-cloud": Machine("v100-16gb", 8, 1, 150e9 * NVLINK_EFFICIENCY, 4e-6,
+                          25e9 / 8 * TCP_EFFICIENCY, 30e-6,
+                          "AWS p3.16xlarge (8 x V100 SXM2 16GB, NVLink 2 hybrid cube mesh, "
+                          "150 GB/s per direction per GPU, one 25 Gb/s NIC for the host)"),
+}

@@ -52,20 +52,40 @@ def counters(builder, eqn, ins, src, scope) -> list:
     words, as JAX makes them; below 2**32 elements the high word is zero and the low one the sum
     over dimensions of a 1-d iota times the dimension's stride, broadcast (elementwise and
     broadcast operators: any dimension may be split, a device makes its block). A larger shape
-    stays one operator (never split: every device makes all of it and slices its block)."""
+    (a dropout mask over a whole batch of attention scores) is the same sum in 64 bits: per
+    dimension a constant table of each place's stride multiple as (high, low) words,
+    broadcast, added word by word with the low words' carry."""
     from .trace_control import emit
     shape = tuple(eqn.params["shape"])
-    if not shape or math.prod(shape) >= 2 ** 32:
+    if not shape:
         return builder.add_node(eqn, ins, src, scope)
+    return emit(builder, lambda: counter_words(shape), [], src, scope)
 
-    def build():
+
+def counter_words(shape, wide: bool = False) -> list:
+    """``[high, low]``: every element's row-major place in ``shape`` as ``iota_2x32_shape``
+    gives it, from elementwise and broadcast operators (``counters``); ``wide``: the 64-bit
+    sum even below 2**32 elements."""
+    if math.prod(shape) < 2 ** 32 and not wide:
         low = None
         for d, n in enumerate(shape):
             place = lax.iota(np.uint32, n) * np.uint32(math.prod(shape[d + 1:]))
             place = lax.broadcast_in_dim(place, shape, (d,))
             low = place if low is None else low + place
         return [lax.full(shape, 0, np.uint32), low]
-    return emit(builder, build, [], src, scope)
+    high = low = None
+    for d, n in enumerate(shape):
+        place = np.arange(n, dtype=np.uint64) * np.uint64(math.prod(shape[d + 1:]))
+        lo = lax.broadcast_in_dim((place & np.uint64(0xFFFFFFFF)).astype(np.uint32), shape, (d,))
+        hi = lax.broadcast_in_dim((place >> np.uint64(32)).astype(np.uint32), shape, (d,))
+        high, low = (hi, lo) if low is None else add_words(high, low, hi, lo)
+    return [high, low]
+
+
+def add_words(high, low, hi, lo) -> tuple:
+    """``(high, low) + (hi, lo)`` as 64-bit numbers in uint32 words: the low words' carry."""
+    total = low + lo
+    return high + hi + (total < low).astype(np.uint32), total
 
 
 def physical_rule(eqn, where: str):

@@ -125,7 +125,7 @@ class Planner:
         self._intra = {a for a in mesh.axis_names if mesh.level(a) == mesh.topology.levels[-1]}
         self._inside = {a: mesh.inner_size(a) for a in mesh.axis_names}
         inner_level = mesh.topology.levels[-1]
-        self._inner_lvl = (inner_level.alpha, inner_level.beta)
+        self._inner_lvl = (inner_level.alpha, inner_level.beta_for("all_reduce"))
         self._gamma = 1 / mesh.topology.mem_bandwidth     # a reduction streams at memory speed
         self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
         self.steps_memo: dict = {}   # lower.plan_steps' answers, by the same key

@@ -36,7 +36,7 @@ from autopar.annotate import shard_p
 from autopar.graph import Value, type_str
 from autopar.layout import Layout
 
-from .cost_model import compute_time, local_bytes, output_bytes
+from .cost_model import compute_time, fused, local_bytes, output_bytes
 from .problem import SearchProblem
 
 
@@ -278,6 +278,7 @@ class _Builder:
     def __init__(self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
                  state_pricing):
         self.graph, self.mesh, self.cands = graph, mesh, cands
+        self.touch = fused(graph, mesh)          # node id -> what its fused kernel moves
         self.pricing = state_pricing
         self.reshard_cost, self.arg_options = reshard_cost, arg_options
         self.in_iv, self.node_iv = live_intervals(graph)
@@ -339,9 +340,10 @@ class _Builder:
         """One problem node for a chain of operators; its ((node id, index per choice), ...)."""
         nodes = [self.graph.nodes[k] for k in chain]
         res = tuple(v.id in self.gathered for n in nodes for v in n.outputs)
-        key = tuple((n.signature, id(self.cands[n.id])) for n in nodes) + (res,)
+        key = tuple((n.signature, id(self.cands[n.id]), self.touch.get(n.id))
+                    for n in nodes) + (res,)
         idx, cost, usage, outs = self.shared(key + ("chain",), lambda: _chain(
-            nodes, self.cands, self.mesh, self.gathered, self.to_replicated))
+            nodes, self.cands, self.mesh, self.gathered, self.to_replicated, self.touch))
         head = nodes[0]
         self._node(cost, usage, (self.node_iv[chain[0]][0], self.node_iv[chain[-1]][1]),
                    (f"{head.name} ({head.source})" if head.source else head.name)
@@ -468,14 +470,18 @@ def _hub_reads(graph, chains, result_ids) -> dict:
             and len(graph.producer[vid].outputs) == 1}
 
 
-def _chain(nodes, cands, mesh, result_ids, to_replicated):
+def _chain(nodes, cands, mesh, result_ids, to_replicated, touch):
     """One chain's (per member: candidate index per head choice, costs, usages, per member and
     output: layout per head choice). A follower keeps its producer's layout. Usage is the
-    largest sum of two consecutive members' outputs (a member's input dies as it runs)."""
+    largest sum of two consecutive members' outputs (a member's input dies as it runs), an
+    output its fused kernel keeps in registers (``touch``: node id -> its fusion.Touch,
+    cost_model.fused) counting none."""
     head = nodes[0]
     idx = [np.arange(len(cands[head.id]))]
-    cost = np.array([compute_time(head, c, mesh) for c in cands[head.id]], dtype=float)
-    sizes = [np.array([output_bytes(head, c, mesh) for c in cands[head.id]], np.int64)]
+    cost = np.array([compute_time(head, c, mesh, touch.get(head.id)) for c in cands[head.id]],
+                    dtype=float)
+    sizes = [np.array([output_bytes(head, c, mesh, touch.get(head.id)) for c in cands[head.id]],
+                      np.int64)]
     outs = [[[c.out_layouts[j] for c in cands[head.id]] for j in range(len(head.outputs))]]
     for n in nodes[1:]:
         cs = cands[n.id]
@@ -483,11 +489,12 @@ def _chain(nodes, cands, mesh, result_ids, to_replicated):
         pick = {}                  # ``followers`` guarantees a candidate reading each layout
         for l in set(outs[-1][0]):
             i = next(i for i, c in enumerate(cs) if c.in_layouts[pos] == l)
-            pick[l] = (i, compute_time(n, cs[i], mesh))
+            pick[l] = (i, compute_time(n, cs[i], mesh, touch.get(n.id)))
         idx.append(np.array([pick[l][0] for l in outs[-1][0]]))
         cost += [pick[l][1] for l in outs[-1][0]]
         outs.append([[cs[i].out_layouts[0] for i in idx[-1]]])
-        sizes.append(np.array([output_bytes(n, cs[i], mesh) for i in idx[-1]], np.int64))
+        sizes.append(np.array([output_bytes(n, cs[i], mesh, touch.get(n.id)) for i in idx[-1]],
+                              np.int64))
     for n, o, i in zip(nodes, outs, idx):
         for j, v in enumerate(n.outputs):
             if v.id in result_ids:

@@ -9,10 +9,17 @@ Out: seconds and bytes, per device:
   factorisation, solve or FFT its usual count (``rules.linalg.flops``), everything else one op
   per output element (``threefry2x32``, random bits: its 20 rounds of add, rotate
   and xor and 5 key injections, ~58 integer ops per output word);
-- ``compute_time``: roofline on the local shapes, ``max(flops / S / F, bytes_moved / BW)`` (F:
-  a matmul's rate for its size, ``Topology.matmul_rate``, for contractions and convolutions)
+- ``compute_time``: roofline on the local shapes. ``bytes_moved`` is the local inputs plus
+  outputs, but for an operator XLA fuses with others (``strategies.fusion``: a chain of
+  elementwise operators and reductions between matmuls and other boundaries is one kernel)
+  only the operands its kernel reads from memory and the results it writes there. On this
+  machine's CPU (no ``Topology.chip``): ``max(flops / S / F, bytes_moved / BW)`` (F: a
+  matmul's rate for its size, ``Topology.matmul_rate``, for contractions and convolutions)
   where S is how many ways the candidate splits the work (output splits times split
-  contractions) and ``bytes_moved`` the local inputs plus outputs;
+  contractions). On an accelerator (``autopar.chip``): a contraction is its local GEMM
+  (``Chip.matmul_seconds``: the dtype's peak, tile and wave quantization for its shape, the
+  bytes it moves), everything else a memory-bound kernel (``Chip.stream_seconds``, its fixed
+  launch cost charged once per fusion);
 - ``output_bytes``: the local bytes of each output (what the value occupies on one device).
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
@@ -34,6 +41,7 @@ from jax import lax
 from autopar.graph import Const
 from autopar.program import Collective, Segment, StepKind, reads, writes
 
+from .fusion import touches
 from .rules import linalg
 from .rules.elementwise import RULES as ELEMENTWISE
 from .rules.primitives import primitives
@@ -80,36 +88,91 @@ def local_bytes(layout, value, mesh) -> int:
 FREE = primitives("autopar_shard", "reshape", "squeeze", "stop_gradient")
 
 
-_TIMES: dict = {}           # (node signature, candidate, mesh) -> seconds
+_TIMES: dict = {}           # (node signature, candidate, mesh, touch) -> seconds
 _TIMES_MAX = 1 << 18       # entries (about 50 MB at most)
 
 
-def compute_time(node, cand, mesh) -> float:
-    """Seconds of ``node`` run as ``cand`` on ``mesh`` (module docstring); kept per operator
-    signature, as a deep model asks the same few million times."""
-    key = (node.signature, cand, mesh)
+def fused(graph, mesh) -> dict:
+    """node id -> ``fusion.Touch`` of the operators of ``graph`` XLA fuses on ``mesh``'s
+    devices (``strategies.fusion``): what ``compute_time`` takes as ``touch``."""
+    return touches(graph, mesh.topology.chip is not None)
+
+
+def compute_time(node, cand, mesh, touch=None) -> float:
+    """Seconds of ``node`` run as ``cand`` on ``mesh`` (module docstring); ``touch``: its
+    ``fusion.Touch`` when XLA fuses it with others (``fused``; None: it reads and writes all
+    its operands and results). Kept per operator signature, as a deep model asks the same few
+    million times."""
+    key = (node.signature, cand, mesh, touch)
     t = _TIMES.get(key)
     if t is None:
         if len(_TIMES) >= _TIMES_MAX:
             _TIMES.clear()
-        t = _TIMES[key] = _compute_time(node, cand, mesh)
+        t = _TIMES[key] = _compute_time(node, cand, mesh, touch)
     return t
 
 
-def _compute_time(node, cand, mesh) -> float:
+def _compute_time(node, cand, mesh, touch) -> float:
     if node.primitive in FREE:
         return 0.0
     topo = mesh.topology
-    moved = sum(local_bytes(l, x, mesh) for x, l in zip(node.inputs, cand.in_layouts)
-                if not isinstance(x, Const))
-    moved += sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
+    ins = [0 if isinstance(x, Const) else local_bytes(l, x, mesh)
+           for x, l in zip(node.inputs, cand.in_layouts)]
+    outs = [local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts)]
+    if touch is not None:
+        ins = [b for b, r in zip(ins, touch.reads) if r]
+        outs = [b for b, w in zip(outs, touch.writes) if w]
+    moved = sum(ins) + sum(outs)
     work = flops(node) / split_factor(cand, mesh)
-    rate = topo.matmul_rate(work) if node.prim in CONTRACTIONS else topo.flops
-    return max(work / rate, moved / topo.mem_bandwidth)
+    chip = topo.chip
+    if node.prim in CONTRACTIONS and chip is not None:
+        m, n, k, batch = _gemm_shape(node, cand, mesh, work)
+        return chip.matmul_seconds(m, n, k, batch, node.inputs[0].dtype, moved)
+    if chip is None:              # this machine's CPU, at its calibrated rates
+        rate, stream, launch = topo.flops, topo.mem_bandwidth, 0.0
+        if node.prim in CONTRACTIONS:
+            return max(work / topo.matmul_rate(work), moved / stream)
+    else:
+        rate, stream, launch = chip.vector_flops, chip.stream_rate, chip.launch
+    if touch is None:
+        return max(work / rate, moved / stream) + launch
+    return _fused_seconds(moved, work, touch, rate, stream) + (launch if touch.launch else 0.0)
 
 
-def output_bytes(node, cand, mesh) -> int:
-    return sum(local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts))
+def _fused_seconds(moved, work, touch, rate, stream) -> float:
+    """A fused member's share of its kernel, ``max(F / rate, B / stream)`` for the kernel's
+    FLOPs F and bytes B: its own bytes at ``stream``, plus its FLOPs at ``rate`` times the
+    share of the kernel's arithmetic that its memory traffic does not hide (the members'
+    shares sum to the kernel's time wherever they are split alike)."""
+    F, B = touch.group_flops, touch.group_bytes
+    excess = max(0.0, F / rate - B / stream) / (F / rate) if F > 0 else 0.0
+    return moved / stream + excess * work / rate
+
+
+def _gemm_shape(node, cand, mesh, work) -> tuple:
+    """(m, n, k, batch) of a contraction's local GEMM: a dot_general's free, contracted and
+    batch sizes on its local operands; a convolution as its implicit GEMM (rows: output
+    positions, columns: output features, depth: the rest of its multiply-adds)."""
+    lhs, rhs = (l.local_shape(x.shape, mesh) for x, l in zip(node.inputs, cand.in_layouts))
+    if node.prim == lax.dot_general_p.name:
+        (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+        k = math.prod(lhs[d] for d in lc)
+        batch = math.prod(lhs[d] for d in lb)
+        m = math.prod(s for d, s in enumerate(lhs) if d not in lc and d not in lb)
+        n = math.prod(s for d, s in enumerate(rhs) if d not in rc and d not in rb)
+        return m, n, k, batch
+    out = cand.out_layouts[0].local_shape(node.outputs[0].shape, mesh)
+    _, _, out_spec = node.params["dimension_numbers"]
+    n = out[out_spec[1]]
+    m = _size(out) // max(n, 1)
+    return m, n, max(1, round(work / (2 * max(m * n, 1)))), 1
+
+
+def output_bytes(node, cand, mesh, touch=None) -> int:
+    """Local bytes of ``node``'s outputs as ``cand``; with its fusion ``touch``, of those its
+    kernel writes to memory only."""
+    return sum(local_bytes(l, v, mesh) for j, (v, l) in enumerate(zip(node.outputs, cand.out_layouts))
+               if touch is None or touch.writes[j])
 
 
 # ---------------------------------------------------------------- memory of a lowered Program
@@ -123,6 +186,10 @@ LOOPS = primitives("threefry2x32")
 FUSIBLE = primitives(*ELEMENTWISE, "broadcast_in_dim", "reshape", "squeeze", "transpose") - LOOPS
 ABSORBS = FUSIBLE | primitives("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
                                "argmin", "reduce_and", "reduce_or")
+# on an accelerator (``Topology.chip``) random bits are elementwise too: their counters and
+# rounds fuse into the operators reading the bits
+ON_CHIP = primitives("threefry2x32", "iota", "iota_2x32_shape")
+CHIP_FUSIBLE, CHIP_ABSORBS = FUSIBLE | ON_CHIP, ABSORBS | ON_CHIP
 
 
 def program_memory(program, timeline) -> tuple:
@@ -153,6 +220,9 @@ def memory_timeline(program) -> list:
     by compute, an elementwise operator writing over a dying operand of its size, a loop
     (``LOOPS``) its results over its dying operands."""
     size = _register_bytes(program)
+    chip = program.mesh.topology.chip is not None
+    fusible, absorbs, loops = (CHIP_FUSIBLE, CHIP_ABSORBS, frozenset()) if chip else (
+        FUSIBLE, ABSORBS, LOOPS)
     last = {}
     for k, ins in enumerate(program.instructions):
         for r in reads(ins):
@@ -171,15 +241,15 @@ def memory_timeline(program) -> list:
                     inner_last[r] = i
                     readers.setdefault(r, set()).add(c.node.primitive)
             buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
-                c.node.primitive in FUSIBLE and readers.get(r, set()) <= ABSORBS)}
+                c.node.primitive in fusible and readers.get(r, set()) <= absorbs)}
             temps = 0                     # buffers made and dropped inside the segment
             for i, c in enumerate(ins.computes):
                 new = sum(size[r] for r in writes(c) if r in buffer)
                 dying = {r for r in reads(c) + writes(c)
                          if r in buffer and inner_last.get(r, i) <= i}
-                reused = new if c.node.primitive in FUSIBLE and any(
+                reused = new if c.node.primitive in fusible and any(
                     size[r] == new for r in dying & set(reads(c))) else 0
-                if c.node.primitive in LOOPS:      # its results over its dying state
+                if c.node.primitive in loops:      # its results over its dying state
                     reused = min(new, sum(size[r] for r in dying & set(reads(c))))
                 timeline.append((c, cur + made + temps + new - reused))
                 temps += new - sum(size[r] for r in dying)

@@ -22,14 +22,14 @@ this mesh, a rank's local shapes are those of one micro-batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from autopar.annotate import shard_p
 from autopar.graph import Const, Value
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
-from autopar.topology import Level, Topology
+from autopar.topology import Level
 
 from .candidates import axis_choices, enumerate_candidates, identity_candidate
 from .rules import rule_for
@@ -56,7 +56,7 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
     inner = topo.levels[-1]
     level = Level("micro", micro_batches, alpha=inner.alpha, beta=inner.beta)
     return LogicalMesh((MB,) + stage_mesh.axis_names, (micro_batches,) + stage_mesh.shape,
-                       Topology((level,) + topo.levels, topo.flops, topo.mem_bandwidth))
+                       replace(topo, levels=(level,) + topo.levels, reducers=0))
 
 
 def batch_dims(graph, batch_inputs) -> dict:

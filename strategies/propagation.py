@@ -14,7 +14,9 @@ mostly along the data. Nodes no split ever reaches take their replicated candida
 (a greedy choice made before a cheaper layout of its input existed is revisited). Each node takes, among its
 replicated candidate and the candidates whose every split is copied from a decided neighbour
 (propagation spreads the user's splits, it does not invent new ones), the one with the least
-resharding cost against its decided neighbours: producers of its inputs (a value already
+time: its own compute (cost_model: a candidate computing on a block of the work is cheaper than
+one computing all of it on every device) plus its resharding against its decided neighbours:
+producers of its inputs (a value already
 redistributed for another consumer is read from the cheapest layout it exists in), and the
 distinct layouts its decided consumers and the graph outputs (replicated) read. Ties (costs equal to the picosecond) go to the candidate needing fewer collectives, then to
 the one splitting more dimensions (it follows its split neighbours), then to the one keeping
@@ -40,6 +42,7 @@ from autopar.graph import Const, Value
 from autopar.layout import Layout
 
 from .candidates import Candidate, candidates_of
+from .cost_model import compute_time, fused
 from .rules import rule_for
 
 
@@ -54,6 +57,8 @@ class Assignment:
                                     # search could have made (None: none proved) ...
     prove: Optional[Callable[[], Optional[float]]] = field(default=None, repr=False)
                                     # ... or a function proving one, run only when asked
+    peak: Optional[int] = None      # bytes per device at the peak in the search's memory
+                                    # model (None: not searched)
 
 
 _ZERO = (0.0, 0)
@@ -93,6 +98,7 @@ class _Propagation:
     def __init__(self, graph, mesh, arg_layouts, reshard_cost, cands):
         self.graph, self.mesh, self.arg_layouts = graph, mesh, arg_layouts
         self.reshard_cost, self.cands = reshard_cost, cands
+        self.touch = fused(graph, mesh)
         self.choice: dict[int, Candidate] = {}
         self.in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
         self.arg_ids = {v.id for v in graph.inputs}
@@ -324,6 +330,7 @@ class _Propagation:
         def key(ic):
             i, c = ic
             seconds, count = self.score(node, c)
+            seconds += compute_time(node, c, self.mesh, self.touch.get(node.id))
             return _quantize(seconds), count, -(c.num_splits - len(c.partial)), len(c.partial), i
         best = min(opts, key=key)[1]
         self.choice[node.id] = best

@@ -53,7 +53,7 @@ from autopar.errors import InfeasibleError, PipelineError
 from autopar.graph import Value
 from autopar.pipeline_program import in_flight
 
-from .cost_model import compute_time, local_bytes, output_bytes
+from .cost_model import compute_time, fused, local_bytes, output_bytes
 from .microbatch import MB
 from .stage_assign import Stages
 
@@ -327,7 +327,7 @@ def _tables(graph, layers, option, micro, batch_inputs, link, back, fwd, cut) ->
     send = np.zeros(n + 1)
     for c in range(1, n) if cut else ():          # the activation crossing each cut
         node = graph.nodes[fwd[layers.bounds[c] - 1]]
-        send[c] = 2 * (link.alpha + link.beta * output_bytes(node, o.plan.choice[node.id],
+        send[c] = 2 * (link.alpha + link.beta_for("send") * output_bytes(node, o.plan.choice[node.id],
                                                              o.plan.mesh))
     T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
     sec = np.full((n + 1, n + 1), np.inf)
@@ -453,12 +453,13 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
     optimizer state (old and new values) and its sums over micro-batches."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     t, act, big, state = np.zeros(count), np.zeros(count), np.zeros(count), np.zeros(count)
+    touch = fused(graph, stage_mesh)
     memo = {}                     # (signature, candidates) -> what the node costs and makes
     for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
         cand = plan.choice[n.id]
-        key = (n.signature, choice[n.id], cand)
+        key = (n.signature, choice[n.id], cand, touch.get(n.id))
         if key not in memo:
-            memo[key] = (compute_time(n, choice[n.id], stage_mesh),
+            memo[key] = (compute_time(n, choice[n.id], stage_mesh, touch.get(n.id)),
                          output_bytes(n, cand, plan.mesh),
                          any(MB in d for lay in cand.out_layouts for d in lay.dims),
                          any(MB in lay.partial for lay in cand.out_layouts))

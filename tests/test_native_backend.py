@@ -25,7 +25,7 @@ MEGATRON = {"w1": (1, 2), "b1": (2,), "w2": (2, 1), "b2": (1,)}
     ("auto_parallel", (2, 2), None),
 ])
 def test_mlp_step_on_four_ranks(mode, mesh, strategy):
-    p, b = m.mlp_params(), m.mlp_batch(batch=64)     # at 16 rows auto_parallel replicates
+    p, b = m.mlp_params(), m.mlp_batch(batch=512)    # at 64 rows auto_parallel replicates
     cfg = ap.ParallelConfig(parallel_mode=mode, device_num=4, mesh_shape=mesh, backend="native",
                             progress=False, collective_timeout=5)
     c = ap.compile(m.mlp_sgd_step, p, b, config=cfg, in_strategy=strategy)
@@ -35,7 +35,7 @@ def test_mlp_step_on_four_ranks(mode, mesh, strategy):
     assert c.on_workers(device_count) == [1] * 4      # not this process's 8 (conftest)
     for st in c.on_workers(worker_stats):   # the step's time, part of it in its collectives
         assert 0 < st["collective_seconds"] < st["step_seconds"]
-    b2 = m.mlp_batch(batch=64, seed=5)
+    b2 = m.mlp_batch(batch=512, seed=5)
     assert_same(c(p, b2), m.mlp_sgd_step(p, b2))       # same workers, new values
     assert c.on_workers(worker_pid) == pids
     c.close()

@@ -141,13 +141,13 @@ def test_auto_parallel_chooses_zero_inside_the_search_under_a_cap():
     """A wide MLP with Adam and a large batch (activations outweigh the weights, so operator
     parallelism costs more than data parallelism) under a 40 MB cap: without the parallel
     optimizer no plan fits; with it at level 3, auto_parallel's own search finds data
-    parallelism with the weights stored sharded and their updates sharded (ZeRO-3), within
-    the cap and no slower than data parallelism."""
+    parallelism with weights stored sharded and their updates sharded (ZeRO-3; which weights
+    is the search's choice), within the cap and no slower than data parallelism."""
     sizes = (512, 1024, 512)
-    p, b = m.mlp_params(sizes), m.mlp_batch(batch=8192, sizes=sizes)
+    p, b = m.mlp_params(sizes), m.mlp_batch(batch=4096, sizes=sizes)
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (p, m.adam_init(p), b))
     base = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, progress=False,
-                             max_device_memory=40_000_000)
+                             max_device_memory=25_000_000)
     with pytest.raises(ap.InfeasibleError):
         ap.plan(m.mlp_adam_step, *args, config=base, batch_argnums=(2,))
     zero = ap.plan(m.mlp_adam_step, *args, batch_argnums=(2,), config=base.replace(
@@ -155,10 +155,12 @@ def test_auto_parallel_chooses_zero_inside_the_search_under_a_cap():
     plain = ap.plan(m.mlp_adam_step, *args, batch_argnums=(2,), config=base.replace(
         parallel_mode="data_parallel", max_device_memory=None))
     inputs = {i.name: i for i in zero.inputs}
-    assert zero.peak_memory <= 40_000_000 < plain.peak_memory
+    assert zero.peak_memory <= 25_000_000 < plain.peak_memory
     assert inputs["arg2.0"].layout == ap.Layout.parse("[x,_]")          # the batch split
-    for w in ("w1", "w2"):                    # stored sharded, updated sharded, moments too
-        assert inputs[w].layout.axes and inputs[w].update == inputs[w].layout
+    sharded = [w for w in ("w1", "w2") if inputs[w].layout.axes]
+    assert sharded
+    for w in sharded:                         # stored sharded, updated sharded, moments too
+        assert inputs[w].update == inputs[w].layout
         assert inputs[f"arg1.0.{w}"].layout == inputs[w].layout
     assert zero.step_time <= plain.step_time
 
@@ -169,8 +171,9 @@ def test_auto_parallel_gpt_with_the_parallel_optimizer(level):
     # differences under any change of summation order (see models.adam)
     p, b = m.gpt_params(), m.gpt_batch(batch=4)
     s = m.momentum_init(p)
+    # under a cap the replicated plan (315 KB a device) exceeds, so the state must be split
     cfg = config(level, parallel_mode="auto_parallel", mesh_shape=(2, 2),
-                 search_mode="dynamic_programming")
+                 search_mode="dynamic_programming", max_device_memory=250_000)
     c = ap.compile(m.gpt_momentum_step, p, s, b, config=cfg, batch_argnums=(2,))
     assert_same(c(p, s, b), m.gpt_momentum_step(p, s, b))
     assert any(i.layout.axes for i in c.strategy.inputs if i.name.startswith("arg1"))

@@ -384,7 +384,7 @@ def test_stages_divide_the_first_mesh_axis():
     p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
     cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=8,
                             mesh_shape=(4, 2), pipeline_stages=2, micro_batches=2,
-                            progress=False)
+                            pipeline_stage_devices="equal", progress=False)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert [st.mesh.shape for st in c.program.stages] == [(2, 2), (2, 2)]
     assert_same(c(p, b), m.gpt_sgd_step(p, b))

@@ -250,15 +250,29 @@ def test_checker_catches_wrong_rules(name):
 
 def test_threefry_counters_from_iotas_and_as_one_operator():
     """Random bits' counters (``iota_2x32_shape``) are traced as iotas scaled, broadcast and
-    added, which any dimension may split; over 2**32 elements they stay one operator, whose
-    rule splits nothing: the checker runs its candidate and catches one that splits it."""
+    added, which any dimension may split; over 2**32 elements as the same sum in two 32-bit
+    words with a carry (a dropout mask over a whole batch of attention scores), equal to
+    JAX's words. The operator itself, where a graph has it, splits nothing: the checker runs
+    its candidate and catches one that splits it."""
     from jax._src.random.prng import iota_2x32_shape_p
     from autopar.trace import _Builder
+    from autopar.trace_keys import add_words, counter_words
     small = trace(lambda k: jax.random.bits(k, (16, 8)), jax.random.PRNGKey(0))
     assert "iota_2x32_shape" not in {n.prim for n in small.nodes}
     huge = trace(lambda k: jax.random.bits(k, (1 << 16, 1 << 16)), jax.random.PRNGKey(0))
-    assert [n.params["shape"] for n in huge.nodes if n.prim == "iota_2x32_shape"] == \
-        [(1 << 16, 1 << 16)]
+    assert "iota_2x32_shape" not in {n.prim for n in huge.nodes}
+    assert {"lt", "threefry2x32"} <= {n.prim for n in huge.nodes}          # the carry
+    for shape in [(16, 8), (3, 5, 7)]:
+        want = iota_2x32_shape_p.bind(shape=shape)
+        for wide in (False, True):
+            got = counter_words(shape, wide)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    # the carry between the words, on sums past 2**32
+    a = np.array([0xFFFFFFFF, 5 << 31, 7], np.uint64)
+    b = np.array([1, 3 << 31, 0xFFFFFFF0], np.uint64)
+    words = lambda x: (jnp.asarray(x >> 32, jnp.uint32), jnp.asarray(x & 0xFFFFFFFF, jnp.uint32))
+    hi, lo = add_words(*words(a), *words(b))
+    assert [int(h) << 32 | int(w) for h, w in zip(hi, lo)] == [int(x) for x in a + b]
     eqn = jax.make_jaxpr(lambda: iota_2x32_shape_p.bind(shape=(16, 8)))().eqns[0]
     builder = _Builder()
     builder.add_node(eqn, [], "", "")

@@ -30,6 +30,7 @@ from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
+from ..strategies.slices import slice_early
 from ..strategies.strategy import InputStrategy, Strategy, step_seconds
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
@@ -229,7 +230,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     if req.strategy is not None:
         assignment = _from_strategy(req.strategy, graph, mesh, cands, req.names)
     elif mode is ParallelMode.AUTO_PARALLEL:
-        return _cheapest(req, mesh, planner, search(req, search_config, mesh, planner, cands, fit))
+        return _searched(req, search_config, mesh, planner, cands, fit)
     else:
         assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                reshard_cost(planner), cands)
@@ -241,17 +242,57 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]
 
 
+SEARCH_RETRIES = 3    # searches under a tighter cap when the lowered plan overruns the real one
+RETRY_STEP = 0.1      # ... each at least this share tighter than the last
+
+
+def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPlan:
+    """auto_parallel's plan on ``mesh``: the search (``search``) and ``_cheapest`` of what it
+    offers. The search's memory model is the problem's (live intervals of operator outputs);
+    the lowered program's (``memory_timeline``) is the truth the cap is checked against, so
+    when no offered plan fits the cap there, the search runs again within what it thought its
+    plan holds scaled down by the overrun (and at least ``RETRY_STEP`` below its last limit),
+    up to ``SEARCH_RETRIES`` times (the last plan is returned either way: the
+    caller names its peak when it does not fit)."""
+    cap = config.max_device_memory
+    limit = cap
+    best = peak = None
+    for _ in range(SEARCH_RETRIES + 1):
+        try:
+            found = search(req, config.replace(max_device_memory=limit), mesh, planner, cands,
+                           fit)
+        except InfeasibleError as e:
+            if best is None:
+                raise
+            raise InfeasibleError(
+                f"no plan fits max_device_memory={cap}: the search's plan within it lowers to "
+                f"{peak} bytes per device, and searched again within {limit} bytes: {e}") \
+                from None
+        best = _cheapest(req, mesh, planner, found)
+        if cap is None or req.pipelined:
+            return best
+        peak = program_memory(best.program, memory_timeline(best.program))[0]
+        if peak <= cap:
+            return best
+        # the next search within what the search thought this plan holds, scaled by its
+        # overrun: a plan the search thought smaller than the limit would be found again
+        searched = found[0].peak if found[0].peak else limit
+        limit = int(min(limit * (1 - RETRY_STEP), searched * cap / peak))
+    return best
+
+
 def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
     """Of auto_parallel's plans ``found`` (the search's first, then data parallelism's: see
     ``search``), the one whose lowered program is estimated fastest, as its Strategy will say
-    (``_estimate``); the first on a tie, and the others only within max_device_memory. A
-    pipeline's stage is planned further by the stage planner: its first plan."""
+    (``_estimate``); the first on a tie, and only those within max_device_memory (the first
+    when none is). A pipeline's stage is planned further by the stage planner: its first
+    plan."""
     plans = [_finish(req, mesh, planner, a) for a in (found[:1] if req.pipelined else found)]
     if len(plans) == 1:
         return _profiled(req, plans)[0]
     cap = req.config.max_device_memory
     fits = lambda p: cap is None or program_memory(p.program, memory_timeline(p.program))[0] <= cap
-    plans = _profiled(req, [p for k, p in enumerate(plans) if k == 0 or fits(p)])
+    plans = _profiled(req, [p for p in plans if fits(p)] or plans[:1])
     return min(plans, key=lambda p: _estimate(req, p))
 
 
@@ -304,6 +345,8 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
     out_layouts = [None] * len(graph.outputs)
     for i, j in pairs:
         out_layouts[j] = assignment.inputs[i]
+    assignment = dataclasses.replace(assignment, choice=slice_early(
+        graph, assignment.choice, assignment.inputs, mesh, reshard_cost(planner)))
     if pipelined:
         comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
                            out_layouts).comm

@@ -16,7 +16,7 @@ import numpy as np
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
 from ..graph import Const
-from ..strategies.cost_model import call_overhead, compute_time, output_bytes
+from ..strategies.cost_model import call_overhead, compute_time, fused, output_bytes
 from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
 
 
@@ -82,12 +82,14 @@ def op_strategies(graph, names, choices, comm, meshes, stages, no_compute=frozen
     its outputs are converted to once before they are read (``held``: value id -> Layout)."""
     held = held or {}
     converted = [tuple(held.get(v.id) for v in n.outputs) for n in graph.nodes]
+    touch = fused(graph, meshes[0]) if meshes else {}
     return tuple(
         OpStrategy(name=n.name, prim=n.prim, source=n.source,
                    in_shapes=tuple(tuple(x.shape) for x in n.inputs),
                    out_shapes=tuple(v.shape for v in n.outputs), in_layouts=c.in_layouts,
                    out_layouts=c.out_layouts, comm_time=t,
-                   compute_time=0.0 if n.prim in no_compute else compute_time(n, c, m),
+                   compute_time=0.0 if n.prim in no_compute else compute_time(
+                       n, c, m, touch.get(n.id)),
                    out_bytes=output_bytes(n, c, m), stage=s, operands=made_by,
                    converted=conv if any(l is not None for l in conv) else ())
         for n, c, t, m, s, made_by, conv in zip(graph.nodes, choices, comm, meshes, stages,
@@ -126,7 +128,7 @@ def comm_records(program, planner) -> tuple:
                       dtype=str(np.dtype(ins.dtype)), bytes=ins.bytes, stage=stage)
         if isinstance(ins, Transfer):
             way = "to" if ins.kind == TransferKind.SEND else "from"
-            out.append(CommStrategy(**common, seconds=level.alpha + level.beta * ins.bytes,
+            out.append(CommStrategy(**common, seconds=level.alpha + level.beta_for("send") * ins.bytes,
                                     reason=f"stage {stage} {way} stage {ins.peer}",
                                     count=micro if ins.micro else 1))
         else:

@@ -113,7 +113,7 @@ def search(req, config, mesh, planner, cands, fit):
     def assignment(picked):
         choice, inputs = built.assignment(picked)
         return Assignment(choice, inputs, built.problem.cost(picked), built.held(picked, choice),
-                          bound, prove if loose else None)
+                          bound, prove if loose else None, built.problem.peak(picked))
     # and data parallelism's plan itself, as data_parallel lowers it: its choice in the problem's
     # terms converts some values elsewhere (gpt-large: 32 collectives, all-gathers and
     # reduce-scatters among them, against data_parallel's 30 all-reduces, and 7% slower run)

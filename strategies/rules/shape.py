@@ -155,8 +155,9 @@ def iota_spec(node):
 def iota_2x32_spec(node):
     """A 64-bit counter over the whole shape (random bits' threefry counters), as two uint32
     halves: every element's value depends on its place in every dimension, so never split
-    (a split layout is a slice of it, made locally). Only shapes of 2**32 elements or more
-    reach the planner as this operator (``autopar.trace_keys.counters``)."""
+    (a split layout is a slice of it, made locally). The trace rewrites it into elementwise
+    operators that split (``autopar.trace_keys.counters``); only a graph built otherwise
+    reaches the planner with it."""
     out = (None,) * len(node.params["shape"])
     return OpSpec((), (out, out), frozenset(), ())
 
