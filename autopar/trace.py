@@ -9,11 +9,13 @@ is traced the custom derivative rules have been applied, so their primal bodies 
 (``trace_control``).
 PRNG keys (``jax.random``) are kept as their uint32 data, each operation on keys inlined as the
 operations on the data JAX lowers it to (``trace_keys``). Operators whose results nothing reads
-are dropped.
+are dropped. A 16-bit activation promoted to float32 by a NumPy scalar constant
+(``autopar.precision``) is warned about, naming its line.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import numpy as np
@@ -21,7 +23,8 @@ from jax._src import source_info_util
 from jax.extend.core import Literal
 
 from . import trace_control, trace_keys
-from .errors import ConfigError, LayoutError, RuleError
+from .errors import AutoparWarning, ConfigError, LayoutError, RuleError
+from .precision import promotions
 from .graph import Const, Graph, Node, Value
 from .jax_frames import hide_autopar_frames
 
@@ -76,6 +79,15 @@ def trace(fn, *args) -> Graph:
             "loop count, a shape, a flag) with functools.partial or a closure before "
             "compiling; for a choice that depends on array values use lax.cond or "
             f"jnp.where.\n{e}") from e
+    lines = promotions(closed.jaxpr)
+    if lines:
+        more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
+        warnings.warn(AutoparWarning(
+            f"the step turns 16-bit activations into float32 at {lines[0]}{more}: a NumPy "
+            "scalar (np.sqrt(d), np.float32(c)) is a float32 constant to JAX, unlike a Python "
+            "float, so what follows holds twice the bytes and runs at float32 speed; divide by "
+            "math.sqrt(d), or cast the constant to the activation's dtype "
+            "(jnp.asarray(c, x.dtype)), to stay in 16 bits."), stacklevel=2)
     return _graph(closed.jaxpr, closed.consts, in_tree, out_tree())
 
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from autopar.graph import Const, Value
+from autopar.graph import Value
 
+from .flops import flops
 from .rules.elementwise import RULES as ELEMENTWISE
 
 LAYOUT = frozenset({"autopar_shard", "reshape", "squeeze", "expand_dims", "broadcast_in_dim",
@@ -166,7 +167,6 @@ def _totals(graph, group, members, folded, results) -> dict:
     """group -> (FLOPs, bytes) of its kernel on the unsplit shapes: its members' FLOPs and
     those of the folded groups it reads (recomputed inside it), the bytes it reads and writes;
     a folded group takes the totals of the first kernel reading it."""
-    from .cost_model import flops          # the cost model's FLOP count (it imports this module)
     own = {}
     for g, nodes in members.items():
         inside = {v.id for n in nodes for v in n.outputs}

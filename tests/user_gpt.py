@@ -5,8 +5,11 @@ separate query/key/value projections), ``step(params, batch)`` an SGD training s
 ``megatron(params, axis)`` Megatron-LM's tensor-parallel split of those parameters over a
 mesh axis as an ``in_strategy`` entry (column-parallel q/k/v and fc1, row-parallel out and fc2), and
 ``batch(B, T, vocab)``; ``loss(..., remat=True)`` wraps each block in ``jax.checkpoint``. The layer norm computes ``x - mean`` twice, as most hand-written ones
-do, and the LM head is tied to the embedding.
+do, and the LM head is tied to the embedding. Its attention scale is a Python float: a NumPy
+one (``np.sqrt(hd)``) would turn a bf16 model's activations into float32 from there on.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +30,7 @@ def block(x, p, heads):
         return (h @ p[w]).reshape(B, T, heads, hd).transpose(0, 2, 1, 3)
 
     q, k, v = split_heads("wq"), split_heads("wk"), split_heads("wv")
-    att = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(hd)
+    att = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(hd)   # a Python float keeps bf16
     att = jnp.where(jnp.tril(jnp.ones((T, T), bool)), att, -1e9)
     y = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(att, -1), v)
     x = x + y.transpose(0, 2, 1, 3).reshape(B, T, D) @ p["wo"] + p["bo"]
