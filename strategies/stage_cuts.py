@@ -24,7 +24,9 @@ seconds per micro-batch and peak bytes per device, the estimated step time and t
    earliest of its inputs. Operators on arguments only go where they are read. A layer's time
    on a k-device mesh is its forward operators plus everything anchored in it, in the layouts
    chosen on that mesh (compute roofline plus redistribution), for the whole batch, divided by
-   M per micro-batch.
+   M per micro-batch; an operator split over micro-batches is priced on one micro-batch's
+   shapes, times M, and each sum over micro-batches (a gradient) costs an add per micro-batch
+   (its bytes read twice and written once).
 3. A stage's memory: its parameters and optimizer state (arguments first read in it), their
    new values and its sums over micro-batches (the accumulated gradients), plus the
    activations its backward reads (split over micro-batches) for each micro-batch it holds at
@@ -454,12 +456,20 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     t, act, big, state = np.zeros(count), np.zeros(count), np.zeros(count), np.zeros(count)
     touch = fused(graph, stage_mesh)
+    micro = plan.mesh.axis_size(MB)
+    topo = stage_mesh.topology
+    stream = topo.chip.stream_rate if topo.chip is not None else topo.mem_bandwidth
     memo = {}                     # (signature, candidates) -> what the node costs and makes
     for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
         cand = plan.choice[n.id]
         key = (n.signature, choice[n.id], cand, touch.get(n.id))
         if key not in memo:
-            memo[key] = (compute_time(n, choice[n.id], stage_mesh, touch.get(n.id)),
+            # an operator run per micro-batch is priced on one micro-batch's shapes (a GEMM of
+            # a micro-batch's rows fills the device less than one of the whole batch's), times M
+            per_micro = any(MB in axes for _, axes in cand.assign)
+            memo[key] = (compute_time(n, cand, plan.mesh, touch.get(n.id)) * micro
+                         if per_micro else compute_time(n, choice[n.id], stage_mesh,
+                                                        touch.get(n.id)),
                          output_bytes(n, cand, plan.mesh),
                          any(MB in d for lay in cand.out_layouts for d in lay.dims),
                          any(MB in lay.partial for lay in cand.out_layouts))
@@ -473,6 +483,7 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
             act[g] += b
         if summed:
             state[g] += b         # a sum over micro-batches (a gradient), held until the last
+            t[g] += micro * 3 * b / stream   # added into the sum after each: read both, write
     for i, (v, lay, gs) in enumerate(zip(graph.inputs, in_layouts, groups_of_input)):
         if i not in batch_inputs:
             for g in gs:
