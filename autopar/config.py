@@ -228,13 +228,27 @@ class PipelineOptions:
     pipeline_stage_devices: object = None
     micro_batches: object = 1
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B
+    pipeline_interleave: object = 1
 
     def __post_init__(self):
         _set(self, pipeline_scheduler=_enum(PipelineScheduler, self.pipeline_scheduler,
                                             "pipeline_scheduler"))
-        for field_ in ("pipeline_stages", "micro_batches"):
+        for field_ in ("pipeline_stages", "micro_batches", "pipeline_interleave"):
             if getattr(self, field_) != "auto":
                 _count(getattr(self, field_), field_, "or 'auto'")
+        v = self.pipeline_interleave
+        if v != 1 and self.pipeline_scheduler != PipelineScheduler.ONE_F_ONE_B:
+            raise ConfigError(f"pipeline_interleave={v!r} interleaves 1F1B (Megatron-LM's "
+                              "virtual pipeline); set pipeline_scheduler='1f1b' or leave "
+                              "pipeline_interleave at 1.")
+        given = self.pipeline_stage_devices
+        if v != 1 and given not in (None, "equal") and not (
+                isinstance(given, (list, tuple)) and len(set(given)) == 1):
+            raise ConfigError(f"pipeline_interleave={v!r}: each device holds {v!r} stages of "
+                              "equal size; leave pipeline_stage_devices unset or 'equal'.")
+        if isinstance(v, int) and v > 1 and self.pipeline_stages == 1:
+            raise ConfigError(f"pipeline_interleave={v} needs pipeline_stages > 1 (each of "
+                              "the stages' devices then holds that many of the model's parts).")
         given = self.pipeline_stage_devices
         if not isinstance(given, (list, tuple)) and given not in (None, "auto", "equal"):
             raise ConfigError(f"pipeline_stage_devices={given!r} is not valid; give 'equal', "
@@ -246,8 +260,8 @@ class PipelineOptions:
 
     @property
     def auto(self) -> bool:
-        """The planner chooses the stages or the micro-batches."""
-        return "auto" in (self.pipeline_stages, self.micro_batches)
+        """The planner chooses the stages, the micro-batches or the interleaving."""
+        return "auto" in (self.pipeline_stages, self.micro_batches, self.pipeline_interleave)
 
     def for_devices(self, devices: "DeviceOptions") -> "PipelineOptions":
         """These options checked against the devices and their mesh (the stage devices add up,
@@ -383,6 +397,11 @@ class ParallelConfig:
                                               # micro-batches; gradients accumulate over them
                                               # ("auto": the planner chooses)
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B   # "gpipe" or "1f1b"
+    pipeline_interleave: object = 1           # 1f1b: model parts per stage's devices (Megatron-LM's
+                                              # virtual pipeline size: the layers cut into
+                                              # pipeline_stages x this many parts, part j on stage
+                                              # j mod pipeline_stages's devices, a bubble this
+                                              # many times shorter); "auto": the planner chooses
     dataset_strategy: object = None           # layouts of the batch arguments: "data_parallel"
                                               # (dim 0 split over every device), "full_batch"
                                               # (replicated), or MindSpore's tuple of split tuples,

@@ -18,7 +18,9 @@ micro-batch mesh. Out: frozen values both runtimes execute:
     keep it to concatenate along ``dim`` in micro-batch order; ``post`` reads the result;
   - ``MicroSlice``: the micro-batch's block of a value the same for all of them (``slice``),
     or the value on the first micro-batch and zeros on the others (``zero``);
-- ``schedule(kind, stages, micro)``: per stage, the order of its (phase, micro-batch) tasks.
+- ``schedule(kind, stages, micro, interleave)``: per stage, the order of its (phase,
+  micro-batch) tasks (interleaved: Megatron-LM's ``device_schedule``); ``in_flight``: the
+  activations a stage holds at once; ``pipeline_seconds``: the estimated step.
 """
 from __future__ import annotations
 
@@ -173,6 +175,7 @@ class PipelineProgram:
     node_stages: tuple = ()       # the stage of every graph node
     in_tree: Any = None
     out_tree: Any = None
+    interleave: int = 1           # stages per device group (stage j on group j mod groups)
 
     def collectives(self) -> list:
         """Every communication step of every stage, Transfers included."""
@@ -184,13 +187,23 @@ class PipelineProgram:
         return "\n".join(str(s) for s in self.stages)
 
 
-def schedule(kind: PipelineScheduler, stages: int, micro: int) -> tuple:
+def schedule(kind: PipelineScheduler, stages: int, micro: int, interleave: int = 1) -> tuple:
     """Per stage, its tasks in order: ("forward", m) and ("backward", m).
 
     gpipe: every forward, then every backward. 1f1b (PipeDream-flush): stage s runs
     ``min(stages - s - 1, micro)`` forwards, then alternates one forward and one backward, then
-    the remaining backwards, so it holds at most ``stages - s`` micro-batches' activations."""
+    the remaining backwards, so it holds at most ``stages - s`` micro-batches' activations.
+    With ``interleave`` v > 1 the stages are virtual: stage j runs on the devices of group
+    ``j mod (stages / v)``, and each stage's order is its part of its group's
+    ``device_schedule``."""
     kind = PipelineScheduler(kind)        # a name that is no scheduler raises ValueError
+    if interleave > 1:
+        groups = stages // interleave
+        out = [[] for _ in range(stages)]
+        for d in range(groups):
+            for j, phase, m in device_schedule(groups, interleave, micro, d):
+                out[j].append((phase, m))
+        return tuple(tuple(t) for t in out)
     out = []
     for s in range(stages):
         if kind == PipelineScheduler.GPIPE:
@@ -205,8 +218,55 @@ def schedule(kind: PipelineScheduler, stages: int, micro: int) -> tuple:
     return tuple(out)
 
 
-def in_flight(kind: PipelineScheduler, stages: int, micro: int, stage: int) -> int:
-    """The most micro-batches whose forward activations ``stage`` holds at once."""
+def device_schedule(groups: int, interleave: int, micro: int, d: int) -> list:
+    """Megatron-LM's interleaved 1F1B on device group ``d`` of ``groups``, each holding
+    ``interleave`` (v) model parts (virtual stage ``c x groups + d`` is its part c), for
+    ``micro`` micro-batches (a multiple of ``groups``): ``[(virtual stage, phase, m)]`` in
+    order. Forward step k runs part ``(k // groups) mod v`` on micro-batch
+    ``(k // (groups v)) groups + k mod groups``, backward step k part ``v - 1 -`` that; after
+    ``min(2 (groups - d - 1) + (v - 1) groups, v micro)`` forwards of warm-up, one forward and
+    one backward alternate, then the remaining backwards."""
+    p, v, n = groups, interleave, micro * interleave
+
+    def step(k, forward):
+        part = (k // p) % v
+        part = part if forward else v - 1 - part
+        return part * p + d, (k // (p * v)) * p + k % p
+
+    warm = min(2 * (p - d - 1) + (v - 1) * p, n)
+    out = [(*step(k, True), "forward") for k in range(warm)]
+    for k in range(n - warm):
+        out += [(*step(warm + k, True), "forward"), (*step(k, False), "backward")]
+    out += [(*step(k, False), "backward") for k in range(n - warm, n)]
+    return [(j, phase, m) for j, m, phase in out]
+
+
+def in_flight(kind: PipelineScheduler, stages: int, micro: int, stage: int,
+              interleave: int = 1) -> float:
+    """The most micro-batches whose forward activations ``stage`` holds at once (with
+    ``interleave``: of every part on its device, in parts, divided by v: stage activations)."""
+    if interleave > 1:
+        groups = stages // interleave
+        held = peak = 0
+        for _, phase, _ in device_schedule(groups, interleave, micro, stage % groups):
+            held += 1 if phase == "forward" else -1
+            peak = max(peak, held)
+        return peak / interleave
     if PipelineScheduler(kind) == PipelineScheduler.GPIPE:
         return micro
     return min(stages - stage, micro)
+
+
+def pipeline_seconds(seconds, micro: int, interleave: int = 1) -> float:
+    """The estimated step of a pipeline whose stages take ``seconds`` per micro-batch (forward
+    and backward): every stage once plus ``micro - 1`` times the slowest; interleaved (v parts
+    per device group), ``micro`` times the busiest group's parts plus ``groups - 1`` times the
+    slowest part (Megatron-LM's (m v + p - 1) parts' time, its bubble v times shorter)."""
+    secs = list(seconds)
+    if not secs:
+        return 0.0
+    if interleave == 1:
+        return sum(secs) + (micro - 1) * max(secs)
+    groups = len(secs) // interleave
+    busiest = max(sum(secs[d::groups]) for d in range(groups))
+    return micro * busiest + (groups - 1) * max(secs)

@@ -13,8 +13,9 @@ moments, dropout 0.1, every block recomputed in the backward pass. Per row and p
 - ``megatron``: Megatron-LM's exact configuration in semi_auto_parallel: mesh (pipeline, data,
   tensor) in Megatron's rank order (tensor innermost, inside a node), its column- and
   row-parallel splits (``megatron_gpt.megatron``) over the tensor axis, the batch over the
-  data axis, ``pipeline_stages`` equal stages, 1F1B, micro-batches of its micro-batch size
-  (``global batch / (data x micro-batch)`` of them); the estimate against the measured time
+  data axis, ``pipeline_stages`` equal stages, 1F1B interleaved as Megatron-LM interleaved it
+  (``pipeline_interleave``: its virtual stages per device), micro-batches of its micro-batch
+  size (``global batch / (data x micro-batch)`` of them); the estimate against the measured time
   (``ratio``; the goal is within 10% on every row);
 - ``auto``: auto_parallel choosing its own plan on the same devices under 80 GB.
 Prints a JSON line per row and plan (the estimate, the measurement, their ratio, the peak
@@ -24,6 +25,7 @@ this machine), or a Markdown table with ``--markdown``.
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -58,6 +60,13 @@ def shape_of(row):
     return t, pp, d, row["global_batch"] // (d * row["micro_batch"])
 
 
+def interleave_of(row) -> int:
+    """Megatron-LM's virtual pipeline size: a stage's layers over its layers per virtual
+    stage (1 without interleaving)."""
+    per = row["layers_per_virtual_stage"]
+    return 1 if not per else row["layers"] // row["pipeline_parallel"] // per
+
+
 def megatron_config(row):
     """semi_auto_parallel with Megatron-LM's configuration of the row, and its in_strategy."""
     t, pp, d, micro = shape_of(row)
@@ -68,13 +77,37 @@ def megatron_config(row):
                             mesh_shape=shape, mesh_axis_names=names, topology=topo,
                             pipeline_stages=pp, micro_batches=micro,
                             pipeline_stage_devices="equal" if pp > 1 else None,
-                            pipeline_scheduler="1f1b", max_device_memory=CAP, progress=False)
+                            pipeline_scheduler="1f1b", pipeline_interleave=interleave_of(row),
+                            max_device_memory=CAP, progress=False)
     return cfg
+
+
+def auto_config(row):
+    """auto_parallel on the row's GPUs as (nodes, GPUs per node): stages, micro-batches,
+    interleaving, layouts and the parallel optimizer (ZeRO) chosen by the planner, under the
+    80 GB cap."""
+    t, pp, d, _ = shape_of(row)
+    gpus = t * pp * d
+    nodes = gpus // GPUS_PER_NODE
+    return ap.ParallelConfig(parallel_mode="auto_parallel", device_num=gpus,
+                             mesh_shape=(nodes, GPUS_PER_NODE), mesh_axis_names=("node", "gpu"),
+                             topology=ap.Topology.machine("dgx-a100", nodes, GPUS_PER_NODE),
+                             pipeline_stages="auto", micro_batches="auto",
+                             pipeline_interleave="auto", enable_parallel_optimizer=True,
+                             max_device_memory=CAP, progress=False)
 
 
 def megatron_strategy(row, p):
     split = mg.megatron(p, "tp")
     return (split, split, split, ("[dp,_]", "[dp,_]"), None)
+
+
+def _share(s, pick) -> float:
+    """The share of the parameters' bytes (master weights and moments) ``pick`` selects."""
+    size = lambda i: math.prod(i.shape)
+    params = [i for i in s.inputs if i.is_param]
+    total = sum(size(i) for i in params)
+    return sum(size(i) for i in params if pick(i)) / total if total else 0.0
 
 
 def plan_row(row, plan):
@@ -83,6 +116,8 @@ def plan_row(row, plan):
     step.__name__ = f"gpt_{row['name']}"
     if plan == "megatron":
         cfg, in_strategy = megatron_config(row), megatron_strategy(row, args[0])
+    elif plan == "auto":
+        cfg, in_strategy = auto_config(row), None
     else:
         raise SystemExit(f"unknown plan {plan!r}")
     t0 = time.monotonic()
@@ -93,9 +128,13 @@ def plan_row(row, plan):
     t, pp, d, micro = shape_of(row)
     return {"row": row["name"], "plan": plan, "gpus": t * pp * d,
             "t": t, "p": pp, "d": d, "micro_batches": s.micro_batches,
+            "interleave": s.pipeline_interleave,
             "estimate_s": round(est, 3), "measured_s": measured,
             "ratio": round(est / measured, 3),
-            "peak_gb": round(s.peak_memory / 1e9, 1), "plan_wall_s": round(seconds, 1),
+            "peak_gib": round(s.peak_memory / 2 ** 30, 1), "plan_wall_s": round(seconds, 1),
+            "stages": len(s.stages) // s.pipeline_interleave or 1,
+            "stage_mesh": list(s.stages[0].mesh_shape) if s.stages else list(s.mesh_shape),
+            "sharded_updates": round(_share(s, lambda i: i.update is not None), 2),
             **{f"{k}_s": round(v, 1) for k, v in s.phase_seconds}}
 
 
@@ -117,13 +156,14 @@ def main():
             if not args.markdown:
                 print(json.dumps(got), flush=True)
     if args.markdown:
-        print("| row | plan | GPUs | t x p x d | micro-batches | estimate s | measured s | "
-              "ratio | peak GB | plan wall s |")
-        print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("| row | plan | GPUs | t x p x d | micro-batches | interleave | estimate s | "
+              "measured s | ratio | peak GB | plan wall s |")
+        print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in out:
             print(f"| {r['row']} | {r['plan']} | {r['gpus']} | {r['t']} x {r['p']} x {r['d']} | "
-                  f"{r['micro_batches']} | {r['estimate_s']} | {r['measured_s']} | "
-                  f"{r['ratio']} | {r['peak_gb']} | {r['plan_wall_s']} |")
+                  f"{r['micro_batches']} | {r['interleave']} | {r['estimate_s']} | "
+                  f"{r['measured_s']} | "
+                  f"{r['ratio']} | {r['peak_gib']} | {r['plan_wall_s']} |")
 
 
 if __name__ == "__main__":

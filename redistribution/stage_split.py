@@ -156,9 +156,11 @@ class StageLowering:
     out_layouts: tuple = None     # per result (None: replicated), on plan.mesh
 
 
-def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage"):
+def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis="stage",
+                 interleave=1):
     """The PipelineProgram: each stage from the lowering of its mesh (``devices[s]``: its global
-    ranks), each result from its stage's lowering."""
+    ranks; interleaved, stage j on the ranks of group j mod groups), each result from its
+    stage's lowering."""
     programs, results = {}, []
     for low in lowerings:
         progs, outs = _split_one(graph, stages, low, devices, stage_axis)
@@ -177,7 +179,7 @@ def split_stages(graph, stages, lowerings, devices, scheduler, mesh, stage_axis=
     _check_messages(ordered)
     return PipelineProgram(mesh, ordered, lowerings[0].plan.mesh.axis_size(MB), scheduler,
                            tuple(outputs), tuple(out_lays), tuple(out_stage), stages.of_node,
-                           in_tree=graph.in_tree, out_tree=graph.out_tree)
+                           in_tree=graph.in_tree, out_tree=graph.out_tree, interleave=interleave)
 
 
 def _check_messages(stage_programs):

@@ -121,7 +121,8 @@ class PipelineRunner:
         self.shardings, self.phases, self.tasks = [], [], []
         self._done = []        # per stage, the part after which a micro-batch's values go
         results = {o for o in p.outputs if isinstance(o, int)}
-        for st, order in zip(p.stages, schedule(p.scheduler, len(p.stages), p.micro_batches)):
+        for st, order in zip(p.stages, schedule(p.scheduler, len(p.stages), p.micro_batches,
+                                                p.interleave)):
             devs = np.array([devices[d] for d in st.devices])
             jmesh = Mesh(devs.reshape(st.mesh.shape), st.mesh.axis_names)
             self.shardings.append(NamedSharding(jmesh, P(tuple(st.mesh.axis_names))))

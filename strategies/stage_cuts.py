@@ -41,11 +41,15 @@ seconds per micro-batch and peak bytes per device, the estimated step time and t
    while a larger bound can still lower the estimate. Beyond ``BOUNDS`` candidate bounds only
    the top of each 0.5% band is tried, so the estimate is within 0.5% x (M - 1) x t of the DP's
    optimum.
+5. Interleaved (``interleave`` v > 1, Megatron-LM's virtual pipeline): the layers are cut
+   into S v parts on stages of one size, part j on the devices of stage j mod S
+   (``_plan_interleaved``); the estimate is ``pipeline_program.pipeline_seconds``.
 Stage s holds the next ``k_s`` devices in order.
 """
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -53,7 +57,7 @@ import numpy as np
 
 from autopar.errors import InfeasibleError, PipelineError
 from autopar.graph import Value
-from autopar.pipeline_program import in_flight
+from autopar.pipeline_program import device_schedule, in_flight, pipeline_seconds
 
 from .cost_model import compute_time, fused, local_bytes, output_bytes
 from .microbatch import MB
@@ -78,8 +82,9 @@ class StagePlan:
     sizes: tuple          # devices per stage
     seconds: tuple        # per stage: one micro-batch, forward and backward (no transfers)
     memory: tuple         # per stage: peak bytes per device
-    step_time: float      # sum + (M - 1) * max, the objective
+    step_time: float      # pipeline_seconds(seconds, M, interleave), the objective
     cuts: tuple           # forward positions after which a stage ends (empty: fixed stages)
+    interleave: int = 1   # stages per device group (stage j on group j mod groups)
 
 
 class _Forward(NamedTuple):
@@ -230,6 +235,7 @@ class StageRequest:
     cap: Optional[int] = None     # bytes per device (None: no cap)
     sizes: Optional[tuple] = None  # fixed devices per stage (None: choose among ``options``)
     stages: Optional[Stages] = None  # fixed Stages (None: cut the forward pass)
+    interleave: int = 1           # model parts per stage's devices (point 5)
 
 
 def plan_stages(req: StageRequest) -> StagePlan:
@@ -237,6 +243,8 @@ def plan_stages(req: StageRequest) -> StagePlan:
     each stage may take, the per-size cost tables of every run of layers (``_tables``), the
     fitting runs, the DP under the least feasible bound on the slowest stage (``_StageDP``,
     ``_best_split``), and the chosen stages tallied as they are (``_stage_plan``)."""
+    if req.interleave > 1:
+        return _plan_interleaved(req)
     graph, count, micro, scheduler = req.graph, req.count, req.micro, req.scheduler
     options, batch_inputs, link, devices = req.options, req.batch_inputs, req.link, req.devices
     cap, sizes, stages = req.cap, req.sizes, req.stages
@@ -273,6 +281,47 @@ def plan_stages(req: StageRequest) -> StagePlan:
     floor = np.min([np.diff(tables[k].per_layer) for k in options], axis=0).sum()
     value, picked = _best_split(dp, bounds, floor, micro)
     return _stage_plan(req, back, layers, value, picked)
+
+
+def _plan_interleaved(req: StageRequest) -> StagePlan:
+    """Point 5: S stages' devices, each holding v parts. The layers are cut into S v parts of
+    the one stage size k = devices / S by the DP above (as S v stages on virtual devices,
+    balancing them), part j on group j mod S; each group's memory is its parts' state, its
+    largest value and the parts' activations its schedule holds at once
+    (``pipeline_program.in_flight``), against the cap; the estimate is
+    ``pipeline_seconds`` of the parts."""
+    S, v, micro = req.count, req.interleave, req.micro
+    V = S * v
+    k = req.devices // S
+    if req.stages is not None or (req.sizes is not None and set(req.sizes) != {k}) or \
+            k not in req.options or k * S != req.devices:
+        raise PipelineError(
+            f"pipeline_interleave={v} cuts the layers into {V} parts of equal devices itself: "
+            "give pipeline_stage_devices 'equal' (or leave it unset) and no ap.pipeline_stage "
+            "annotations.")
+    if micro % S:
+        raise PipelineError(f"pipeline_interleave={v} needs micro_batches divisible by "
+                            f"pipeline_stages={S} (Megatron-LM's interleaved schedule); "
+                            f"micro_batches={micro}.")
+    graph = req.graph
+    fwd, cuts, anchor, back = _layers(graph, req.batch_inputs)
+    layers = _layer_groups(graph, V, None, fwd, cuts, anchor)
+    tables = {k: _tables(graph, layers, req.options[k], micro, req.batch_inputs, req.link,
+                         back, fwd, True)}
+    fits = {(s, k): np.isfinite(tables[k].sec) for s in range(V)}
+    dp = _StageDP(V, layers.count, V * k, micro, [(k,)] * V, tables, fits)
+    bounds = sorted({float(x) for x in tables[k].sec[fits[0, k]]})
+    floor = np.diff(tables[k].per_layer).sum()
+    _, picked = _best_split(dp, bounds, floor, micro)
+    virtual = dataclasses.replace(req, count=V)
+    plan = _stage_plan(virtual, back, layers, 0.0, picked, interleave=v)
+    if req.cap is not None and max(plan.memory) > req.cap:
+        top = int(np.argmax(plan.memory))
+        raise InfeasibleError(
+            f"interleaving {V} parts over {S} stages' devices needs {plan.memory[top]} bytes "
+            f"per device on stage {top % S}'s, more than max_device_memory={req.cap}; raise "
+            "the cap, lower pipeline_interleave, or use more stages or micro-batches.")
+    return plan
 
 
 @dataclass(frozen=True)
@@ -424,9 +473,10 @@ def _best_split(dp: _StageDP, bounds, floor, micro):
     return best
 
 
-def _stage_plan(req: StageRequest, back, layers, value, picked) -> StagePlan:
+def _stage_plan(req: StageRequest, back, layers, value, picked, interleave=1) -> StagePlan:
     """The chosen split as Stages, each stage's seconds and memory tallied as it is (an
-    argument read in two stages is held in both)."""
+    argument read in two stages is held in both); interleaved, a stage's memory is its device
+    group's (every part it holds)."""
     graph, count, micro, stages = req.graph, req.count, req.micro, req.stages
     cut_at = ()
     if stages is None:
@@ -443,8 +493,28 @@ def _stage_plan(req: StageRequest, back, layers, value, picked) -> StagePlan:
         t, act, big, state = memo[k]
         secs.append(float(t[s] / micro))
         mems.append(int(state[s] + in_flight(req.scheduler, count, micro, s) * act[s] + big[s]))
+    if interleave > 1:
+        groups = count // interleave
+        t, act, big, state = memo[picked[0][2]]
+        per_group = [int(sum(state[j] for j in range(d, count, groups))
+                         + max(big[j] for j in range(d, count, groups))
+                         + _held_activations(groups, interleave, micro, d, act))
+                     for d in range(groups)]
+        mems = [per_group[j % groups] for j in range(count)]
+        value = pipeline_seconds(secs, micro, interleave)
     return StagePlan(stages, tuple(k for _, _, k in picked), tuple(secs), tuple(mems),
-                     float(value), cut_at)
+                     float(value), cut_at, interleave)
+
+
+def _held_activations(groups, interleave, micro, d, act) -> float:
+    """The most bytes of activations device group ``d`` holds at once in the interleaved
+    schedule (``pipeline_program.device_schedule``): each forward of part j adds its one
+    micro-batch's activations ``act[j]``, its backward frees them."""
+    held = peak = 0.0
+    for j, phase, _ in device_schedule(groups, interleave, micro, d):
+        held += act[j] if phase == "forward" else -act[j]
+        peak = max(peak, held)
+    return peak
 
 
 def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,

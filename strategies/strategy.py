@@ -18,6 +18,7 @@ from autopar.errors import LayoutError
 from autopar.graph import type_str
 from autopar.layout import Layout
 from autopar.mesh import LogicalMesh
+from autopar.pipeline_program import pipeline_seconds
 
 from .optimizer import mindspore_fields
 
@@ -82,12 +83,15 @@ class PipelineChoice:
     seconds: Optional[float] = None   # its estimated step (None: it could not be planned)
     peak_memory: Optional[int] = None
     note: str = ""                    # why it could not be planned, or "chosen"
+    interleave: int = 1               # model parts per stage's devices
 
     def __str__(self) -> str:
         what = (f"{self.seconds * 1e6:.1f} us, peak {format_bytes(self.peak_memory)}"
                 if self.seconds is not None else self.note)
         chosen = "  <- chosen" if self.note == "chosen" else ""
-        return f"{self.stages} stage(s) x {self.micro_batches} micro-batch(es): {what}{chosen}"
+        parts = f" x {self.interleave} parts interleaved" if self.interleave > 1 else ""
+        return (f"{self.stages} stage(s){parts} x {self.micro_batches} micro-batch(es): "
+                f"{what}{chosen}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +124,7 @@ class Strategy:
     stages: tuple = ()              # StageStrategy per pipeline stage (empty: no pipeline)
     micro_batches: int = 1
     scheduler: str = ""
+    pipeline_interleave: int = 1    # stages per device group (stage j on group j mod groups)
     collectives: tuple = ()         # CommStrategy per communication step of the program
     memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
                                     # execution order (empty for a pipeline: see stages)
@@ -151,12 +156,13 @@ class Strategy:
 
     @property
     def pipeline_time(self) -> float:
-        """A pipeline's estimated step: every stage's time per micro-batch, plus micro_batches
-        - 1 times the slowest (transfers between stages not included), plus the per-call
-        overhead; 0 without stages."""
+        """A pipeline's estimated step: ``pipeline_program.pipeline_seconds`` of its stages
+        (every stage's time per micro-batch plus micro_batches - 1 times the slowest;
+        interleaved, Megatron-LM's schedule of the parts), plus the per-call overhead; 0
+        without stages."""
         secs = [st.seconds for st in self.stages]
-        return (sum(secs) + (self.micro_batches - 1) * max(secs) + self.overhead_time
-                if secs else 0.0)
+        return (pipeline_seconds(secs, self.micro_batches, self.pipeline_interleave)
+                + self.overhead_time if secs else 0.0)
 
     @property
     def search_gap(self) -> Optional[float]:
@@ -188,8 +194,10 @@ class Strategy:
                                      f"every plan costs at least {self.search_bound * 1e6:.1f} "
                                      f"us there (proved): gap {self.search_gap:.2%}"))
         if self.stages:
-            head.append(f"pipeline: {len(self.stages)} stages, {self.micro_batches} micro-batches, "
-                        f"{self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
+            parts = (f" ({self.pipeline_interleave} per device group, interleaved)"
+                     if self.pipeline_interleave > 1 else "")
+            head.append(f"pipeline: {len(self.stages)} stages{parts}, {self.micro_batches} "
+                        f"micro-batches, {self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
                         "(operator layouts are per stage; times per micro-batch)")
             head += [f"  stage {st.index}: devices {list(st.devices)}"
                      + (f" mesh ({', '.join(f'{n}={k}' for n, k in zip(st.axis_names, st.mesh_shape))})"
@@ -244,6 +252,8 @@ class Strategy:
                                                       "axis_names": list(st.axis_names)}}
                        for st in self.stages],
             "micro_batches": self.micro_batches, "scheduler": self.scheduler,
+            **({"pipeline_interleave": self.pipeline_interleave}
+               if self.pipeline_interleave > 1 else {}),
             "collectives": [{"kind": c.kind, "axes": list(c.axes), "shape": list(c.shape),
                              "dtype": c.dtype, "bytes": c.bytes, "seconds": c.seconds,
                              "reason": c.reason, "stage": c.stage, "count": c.count}
@@ -251,7 +261,9 @@ class Strategy:
             "memory_timeline": [[name, b] for name, b in self.memory_timeline],
             **({"pipeline_choices": [
                 {"stages": c.stages, "micro_batches": c.micro_batches, "seconds": c.seconds,
-                 "peak_memory": c.peak_memory, "note": c.note} for c in self.pipeline_choices]}
+                 "peak_memory": c.peak_memory, "note": c.note,
+                 **({"interleave": c.interleave} if c.interleave > 1 else {})}
+                for c in self.pipeline_choices]}
                if self.pipeline_choices else {}),
             "output_comm_time": self.output_comm_time, "overhead_time": self.overhead_time,
             "peak_memory": self.peak_memory, "peak_op": self.peak_op, "memory_limit": self.memory_limit,

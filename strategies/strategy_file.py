@@ -171,7 +171,8 @@ def read(text: str):
             micro_batches=_field(c, "micro_batches", label, _int),
             seconds=_field(c, "seconds", label, _opt(_num)),
             peak_memory=_field(c, "peak_memory", label, _opt(_int)),
-            note=_field(c, "note", label, _str, ""))
+            note=_field(c, "note", label, _str, ""),
+            interleave=_field(c, "interleave", label, _int, 1))
 
     def timeline(e, label):
         if not isinstance(e, list) or len(e) != 2:
@@ -194,6 +195,7 @@ def read(text: str):
         stages=_field(d, "stages", "", _list(stage), ()),
         micro_batches=_field(d, "micro_batches", "", _int, 1),
         scheduler=_field(d, "scheduler", "", _str, ""),
+        pipeline_interleave=_field(d, "pipeline_interleave", "", _int, 1),
         collectives=_field(d, "collectives", "", _list(collective), ()),
         memory_timeline=_field(d, "memory_timeline", "", _list(timeline), ()),
         pipeline_choices=_field(d, "pipeline_choices", "", _list(choice), ()))

@@ -477,7 +477,7 @@ def test_auto_pipeline_skips_fewer_micro_batches_once_the_stages_overflow():
         t = 1.0 / M + 0.5
         return None, _Estimate((0,) * S if S > 1 else (), t, t), None
 
-    pairs = pipeline_options(cfg, cfg.mesh(), 64)
+    pairs = [(S, M) for S, M, v in pipeline_options(cfg, cfg.mesh(), 64)]   # interleave 1
     most = {S: max(M for s, M in pairs if s == S) for S, _ in pairs}
     _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
     assert whole == [(1, 1)]
@@ -556,3 +556,52 @@ def test_blocks_recomputed_under_checkpoint_are_not_cut_inside():
     peak = {remat: max(st.memory for st in ap.plan(step(remat), p, b, config=config(
         n=2, stages=2, micro=4)).stages) for remat in (True, False)}
     assert peak[True] < 0.7 * peak[False]
+
+
+def test_the_interleaved_schedule_is_megatrons():
+    """Megatron-LM's interleaved 1F1B, 2 device groups x 2 parts, 4 micro-batches: each group
+    runs every (part, micro-batch) forward and backward once, a part's forward before its
+    backward, and its warm-up is 2 (groups - d - 1) + (v - 1) groups forwards; its step is
+    (M v + groups - 1) parts' time, against (M + S - 1) stages' without interleaving."""
+    from autopar.pipeline_program import device_schedule, pipeline_seconds
+    for d in range(2):
+        order = device_schedule(2, 2, 4, d)
+        assert sorted(order) == sorted((j, ph, m) for j in (d, d + 2) for m in range(4)
+                                       for ph in ("forward", "backward"))
+        for j, ph, m in order:
+            if ph == "backward":
+                assert order.index((j, "forward", m)) < order.index((j, ph, m))
+        warm = next(i for i, t in enumerate(order) if t[1] == "backward") - 1
+        assert warm == 2 * (2 - d - 1) + 2
+    per_stage = schedule("1f1b", 4, 4, interleave=2)
+    assert per_stage[0][:3] == (("forward", 0), ("forward", 1), ("forward", 2))
+    assert pipeline_seconds([1.0] * 4, 4, interleave=2) == 4 * 2 + 1
+    assert pipeline_seconds([2.0] * 2, 4) == 2 * (4 + 1)
+    assert in_flight("1f1b", 4, 4, 0, interleave=2) == 5 / 2      # Megatron: warm-up + 1 parts
+
+
+def test_an_interleaved_pipeline_runs_on_jax_devices_and_equals_the_single_device_step():
+    """Two stages' devices holding two parts each (4 layers cut into 4 parts) on a 2 x 2 mesh:
+    the parts alternate between the device groups, the step equals the single-device one, and
+    the estimate is the interleaved schedule's; "auto" weighs it against the plain 1F1B; the
+    native runtime refuses it (one stage per rank) before planning."""
+    p, b = m.gpt_params(layers=4), m.gpt_batch(batch=8)
+    cfg = ap.ParallelConfig(backend="jax", parallel_mode="auto_parallel", device_num=4,
+                            mesh_shape=(2, 2), pipeline_stages=2, micro_batches=4,
+                            pipeline_interleave=2, progress=False)
+    c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
+    assert [st.devices for st in c.program.stages] == [(0, 1), (2, 3), (0, 1), (2, 3)]
+    assert c.strategy.pipeline_interleave == 2 and len(c.strategy.stages) == 4
+    from autopar.pipeline_program import pipeline_seconds
+    secs = [st.seconds for st in c.strategy.stages]
+    assert c.strategy.pipeline_time == pytest.approx(pipeline_seconds(secs, 4, 2)
+                                                     + c.strategy.overhead_time)
+    assert_same(c(p, b), m.gpt_sgd_step(p, b))
+    back = ap.Strategy.from_json(c.strategy.to_json())
+    assert back.pipeline_interleave == 2 and back.pipeline_time == c.strategy.pipeline_time
+    auto = ap.plan(m.gpt_sgd_step, p, b, config=cfg.replace(pipeline_interleave="auto"))
+    assert {ch.interleave for ch in auto.pipeline_choices} == {1, 2, 4}
+    with pytest.raises(ap.ConfigError, match="one pipeline stage per rank"):
+        ap.compile(m.gpt_sgd_step, p, b, config=cfg.replace(backend="native"))
+    with pytest.raises(ap.ConfigError, match="1f1b"):
+        cfg.replace(pipeline_scheduler="gpipe")

@@ -498,7 +498,7 @@ def _staged(req: CompileRequest, full, cache) -> Staged:
     by its stages and micro-batches, so ``auto_pipeline`` can rank pipelines by their stages
     before cutting any into a program."""
     config = req.config
-    key = ("staged", config.pipeline_stages, config.micro_batches)
+    key = ("staged", config.pipeline_stages, config.micro_batches, config.pipeline_interleave)
     if key not in cache:
         cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
                                    req.batch_argnums, req.names, req.pairs)

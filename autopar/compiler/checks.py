@@ -35,6 +35,11 @@ def check_backend(config) -> None:
         raise ConfigError(f"device_num={n}: the native backend runs at most {NATIVE_MAX_RANKS} "
                           "ranks (one worker process each, on this host); use backend='jax' or "
                           "fewer devices, or ap.plan to plan for more without running.")
+    if config.backend is Backend.NATIVE and config.pipeline_interleave != 1:
+        raise ConfigError(f"pipeline_interleave={config.pipeline_interleave!r}: the native "
+                          "runtime runs one pipeline stage per rank, and an interleaved "
+                          "pipeline puts several on each; run it with backend='jax', or plan "
+                          "it with ap.plan.")
     if config.backend is Backend.JAX and n > len(jax.devices()):
         raise ConfigError(f"device_num={n} but JAX sees {len(jax.devices())} device(s) "
                           f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS="

@@ -43,6 +43,7 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     memory_limit=cap, stages=stages,
                     micro_batches=micro_batches if pipelined else 1,
                     scheduler=scheduler if pipelined else "",
+                    pipeline_interleave=program.interleave if pipelined else 1,
                     collectives=comm_records(program, planner),
                     memory_timeline=tuple((label(ins), b) for ins, b in timeline),
                     phase_seconds=phase_seconds, search_cost=search_cost,

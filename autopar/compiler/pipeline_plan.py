@@ -28,6 +28,7 @@ import jax
 from ..annotate import STAGE_SCOPE
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..mesh import LogicalMesh
+from ..pipeline_program import pipeline_seconds
 from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
 from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stages
@@ -164,9 +165,9 @@ class Staged:
 
     def bound(self, micro: int) -> float:
         """The pipeline's estimated step less its per-call overhead (which is never negative):
-        every stage's seconds per micro-batch plus ``micro - 1`` times the slowest."""
-        secs = self.stage_plan.seconds
-        return sum(secs) + (micro - 1) * max(secs)
+        ``pipeline_seconds`` of its stages (every stage's seconds per micro-batch plus ``micro
+        - 1`` times the slowest; interleaved, as Megatron-LM's schedule runs its parts)."""
+        return pipeline_seconds(self.stage_plan.seconds, micro, self.stage_plan.interleave)
 
 
 def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pairs) -> Staged:
@@ -185,7 +186,8 @@ def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pair
             graph=graph, count=S, micro=M, scheduler=config.pipeline_scheduler,
             options={k: o.option for k, o in by_size.items()}, batch_inputs=frozenset(batch),
             link=full.level(full.axis_names[0]), devices=full.size,
-            cap=config.max_device_memory, sizes=sizes, stages=fixed)), by_size)
+            cap=config.max_device_memory, sizes=sizes, stages=fixed,
+            interleave=config.pipeline_interleave)), by_size)
     except PipelineError as e:
         if not refused:
             raise
@@ -197,32 +199,40 @@ def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pair
 
 def pipeline_program(config, graph, full, staged: Staged):
     """``plan_pipeline``'s stages cut into the program: (PipelineProgram, MeshPlan per stage)."""
-    S, sched = config.pipeline_stages, config.pipeline_scheduler
     stage_plan, by_size = staged.stage_plan, staged.by_size
-    pipeline_mesh = _pipeline_mesh(full, S, stage_plan.sizes)
-    offsets = [sum(stage_plan.sizes[:s]) for s in range(S)]
-    devices = tuple(tuple(range(o, o + k)) for o, k in zip(offsets, stage_plan.sizes))
+    sched, v = config.pipeline_scheduler, stage_plan.interleave
+    S = len(stage_plan.sizes)                  # interleaved: the parts, v per stage's devices
+    groups = stage_plan.sizes[:S // v]
+    pipeline_mesh = _pipeline_mesh(full, S // v, groups)
+    offsets = [sum(groups[:g]) for g in range(len(groups))]
+    devices = tuple(tuple(range(offsets[s % len(groups)], offsets[s % len(groups)]
+                                + stage_plan.sizes[s])) for s in range(S))
     lowerings = [StageLowering(tuple(s for s in range(S) if stage_plan.sizes[s] == k),
                                o.mesh_plan.mesh, o.option.plan, o.planner,
                                tuple(o.mesh_plan.out_layouts))
                  for k, o in ((k, by_size[k]) for k in dict.fromkeys(stage_plan.sizes))]
     program = split_stages(graph, stage_plan.stages, lowerings, devices, sched, pipeline_mesh,
-                           pipeline_mesh.axis_names[0])
+                           pipeline_mesh.axis_names[0], v)
     program = dataclasses.replace(program, stages=tuple(
         dataclasses.replace(st, seconds=t, memory=b)
         for st, t, b in zip(program.stages, stage_plan.seconds, stage_plan.memory)))
     return program, tuple(by_size[k].mesh_plan for k in stage_plan.sizes)
 
 
+INTERLEAVES = (1, 2, 4)    # model parts per stage's devices "auto" tries
+
+
 def pipeline_options(config, full, batch_rows: int) -> list:
-    """The (stages, micro-batches) pairs ``auto_pipeline`` tries, stages ascending: the given
-    count where one is given, else stages 1, 2, 4, ... dividing the devices, and micro-batches
-    1, 2, 4 without a pipeline (they only save memory), S, 2 S, 4 S with S stages (fewer leave
-    stages idle) and the count giving one row per device of the stage mesh's first axis per
-    micro-batch (Megatron-LM's micro-batch of one sequence per data-parallel rank), each
-    dividing the batch rows."""
+    """The (stages, micro-batches, interleave) triples ``auto_pipeline`` tries, stages
+    ascending: the given count where one is given, else stages 1, 2, 4, ... dividing the
+    devices, and micro-batches 1, 2, 4 without a pipeline (they only save memory), S, 2 S, 4 S
+    with S stages (fewer leave stages idle) and the count giving one row per device of the
+    stage mesh's first axis per micro-batch (Megatron-LM's micro-batch of one sequence per
+    data-parallel rank), each dividing the batch rows; with S > 1 stages each interleave of
+    ``INTERLEAVES`` (or the given one) whose micro-batches S divides."""
     n = full.size
     given_s, given_m = config.pipeline_stages, config.micro_batches
+    given_v = config.pipeline_interleave
     stages = [given_s] if given_s != "auto" else [s for s in (1, 2, 4, 8, 16, 32, 64)
                                                   if s <= n and n % s == 0]
     out = []
@@ -235,7 +245,9 @@ def pipeline_options(config, full, batch_rows: int) -> list:
             first = (stage_mesh(full, S, n // S).shape or (1,))[0]
             micro = sorted({S, 2 * S, 4 * S}
                            | ({batch_rows // first} if batch_rows // first >= S else set()))
-        out += [(S, M) for M in micro if batch_rows % M == 0]
+        vs = [given_v] if given_v != "auto" else INTERLEAVES
+        out += [(S, M, v) for M in micro if batch_rows % M == 0 for v in vs
+                if v == 1 or (S > 1 and M % S == 0)]
     return out
 
 
@@ -267,24 +279,24 @@ def auto_pipeline(req, full, plan_one, stage_one):
                  if j in batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)), 1)
     cache, errors = {}, {}              # index in pairs -> why it could not be planned
     pairs = pipeline_options(req.config, full, rows)
-    tried = [PipelineChoice(stages=S, micro_batches=M) for S, M in pairs]
-    every = {S: math.lcm(*(M for S_, M in pairs if S_ == S)) for S, _ in pairs}
+    tried = [PipelineChoice(stages=S, micro_batches=M, interleave=v) for S, M, v in pairs]
+    every = {S: math.lcm(*(M for S_, M, _ in pairs if S_ == S)) for S, _, _ in pairs}
     best_s, best_bound, started = None, math.inf, set()     # stage counts with a plan
     overfull = {}         # stage count -> the most micro-batches whose stages exceed the cap
     bounded = []          # (bound, index in tried, request, whole plan or None, Staged or None)
-    for k in sorted(range(len(pairs)), key=lambda k: (pairs[k][0], -pairs[k][1])):
-        S, M = pairs[k]
+    for k in sorted(range(len(pairs)), key=lambda k: (pairs[k][0], -pairs[k][1], pairs[k][2])):
+        S, M, v = pairs[k]
         if best_s is not None and len({s for s in started if best_s < s != S}) >= PATIENCE:
             tried[k] = dataclasses.replace(tried[k], note=f"not planned: {PATIENCE} stage counts "
                                                           f"past the best ({best_s}) were slower")
             continue
-        if S in overfull and (S > 1 or M > 1):
+        if S in overfull and (S > 1 or M > 1) and v == 1:
             tried[k] = dataclasses.replace(tried[k], note=(
                 f"not planned: no split into {S} stage(s) fits the cap with {overfull[S]} "
                 "micro-batches, and fewer hold more bytes per micro-batch"))
             continue
         config = req.config.replace(
-            pipeline_stages=S, micro_batches=M,
+            pipeline_stages=S, micro_batches=M, pipeline_interleave=v,
             pipeline_stage_devices=None if S == 1 else (full.size // S,) * S)
         one = dataclasses.replace(req, config=config, pipelined=S > 1 or M > 1,
                                   micro=every[S] if S > 1 or M > 1 else 1)
@@ -296,7 +308,7 @@ def auto_pipeline(req, full, plan_one, stage_one):
             errors[k] = e
             tried[k] = dataclasses.replace(tried[k], note=f"{type(e).__name__}: "
                                                           f"{str(e).split(';')[0]}")
-            if isinstance(e, InfeasibleError) and one.pipelined:   # the stage planner's cap
+            if isinstance(e, InfeasibleError) and one.pipelined and v == 1:   # the cap
                 overfull.setdefault(S, M)
             continue
         started.add(S)
