@@ -135,6 +135,10 @@ def plan_row(row, plan):
             "stages": len(s.stages) // s.pipeline_interleave or 1,
             "stage_mesh": list(s.stages[0].mesh_shape) if s.stages else list(s.mesh_shape),
             "sharded_updates": round(_share(s, lambda i: i.update is not None), 2),
+            "block0": {i.name.split(".")[-1]: str(i.layout) for i in s.inputs
+                       if i.name.startswith("blocks.0.") and len(i.shape) == 2}
+            | {"wte": next(str(i.layout) for i in s.inputs if i.name == "wte"),
+               "batch": next(str(i.layout) for i in s.inputs if i.name == "arg3.0")},
             **{f"{k}_s": round(v, 1) for k, v in s.phase_seconds}}
 
 

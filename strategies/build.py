@@ -240,18 +240,25 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
 
 def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
                   name="autopar", arg_names=None, arg_options=None, state_pairs=(),
-                  merge=True, state_pricing=StatePricing()) -> Built:
+                  merge=True, state_pricing=StatePricing(), repeat=1,
+                  batch_inputs=frozenset()) -> Built:
     """The SearchProblem of ``graph`` (see the module docstring). ``arg_options`` (per graph
     input, its candidate layouts) overrides the fixed/every-layout default. ``state_pairs``:
     (graph input, graph output) positions of state the step threads through (new parameters,
     new optimizer state): see ``STATE_PENALTY`` and ``state_pricing``. ``merge``: fold
-    elementwise followers into their producers (``followers``). Costs, usages and edge matrices are computed once per
+    elementwise followers into their producers (``followers``). ``repeat``: for a pipeline
+    stage of that many micro-batches, the conversions from a value the same for every
+    micro-batch (made from no ``batch_inputs`` position: a parameter, its bf16 copy) to an
+    operator that reads the batch run once per micro-batch, and cost ``repeat`` times theirs.
+    Costs, usages and edge matrices are computed once per
     distinct (operator signatures, candidate lists) and shared, read-only, by every node and
     edge that repeats them (the layers of a deep model)."""
     if arg_options is None:
         arg_options = default_arg_options(graph, mesh, fixed_args)
     b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
                  state_pricing)
+    if repeat > 1:
+        b.repeat, b.varies = repeat, _batch_values(graph, batch_inputs)
     for i, v in enumerate(graph.inputs):
         b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
     groups = tuple(b.add_chain(chain) for chain in b.chains)
@@ -302,6 +309,7 @@ class _Builder:
             self.node_iv[k] = (k + 1, k + 2)
         self.memo: dict = {}
         self.pair_costs: dict = {}
+        self.repeat, self.varies = 1, frozenset()     # see build_problem
         self.costs, self.usages, self.intervals, self.names = [], [], [], []
         self.src_keys, self.out_layouts = [], []
         self.edges, self.ecosts = [], []
@@ -374,10 +382,12 @@ class _Builder:
                    (k + 2, last + 1), f"{v} (converted once for {len(reads)} readers)", key,
                    [[layouts]])
         hub = len(self.costs) - 1
+        times = self.repeat if (self.repeat > 1 and vid not in self.varies and any(
+            o.id in self.varies for r, _ in reads for o in r.outputs)) else 1
         self.edges.append((u_idx, hub))
-        self.ecosts.append(self.shared(key + ("made",), lambda: self.matrix(
-            made, layouts, ("read", v.shape, v.dtype, False),
-            lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype))))
+        self.ecosts.append(self.shared(key + ("made", times), lambda: self.matrix(
+            made, layouts, ("read", v.shape, v.dtype, False, times),
+            lambda a, b: times * self.reshard_cost(a, b, v.shape, v.dtype))))
         self.where[vid] = (hub, 0, 0)
         return vid, layouts
 
@@ -389,12 +399,14 @@ class _Builder:
             u_idx, m, j = self.where[x.id]
             src, dst = self.out_layouts[u_idx][m][j], self.cands[n.id]
             state = u_idx in self.state_args and u_idx not in self.pricing.read
-            price = lambda s, d: self.reshard_cost(s, d, x.shape, x.dtype)
+            times = self.repeat if (self.repeat > 1 and x.id not in self.varies and any(
+                o.id in self.varies for o in n.outputs)) else 1
+            price = lambda s, d: times * self.reshard_cost(s, d, x.shape, x.dtype)
             self.edges.append((u_idx, v_idx))
             self.ecosts.append(self.shared(
-                ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state),
+                ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state, times),
                 lambda: self.matrix(src, [cand.in_layouts[pos] for cand in dst],
-                                    ("read", x.shape, x.dtype, state),
+                                    ("read", x.shape, x.dtype, state, times),
                                     (lambda s, d: _state_read(price(s, d))) if state else price)))
 
     def updated(self, i, o) -> bool:
@@ -451,6 +463,15 @@ class _Builder:
         3-axis mesh the values of one shape meet the same layout sets on hundreds of edges."""
         return _matrix(src, dst, f, self.pair_costs.setdefault(
             (tuple(kind[1]), str(kind[2])) + kind[:1] + kind[3:], {}))
+
+
+def _batch_values(graph, batch_inputs) -> frozenset:
+    """The value ids that depend on a batch input (graph input positions)."""
+    out = {graph.inputs[i].id for i in batch_inputs}
+    for n in graph.nodes:
+        if any(isinstance(x, Value) and x.id in out for x in n.inputs):
+            out.update(v.id for v in n.outputs)
+    return frozenset(out)
 
 
 def _hub_reads(graph, chains, result_ids) -> dict:

@@ -25,8 +25,10 @@ seconds per micro-batch and peak bytes per device, the estimated step time and t
    on a k-device mesh is its forward operators plus everything anchored in it, in the layouts
    chosen on that mesh (compute roofline plus redistribution), for the whole batch, divided by
    M per micro-batch; an operator split over micro-batches is priced on one micro-batch's
-   shapes, times M, and each sum over micro-batches (a gradient) costs an add per micro-batch
-   (its bytes read twice and written once).
+   shapes, times M, as are the redistributions feeding it (each micro-batch's: a parameter
+   gathered for a matmul is gathered again for every micro-batch), and each sum over
+   micro-batches (a gradient) costs an add per micro-batch (its bytes read twice and written
+   once).
 3. A stage's memory: its parameters and optimizer state (arguments first read in it), their
    new values and its sums over micro-batches (the accumulated gradients), plus the
    activations its backward reads (split over micro-batches) for each micro-batch it holds at
@@ -50,7 +52,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -74,6 +76,9 @@ class StageOption:
     in_layouts: tuple     # per graph input, on ``mesh``
     comm: dict            # node id -> seconds of the redistributions feeding it on ``mesh``
     plan: object          # MicroPlan on micro_mesh(mesh)
+    micro_comm: dict = field(default_factory=dict)   # node id -> seconds of the
+                          # redistributions feeding it for one micro-batch, on the micro-batch
+                          # mesh (a parameter gathered in the forward is gathered per micro-batch)
 
 
 @dataclass(frozen=True)
@@ -374,7 +379,8 @@ class _Tables:
 def _tables(graph, layers, option, micro, batch_inputs, link, back, fwd, cut) -> _Tables:
     o, n = option, layers.count
     t, act, big, state = _tally(graph, layers.group, layers.in_groups, n, o.choice,
-                                o.in_layouts, o.comm, batch_inputs, o.mesh, o.plan, back)
+                                o.in_layouts, o.comm, batch_inputs, o.mesh, o.plan, back,
+                                o.micro_comm)
     send = np.zeros(n + 1)
     for c in range(1, n) if cut else ():          # the activation crossing each cut
         node = graph.nodes[fwd[layers.bounds[c] - 1]]
@@ -489,7 +495,7 @@ def _stage_plan(req: StageRequest, back, layers, value, picked, interleave=1) ->
         o = req.options[k]
         if k not in memo:
             memo[k] = _tally(graph, stages.of_node, readers, count, o.choice, o.in_layouts,
-                             o.comm, req.batch_inputs, o.mesh, o.plan, back)
+                             o.comm, req.batch_inputs, o.mesh, o.plan, back, o.micro_comm)
         t, act, big, state = memo[k]
         secs.append(float(t[s] / micro))
         mems.append(int(state[s] + in_flight(req.scheduler, count, micro, s) * act[s] + big[s]))
@@ -518,7 +524,7 @@ def _held_activations(groups, interleave, micro, d, act) -> float:
 
 
 def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,
-           stage_mesh, plan, back):
+           stage_mesh, plan, back, micro_comm=None):
     """Per group (a layer or a stage): seconds of its operators for the whole batch, bytes of
     one micro-batch's activations its backward reads, its largest value (sizes of one
     micro-batch, from the ``MicroPlan``), and what it holds through the step: parameters and
@@ -544,7 +550,8 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
                          any(MB in d for lay in cand.out_layouts for d in lay.dims),
                          any(MB in lay.partial for lay in cand.out_layouts))
         seconds, b, split, summed = memo[key]
-        t[g] += seconds + comm.get(n.id, 0.0)
+        per_micro = micro_comm is not None and n.id in micro_comm
+        t[g] += seconds + (micro * micro_comm[n.id] if per_micro else comm.get(n.id, 0.0))
         big[g] = max(big[g], b)
         # an activation the backward reads, one per micro-batch in flight (what is the same
         # for every micro-batch, a transposed weight, is recomputed where it is read)

@@ -230,7 +230,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     if req.strategy is not None:
         assignment = _from_strategy(req.strategy, graph, mesh, cands, req.names)
     elif mode is ParallelMode.AUTO_PARALLEL:
-        return _searched(req, search_config, mesh, planner, cands, fit)
+        return _searched(req, config if pipelined else search_config, mesh, planner, cands, fit)
     else:
         assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
                                reshard_cost(planner), cands)
@@ -253,7 +253,29 @@ def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPla
     when no offered plan fits the cap there, the search runs again within what it thought its
     plan holds scaled down by the overrun (and at least ``RETRY_STEP`` below its last limit),
     up to ``SEARCH_RETRIES`` times (the last plan is returned either way: the
-    caller names its peak when it does not fit)."""
+    caller names its peak when it does not fit).
+
+    On a pipeline's stage mesh the whole step is searched within the memory of all
+    ``pipeline_stages`` stages' devices (``max_device_memory`` times the stage count): its
+    parameters and optimizer state are spread over the stages, and it holds the whole batch's
+    activations, what GPipe's stages hold together (1F1B's hold fewer); so a layout whose state
+    could fit no split into stages is not offered, though the stage planner, which checks each
+    stage against the cap, remains the judge. Where no layout fits that, the search runs
+    without it (the stage planner names what does not fit)."""
+    cap = config.max_device_memory
+    if not req.pipelined or cap is None:
+        return _searched_within(req, config, mesh, planner, cands, fit)
+    try:
+        return _searched_within(req, config.replace(
+            max_device_memory=cap * config.pipeline_stages), mesh, planner, cands, fit)
+    except InfeasibleError:
+        return _searched_within(req, config.replace(max_device_memory=None), mesh, planner,
+                                cands, fit)
+
+
+def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPlan:
+    """``_searched`` within ``config.max_device_memory`` (for a pipeline's stage mesh, the
+    scaled cap ``_searched`` gives it)."""
     cap = config.max_device_memory
     limit = cap
     best = peak = None

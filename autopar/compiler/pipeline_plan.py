@@ -27,12 +27,13 @@ import jax
 
 from ..annotate import STAGE_SCOPE
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
+from ..graph import Const
 from ..mesh import LogicalMesh
 from ..pipeline_program import pipeline_seconds
 from ..program import LOCAL_KINDS
 from ..redistribution.lower import plan_steps
 from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stages
-from ..strategies.microbatch import add_micro_axis, micro_mesh
+from ..strategies.microbatch import MB, add_micro_axis, micro_mesh
 from ..strategies.stage_cuts import StageOption, StageRequest, plan_stages
 from ..strategies.stage_assign import Stages, assign_stages
 from ..strategies.strategy import PipelineChoice, format_bytes
@@ -99,6 +100,32 @@ def _micro_batch_error(graph, mesh_plan, batch, M, names, k):
     return None
 
 
+def micro_comm(graph, plan, planner) -> dict:
+    """node id -> the seconds of the redistributions feeding it for one micro-batch, for the
+    nodes a pipeline runs per micro-batch (their candidate splits over MB), from where each
+    operand is made on the micro-batch mesh to where the node reads it (the micro planner's
+    cheapest path; a path it forbids, which no lowering takes, is left to the whole batch's)."""
+    layout = {v.id: l for v, l in zip(graph.inputs, plan.in_layouts)}
+    for n in graph.nodes:
+        layout.update((v.id, l) for v, l in zip(n.outputs, plan.choice[n.id].out_layouts))
+    cost, memo, out = reshard_cost(planner), {}, {}
+    for n in graph.nodes:
+        c = plan.choice[n.id]
+        if not any(MB in axes for _, axes in c.assign):
+            continue
+        seconds = 0.0
+        for x, want in zip(n.inputs, c.in_layouts):
+            if isinstance(x, Const):
+                continue
+            key = (layout[x.id], want, x.shape, str(x.dtype))
+            if key not in memo:
+                memo[key] = cost(layout[x.id], want, x.shape, x.dtype)[0]
+            seconds += memo[key]
+        if seconds < MicroPlanner.FORBIDDEN:
+            out[n.id] = seconds
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class _SizeOption:
     """A stage size the stage planner may use: the layouts of the step on a stage mesh of that
@@ -132,7 +159,8 @@ def _size_options(graph, full, on_mesh, S, M, given, batch, names) -> tuple[dict
         plan = add_micro_axis(graph, mesh_plan.assignment.choice, inputs, batch, M,
                               mesh_plan.mesh, reshard_cost(planner))
         out[k] = _SizeOption(mesh_plan, planner, StageOption(
-            mesh_plan.mesh, mesh_plan.assignment.choice, inputs, mesh_plan.comm, plan))
+            mesh_plan.mesh, mesh_plan.assignment.choice, inputs, mesh_plan.comm, plan,
+            micro_comm(graph, plan, planner)))
     if refused and (not auto or not out):
         raise next(iter(refused.values()))
     return out, refused

@@ -23,7 +23,7 @@ from ..strategies.candidates import candidates_of, identity_candidate
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.solvers import trws
 from ..redistribution.lower import plan_steps
-from .pipeline_plan import reshard_cost
+from .pipeline_plan import batch_inputs, reshard_cost
 
 
 PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
@@ -76,7 +76,10 @@ def search(req, config, mesh, planner, cands, fit):
     built = build_problem(req.graph, mesh, cands, fixed, seconds,
                           config.max_device_memory, req.name, [n for n, _ in req.names],
                           arg_options=options, state_pairs=req.pairs,
-                          state_pricing=req.state_pricing())
+                          state_pricing=req.state_pricing(),
+                          repeat=req.micro if req.pipelined else 1,
+                          batch_inputs=frozenset(batch_inputs(req.graph, req.args,
+                                                              req.batch_argnums, req.pairs)))
     progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(
