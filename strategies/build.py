@@ -28,6 +28,7 @@ gathered into the argument's layout, or none when the update already made it the
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -259,6 +260,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
                  state_pricing)
     if repeat > 1:
         b.repeat, b.varies = repeat, _batch_values(graph, batch_inputs)
+        b.accumulate(state_pairs)
     for i, v in enumerate(graph.inputs):
         b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
     groups = tuple(b.add_chain(chain) for chain in b.chains)
@@ -321,6 +323,21 @@ class _Builder:
                 arr.setflags(write=False)
             self.memo[key] = arr
         return self.memo[key]
+
+    def accumulate(self, state_pairs):
+        """With ``repeat`` micro-batches, a parameter's gradient is summed over them and held
+        until the update at the end of the step (on a stage: from its first micro-batch's
+        backward pass): the outputs of derivatives that read the batch and have a state
+        argument's size (a weight's gradient, its float32 copy) live to the last step, and
+        their layouts hold those bytes all along (the same weight's gradient replicated over
+        the data axis is that many bytes on every device)."""
+        sizes = {math.prod(self.graph.inputs[i].shape) for i, _ in state_pairs}
+        end = len(self.graph.nodes) + 1
+        for k, n in enumerate(self.graph.nodes):
+            if n.backward and any(isinstance(x, Value) and x.id in self.varies
+                                  for x in n.inputs) \
+                    and any(math.prod(v.shape) in sizes for v in n.outputs):
+                self.node_iv[k] = (self.node_iv[k][0], end)
 
     def to_replicated(self, layouts, v):
         return _by_layout(layouts, lambda l: self.reshard_cost(l, Layout.replicated(len(v.shape)),

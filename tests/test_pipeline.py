@@ -371,7 +371,8 @@ def test_two_stages_of_four_devices(mode, micro):
     for the whole batch, and the step equals the single-device one."""
     p, b = m.gpt_params(layers=2), m.gpt_batch(batch=4 * micro * 2)
     cfg = ap.ParallelConfig(backend="jax", parallel_mode=mode, device_num=8, pipeline_stages=2,
-                            micro_batches=micro, progress=False)
+                            micro_batches=micro, pipeline_stage_devices="equal",
+                            progress=False)
     c = ap.compile(m.gpt_sgd_step, p, b, config=cfg)
     assert [st.mesh.size for st in c.program.stages] == [4, 4]
     assert_same(c(p, b), m.gpt_sgd_step(p, b))

@@ -57,7 +57,8 @@ def search(req, config, mesh, planner, cands, fit):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
     (``fit``: the MicroFit its layouts must pass, or None). Out: the plans for the caller to
     lower and compare by their estimated step, cheapest in the search's model first: the
-    solver's answer, data parallelism's plan and every operator replicated (each of the last two
+    solver's answer (dynamic programming's polished by local search, ``_polished``, and its
+    own), data parallelism's plan and every operator replicated (each of the last two
     where the problem can express it and it fits), then data parallelism's plan as
     data_parallel itself lowers it (where the problem can express it): the search prices every
     collective on its own, where the runtime fuses gradient all-reduces into buckets, and its
@@ -84,13 +85,20 @@ def search(req, config, mesh, planner, cands, fit):
     try:
         solution = solvers.get(config.search_mode.value)(
             built.problem, time_limit=config.search_time, progress=progress)
+        raw = solution
+        if config.search_mode is SearchMode.DYNAMIC_PROGRAMMING:
+            solution = _polished(built.problem, solution, time.monotonic() - t0, config,
+                                 progress)
     finally:
         progress.close()
     bound = solution.lower_bound
     offered = {}                        # distinct choices; the solver's kept even if it overflows
     dp = data_parallel_assignment(req, config, mesh, planner, cands)
     dp_choice = None if dp is None else built.choice_of(dp.choice, dp.inputs, dp.held)
-    for c in (list(solution.choice), dp_choice, _replicated_choice(req, mesh, cands, built)):
+    # dynamic programming's own answer too: local search packs memory up to the limit in the
+    # problem's model, which the lowered program can overrun where the plan it polished fits
+    for c in (list(solution.choice), list(raw.choice), dp_choice,
+              _replicated_choice(req, mesh, cands, built)):
         if c is not None and (not offered or built.problem.feasible(c)):
             offered.setdefault(tuple(c), c)
     offered = sorted(offered.values(), key=built.problem.cost)      # stable: the solver's first
@@ -121,6 +129,35 @@ def search(req, config, mesh, planner, cands, fit):
     # terms converts some values elsewhere (gpt-large: 32 collectives, all-gathers and
     # reduce-scatters among them, against data_parallel's 30 all-reduces, and 7% slower run)
     return tuple(assignment(c) for c in offered) + ((dp,) if dp_choice is not None else ())
+
+
+POLISH_SHARE = 1.0     # local search after dynamic programming: this many times its time,
+POLISH_MIN = 1.0       # ... at least this many seconds
+POLISH_MAX = 30.0      # ... and at most this many
+
+
+def _polished(problem, solution, took, config, progress):
+    """Dynamic programming's ``solution`` improved by local search (``solvers.local_search``,
+    the IOPDDL contest solver) seeded with it, for ``POLISH_SHARE`` times the ``took`` seconds
+    the search has run (within ``POLISH_MIN``..``POLISH_MAX`` and what ``search_time``
+    leaves); the answer as it was when it is proven optimal. Elimination is exact only on
+    series-parallel graphs, and a training step is not one (a weight is read by the forward
+    pass, its recomputation and the backward pass): on 4 blocks of GPT 39B on a 2-stage mesh of
+    (32, 8) A100s, dynamic programming's plan costs 3.19 s, Megatron-LM's 2.30 s, and local
+    search from dynamic programming's finds 1.89 s in 3 s (its proven lower bound: 1.78)."""
+    if solution.optimal:
+        return solution
+    budget = min(POLISH_MAX, max(POLISH_MIN, POLISH_SHARE * took))
+    if config.search_time is not None:
+        budget = min(budget, config.search_time - took)
+    if budget < POLISH_MIN:
+        return solution
+    got = solvers.get("local_search")(problem, time_limit=budget, initial=solution,
+                                      progress=progress)
+    bounds = [b for b in (solution.lower_bound, got.lower_bound) if b is not None]
+    best = got if got.cost < solution.cost else solution
+    return dataclasses.replace(best, bound=min(max(bounds), best.cost) if bounds else None,
+                               optimal=best.optimal or got.optimal)
 
 
 BASELINE_OPERATORS = 4000

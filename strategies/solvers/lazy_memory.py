@@ -217,7 +217,8 @@ class WholeModel:
         lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
         self.thread = threading.Thread(target=self._solve,
                                        args=(model, time_limit, gap, lp_limit, ceiling),
-                                       daemon=True)
+                                       daemon=False)   # joined at exit: HiGHS stopped
+        # in native code by the interpreter ending aborts the process ("terminate called")
         self.thread.start()
 
     def _solve(self, model, time_limit, gap, lp_limit, ceiling):
