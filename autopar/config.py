@@ -155,6 +155,9 @@ class ModeOptions:
                               "use data_parallel or semi_auto_parallel for several devices.")
 
 
+RECOMPUTE = ("as_written", "none", "auto")     # ParallelConfig.recompute's values
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """Where a strategy comes from: the solver, its time and memory limits, its progress
@@ -166,8 +169,15 @@ class SearchOptions:
     strategy_ckpt_load_file: Optional[str] = None
     strategy_ckpt_save_file: Optional[str] = None
     profile_plans: bool = False
+    recompute: str = "as_written"
 
     def __post_init__(self):
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute={self.recompute!r}: choose 'as_written' (the step's "
+                              "jax.checkpoint blocks recomputed as written), 'none' (no "
+                              "recomputation: the backward pass reads the forward's values) or "
+                              "'auto' (auto_parallel plans both and keeps the faster plan that "
+                              "fits).")
         _set(self, search_mode=None if self.search_mode is None else
              _enum(SearchMode, self.search_mode, "search_mode"),
              max_device_memory=parse_bytes(self.max_device_memory))
@@ -411,6 +421,11 @@ class ParallelConfig:
                                               # follow the annotated ones ("propagate") or get
                                               # MindSpore's default, their batch dimension
                                               # split over every device ("batch")
+    recompute: str = "as_written"             # activation recomputation: "as_written" (the
+                                              # step's jax.checkpoint blocks recomputed),
+                                              # "none" (the backward pass reads the forward's
+                                              # values: autopar.recompute) or "auto" (both
+                                              # planned, the faster plan that fits kept)
     strategy_ckpt_load_file: Optional[str] = None   # compile reuses the strategy saved there
     # compile saves its strategy there: autopar's JSON for a *.json name (loadable), else
     # MindSpore's protobuf strategy checkpoint

@@ -17,7 +17,9 @@ moments, dropout 0.1, every block recomputed in the backward pass. Per row and p
   (``pipeline_interleave``: its virtual stages per device), micro-batches of its micro-batch
   size (``global batch / (data x micro-batch)`` of them); the estimate against the measured time
   (``ratio``; the goal is within 10% on every row);
-- ``auto``: auto_parallel choosing its own plan on the same devices under 80 GB.
+- ``auto``: auto_parallel choosing its own plan on the same devices under 80 GB: stages,
+  micro-batches, interleaving, layouts, optimizer sharding and recomputation
+  (``recompute="auto"``: the blocks recomputed as written, or not at all).
 Prints a JSON line per row and plan (the estimate, the measurement, their ratio, the peak
 bytes per device with the optimizer state, what the plan is, and the planning wall time on
 this machine), or a Markdown table with ``--markdown``.
@@ -84,8 +86,8 @@ def megatron_config(row):
 
 def auto_config(row):
     """auto_parallel on the row's GPUs as (nodes, GPUs per node): stages, micro-batches,
-    interleaving, layouts and the parallel optimizer (ZeRO) chosen by the planner, under the
-    80 GB cap."""
+    interleaving, layouts, the parallel optimizer (ZeRO) and whether the blocks are recomputed
+    chosen by the planner, under the 80 GB cap."""
     t, pp, d, _ = shape_of(row)
     gpus = t * pp * d
     nodes = gpus // GPUS_PER_NODE
@@ -94,6 +96,7 @@ def auto_config(row):
                              topology=ap.Topology.machine("dgx-a100", nodes, GPUS_PER_NODE),
                              pipeline_stages="auto", micro_batches="auto",
                              pipeline_interleave="auto", enable_parallel_optimizer=True,
+                             recompute="auto",
                              max_device_memory=CAP, progress=False)
 
 
@@ -128,7 +131,7 @@ def plan_row(row, plan):
     t, pp, d, micro = shape_of(row)
     return {"row": row["name"], "plan": plan, "gpus": t * pp * d,
             "t": t, "p": pp, "d": d, "micro_batches": s.micro_batches,
-            "interleave": s.pipeline_interleave,
+            "interleave": s.pipeline_interleave, "recompute": s.recompute,
             "estimate_s": round(est, 3), "measured_s": measured,
             "ratio": round(est / measured, 3),
             "peak_gib": round(s.peak_memory / 2 ** 30, 1), "plan_wall_s": round(seconds, 1),
@@ -155,7 +158,10 @@ def main():
     out = []
     for row in rows:
         for plan in args.plans:
-            got = plan_row(row, plan)
+            try:
+                got = plan_row(row, plan)
+            except ap.AutoparError as e:         # a row that cannot be planned, and why
+                got = {"row": row["name"], "plan": plan, "error": f"{type(e).__name__}: {e}"}
             out.append(got)
             if not args.markdown:
                 print(json.dumps(got), flush=True)
@@ -164,6 +170,9 @@ def main():
               "measured s | ratio | peak GB | plan wall s |")
         print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in out:
+            if "error" in r:
+                print(f"| {r['row']} | {r['plan']} | {r['error'][:200]} |")
+                continue
             print(f"| {r['row']} | {r['plan']} | {r['gpus']} | {r['t']} x {r['p']} x {r['d']} | "
                   f"{r['micro_batches']} | {r['interleave']} | {r['estimate_s']} | "
                   f"{r['measured_s']} | "

@@ -125,6 +125,8 @@ class Strategy:
     micro_batches: int = 1
     scheduler: str = ""
     pipeline_interleave: int = 1    # stages per device group (stage j on group j mod groups)
+    recompute: str = "as_written"   # the step's recomputation kept ("as_written") or dropped
+                                    # ("none": autopar.recompute)
     collectives: tuple = ()         # CommStrategy per communication step of the program
     memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
                                     # execution order (empty for a pipeline: see stages)
@@ -193,6 +195,8 @@ class Strategy:
                         "model; " + ("no lower bound proved" if self.search_bound is None else
                                      f"every plan costs at least {self.search_bound * 1e6:.1f} "
                                      f"us there (proved): gap {self.search_gap:.2%}"))
+        if self.recompute == "none":
+            head.append("recomputation: none (the backward pass reads the forward pass's values)")
         if self.stages:
             parts = (f" ({self.pipeline_interleave} per device group, interleaved)"
                      if self.pipeline_interleave > 1 else "")
@@ -254,6 +258,7 @@ class Strategy:
             "micro_batches": self.micro_batches, "scheduler": self.scheduler,
             **({"pipeline_interleave": self.pipeline_interleave}
                if self.pipeline_interleave > 1 else {}),
+            **({"recompute": self.recompute} if self.recompute != "as_written" else {}),
             "collectives": [{"kind": c.kind, "axes": list(c.axes), "shape": list(c.shape),
                              "dtype": c.dtype, "bytes": c.bytes, "seconds": c.seconds,
                              "reason": c.reason, "stage": c.stage, "count": c.count}

@@ -196,6 +196,7 @@ def read(text: str):
         micro_batches=_field(d, "micro_batches", "", _int, 1),
         scheduler=_field(d, "scheduler", "", _str, ""),
         pipeline_interleave=_field(d, "pipeline_interleave", "", _int, 1),
+        recompute=_field(d, "recompute", "", _str, "as_written"),
         collectives=_field(d, "collectives", "", _list(collective), ()),
         memory_timeline=_field(d, "memory_timeline", "", _list(timeline), ()),
         pipeline_choices=_field(d, "pipeline_choices", "", _list(choice), ()))

@@ -22,7 +22,7 @@ import jax
 
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
-from ..errors import ConfigError, InfeasibleError, LayoutError
+from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..program import Compute
 from ..strategies.build import StatePricing
 from ..strategies.cost_model import call_overhead, memory_timeline, program_memory
@@ -35,6 +35,7 @@ from ..strategies.strategy import InputStrategy, Strategy, step_seconds
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
+from ..recompute import recomputes, without_recompute
 from ..trace import trace
 from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
                          leaf_type, state_pairs)
@@ -422,8 +423,15 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
-    graph, in_strategy = tuples_on_device_matrices(
-        config, with_operator_letters(trace(fn, *args)), args, in_strategy)
+    traced = with_operator_letters(trace(fn, *args))
+    if config.recompute == "auto" and mode is ParallelMode.AUTO_PARALLEL and \
+            strategy is None and recomputes(traced):
+        return _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure)
+    dropped = config.recompute == "none" or (strategy is not None and
+                                             strategy.recompute == "none")
+    if dropped:
+        traced = without_recompute(traced)
+    graph, in_strategy = tuples_on_device_matrices(config, traced, args, in_strategy)
     t_trace = time.monotonic()
     if not named:
         batch_argnums = default_batch(graph)
@@ -438,9 +446,31 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
                          pipelined=pipelined(config), op_tuples=ops,
                          micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
     if config.pipeline.auto:
-        return auto_pipeline(req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
-                             lambda r, cache: _staged(r, full, cache))
-    return _plan_traced(req, full, t0, t_trace)
+        graph, strat, program = auto_pipeline(
+            req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
+            lambda r, cache: _staged(r, full, cache))
+    else:
+        graph, strat, program = _plan_traced(req, full, t0, t_trace)
+    return graph, dataclasses.replace(strat, recompute="none") if dropped else strat, program
+
+
+def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
+    """``recompute="auto"``: the step planned as written (its ``jax.checkpoint`` blocks
+    recomputed) and without recomputation (``autopar.recompute``), the faster plan within the
+    cap kept; the error of the first when neither can be planned."""
+    plans, errors = [], []
+    for how in ("as_written", "none"):
+        try:
+            graph, strat, program = _plan(fn, args, config.replace(recompute=how),
+                                          batch_argnums, in_strategy, None, measure)
+        except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
+            errors.append(e)
+            continue
+        seconds = strat.pipeline_time if strat.stages else strat.step_time
+        plans.append((seconds, len(plans), (graph, strat, program)))
+    if not plans:
+        raise errors[0]
+    return min(plans)[2]
 
 
 def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):

@@ -1,0 +1,73 @@
+"""Activation recomputation as a choice (``autopar.recompute``, ``ParallelConfig.recompute``):
+the step without its ``jax.checkpoint`` recomputation is the step written without it, runs to
+the single-device step's values, and ``recompute="auto"`` keeps the faster plan within the
+cap."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+import autopar as ap
+import megatron_gpt as mg
+from autopar.recompute import recomputes, without_recompute
+from autopar.trace import trace
+
+
+def _gpt(remat=True):
+    p = mg.params(2, 64, 128, 32)
+    m, v = mg.adam_state(p)
+    step = functools.partial(mg.train_step, heads=4, remat=remat)
+    step.__name__ = "gpt"
+    return step, (p, m, v, mg.batch(8, 32, 128), jax.random.PRNGKey(0))
+
+
+def test_the_step_without_recomputation_is_the_step_written_without_it():
+    step, args = _gpt()
+    graph = trace(step, *args)
+    plain = trace(_gpt(remat=False)[0], *args)
+    dropped = without_recompute(graph)
+    dots = lambda g: sum(n.prim == "dot_general" for n in g.nodes)
+    assert recomputes(graph) and dots(graph) > dots(dropped)
+    assert dots(dropped) == dots(plain)              # every matmul once: 39 of the 49
+    assert len(dropped.nodes) == len(without_recompute(plain).nodes)
+    assert [n.id for n in dropped.nodes] == list(range(len(dropped.nodes)))
+    assert without_recompute(dropped) is dropped
+
+
+def test_a_step_without_recomputation_runs_as_the_single_device_step():
+    step, args = _gpt()
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, backend="jax",
+                            recompute="none", progress=False)
+    c = ap.compile(step, *args, config=cfg)
+    assert c.strategy.recompute == "none"
+    for got, want in zip(jax.tree.leaves(c(*args)), jax.tree.leaves(step(*args))):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   atol=2e-3, rtol=2e-2)
+
+
+def test_auto_keeps_the_faster_plan_that_fits():
+    step, args = _gpt()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, progress=False)
+    plan = lambda **kw: ap.plan(step, *abstract, config=cfg.replace(**kw), batch_argnums=(3,))
+    written, dropped = plan(recompute="as_written"), plan(recompute="none")
+    assert dropped.step_time < written.step_time               # no forward run twice
+    assert dropped.peak_memory > written.peak_memory           # every activation held
+    assert plan(recompute="auto").recompute == "none"
+    cap = (written.peak_memory + dropped.peak_memory) // 2
+    fits = []
+    for how in ("as_written", "none"):
+        try:
+            fits.append(plan(recompute=how, max_device_memory=cap))
+        except ap.InfeasibleError:
+            pass
+    assert fits
+    auto = plan(recompute="auto", max_device_memory=cap)
+    assert auto.peak_memory <= cap
+    assert auto.step_time == pytest.approx(min(s.step_time for s in fits))
+
+
+def test_recompute_is_checked():
+    with pytest.raises(ap.ConfigError, match="recompute='selective'.*as_written"):
+        ap.ParallelConfig(recompute="selective")
