@@ -136,20 +136,23 @@ class Topology:
         return math.prod(lv.size for lv in self.levels)
 
     def inner(self, k: int) -> "Topology":
-        """The innermost levels holding ``k`` devices (one pipeline stage's topology)."""
+        """The innermost levels holding ``k`` devices (one pipeline stage's topology). A stage
+        takes whole levels, or part of one level that its stages tile (6 of a host's 8 GPUs
+        would put a stage across two hosts, refused), or any part of the outermost level."""
         levels, n = [], 1
         for lv in reversed(self.levels):
             if n * lv.size <= k:
                 levels.insert(0, lv)
                 n *= lv.size
-            elif k % n == 0:
+            elif k % n == 0 and (lv is self.levels[0] or lv.size % (k // n) == 0):
                 levels.insert(0, replace(lv, size=k // n))
                 n = k
             if n == k or k % n:
                 break
         if n != k:
             raise ConfigError(f"{k} devices per pipeline stage do not fill whole inner levels of "
-                              f"{self}; choose pipeline_stages so that they do.")
+                              f"{self} (a stage would span two of them); choose "
+                              "pipeline_stages so that they do.")
         # a stage reduces over its own devices only: the reducers serve whole-mesh groups; the
         # reference step was profiled on all of them
         return replace(self, levels=tuple(lv for lv in levels if lv.size > 1) or (levels[-1],),

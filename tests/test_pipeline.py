@@ -606,3 +606,20 @@ def test_an_interleaved_pipeline_runs_on_jax_devices_and_equals_the_single_devic
         ap.compile(m.gpt_sgd_step, p, b, config=cfg.replace(backend="native"))
     with pytest.raises(ap.ConfigError, match="1f1b"):
         cfg.replace(pipeline_scheduler="gpipe")
+
+
+def test_auto_stage_counts_whose_stages_are_not_whole_hosts_are_skipped_with_the_reason():
+    """On 3 DGX A100 nodes (mesh (3, 8)), 2 stages of 12 GPUs or 4 of 6 would span two hosts:
+    auto's pipeline search notes why and plans the other counts (it aborted the plan)."""
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=48)
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (p, b))
+    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=24, mesh_shape=(3, 8),
+                            mesh_axis_names=("node", "gpu"),
+                            topology=ap.Topology.machine("dgx-a100", 3, 8),
+                            pipeline_stages="auto", micro_batches="auto", progress=False)
+    s = ap.plan(m.gpt_sgd_step, *args, config=cfg, batch_argnums=(1,))
+    notes = {c.stages: c.note for c in s.pipeline_choices}
+    assert "12 devices per pipeline stage do not fill whole inner levels" in notes[2]
+    assert "6 devices per pipeline stage" in notes[4]
+    assert any(c.note == "chosen" for c in s.pipeline_choices)
+    assert ap.Topology.machine("dgx-a100", 3, 8).inner(4).num_devices == 4   # half a host

@@ -270,7 +270,10 @@ def pipeline_options(config, full, batch_rows: int) -> list:
         elif S == 1:
             micro = [1, 2, 4]
         else:
-            first = (stage_mesh(full, S, n // S).shape or (1,))[0]
+            try:
+                first = (stage_mesh(full, S, n // S).shape or (1,))[0]
+            except ConfigError:     # stages not of whole hosts: each pair notes why, unplanned
+                first = batch_rows + 1
             micro = sorted({S, 2 * S, 4 * S}
                            | ({batch_rows // first} if batch_rows // first >= S else set()))
         vs = [given_v] if given_v != "auto" else INTERLEAVES
