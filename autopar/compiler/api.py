@@ -553,7 +553,7 @@ def _staged(req: CompileRequest, full, cache) -> Staged:
     key = ("staged", config.pipeline_stages, config.micro_batches, config.pipeline_interleave)
     if key not in cache:
         cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
-                                   req.batch_argnums, req.names, req.pairs)
+                                   req.batch_argnums, req.names, req.pairs, cache)
     return cache[key]
 
 

@@ -198,15 +198,21 @@ class Staged:
         return pipeline_seconds(self.stage_plan.seconds, micro, self.stage_plan.interleave)
 
 
-def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pairs) -> Staged:
-    """The layouts on every stage size and the stage plan (module docstring)."""
+def plan_pipeline(config, graph, full, on_mesh, args, batch_argnums, names, pairs,
+                  cache=None) -> Staged:
+    """The layouts on every stage size and the stage plan (module docstring); ``cache`` keeps
+    the stage sizes' options by (stages, micro-batches, sizes) for the interleavings tried."""
     S, M = config.pipeline_stages, config.micro_batches
     batch = batch_inputs(graph, args, batch_argnums, pairs)
     fixed = _fixed_stages(graph, S)
     given = config.pipeline_stage_devices
     if given is None:                    # the planner's choice where it cuts the stages
         given = "equal" if fixed is not None else "auto"
-    by_size, refused = _size_options(graph, full, on_mesh, S, M, given, batch, names)
+    cache = {} if cache is None else cache
+    key = ("sizes", S, M, given)
+    if key not in cache:
+        cache[key] = _size_options(graph, full, on_mesh, S, M, given, batch, names)
+    by_size, refused = cache[key]
     sizes = (given if isinstance(given, tuple) else None if given == "auto"
              else (full.size // S,) * S)
     try:
