@@ -131,7 +131,7 @@ def search(req, config, mesh, planner, cands, fit):
     return tuple(assignment(c) for c in offered) + ((dp,) if dp_choice is not None else ())
 
 
-POLISH_SHARE = 1.0     # local search after dynamic programming: this many times its time,
+POLISH_SHARE = 0.5     # local search after dynamic programming: this share of its time,
 POLISH_MIN = 1.0       # ... at least this many seconds
 POLISH_MAX = 30.0      # ... and at most this many
 
