@@ -406,6 +406,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
     measured first when ``measure``, as ``compile`` does before running here)."""
     config = config_of(config)
+    given = (batch_argnums, in_strategy)          # as the caller gave them (recompute="auto")
     named = batch_argnums is not None
     batch_argnums = check_call(fn, args, batch_argnums)
     in_strategy, ops, strategy = mindspore_constraints(strategy, config, args, in_strategy)
@@ -426,7 +427,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     traced = with_operator_letters(trace(fn, *args))
     if config.recompute == "auto" and mode is ParallelMode.AUTO_PARALLEL and \
             strategy is None and recomputes(traced):
-        return _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure)
+        return _recompute_or_not(fn, args, config, *given, measure)
     dropped = config.recompute == "none" or (strategy is not None and
                                              strategy.recompute == "none")
     if dropped:
