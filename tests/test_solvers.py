@@ -322,6 +322,7 @@ def test_dynamic_programming_polished_by_local_search_in_auto_parallels_search()
     (``compiler.search._polished``): never dearer, a proven bound never above it, and cheaper
     on graphs that are not series-parallel (where elimination is only approximate)."""
     import autopar as ap
+    from autopar.compiler import search
     from autopar.compiler.search import _polished
     from autopar.strategies import solvers
     from autopar.strategies.solvers.random_problems import random_medium_problem
@@ -329,7 +330,13 @@ def test_dynamic_programming_polished_by_local_search_in_auto_parallels_search()
     for seed in range(4):
         p = random_medium_problem(seed, kind="sparse", nodes=200)
         dp = solvers.get("dynamic_programming")(p, time_limit=10)
-        got = _polished(p, dp, 0.0, ap.ParallelConfig(), None)
+        assert p.num_nodes < search.POLISH_NODES        # small: kept as it is
+        assert _polished(p, dp, 0.0, ap.ParallelConfig(), None) is dp
+        search.POLISH_NODES, keep = 0, search.POLISH_NODES
+        try:
+            got = _polished(p, dp, 0.0, ap.ParallelConfig(), None)
+        finally:
+            search.POLISH_NODES = keep
         assert p.feasible(got.choice) and got.cost == pytest.approx(p.cost(got.choice))
         assert got.cost <= dp.cost
         assert got.lower_bound is None or got.lower_bound <= got.cost + 1e-9
