@@ -131,6 +131,15 @@ class Graph:
                 users[v.id] = []
         return Graph(tuple(inputs), tuple(outputs), tuple(nodes), in_tree, out_tree, producer, users)
 
+    def dependents(self, positions) -> frozenset:
+        """The ids of the graph inputs at ``positions`` and of every node output computed from
+        one of them (the values that vary with those inputs: with the batch, the batch's)."""
+        out = {self.inputs[i].id for i in positions}
+        for n in self.nodes:
+            if any(isinstance(x, Value) and x.id in out for x in n.inputs):
+                out.update(v.id for v in n.outputs)
+        return frozenset(out)
+
     def values(self):
         yield from self.inputs
         for n in self.nodes:

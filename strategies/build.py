@@ -259,7 +259,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
                  state_pricing)
     if repeat > 1:
-        b.repeat, b.varies = repeat, _batch_values(graph, batch_inputs)
+        b.repeat, b.varies = repeat, graph.dependents(batch_inputs)
         b.accumulate(state_pairs)
     for i, v in enumerate(graph.inputs):
         b.add_argument(i, v, f"argument {arg_names[i] if arg_names else i}")
@@ -480,15 +480,6 @@ class _Builder:
         3-axis mesh the values of one shape meet the same layout sets on hundreds of edges."""
         return _matrix(src, dst, f, self.pair_costs.setdefault(
             (tuple(kind[1]), str(kind[2])) + kind[:1] + kind[3:], {}))
-
-
-def _batch_values(graph, batch_inputs) -> frozenset:
-    """The value ids that depend on a batch input (graph input positions)."""
-    out = {graph.inputs[i].id for i in batch_inputs}
-    for n in graph.nodes:
-        if any(isinstance(x, Value) and x.id in out for x in n.inputs):
-            out.update(v.id for v in n.outputs)
-    return frozenset(out)
 
 
 def _hub_reads(graph, chains, result_ids) -> dict:

@@ -108,9 +108,9 @@ def _layers(graph, batch_inputs) -> _Forward:
     each node's anchor and which nodes are derivatives (module docstring, points 1 and 2)."""
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     back = _derivatives(graph, index)
-    varies = _batch_dependent(graph, batch_inputs)
+    varies = graph.dependents(batch_inputs)
     fwd = [k for k, n in enumerate(graph.nodes)
-           if not back[k] and any(varies[o.id] for o in n.outputs)]
+           if not back[k] and any(o.id in varies for o in n.outputs)]
     pos = {k: i for i, k in enumerate(fwd)}
     last_use = _last_use(graph, fwd, pos, back)
     anchor = _anchors(graph, index, pos, back, last_use)
@@ -128,19 +128,6 @@ def _derivatives(graph, index) -> list:
             isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
             for x in n.inputs)
     return back
-
-
-def _batch_dependent(graph, batch_inputs) -> dict:
-    """A graph and its batch input positions -> value id (node outputs) -> whether it depends
-    on the batch."""
-    batch_ids = {graph.inputs[i].id for i in batch_inputs}
-    varies = {}
-    for n in graph.nodes:
-        v = any(isinstance(x, Value) and (x.id in batch_ids or varies.get(x.id, False))
-                for x in n.inputs)
-        for o in n.outputs:
-            varies[o.id] = v
-    return varies
 
 
 def _cuts(graph, index, fwd, pos) -> list:
@@ -169,7 +156,7 @@ def _backward_splits(graph, index, back, varies, anchor, n_fwd) -> np.ndarray:
         if not back[k]:
             continue
         for x in n.inputs:
-            if isinstance(x, Value) and varies.get(x.id) and x.id in graph.producer:
+            if isinstance(x, Value) and x.id in varies and x.id in graph.producer:
                 u = index[graph.producer[x.id].id]
                 if back[u] and anchor[u] < anchor[k]:
                     split[anchor[u] + 1] += 1

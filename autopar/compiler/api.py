@@ -23,7 +23,6 @@ import jax
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
-from ..program import Compute
 from ..strategies.build import StatePricing
 from ..strategies.cost_model import call_overhead, memory_timeline, program_memory
 from ..strategies.candidates import batch_defaults, candidates_of
@@ -31,7 +30,7 @@ from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.slices import slice_early
-from ..strategies.strategy import InputStrategy, Strategy, step_seconds
+from ..strategies.strategy import Strategy, step_seconds
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
@@ -41,7 +40,8 @@ from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, 
                          leaf_type, state_pairs)
 from .compiled import Compiled, positional
 from .key_args import split_keys
-from .dump import assemble_strategy, bucket_bytes, host_arrays, host_bytes, op_strategies
+from .dump import (assemble_strategy, bucket_bytes, host_arrays, host_bytes, input_strategies,
+                   peak_of, plan_op_strategies)
 from .hybrid_plan import plan_hybrid
 from .lost_split import lost_split
 from .multiprocess import plan_for_processes
@@ -345,7 +345,8 @@ def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
     """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports, from the
     same OpStrategies, overhead and measured compute if profiled (``step_seconds``)."""
     graph, program = req.graph, plan.program
-    ops = _op_strategies(graph, req.names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
+    ops = plan_op_strategies(graph, req.names, [plan] * len(graph.nodes),
+                             (0,) * len(graph.nodes))
     return step_seconds(ops, plan.out_comm, call_overhead(
         program, host_bytes(graph, program), bucket_bytes(req.config), host_arrays(graph)),
         plan.measured)
@@ -490,12 +491,12 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         program, out_comm, per_stage = mesh_plan.program, mesh_plan.out_comm, (mesh_plan,)
         node_plan = [mesh_plan] * len(graph.nodes)
     first = per_stage[0]
-    inputs = _input_strategies(graph, names, program, per_stage, pipelined)
-    ops = _op_strategies(graph, names, node_plan,
-                         program.node_stages if pipelined else (0,) * len(graph.nodes),
-                         converts=not pipelined)
+    inputs = input_strategies(graph, names, program, per_stage, pipelined)
+    ops = plan_op_strategies(graph, names, node_plan,
+                             program.node_stages if pipelined else (0,) * len(graph.nodes),
+                             converts=not pipelined)
     timeline = () if pipelined else memory_timeline(program)
-    peak, peak_op, peak_where = _peak(program, graph, pipelined, timeline)
+    peak, peak_op, peak_where = peak_of(program, graph, pipelined, timeline)
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
@@ -556,48 +557,6 @@ def _staged(req: CompileRequest, full, cache) -> Staged:
         cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
                                    req.batch_argnums, req.names, req.pairs, cache)
     return cache[key]
-
-
-def _op_strategies(graph, names, node_plan, stage_of, converts=True) -> tuple:
-    """The OpStrategy of every node from the MeshPlan of its stage (``node_plan``), with the
-    layouts values are converted to once (``converts``; a pipeline's micro-batch lowering
-    converts per reading layout instead: its layouts carry the micro-batch axis)."""
-    return op_strategies(
-        graph, names, [plan.assignment.choice[n.id] for n, plan in zip(graph.nodes, node_plan)],
-        [plan.comm[n.id] for n, plan in zip(graph.nodes, node_plan)],
-        [plan.mesh for plan in node_plan], stage_of,
-        held={v.id: plan.assignment.held[v.id] for n, plan in zip(graph.nodes, node_plan)
-              for v in n.outputs if converts and v.id in plan.assignment.held})
-
-
-def _input_strategies(graph, names, program, per_stage, pipelined) -> list:
-    """An InputStrategy per argument leaf, in the layout of the first stage that reads it."""
-    readers = {}                          # argument position -> the first stage reading it
-    for st in (program.stages if pipelined else ()):
-        for i in st.inputs:
-            readers.setdefault(i, st.index)
-    inputs = []
-    for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
-        mesh_plan = per_stage[readers.get(k, 0)]
-        inputs.append(InputStrategy(name=n, shape=v.shape, dtype=str(v.dtype),
-                                    layout=mesh_plan.assignment.inputs[k], is_param=p,
-                                    update=mesh_plan.updates.get(k)))
-    return inputs
-
-
-def _peak(program, graph, pipelined, timeline) -> tuple:
-    """``(bytes, what runs at the peak, where)`` on the fullest device: the peak instruction of
-    a Program's memory ``timeline`` (its operator, or the collective and the operator it
-    feeds), or a pipeline's fullest stage."""
-    if pipelined:            # each device holds one stage: the fullest stage is the peak
-        top = max(program.stages, key=lambda st: st.memory)
-        return top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
-    peak, at = program_memory(program, timeline)
-    node_id = getattr(at, "node_id", None)
-    node = getattr(at, "node", None) or (None if node_id is None else graph.nodes[node_id])
-    peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
-               else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
-    return peak, peak_op, node.source if node is not None else "the arguments"
 
 
 class ParallelFunction:

@@ -7,7 +7,9 @@ overhead from ``cost_model.call_overhead`` with ``host_bytes`` and ``host_arrays
 and the number of the arguments and results, and the runtime's all-reduce ``bucket_bytes``),
 ``op_strategies`` (an ``OpStrategy`` per node), ``comm_records`` (a ``CommStrategy`` per
 communication step, priced), ``label`` (how the memory timeline names an instruction) and
-``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal).
+``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal);
+from the plan's MeshPlans: ``plan_op_strategies``, ``input_strategies`` (an InputStrategy per
+argument leaf) and ``peak_of`` (the fullest device's peak and what runs there).
 """
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import numpy as np
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
 from ..graph import Const
-from ..strategies.cost_model import call_overhead, compute_time, fused, output_bytes
-from ..strategies.strategy import CommStrategy, OpStrategy, StageStrategy, Strategy
+from ..strategies.cost_model import (call_overhead, compute_time, fused, output_bytes,
+                                     program_memory)
+from ..strategies.strategy import (CommStrategy, InputStrategy, OpStrategy, StageStrategy,
+                                  Strategy)
 
 
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
@@ -148,3 +152,45 @@ def operands(graph, names) -> list:
     made_by.update((o.id, n.name) for n in graph.nodes for o in n.outputs)
     return [tuple(made_by.get(getattr(x, "id", None), "") for x in n.inputs)
             for n in graph.nodes]
+
+
+def plan_op_strategies(graph, names, node_plan, stage_of, converts=True) -> tuple:
+    """The OpStrategy of every node from the MeshPlan of its stage (``node_plan``), with the
+    layouts values are converted to once (``converts``; a pipeline's micro-batch lowering
+    converts per reading layout instead: its layouts carry the micro-batch axis)."""
+    return op_strategies(
+        graph, names, [plan.assignment.choice[n.id] for n, plan in zip(graph.nodes, node_plan)],
+        [plan.comm[n.id] for n, plan in zip(graph.nodes, node_plan)],
+        [plan.mesh for plan in node_plan], stage_of,
+        held={v.id: plan.assignment.held[v.id] for n, plan in zip(graph.nodes, node_plan)
+              for v in n.outputs if converts and v.id in plan.assignment.held})
+
+
+def input_strategies(graph, names, program, per_stage, pipelined) -> list:
+    """An InputStrategy per argument leaf, in the layout of the first stage that reads it."""
+    readers = {}                          # argument position -> the first stage reading it
+    for st in (program.stages if pipelined else ()):
+        for i in st.inputs:
+            readers.setdefault(i, st.index)
+    inputs = []
+    for k, ((n, p), v) in enumerate(zip(names, graph.inputs)):
+        mesh_plan = per_stage[readers.get(k, 0)]
+        inputs.append(InputStrategy(name=n, shape=v.shape, dtype=str(v.dtype),
+                                    layout=mesh_plan.assignment.inputs[k], is_param=p,
+                                    update=mesh_plan.updates.get(k)))
+    return inputs
+
+
+def peak_of(program, graph, pipelined, timeline) -> tuple:
+    """``(bytes, what runs at the peak, where)`` on the fullest device: the peak instruction of
+    a Program's memory ``timeline`` (its operator, or the collective and the operator it
+    feeds), or a pipeline's fullest stage."""
+    if pipelined:            # each device holds one stage: the fullest stage is the peak
+        top = max(program.stages, key=lambda st: st.memory)
+        return top.memory, f"stage {top.index}", f"devices {list(top.devices)}"
+    peak, at = program_memory(program, timeline)
+    node_id = getattr(at, "node_id", None)
+    node = getattr(at, "node", None) or (None if node_id is None else graph.nodes[node_id])
+    peak_op = ("the arguments" if at is None else node.name if isinstance(at, Compute)
+               else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}")
+    return peak, peak_op, node.source if node is not None else "the arguments"

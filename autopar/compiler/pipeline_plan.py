@@ -278,10 +278,10 @@ def pipeline_options(config, full, batch_rows: int) -> list:
         else:
             try:
                 first = (stage_mesh(full, S, n // S).shape or (1,))[0]
+                one_row = {batch_rows // first} if batch_rows // first >= S else set()
             except ConfigError:     # stages not of whole hosts: each pair notes why, unplanned
-                first = batch_rows + 1
-            micro = sorted({S, 2 * S, 4 * S}
-                           | ({batch_rows // first} if batch_rows // first >= S else set()))
+                one_row = set()
+            micro = sorted({S, 2 * S, 4 * S} | one_row)
         vs = [given_v] if given_v != "auto" else INTERLEAVES
         out += [(S, M, v) for M in micro if batch_rows % M == 0 for v in vs
                 if v == 1 or (S > 1 and M % S == 0)]
