@@ -1,8 +1,9 @@
 """Annotations that survive tracing: ``ap.shard`` (a value's layout) and ``ap.pipeline_stage``
 (the pipeline stage of a block of operators).
 
-``ap.shard``: in: a JAX value and a strategy (a tuple of split counts, MindSpore style, an
-``ap.Layout``, or MindSpore's ``ap.Layout(device_matrix, aliases)(...)``). Out: the same
+``ap.shard``: in: a JAX value and a strategy (a tuple of split counts, MindSpore style, a
+``jax.sharding.PartitionSpec``, an ``ap.Layout`` or its text ``"[_,y]"``, or MindSpore's
+``ap.Layout(device_matrix, aliases)(...)``). Out: the same
 value, tagged by the identity primitive ``autopar_shard``. Or in: a function and MindSpore's
 ``in_strategy``/``out_strategy``; out: the function with its operands and result tagged
 (``device_matrix.OperatorSpec``, resolved against the operator at planning). Run
@@ -22,6 +23,7 @@ import jax
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax.sharding import PartitionSpec
 
 from .errors import ConfigError, LayoutError
 from .device_matrix import DeviceSpec, MeshTemplate, OperatorSpec
@@ -37,8 +39,8 @@ batching.primitive_batchers[shard_p] = lambda args, dims, *, spec: (args[0], dim
 
 
 def shard(x, strategy=None, out_strategy=None, *, in_strategy=None):
-    """Annotate a value with a layout: ``ap.shard(w, (1, 4))``, ``ap.shard(w,
-    ap.Layout.parse("[_,y]"))`` or ``ap.shard(w, ap.Layout((2, 4), ("dp", "mp"))("None",
+    """Annotate a value with a layout: ``ap.shard(w, (1, 4))``, ``ap.shard(w, P(None, "y"))``
+    (a ``jax.sharding.PartitionSpec``), ``ap.shard(w, "[_,y]")`` (a layout's text) or ``ap.shard(w, ap.Layout((2, 4), ("dp", "mp"))("None",
     "mp"))``; or an operator-like function with MindSpore's tuples (``ms.shard``):
     ``ap.shard(fn, in_strategy=((2, 1), (1, 4)), out_strategy=None)`` returns ``fn`` whose
     operands (and result) carry them, on the device matrix MindSpore derives for the operator
@@ -48,12 +50,14 @@ def shard(x, strategy=None, out_strategy=None, *, in_strategy=None):
     if strategy is None or out_strategy is not None or in_strategy is not None:
         raise LayoutError("ap.shard(value, strategy) takes one strategy for a value; "
                           "in_strategy/out_strategy are for ap.shard(function, ...).")
-    return shard_p.bind(x, spec=_value_spec(strategy))
+    return shard_p.bind(x, spec=_value_spec(strategy, np.ndim(x)))
 
 
-def _value_spec(strategy):
+def _value_spec(strategy, rank: int):
     if isinstance(strategy, str):
         strategy = Layout.parse(strategy)
+    if isinstance(strategy, PartitionSpec):
+        strategy = Layout.from_partition_spec(strategy, rank)
     if isinstance(strategy, (Layout, DeviceSpec)):
         return strategy
     if isinstance(strategy, MeshTemplate):
@@ -64,7 +68,8 @@ def _value_spec(strategy):
         return tuple(strategy)          # validated (integers >= 1, fits) by ap.compile
     except TypeError:
         raise LayoutError(f"ap.shard strategy {strategy!r} must be a tuple of split counts "
-                          "like (1, 4) or an ap.Layout.") from None
+                          "like (1, 4), a jax.sharding.PartitionSpec like P(None, 'y'), or an "
+                          "ap.Layout or its text like '[_,y]'.") from None
 
 
 _groups = itertools.count()
@@ -75,7 +80,8 @@ def _shard_fn(fn, in_strategy, out_strategy):
         raise LayoutError(f"ap.shard({getattr(fn, '__name__', fn)}, in_strategy="
                           f"{in_strategy!r}): give one entry per argument: a split tuple, an "
                           "ap.Layout(...)(...) or None, e.g. ((2, 1), (1, 4)).")
-    plain = lambda s: s is not None and not isinstance(s, (Layout, DeviceSpec, str))
+    plain = lambda s: s is not None and not isinstance(s, (Layout, DeviceSpec, str,
+                                                           PartitionSpec))
     name = getattr(fn, "__name__", "fn")
     counts = tuple(tuple(s) if plain(s) else None for s in in_strategy)
     for c in counts:
@@ -83,7 +89,9 @@ def _shard_fn(fn, in_strategy, out_strategy):
                                      for n in c):
             raise LayoutError(f"ap.shard({name}, in_strategy={in_strategy!r}): {c} is not a "
                               "tuple of split counts (whole numbers >= 1, one per dimension of "
-                              "its argument).")
+                              "its argument); for mesh axis names give a "
+                              "jax.sharding.PartitionSpec, e.g. P('x', None), or a layout's "
+                              "text, e.g. '[x,_]'.")
 
     @functools.wraps(fn)
     def wrapped(*args):
@@ -98,7 +106,7 @@ def _shard_fn(fn, in_strategy, out_strategy):
         group = next(_groups)
         args = [a if s is None else shard_p.bind(
                     a, spec=OperatorSpec(counts, i, group) if counts[i] is not None
-                    else _value_spec(s))
+                    else _value_spec(s, np.ndim(a)))
                 for i, (a, s) in enumerate(zip(args, in_strategy))]
         out = fn(*args)
         if out_strategy is None:
@@ -108,7 +116,7 @@ def _shard_fn(fn, in_strategy, out_strategy):
                               "operator's one result, e.g. ((8, 1),).")
         o = out_strategy[0]
         return shard_p.bind(out, spec=OperatorSpec(counts, -1, group, tuple(o))
-                            if plain(o) else _value_spec(o))
+                            if plain(o) else _value_spec(o, np.ndim(out)))
     return wrapped
 
 

@@ -14,6 +14,7 @@ import math
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from .annotate import shard_p
 from .config import ParallelMode
@@ -100,7 +101,9 @@ def check_counts(spec, shape, devices: int, what) -> tuple:
     counts = tuple(spec)
     if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
         raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
-                          "(1 = not split).")
+                          "(1 = not split); to name mesh axes give a "
+                          "jax.sharding.PartitionSpec, e.g. P(None, 'y'), an ap.Layout or its "
+                          "text, e.g. '[_,y]' (Layout.from_partition_spec converts).")
     if len(counts) != len(shape):
         raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
                           f"has shape {tuple(shape)}; give one split count per dimension.")
@@ -115,8 +118,12 @@ def check_counts(spec, shape, devices: int, what) -> tuple:
 
 
 def spec_layout(spec, shape, mesh, what) -> Layout:
+    """A user's layout of a value of ``shape`` on ``mesh`` (split counts, a PartitionSpec, a
+    Layout or its text, MindSpore's device-matrix forms), checked; ``what`` names it in errors."""
     if isinstance(spec, str):
         spec = Layout.parse(spec)
+    if isinstance(spec, PartitionSpec):
+        spec = Layout.from_partition_spec(spec, len(shape))
     if isinstance(spec, MeshTemplate):
         raise LayoutError(f"{what}: {spec} is a device matrix, not a layout: call it with one "
                           "alias per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))"
@@ -184,16 +191,21 @@ def arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) ->
         if len(in_strategy) != len(args):
             raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
                               "arguments; give one per argument (None for 'no constraint').")
-        is_leaf = lambda x: x is None or isinstance(x, (Layout, str, DeviceSpec)) or (
-            isinstance(x, tuple) and all(isinstance(c, int) for c in x))
+        is_leaf = lambda x: x is None or isinstance(x, (Layout, str, DeviceSpec,
+                                                        PartitionSpec)) or (
+            isinstance(x, tuple) and all(isinstance(c, (int, float)) for c in x))
         j = 0
         for a, spec in zip(args, in_strategy):
             try:   # spec is a prefix of the argument: one entry covers a whole subtree
                 per_leaf = jax.tree.map(lambda s, sub: _Covers(s, len(jax.tree.leaves(sub))),
                                         spec, a, is_leaf=is_leaf)
             except ValueError as e:
-                raise LayoutError(f"in_strategy entry {spec!r} does not match the structure of "
-                                  f"its argument: {e}") from None
+                named = isinstance(spec, tuple) and any(isinstance(x, str) for x in spec)
+                raise LayoutError(
+                    f"in_strategy entry {spec!r} does not match the structure of its argument"
+                    + (f"; to split by mesh axis names write a PartitionSpec, "
+                       f"P{spec!r}, or a layout's text like '[x,_]'" if named else "")
+                    + f": {str(e).splitlines()[0]}") from None
             specs = [s for group in jax.tree.leaves(per_leaf) for s in group.specs()]
             for s in specs:
                 if s is not None:

@@ -1,7 +1,7 @@
 """ParallelConfig: every setting of one compilation, in one frozen value.
 
 In: keyword fields (MindSpore's names where MindSpore has one). Out: a validated, frozen
-``ParallelConfig``; ``config.mesh()`` builds the ``LogicalMesh`` it describes. Enums list the
+``ParallelConfig``; ``config.logical_mesh()`` builds the ``LogicalMesh`` it describes. Enums list the
 valid choices; an invalid value raises ``ConfigError`` listing them.
 
 The fields fall into option groups, one per component, each a frozen dataclass that validates
@@ -13,6 +13,7 @@ returns them as ``config.mode``, ``.search``, ``.execution``, ``.optimizer``, ``
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 import os
 import re
@@ -138,15 +139,22 @@ class ModeOptions:
         _flag(self, "gradients_mean")
         ds = self.dataset_strategy
         if isinstance(ds, (list, tuple)):
+            from jax.sharding import PartitionSpec
+            from .layout import Layout
+            named = lambda s: isinstance(s, (PartitionSpec, Layout, str))
             ds = tuple(tuple(s) if isinstance(s, (list, tuple)) else s for s in ds)
-            if not all(isinstance(s, tuple) and all(isinstance(c, int) and not isinstance(c, bool)
-                                                   and c >= 1 for c in s) for s in ds):
-                raise ConfigError(f"dataset_strategy={self.dataset_strategy!r}: give one tuple of "
-                                  "split counts per batch argument leaf, e.g. ((4, 1), (4, 1)).")
+            if not all(named(s) or isinstance(s, tuple) and all(
+                    isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in s)
+                       for s in ds):
+                raise ConfigError(f"dataset_strategy={self.dataset_strategy!r}: give one layout "
+                                  "per batch argument leaf: a tuple of split counts, e.g. "
+                                  "((4, 1), (4, 1)), a jax.sharding.PartitionSpec, e.g. "
+                                  "(P('dp'), P('dp')), or an ap.Layout or its text.")
             _set(self, dataset_strategy=ds)
         elif ds not in (None, "data_parallel", "full_batch"):
             raise ConfigError(f"dataset_strategy={ds!r} is not valid; choose 'data_parallel', "
-                              "'full_batch' or a tuple of split-count tuples, one per batch leaf.")
+                              "'full_batch' or a tuple of layouts (split-count tuples, "
+                              "PartitionSpecs or ap.Layouts), one per batch leaf.")
 
     def check_devices(self, devices: "DeviceOptions") -> None:
         n = devices.device_num
@@ -305,17 +313,21 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class DeviceOptions:
-    """The devices and their logical mesh, defaults resolved: ``device_num`` from
-    ``mesh_shape`` (else 1), ``mesh_shape`` from ``device_num`` -- (stages, rest) when
-    ``pipeline_stages`` (given to the constructor, not kept) divides it, else one axis.
-    ``mesh()`` builds the ``LogicalMesh``."""
+    """The devices and their logical mesh, defaults resolved: ``device_num``,
+    ``mesh_shape`` and ``mesh_axis_names`` from ``mesh`` (a ``jax.sharding.Mesh`` or
+    ``AbstractMesh``) when given, ``device_num`` from ``mesh_shape`` (else 1), ``mesh_shape``
+    from ``device_num`` -- (stages, rest) when ``pipeline_stages`` (given to the constructor,
+    not kept) divides it, else one axis. ``logical_mesh()`` builds the ``LogicalMesh``."""
     device_num: Optional[int] = None
     mesh_shape: Optional[tuple] = None
     mesh_axis_names: Optional[tuple] = None
     topology: Optional[Topology] = None
+    mesh: object = None
     pipeline_stages: InitVar[int] = 1
 
     def __post_init__(self, pipeline_stages):
+        if self.mesh is not None:
+            self._from_jax_mesh()
         n = self.device_num
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"device_num={n!r} must be an integer >= 1.")
@@ -356,7 +368,24 @@ class DeviceOptions:
             raise ConfigError(f"topology {self.topology} has {self.topology.num_devices} devices, "
                               f"device_num is {n}.")
 
-    def mesh(self) -> LogicalMesh:
+    def _from_jax_mesh(self) -> None:
+        """``device_num``, ``mesh_shape``, ``mesh_axis_names`` from ``mesh``; a ConfigError
+        where they are given too and differ."""
+        from jax.sharding import AbstractMesh, Mesh
+        m = self.mesh
+        if not isinstance(m, (Mesh, AbstractMesh)):
+            raise ConfigError(f"mesh={m!r} must be a jax.sharding.Mesh or AbstractMesh (or None: "
+                              "give mesh_shape and mesh_axis_names instead).")
+        got = {"device_num": int(m.size), "mesh_shape": tuple(int(k) for k in m.axis_sizes),
+               "mesh_axis_names": tuple(m.axis_names)}
+        for k, v in got.items():
+            given = getattr(self, k)
+            if given is not None and (tuple(given) if k != "device_num" else given) != v:
+                raise ConfigError(f"{k}={given!r} differs from the mesh's {v!r} ({m}); give "
+                                  "the mesh alone, or make them agree.")
+        _set(self, **got)
+
+    def logical_mesh(self) -> LogicalMesh:
         return LogicalMesh.create(self.mesh_shape, self.mesh_axis_names,
                                   self.topology or Topology.local(self.device_num))
 
@@ -367,6 +396,9 @@ class ParallelConfig:
     device_num: Optional[int] = None          # devices used; default: product of mesh_shape, else 1
     mesh_shape: Optional[tuple] = None        # logical mesh; default: (device_num,)
     mesh_axis_names: Optional[tuple] = None   # default: x / x,y / x,y,z
+    mesh: object = None                       # a jax.sharding.Mesh (or AbstractMesh): the
+                                              # three fields above from it; on the jax backend
+                                              # the step runs on its devices
     topology: Optional[Topology] = None       # default: this machine as measured for the
                                               # backend (tools.calibrate.machine_topology)
     search_mode: Optional[SearchMode] = None  # auto_parallel's solver; None: autopar picks by
@@ -473,8 +505,8 @@ class ParallelConfig:
     def devices(self) -> DeviceOptions:
         return self._group(DeviceOptions)
 
-    def mesh(self) -> LogicalMesh:
-        return self.devices.mesh()
+    def logical_mesh(self) -> LogicalMesh:
+        return self.devices.logical_mesh()
 
     def replace(self, **changes) -> "ParallelConfig":
         return replace(self, **changes)
@@ -497,6 +529,7 @@ def _checked_init(init):
                 + f". Valid fields: {', '.join(names)}.")
         init(self, *args, **kwargs)
     __init__.__doc__ = init.__doc__
+    __init__.__signature__ = inspect.signature(init)     # the fields, for help() and IDEs
     return __init__
 
 

@@ -119,12 +119,22 @@ class Layout:
 
     @staticmethod
     def from_partition_spec(spec, rank: int) -> "Layout":
-        if len(spec) > rank:
-            raise LayoutError(f"PartitionSpec {spec} has {len(spec)} entries for a rank-{rank} tensor.")
-        entries = list(spec) + [None] * (rank - len(spec))
+        """``jax.sharding.PartitionSpec`` of a rank-``rank`` tensor: an entry per leading
+        dimension (None: not split; a name or a tuple of names, major first), the rest not
+        split; ``P("x", None)`` -> ``[x,_]``. ``P.UNCONSTRAINED`` is refused: a layout is
+        fixed."""
+        entries = list(spec)
+        if len(entries) > rank:
+            raise LayoutError(f"PartitionSpec {spec} has {len(entries)} entries for a rank-{rank} "
+                              "tensor; give at most one per dimension.")
         dims = []
-        for e in entries:
-            dims.append(() if e is None else (tuple(e) if isinstance(e, (tuple, list)) else (e,)))
+        for e in entries + [None] * (rank - len(entries)):
+            axes = () if e is None else tuple(e) if isinstance(e, (tuple, list)) else (e,)
+            if not all(isinstance(a, str) for a in axes):
+                raise LayoutError(f"PartitionSpec {spec}: entry {e!r} is not a mesh axis name, a "
+                                  "tuple of them or None (P.UNCONSTRAINED leaves the layout "
+                                  "open, which a fixed layout cannot); e.g. P('x', None).")
+            dims.append(axes)
         return Layout(tuple(dims))
 
     # ------------------------------------------------------------------ queries

@@ -186,6 +186,12 @@ class PipelineProgram:
     def __str__(self) -> str:
         return "\n".join(str(s) for s in self.stages)
 
+    def __repr__(self) -> str:
+        parts = f" ({self.interleave} per device group)" if self.interleave > 1 else ""
+        return (f"PipelineProgram({self.mesh}, {len(self.stages)} stages{parts}, "
+                f"{self.micro_batches} micro-batches, {PipelineScheduler(self.scheduler).value}, "
+                f"{len(self.collectives())} communication steps)")
+
 
 def schedule(kind: PipelineScheduler, stages: int, micro: int, interleave: int = 1) -> tuple:
     """Per stage, its tasks in order: ("forward", m) and ("backward", m).

@@ -248,3 +248,8 @@ class Program:
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)
+
+    def __repr__(self) -> str:
+        return (f"Program({self.mesh}, {len(self.inputs)} arguments, {len(self.outputs)} "
+                f"results, {len(self.segments())} segments, {len(self.collectives())} "
+                "collectives)")

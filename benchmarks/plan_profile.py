@@ -65,7 +65,7 @@ def main():
     for mode in args.plans:
         cfg = ap.ParallelConfig(parallel_mode=mode, device_num=args.devices, backend="jax",
                                 progress=False)
-        kw = ({"in_strategy": megatron(cfg.mesh().axis_names[-1])}
+        kw = ({"in_strategy": megatron(cfg.logical_mesh().axis_names[-1])}
               if mode == "semi_auto_parallel" else {})
         with ap.compile(step, params, batch, config=cfg, **kw) as c:
             call = lambda: jax.tree.map(np.asarray, jax.block_until_ready(c(params, batch)))

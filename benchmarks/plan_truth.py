@@ -100,7 +100,7 @@ def measure(name, devices, backend, iters, profile=False):
             cfg = ap.ParallelConfig(parallel_mode="data_parallel" if mode == REFERENCE else mode,
                                     device_num=devices, backend=backend, progress=False,
                                     profile_plans=profile and mode != REFERENCE)
-            kw = ({"in_strategy": megatron(cfg.mesh().axis_names[-1])}
+            kw = ({"in_strategy": megatron(cfg.logical_mesh().axis_names[-1])}
                   if mode == "semi_auto_parallel" else {})
             compiled[mode] = ap.compile(ref_step if mode == REFERENCE else step, *args[mode],
                                         config=cfg, **kw)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from autopar.errors import ConfigError
 from autopar.graph import Const
@@ -21,8 +21,15 @@ from .jax_collectives import apply_step
 from .jax_distributed import fetch, multi_process, place
 
 
-def jax_mesh(mesh) -> Mesh:
-    """The jax Mesh for a LogicalMesh: the first ``mesh.size`` devices, row-major."""
+def jax_mesh(mesh, given=None) -> Mesh:
+    """The jax Mesh for a LogicalMesh: ``given`` (the config's ``jax.sharding.Mesh``) when it
+    has the mesh's shape and axis names, else its devices (in its order) or else the first
+    ``mesh.size`` of ``jax.devices()``, row-major over the mesh's axes."""
+    if isinstance(given, Mesh) and given.size == mesh.size:
+        if tuple(given.axis_sizes) == tuple(mesh.shape) and \
+                tuple(given.axis_names) == tuple(mesh.axis_names):
+            return given
+        return Mesh(given.devices.reshape(mesh.shape), mesh.axis_names)
     devices = jax.devices()
     if len(devices) < mesh.size:
         raise ConfigError(
@@ -30,6 +37,11 @@ def jax_mesh(mesh) -> Mesh:
             f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count="
             f"{mesh.size} before importing jax, or lower device_num.")
     return Mesh(np.array(devices[:mesh.size]).reshape(mesh.shape), mesh.axis_names)
+
+
+def _explicit(jm: Mesh) -> bool:
+    """Whether ``jm`` has an Explicit axis (``jax.make_mesh``'s default in recent JAX)."""
+    return any(t == AxisType.Explicit for t in getattr(jm, "axis_types", ()))
 
 
 def const(c: Const):
@@ -88,11 +100,12 @@ def _with_consts(program, results) -> list:
     return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
 
 
-def sharded_function(program, step=apply_step):
-    """``(f, jax mesh, in_specs)``: the Program as one jitted ``shard_map`` over the first
-    ``mesh.size`` devices (collectives and slices run by ``step``, as ``program_function``),
-    flat global arguments -> its non-constant global results."""
-    jm = jax_mesh(program.mesh)
+def sharded_function(program, step=apply_step, devices=None):
+    """``(f, jax mesh, in_specs)``: the Program as one jitted ``shard_map`` over ``jax_mesh``'s
+    devices (``devices``: the config's jax Mesh, or None; collectives and slices run by
+    ``step``, as ``program_function``), flat global arguments -> its non-constant global
+    results."""
+    jm = jax_mesh(program.mesh, devices)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
     out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
@@ -101,16 +114,20 @@ def sharded_function(program, step=apply_step):
     return f, jm, in_specs
 
 
-def build(program, process_local=()):
-    """A jitted callable: flat global arguments -> flat global results. In a multi-process
+def build(program, process_local=(), devices=None):
+    """A jitted callable: flat global arguments -> flat global results (on ``devices``, the
+    config's jax Mesh, or None: ``jax_mesh``'s). In a multi-process
     JAX runtime every process calls it with the same arguments (or, for the flat positions
     ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
-    f, jm, in_specs = sharded_function(program)
+    f, jm, in_specs = sharded_function(program, devices=devices)
     shardings = [NamedSharding(jm, s) for s in in_specs]
     if multi_process():
         local = set(process_local)
         call = lambda flat: [fetch(r) for r in f(*[
             place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))])]
+    elif _explicit(jm):    # shard_map on Explicit axes takes arrays placed as in_specs say
+        call = lambda flat: f(*[jax.device_put(x, sh) if not isinstance(x, jax.Array)
+                                else _moved(x, sh) for x, sh in zip(flat, shardings)])
     else:       # a JAX array placed otherwise (another mesh, its axis names, other devices,
         call = lambda flat: f(*[_moved(x, sh) for x, sh in zip(flat, shardings)])   # one)
 

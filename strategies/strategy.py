@@ -135,9 +135,13 @@ class Strategy:
     search_bound: Optional[float] = None   # ... and the least any plan could cost there, proved
     measured_compute: Optional[float] = None  # profile_plans: one rank's compute, measured
                                               # (tools/profile.py), for the ops' priced sum
+    outputs: tuple = ()             # Layout per flattened result leaf (empty for a pipeline,
+                                    # whose results are on their stages' meshes)
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
     # lower; not saved to files
     phase_seconds: tuple = field(default=(), compare=False)
+    # (arguments' pytree structure, results') of the traced step, for ``shardings``; not saved
+    trees: tuple = field(default=(), compare=False)
 
     @property
     def comm_time(self) -> float:
@@ -174,6 +178,46 @@ class Strategy:
             return None
         return (self.search_cost - self.search_bound) / self.search_cost if self.search_cost \
             else 0.0
+
+    def __repr__(self) -> str:
+        mesh = ", ".join(f"{n}={k}" for n, k in zip(self.axis_names, self.mesh_shape))
+        staged = (f", {len(self.stages)} stages x {self.micro_batches} micro-batches"
+                  if self.stages else "")
+        step = self.pipeline_time if self.stages else self.step_time
+        return (f"Strategy({self.mode}, {self.search}, mesh ({mesh}){staged}, "
+                f"{len(self.inputs)} arguments, {len(self.ops)} operators, estimated step "
+                f"{step * 1e3:.3f} ms, peak {format_bytes(self.peak_memory)} per device)")
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the summary, then each argument's layout (``table()`` in full)."""
+        import html
+        rows = "".join(
+            f"<tr><td>{html.escape(i.name)}</td><td>{html.escape(type_str(i.shape, i.dtype))}"
+            f"</td><td><code>{html.escape(str(i.layout))}</code></td><td>"
+            f"{'' if i.update is None else html.escape(str(i.update))}</td></tr>"
+            for i in self.inputs)
+        head = "<br>".join(html.escape(line) for line in self.table().splitlines()[:2])
+        return (f"<div><p>{head}</p><table><thead><tr><th>argument</th><th>type</th>"
+                f"<th>layout</th><th>update</th></tr></thead><tbody>{rows}</tbody></table>"
+                "</div>")
+
+    def shardings(self, mesh) -> tuple:
+        """``(in_shardings, out_shardings)``: the plan's argument and result layouts as
+        ``jax.sharding.NamedSharding``s on ``mesh`` (a ``jax.sharding.Mesh`` with the plan's
+        axis names and sizes; an ``AbstractMesh`` for shapes alone), pytrees matching the
+        step's arguments (a tuple, one per argument) and results, as ``jax.jit(step,
+        in_shardings=..., out_shardings=...)`` takes them. A Strategy read from a file does not
+        know the pytrees: its shardings are flat tuples, one per leaf."""
+        from autopar.shardings import mesh_of, named_shardings
+        if self.stages:
+            raise LayoutError(f"this plan is a pipeline of {len(self.stages)} stages, each "
+                              "holding its arguments on its own devices, which one "
+                              "NamedSharding over the whole mesh cannot say; see each "
+                              "input's layout on its stage's mesh in strategy.inputs.")
+        mesh = mesh_of(mesh, self.axis_names, self.mesh_shape)
+        in_tree, out_tree = self.trees or (None, None)
+        return (named_shardings([i.layout for i in self.inputs], mesh, in_tree),
+                named_shardings(self.outputs, mesh, out_tree))
 
     def mesh_matches(self, mesh: LogicalMesh) -> bool:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
@@ -264,6 +308,7 @@ class Strategy:
                              "reason": c.reason, "stage": c.stage, "count": c.count}
                             for c in self.collectives],
             "memory_timeline": [[name, b] for name, b in self.memory_timeline],
+            **({"outputs": [str(l) for l in self.outputs]} if self.outputs else {}),
             **({"pipeline_choices": [
                 {"stages": c.stages, "micro_batches": c.micro_batches, "seconds": c.seconds,
                  "peak_memory": c.peak_memory, "note": c.note,

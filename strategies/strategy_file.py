@@ -199,7 +199,8 @@ def read(text: str):
         recompute=_field(d, "recompute", "", _str, "as_written"),
         collectives=_field(d, "collectives", "", _list(collective), ()),
         memory_timeline=_field(d, "memory_timeline", "", _list(timeline), ()),
-        pipeline_choices=_field(d, "pipeline_choices", "", _list(choice), ()))
+        pipeline_choices=_field(d, "pipeline_choices", "", _list(choice), ()),
+        outputs=_field(d, "outputs", "", _list(_layout), ()))
 
 
 def check_fits(strategy, graph, mesh, names) -> None:

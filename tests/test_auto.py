@@ -121,7 +121,7 @@ def test_megatron_annotations_give_megatrons_all_reduces(mesh):
     p, b = user_gpt.init(layers=2), user_gpt.batch(B=8)
     cfg = ap.ParallelConfig(backend="jax", parallel_mode="semi_auto_parallel",
                             mesh_shape=mesh, progress=False)
-    tp_axis = cfg.mesh().axis_names[-1]
+    tp_axis = cfg.logical_mesh().axis_names[-1]
     in_strategy = (user_gpt.megatron(p, tp_axis), None if len(mesh) == 1 else "[x,_]")
     c = ap.compile(user_gpt.step, p, b, config=cfg, in_strategy=in_strategy)
     nodes = {n.name: n for n in c.graph.nodes}

@@ -67,7 +67,7 @@ def test_devices_resolve_their_defaults():
     assert DeviceOptions(device_num=8).mesh_shape == (8,)
     assert DeviceOptions(device_num=8, pipeline_stages=2).mesh_shape == (2, 4)
     assert DeviceOptions(device_num=6, pipeline_stages=4).mesh_shape == (6,)
-    assert DeviceOptions(device_num=4, mesh_shape=(2, 2)).mesh().shape == (2, 2)
+    assert DeviceOptions(device_num=4, mesh_shape=(2, 2)).logical_mesh().shape == (2, 2)
     topo = ap.Topology.local(2)
     with pytest.raises(ap.ConfigError, match="topology .* has 2 devices, device_num is 4"):
         DeviceOptions(device_num=4, topology=topo)
@@ -103,7 +103,7 @@ def test_a_config_hands_out_its_groups():
     # the flat fields keep the normalised values, as before
     assert cfg.mesh_shape == (2, 4) and cfg.pipeline_stage_devices == (4, 4)
     assert cfg.collective_timeout == 3.0 and cfg.max_device_memory == 1 << 30
-    assert cfg.mesh().shape == (2, 4)
+    assert cfg.logical_mesh().shape == (2, 4)
     with pytest.raises(AttributeError):
         cfg.pipeline = PipelineOptions()
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -90,7 +90,7 @@ def test_mesh_levels_and_topology():
 def test_config_validation():
     c = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, mesh_shape=(2, 4),
                           max_device_memory="16GB")
-    assert c.max_device_memory == 16 * 2 ** 30 and c.mesh().axis_names == ("x", "y")
+    assert c.max_device_memory == 16 * 2 ** 30 and c.logical_mesh().axis_names == ("x", "y")
     assert ap.ParallelConfig(parallel_mode="data_parallel", device_num=4).mesh_shape == (4,)
     with pytest.raises(ap.ConfigError, match="'stand_alone', 'data_parallel'"):
         ap.ParallelConfig(parallel_mode="model_parallel")

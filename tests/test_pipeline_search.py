@@ -77,9 +77,9 @@ def test_auto_pipeline_skips_fewer_micro_batches_once_the_stages_overflow():
         t = 1.0 / M + 0.5
         return None, _Estimate((0,) * S if S > 1 else (), t, t), None
 
-    pairs = [(S, M) for S, M, v in pipeline_options(cfg, cfg.mesh(), 64)]   # interleave 1
+    pairs = [(S, M) for S, M, v in pipeline_options(cfg, cfg.logical_mesh(), 64)]   # interleave 1
     most = {S: max(M for s, M in pairs if s == S) for S, _ in pairs}
-    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
+    _, strat, _ = auto_pipeline(req, cfg.logical_mesh(), plan_one, stage_one)
     assert whole == [(1, 1)]
     assert [p for p in staged if p[0] < 4] == [(1, most[1]), (2, most[2])]
     assert [c.micro_batches for c in strat.pipeline_choices if c.stages == 4] == \
@@ -125,7 +125,7 @@ def test_auto_pipeline_stops_two_stage_counts_past_the_best():
         t = seconds[S] + overhead[S]
         return None, _Estimate((0,) * S if S > 1 else (), t, t), None
 
-    _, strat, _ = auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
+    _, strat, _ = auto_pipeline(req, cfg.logical_mesh(), plan_one, stage_one)
     assert staged == [1, 2, 4, 8, 16, 32]          # 64 is past 8 and 32, both slower than 4
     assert cut == [4, 2]          # 4 (bound 4) takes 5.5 s whole, so 2 (bound 5) may beat it
     notes = {c.stages: c.note for c in strat.pipeline_choices}
@@ -133,7 +133,7 @@ def test_auto_pipeline_stops_two_stage_counts_past_the_best():
     assert "not planned" in notes[64] and all("not cut" in notes[S] for S in (1, 8, 32))
     seconds.update({S: None for S in seconds})
     with pytest.raises(ap.InfeasibleError, match="Every .* pair tried failed: 1 stage.*64 stage"):
-        auto_pipeline(req, cfg.mesh(), plan_one, stage_one)
+        auto_pipeline(req, cfg.logical_mesh(), plan_one, stage_one)
 
 
 def test_auto_stage_counts_whose_stages_are_not_whole_hosts_are_skipped_with_the_reason():

@@ -438,7 +438,7 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if not named:
         batch_argnums = default_batch(graph)
     config = mesh_for_device_matrices(config, graph, in_strategy)
-    full = config.mesh()
+    full = config.logical_mesh()
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
         config = config.replace(search_mode=default_search_mode(full))
     names = leaf_names(args)
@@ -566,6 +566,7 @@ class ParallelFunction:
     def __init__(self, fn, config, **kw):
         self.fn, self.config, self.kw = fn, config, kw
         self._cache = {}
+        functools.update_wrapper(self, fn)       # the step's name, doc, signature, module
 
     def compile(self, *args) -> Compiled:
         flat, tree = jax.tree.flatten(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import jax
+from jax.core import Tracer
 
 from ..arguments import leaf_type
 from ..config import Backend
@@ -18,6 +19,7 @@ from ..errors import ConfigError
 from ..graph import type_str
 from ..pipeline_program import PipelineProgram
 from ..progress import logger
+from ..shardings import named_shardings
 
 
 class Compiled:
@@ -34,8 +36,42 @@ class Compiled:
         self._timings = {}
         self._seen = None         # (shape, dtype) per leaf of the last call that checked
 
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__name__", "step")
+        return (f"Compiled({name}, {self.strategy.mode} on {self.config.backend.value}, "
+                f"{self.program.mesh}, {len(self.program.collectives())} collectives)")
+
     def collectives(self):
         return self.program.collectives()
+
+    def _shardings(self, layouts, tree, keys):
+        if isinstance(self.program, PipelineProgram):
+            raise ConfigError(
+                f"{self.strategy.mode}'s plan is a pipeline of {len(self.program.stages)} "
+                "stages, each holding its arguments on its own devices, which one NamedSharding "
+                "over the whole mesh cannot say; strategy.inputs lists each argument's layout on "
+                "its stage's mesh.")
+        from ..runtime.jax_backend import jax_mesh
+        key_dims = {j: len(impl.key_shape) for j, impl in keys.items()}
+        return named_shardings(layouts, jax_mesh(self.program.mesh, self.config.mesh), tree,
+                               key_dims)
+
+    @property
+    def in_shardings(self):
+        """The plan's argument layouts as a pytree of ``jax.sharding.NamedSharding`` matching
+        the step's arguments (a tuple, one entry per argument), for ``jax.jit(step,
+        in_shardings=...)``, ``jax.device_put`` or orbax; on the config's ``mesh`` when one was
+        given, else on the first devices of ``jax.devices()``."""
+        return self._shardings(self.program.in_layouts, self._in_tree,
+                               self._keys.args if self._keys is not None else {})
+
+    @property
+    def out_shardings(self):
+        """The plan's result layouts as a pytree of ``NamedSharding`` matching the step's
+        results (``in_shardings``' mesh), for ``jax.jit(step, out_shardings=...)``."""
+        layouts = [l for o, l in zip(self.program.outputs, self.program.out_layouts)]
+        return self._shardings(layouts, self.program.out_tree,
+                               self._keys.results if self._keys is not None else {})
 
     def close(self):
         """Stop the runtime this step started (the native backend's worker processes); calling
@@ -115,12 +151,14 @@ class Compiled:
             return NativeRunner(self.program, self.config.collective_timeout,
                                 self.config.allreduce_fusion_bytes)
         from ..runtime.jax_backend import build
-        return build(self.program, self._process_local)
+        return build(self.program, self._process_local, self.config.mesh)
 
     def _call(self, *args):
         if self._keys is not None:
             args = self._keys.args_in(args)
         flat, tree = jax.tree.flatten(args)
+        if any(isinstance(x, Tracer) for x in flat):
+            raise ConfigError(_TRACED.format(name=getattr(self.fn, "__name__", "step")))
         if tree != self._in_tree or not self._checked(flat):
             got = [leaf_type(x) for x in flat]
             raise ConfigError(f"compiled for arguments {_types(self._leaf_types)} "
@@ -134,6 +172,15 @@ class Compiled:
             self._timings["start"] = time.monotonic() - t0
         out = jax.tree.unflatten(self.program.out_tree, self._runner(flat))
         return out if self._keys is None else self._keys.results_out(out)
+
+
+_TRACED = (
+    "the compiled {name} was called inside a JAX transformation (jax.grad, jax.jit, jax.vmap, "
+    "lax.scan...): a compiled step runs its plan on its devices and returns concrete arrays, "
+    "so it cannot be traced. Put the transformation inside the step before compiling "
+    "(ap.compile(lambda p, b: jax.value_and_grad(loss)(p, b), ...)), call the compiled step "
+    "outside it, or take the plan into your own jax.jit with compiled.in_shardings and "
+    "compiled.out_shardings.")
 
 
 def _types(leaf_types) -> str:

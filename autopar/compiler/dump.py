@@ -51,7 +51,9 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     collectives=comm_records(program, planner),
                     memory_timeline=tuple((label(ins), b) for ins, b in timeline),
                     phase_seconds=phase_seconds, search_cost=search_cost,
-                    search_bound=search_bound, measured_compute=measured_compute)
+                    search_bound=search_bound, measured_compute=measured_compute,
+                    outputs=() if pipelined else tuple(program.out_layouts),
+                    trees=(program.in_tree, program.out_tree))
 
 
 def host_bytes(graph, program) -> int:

@@ -35,7 +35,7 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
         raise ConfigError("parallel_mode='hybrid_parallel' runs the step's own collectives as "
                           "written; pipeline stages, micro-batches and the parallel optimizer "
                           "are planned by the other modes. Unset them or use auto_parallel.")
-    mesh = config.mesh()
+    mesh = config.logical_mesh()
     names = leaf_names(args)
     t0 = time.monotonic()
     leaves = jax.tree.leaves(args)

@@ -121,8 +121,8 @@ def mesh_for_device_matrices(config, graph: Graph, in_strategy):
     # a dataset_strategy's tuples as MindSpore lays them out: the devices a tuple does not
     # split repeat it, first ((2, 1) on 4 devices: device matrix (2, 2, 1))
     ds = config.dataset_strategy if isinstance(config.dataset_strategy, tuple) else ()
-    data = [(n // math.prod(t),) + tuple(t) for t in ds
-            if all(isinstance(c, int) and c >= 1 for c in t) and n % math.prod(t) == 0
+    data = [(n // math.prod(t),) + tuple(t) for t in ds if isinstance(t, tuple)
+            and all(isinstance(c, int) and c >= 1 for c in t) and n % math.prod(t) == 0
             and 1 < math.prod(t) < n]
     if not specs and not data:
         return config
