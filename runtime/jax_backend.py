@@ -100,26 +100,29 @@ def _with_consts(program, results) -> list:
     return [o.value if isinstance(o, Const) else next(got) for o in program.outputs]
 
 
-def sharded_function(program, step=apply_step, devices=None):
+def sharded_function(program, step=apply_step, devices=None, donate=()):
     """``(f, jax mesh, in_specs)``: the Program as one jitted ``shard_map`` over ``jax_mesh``'s
     devices (``devices``: the config's jax Mesh, or None; collectives and slices run by
     ``step``, as ``program_function``), flat global arguments -> its non-constant global
-    results."""
+    results; ``donate``: flat argument positions whose buffers it may reuse, jax.jit's
+    ``donate_argnums``)."""
     jm = jax_mesh(program.mesh, devices)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
     out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
                       if not isinstance(o, Const))
     f = jax.jit(jax.shard_map(program_function(program, step), mesh=jm, in_specs=in_specs,
-                              out_specs=out_specs, check_vma=False))
+                              out_specs=out_specs, check_vma=False),
+                donate_argnums=tuple(donate))
     return f, jm, in_specs
 
 
-def build(program, process_local=(), devices=None):
+def build(program, process_local=(), devices=None, donate=()):
     """A jitted callable: flat global arguments -> flat global results (on ``devices``, the
-    config's jax Mesh, or None: ``jax_mesh``'s). In a multi-process
+    config's jax Mesh, or None: ``jax_mesh``'s; ``donate``: flat positions of arguments whose
+    buffers the step may reuse). In a multi-process
     JAX runtime every process calls it with the same arguments (or, for the flat positions
     ``process_local`` marks, its own slice of the batch) and gets the whole results as numpy."""
-    f, jm, in_specs = sharded_function(program, devices=devices)
+    f, jm, in_specs = sharded_function(program, devices=devices, donate=donate)
     shardings = [NamedSharding(jm, s) for s in in_specs]
     if multi_process():
         local = set(process_local)

@@ -153,3 +153,47 @@ def test_tracing_a_compiled_step_says_what_to_do_instead(transform, x):
     c = ap.compile(mlp, PARAMS, X, config=semi())
     with pytest.raises(ap.ConfigError, match="inside a JAX transformation.*in_shardings"):
         transform(c)(PARAMS, x)
+
+
+def scaled(params, x, scale, activation):
+    """A step with two static arguments: a number and a name, as jax.jit users write them."""
+    f = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
+    return jnp.sum(f(x @ params["w1"]) @ params["w2"]) * scale
+
+
+def test_static_arguments_are_part_of_the_plan_as_in_jax_jit():
+    c = ap.compile(scaled, PARAMS, X, 2.0, "relu", config=semi(), static_argnums=(2,),
+                   static_argnames=("activation",),
+                   in_strategy=({"w1": P(None, "y"), "w2": P("y", None)}, P("x"), None, None))
+    assert [str(i.layout) for i in c.strategy.inputs] == ["[_,y]", "[y,_]", "[x,_]"]
+    np.testing.assert_allclose(c(PARAMS, X, 2.0, "relu"), scaled(PARAMS, X, 2.0, "relu"),
+                               rtol=1e-5)
+    np.testing.assert_allclose(c(PARAMS, X, scale=2.0, activation="relu"),
+                               scaled(PARAMS, X, 2.0, "relu"), rtol=1e-5)
+    with pytest.raises(ap.ConfigError, match="compiled for static argument 3 = 'relu'"):
+        c(PARAMS, X, 2.0, "tanh")
+    with pytest.raises(ap.LayoutError, match="static argument"):
+        ap.compile(scaled, PARAMS, X, 2.0, "relu", config=semi(), static_argnums=(2, 3),
+                   in_strategy=(None, None, (1,), None))
+    with pytest.raises(ap.ConfigError, match="not hashable"):
+        ap.compile(scaled, PARAMS, X, [2.0], "relu", config=semi(), static_argnums=(2, 3))
+
+    @ap.parallel(config=semi(), static_argnums=(2, 3))
+    def decorated(params, x, scale, activation):
+        return scaled(params, x, scale, activation)
+    for act in ("relu", "tanh"):                        # compiled once per static value
+        np.testing.assert_allclose(decorated(PARAMS, X, 0.5, act), scaled(PARAMS, X, 0.5, act),
+                                   rtol=1e-5)
+    assert len(decorated._cache) == 2
+
+
+def test_donated_arguments_buffers_are_reused_on_the_jax_backend():
+    c = ap.compile(mlp, PARAMS, X, config=semi(), donate_argnums=(0,),
+                   in_strategy=({"w1": P(None, "y"), "w2": P("y", None)}, P("x")))
+    params = jax.device_put(PARAMS, c.in_shardings[0])
+    want = mlp(PARAMS, X)
+    loss, new = c(params, X)
+    np.testing.assert_allclose(loss, want[0], rtol=1e-5)
+    assert params["w1"].is_deleted() and params["w2"].is_deleted()   # as jax.jit donates
+    loss, _ = c(new, X)                                  # the donated step's own results
+    assert not jax.device_put(X).is_deleted()

@@ -48,6 +48,7 @@ from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of, pipelined
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
+from .call_args import CallArgs, split_static
 from .search import default_search_mode, recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -141,7 +142,8 @@ def _from_strategy(strategy, graph, mesh, cands, names) -> Assignment:
 
 def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
             in_strategy=None, strategy: Strategy | None = None,
-            batch_is_process_local: bool = False) -> Compiled:
+            batch_is_process_local: bool = False, static_argnums=None, static_argnames=None,
+            donate_argnums=None) -> Compiled:
     """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
 
     ``batch_argnums``: arguments holding the batch (default: every argument after the first
@@ -155,8 +157,17 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     ``batch_is_process_local=True`` each with its own rows of the batch arguments; the plan is
     made once and checked the same on every process (``compiler.multiprocess``), and every
     process gets the whole results, as numpy arrays.
+    ``static_argnums`` / ``static_argnames`` / ``donate_argnums``: as ``jax.jit``'s (the static
+    arguments are part of the plan: calling with other values raises; ``@ap.parallel``
+    compiles once per value). Donated arguments' buffers are reused on the jax backend; the
+    native runtime keeps a step's state in its workers anyway and ignores the hint.
+    ``batch_argnums`` and ``in_strategy`` count every argument, static ones included (their
+    in_strategy entries None).
     """
     config = config_of(config)
+    user_fn = fn
+    fn, args, call = split_static(fn, args, static_argnums, static_argnames, donate_argnums)
+    batch_argnums, in_strategy = _without_static(call, batch_argnums, in_strategy)
     keys = None
     keyed = split_keys(fn, args)            # typed PRNG keys go in and out as their data
     if keyed is not None:
@@ -178,7 +189,32 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     if config.strategy_ckpt_save_file and (not multi_process() or jax.process_index() == 0):
         strat.save(config.strategy_ckpt_save_file)       # one writer: the plan is everyone's
     leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
-    return Compiled(fn, graph, config, strat, program, graph.in_tree, leaf_types, local, keys)
+    return Compiled(user_fn, graph, config, strat, program, graph.in_tree, leaf_types, local,
+                    keys, call, call.donated_leaves(args))
+
+
+def _without_static(call: CallArgs, batch_argnums, in_strategy):
+    """``batch_argnums`` and ``in_strategy``, given over every argument of the step, over its
+    dynamic ones (``call_args``)."""
+    if not call.static:
+        return batch_argnums, in_strategy
+    if batch_argnums is not None:
+        given = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
+        if any(k % call.count in call.static for k in given if isinstance(k, int)):
+            raise ConfigError(f"batch_argnums={batch_argnums!r} names a static argument "
+                              f"(static: {call.static}); name the batch arrays.")
+        batch_argnums = tuple(call.position(k % call.count) if isinstance(k, int) else k
+                              for k in given)
+    if in_strategy is not None:
+        if len(in_strategy) != call.count:
+            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {call.count} "
+                              "arguments; give one per argument, None for the static ones.")
+        if any(in_strategy[k] is not None for k in call.static):
+            raise LayoutError(f"in_strategy gives a layout for static argument(s) "
+                              f"{call.static}; a static argument is a Python value, not laid "
+                              "out: give None there.")
+        in_strategy = tuple(s for k, s in enumerate(in_strategy) if k not in call.static)
+    return batch_argnums, in_strategy
 
 
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
@@ -569,9 +605,11 @@ class ParallelFunction:
         functools.update_wrapper(self, fn)       # the step's name, doc, signature, module
 
     def compile(self, *args) -> Compiled:
-        flat, tree = jax.tree.flatten(args)
+        _, dynamic, call = split_static(self.fn, args, self.kw.get("static_argnums"),
+                                        self.kw.get("static_argnames"))
+        flat, tree = jax.tree.flatten(dynamic)
         config = self.config or context_config()
-        key = (tree, tuple(leaf_type(x) for x in flat), config)
+        key = (tree, tuple(leaf_type(x) for x in flat), config, call.values)
         if key not in self._cache:
             self._cache[key] = compile(self.fn, *args, config=config, **self.kw)
         return self._cache[key]

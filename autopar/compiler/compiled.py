@@ -26,8 +26,10 @@ class Compiled:
     """A compiled step: call it like the original function."""
 
     def __init__(self, fn, graph, config, strategy, program, in_tree, leaf_types,
-                 process_local=(), keys=None):
+                 process_local=(), keys=None, call_args=None, donated=()):
         self.fn, self.graph, self.config = fn, graph, config
+        self._call_args = call_args   # call_args.CallArgs: static arguments, donated ones
+        self._donated = donated       # flat positions of donated leaves (the jax backend's)
         self._keys = keys         # compiler.key_args.KeyData: typed PRNG keys in and out
         self.strategy, self.program = strategy, program
         self._in_tree, self._leaf_types = in_tree, leaf_types
@@ -110,6 +112,8 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = positional(self.fn, args, kwargs)
+        if self._call_args is not None and self._call_args.static:
+            args = self._call_args.dynamic(args)
         if self._runner is None:
             t0 = time.monotonic()
             out = self._call(*args)
@@ -151,7 +155,7 @@ class Compiled:
             return NativeRunner(self.program, self.config.collective_timeout,
                                 self.config.allreduce_fusion_bytes)
         from ..runtime.jax_backend import build
-        return build(self.program, self._process_local, self.config.mesh)
+        return build(self.program, self._process_local, self.config.mesh, self._donated)
 
     def _call(self, *args):
         if self._keys is not None:
