@@ -281,7 +281,7 @@ def _calibrate(args) -> int:
     if args.output:
         _writable(args.output)
     flag = f"--xla_force_host_platform_device_count={args.devices}"
-    if args.backend == "jax" and "device_count" not in os.environ.get("XLA_FLAGS", ""):
+    if args.backend in ("jax", "xla") and "device_count" not in os.environ.get("XLA_FLAGS", ""):
         # CPU-only machines: fake the devices (read when JAX first starts its backend)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     topo, got = calibrate(args.backend, args.devices)
@@ -378,7 +378,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "launch and bandwidth; elementwise bandwidth in-process) and "
                                    "save them as this machine's topology, which plans without "
                                    "one use (compile measures it on first use).")
-    p.add_argument("--backend", choices=("native", "jax"), default="native",
+    p.add_argument("--backend", choices=("native", "jax", "xla"), default="native",
                    help="the runtime to measure (default native)")
     p.add_argument("--devices", type=int, default=2, help="devices (default 2)")
     p.add_argument("-o", "--output", help="write a topology file here instead of the cache")

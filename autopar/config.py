@@ -60,6 +60,8 @@ NATIVE_MAX_RANKS = 256    # ranks of one native job (native/src/shm.cc: kMaxRank
 class Backend(str, Enum):
     JAX = "jax"          # jax.shard_map over a jax.sharding.Mesh
     NATIVE = "native"    # autopar's multi-process runtime (the default)
+    XLA = "xla"          # jax.jit with the plan's shardings: XLA's SPMD partitioner inserts
+                         # the collectives (runtime.xla_backend)
 
 
 def _enum(cls, value, field):

@@ -40,7 +40,11 @@ def check_backend(config) -> None:
                           "runtime runs one pipeline stage per rank, and an interleaved "
                           "pipeline puts several on each; run it with backend='jax', or plan "
                           "it with ap.plan.")
-    if config.backend is Backend.JAX and n > len(jax.devices()):
+    if config.backend is Backend.XLA and (pipelined(config) or config.pipeline.auto):
+        raise ConfigError("backend='xla' runs the plan as one jax.jit over the whole mesh, "
+                          "which has no pipeline stages; use backend='jax' for a pipeline "
+                          "(pipeline_stages=1 and micro_batches=1 with 'xla').")
+    if config.backend in (Backend.JAX, Backend.XLA) and n > len(jax.devices()):
         raise ConfigError(f"device_num={n} but JAX sees {len(jax.devices())} device(s) "
                           f"({jax.devices()[0].platform}); on CPU set XLA_FLAGS="
                           f"--xla_force_host_platform_device_count={n} before importing jax, or "

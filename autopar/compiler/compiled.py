@@ -139,6 +139,8 @@ class Compiled:
         return True
 
     def _make_runner(self):
+        if self.config.backend is Backend.XLA:
+            return self._xla()[0]
         native = self.config.backend is Backend.NATIVE
         if isinstance(self.program, PipelineProgram):
             if native:
@@ -156,6 +158,28 @@ class Compiled:
                                 self.config.allreduce_fusion_bytes)
         from ..runtime.jax_backend import build
         return build(self.program, self._process_local, self.config.mesh, self._donated)
+
+    def _xla(self):
+        """The xla backend's ``(call, jitted)`` (runtime.xla_backend), made once."""
+        if getattr(self, "_xla_built", None) is None:
+            from ..runtime.jax_backend import jax_mesh
+            from ..runtime.xla_backend import build
+            self._xla_built = build(self.graph, self.program.in_layouts,
+                                    self.program.out_layouts,
+                                    [o.out_layouts for o in self.strategy.ops],
+                                    jax_mesh(self.program.mesh, self.config.mesh),
+                                    self._donated)
+        return self._xla_built
+
+    def xla_collectives(self):
+        """backend='xla': the collectives XLA's partitioner inserted, ``Counter((kind, bytes
+        per device) -> count)`` read from the compiled module (compiled here if not yet)."""
+        if self.config.backend is not Backend.XLA:
+            raise ConfigError("xla_collectives: the step runs on backend="
+                              f"{self.config.backend.value!r}; compile it with backend='xla'.")
+        from ..runtime.xla_backend import collectives
+        specs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in self.graph.inputs]
+        return collectives(self._xla()[1].lower(*specs).compile().as_text())
 
     def _call(self, *args):
         if self._keys is not None:

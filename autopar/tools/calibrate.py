@@ -79,6 +79,7 @@ def cache_path(backend: str, n: int) -> Path:
 
 
 def machine_topology(backend: str, n: int, measure: bool) -> Topology:
+    backend = "jax" if backend == "xla" else backend      # the same devices and collectives
     preset = os.environ.get("AUTOPAR_TOPOLOGY")
     if preset:
         return Topology.preset(preset, n)
