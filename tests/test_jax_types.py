@@ -197,3 +197,37 @@ def test_donated_arguments_buffers_are_reused_on_the_jax_backend():
     assert params["w1"].is_deleted() and params["w2"].is_deleted()   # as jax.jit donates
     loss, _ = c(new, X)                                  # the donated step's own results
     assert not jax.device_put(X).is_deleted()
+
+
+def init_model(key, d=64, hidden=256):
+    k1, k2 = jax.random.split(key)
+    return {"w1": jax.random.normal(k1, (d, hidden)) / 8, "w2": jax.random.normal(k2, (hidden, 8))}
+
+
+def test_parameters_are_initialised_in_the_plans_layouts_never_whole_on_a_device():
+    key = jax.random.key(0)
+    abstract = jax.eval_shape(init_model, key)            # the model is never built whole
+    x = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+    megatron = ({"w1": P(None, ("x", "y")), "w2": P(("x", "y"), None)}, P())
+    c = ap.compile(mlp, abstract, x, config=semi(), in_strategy=megatron)
+    params = c.init(init_model, key)
+    want = init_model(key)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), params, want)
+    assert params["w1"].sharding.is_equivalent_to(c.in_shardings[0]["w1"], 2)
+    assert {s.data.shape for s in params["w1"].addressable_shards} == {(64, 32)}
+    # per device, XLA's own accounting of the initialisation: a share of the whole model
+    whole = sum(a.nbytes for a in jax.tree.leaves(want))
+    sharded = jax.jit(init_model, out_shardings=c.in_shardings[0]).lower(key).compile()
+    alone = jax.jit(init_model).lower(key).compile()
+    held = lambda m: m.memory_analysis().output_size_in_bytes + \
+        m.memory_analysis().temp_size_in_bytes
+    assert sharded.memory_analysis().output_size_in_bytes <= whole / 8 + 64     # + tuple
+    assert held(sharded) < whole and held(sharded) <= held(alone) / 4    # temporaries too
+    loss, new = c(params, np.ones((8, 64), np.float32))   # the step runs on them as they are
+    np.testing.assert_allclose(loss, mlp(want, np.ones((8, 64), np.float32))[0], rtol=1e-5)
+    with pytest.raises(ap.ConfigError, match="matches none of the step's arguments"):
+        c.init(lambda k: {"w1": jnp.zeros((3, 3))}, key)
+    native = ap.compile(mlp, abstract, x, config=semi().replace(backend="native"),
+                        in_strategy=megatron)
+    with pytest.raises(ap.ConfigError, match="use backend='jax' or 'xla'"):
+        native.init(init_model, key)

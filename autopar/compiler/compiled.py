@@ -13,7 +13,7 @@ import time
 import jax
 from jax.core import Tracer
 
-from ..arguments import leaf_type
+from ..arguments import _canonical, leaf_type
 from ..config import Backend
 from ..errors import ConfigError
 from ..graph import type_str
@@ -158,6 +158,50 @@ class Compiled:
                                 self.config.allreduce_fusion_bytes)
         from ..runtime.jax_backend import build
         return build(self.program, self._process_local, self.config.mesh, self._donated)
+
+    def init(self, init_fn, *init_args, argnums=None):
+        """The step's arguments at ``argnums`` (an int, or a tuple when ``init_fn`` returns a
+        tuple of them; default: the arguments ``init_fn``'s result matches, by pytree and
+        leaf types) made by ``init_fn(*init_args)`` directly in the plan's layouts: one
+        ``jax.jit`` with the plan's shardings as its ``out_shardings``, so each device computes
+        and holds its own block and no value is ever whole on one device (compile the step
+        for ``jax.eval_shape``'s abstract arguments first, and a model too large for one
+        device is never built whole). The jax and xla backends."""
+        if self.config.backend is Backend.NATIVE:
+            raise ConfigError(
+                "init: the native runtime hands each step's values back to the caller whole "
+                "(host numpy arrays), so a sharded initialisation would not keep them apart; "
+                "use backend='jax' or 'xla' (one process holds each device's block), or call "
+                "init_fn yourself.")
+        made = jax.eval_shape(init_fn, *init_args)
+        args = jax.tree.unflatten(self._in_tree, self._leaf_types)
+        if not isinstance(args, tuple):
+            args = (args,)
+        shardings = self.in_shardings
+        typed = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), _canonical(x.dtype)), tree)
+        want = lambda k: jax.tree.map(lambda t: (t[0], t[1]), args[k],
+                                      is_leaf=lambda t: isinstance(t, tuple) and len(t) == 2
+                                      and isinstance(t[0], tuple))
+        if argnums is None:
+            argnums = next((k for k in range(len(args)) if typed(made) == want(k)), None)
+            if argnums is None and isinstance(made, tuple):
+                argnums = next((tuple(range(k, k + len(made))) for k in range(len(args))
+                                if all(k + i < len(args) and typed(m) == want(k + i)
+                                       for i, m in enumerate(made))), None)
+            if argnums is None:
+                raise ConfigError(
+                    f"init: {getattr(init_fn, '__name__', 'init_fn')} returns "
+                    f"{jax.tree.structure(made)}, which matches none of the step's arguments "
+                    "(pytree, shapes and dtypes) nor a run of them; pass argnums.")
+        many = isinstance(argnums, tuple)
+        keys = argnums if many else (argnums,)
+        out = tuple(shardings[k] for k in keys) if many else shardings[argnums]
+        if typed(made) != (tuple(want(k) for k in keys) if many else want(argnums)):
+            raise ConfigError(f"init: {getattr(init_fn, '__name__', 'init_fn')}'s result "
+                              f"differs from the step's argument(s) {argnums} in pytree, "
+                              "shapes or dtypes; compile the step for jax.eval_shape(init_fn, "
+                              "...)'s result.")
+        return jax.jit(init_fn, out_shardings=out)(*init_args)
 
     def _xla(self):
         """The xla backend's ``(call, jitted)`` (runtime.xla_backend), made once."""
