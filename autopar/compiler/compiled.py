@@ -174,14 +174,32 @@ class Compiled:
                 "use backend='jax' or 'xla' (one process holds each device's block), or call "
                 "init_fn yourself.")
         made = jax.eval_shape(init_fn, *init_args)
+        argnums, out = self._matching(made, argnums, getattr(init_fn, "__name__", "init_fn"))
+        return jax.jit(init_fn, out_shardings=out)(*init_args)
+
+    def save(self, path, state, argnums=None) -> str:
+        """A sharded checkpoint of ``state`` (the step's argument(s) ``argnums``, or those it
+        matches: e.g. ``(params, opt_state)``) at the new directory ``path``, with
+        orbax-checkpoint, the plan beside it (``compiler.checkpoint``)."""
+        from .checkpoint import save
+        return save(self, path, state, argnums)
+
+    def restore(self, path, argnums=0):
+        """The state saved at ``path`` (by this plan or another one's ``save``) as the step's
+        argument(s) ``argnums`` (an int, or a tuple for a run of them) in this plan's
+        layouts."""
+        from .checkpoint import restore
+        return restore(self, path, argnums)
+
+    def _matching(self, made, argnums, what):
+        """``(argnums, their in_shardings)`` for a pytree ``made`` of arrays (or
+        ShapeDtypeStructs) that is the step's argument ``argnums`` (an int) or a tuple of them;
+        None: the argument, or run of arguments, ``made`` matches (pytree, shapes, dtypes)."""
         args = jax.tree.unflatten(self._in_tree, self._leaf_types)
-        if not isinstance(args, tuple):
-            args = (args,)
-        shardings = self.in_shardings
+        args = args if isinstance(args, tuple) else (args,)
         typed = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), _canonical(x.dtype)), tree)
-        want = lambda k: jax.tree.map(lambda t: (t[0], t[1]), args[k],
-                                      is_leaf=lambda t: isinstance(t, tuple) and len(t) == 2
-                                      and isinstance(t[0], tuple))
+        want = lambda k: jax.tree.map(lambda t: t, args[k], is_leaf=lambda t: isinstance(
+            t, tuple) and len(t) == 2 and isinstance(t[0], tuple))
         if argnums is None:
             argnums = next((k for k in range(len(args)) if typed(made) == want(k)), None)
             if argnums is None and isinstance(made, tuple):
@@ -190,18 +208,17 @@ class Compiled:
                                        for i, m in enumerate(made))), None)
             if argnums is None:
                 raise ConfigError(
-                    f"init: {getattr(init_fn, '__name__', 'init_fn')} returns "
-                    f"{jax.tree.structure(made)}, which matches none of the step's arguments "
-                    "(pytree, shapes and dtypes) nor a run of them; pass argnums.")
+                    f"{what} gives {jax.tree.structure(made)}, which matches none of the "
+                    "step's arguments (pytree, shapes and dtypes) nor a run of them; pass "
+                    "argnums.")
         many = isinstance(argnums, tuple)
         keys = argnums if many else (argnums,)
-        out = tuple(shardings[k] for k in keys) if many else shardings[argnums]
         if typed(made) != (tuple(want(k) for k in keys) if many else want(argnums)):
-            raise ConfigError(f"init: {getattr(init_fn, '__name__', 'init_fn')}'s result "
-                              f"differs from the step's argument(s) {argnums} in pytree, "
-                              "shapes or dtypes; compile the step for jax.eval_shape(init_fn, "
-                              "...)'s result.")
-        return jax.jit(init_fn, out_shardings=out)(*init_args)
+            raise ConfigError(f"{what} differs from the step's argument(s) {argnums} in "
+                              "pytree, shapes or dtypes; compile the step for "
+                              "jax.eval_shape(...)'s result of the same function.")
+        shardings = self.in_shardings
+        return argnums, (tuple(shardings[k] for k in keys) if many else shardings[argnums])
 
     def _xla(self):
         """The xla backend's ``(call, jitted)`` (runtime.xla_backend), made once."""
