@@ -15,7 +15,7 @@ import re
 from collections import Counter
 
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from autopar.graph import Const
 
@@ -44,7 +44,12 @@ def step_function(graph, op_layouts, mesh):
 
 def build(graph, in_layouts, out_layouts, op_layouts, mesh, donate=()):
     """``(call, jitted)``: ``call(flat_args) -> flat results`` (constant results put back as
-    the step returned them) and the ``jax.jit`` of the step, for ``lower``/``collectives``."""
+    the step returned them) and the ``jax.jit`` of the step, for ``lower``/``collectives``.
+    A mesh with Explicit axes (``jax.make_mesh``'s default) runs as its Auto twin: the plan's
+    constraints, not sharding-in-types rules, say where each value lives."""
+    if _explicit(mesh):
+        mesh = Mesh(mesh.devices, mesh.axis_names,
+                    axis_types=(AxisType.Auto,) * len(mesh.axis_names))
     ins = [NamedSharding(mesh, l.to_partition_spec()) for l in in_layouts]
     outs = [NamedSharding(mesh, l.to_partition_spec()) for o, l in zip(graph.outputs,
                                                                         out_layouts)
@@ -56,11 +61,9 @@ def build(graph, in_layouts, out_layouts, op_layouts, mesh, donate=()):
         got = body(*flat)
         return [got[k] for k in live]
     jitted = jax.jit(traced, in_shardings=ins, out_shardings=outs, donate_argnums=tuple(donate))
-    explicit = _explicit(mesh)
 
     def call(flat):
-        args = [jax.device_put(x, s) if explicit and not isinstance(x, jax.Array)
-                else _moved(x, s) for x, s in zip(flat, ins)]
+        args = [_moved(x, s) for x, s in zip(flat, ins)]
         got = iter(jitted(*args))
         return [o.value if isinstance(o, Const) else next(got) for o in graph.outputs]
     return call, jitted
