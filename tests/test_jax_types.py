@@ -231,3 +231,9 @@ def test_parameters_are_initialised_in_the_plans_layouts_never_whole_on_a_device
                         in_strategy=megatron)
     with pytest.raises(ap.ConfigError, match="use backend='jax' or 'xla'"):
         native.init(init_model, key)
+
+
+def test_plan_takes_static_arguments_too():
+    s = ap.plan(scaled, PARAMS, X, 2.0, "relu", config=semi(), static_argnames="activation",
+                static_argnums=2)
+    assert [i.name for i in s.inputs] == ["w1", "w2", "arg1"]

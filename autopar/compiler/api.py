@@ -218,10 +218,13 @@ def _without_static(call: CallArgs, batch_argnums, in_strategy):
 
 
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
-         in_strategy=None) -> Strategy:
+         in_strategy=None, static_argnums=None, static_argnames=None) -> Strategy:
     """The Strategy ``compile`` would choose (with its estimated step time and per-device
     memory), without building anything runnable. Arguments may be ``jax.ShapeDtypeStruct``s,
-    so a model far larger than this machine's memory is planned without allocating it."""
+    so a model far larger than this machine's memory is planned without allocating it;
+    static arguments as ``compile``'s."""
+    fn, args, call = split_static(fn, args, static_argnums, static_argnames)
+    batch_argnums, in_strategy = _without_static(call, batch_argnums, in_strategy)
     keyed = split_keys(fn, args)
     if keyed is not None:
         fn, args, _ = keyed
