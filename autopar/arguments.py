@@ -60,7 +60,10 @@ def check_call(fn, args, batch_argnums) -> tuple:
                                                  jax.dtypes.issubdtype(dtype, np.number)):
             raise ConfigError(f"argument leaf {name} is {type(x).__name__} "
                               f"{_short(x)}; every argument leaf must be a number or an array of "
-                              "numbers (or a jax.ShapeDtypeStruct for plan).")
+                              "numbers (or a jax.ShapeDtypeStruct). For a Python value (an "
+                              "optax optimizer, a config, a flag) pass its position as "
+                              "static_argnums (or its name as static_argnames), as jax.jit "
+                              "takes it, or bind it first: functools.partial(step, value).")
     if batch_argnums is None:
         return tuple(range(1, len(args)))
     given = [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums

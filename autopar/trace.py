@@ -75,10 +75,20 @@ def trace(fn, *args) -> Graph:
         raise ConfigError(
             f"the step used a traced value as a Python value ({type(e).__name__}, its message "
             "below): every argument of a compiled step, Python numbers included, is traced as "
-            "an array, as under jax.jit. Bind a number the step uses as a Python number (a "
-            "loop count, a shape, a flag) with functools.partial or a closure before "
-            "compiling; for a choice that depends on array values use lax.cond or "
-            f"jnp.where.\n{e}") from e
+            "an array, as under jax.jit. Pass a number the step uses as a Python number (a "
+            "loop count, a shape, a flag) as static_argnums/static_argnames, or bind it with "
+            "functools.partial or a closure before compiling; for a choice that depends on "
+            f"array values use lax.cond or jnp.where.\n{e}") from e
+    except NameError as e:
+        if "axis name" not in str(e):
+            raise
+        raise ConfigError(
+            f"the step calls a collective over a mesh axis nothing binds ({e}): a step ported "
+            "from pmap keeps lax.pmean/psum over its batch axis, but autopar's modes write the "
+            "step for one device and insert the collectives themselves: data_parallel already "
+            "averages the gradients over the devices (gradients_mean=True), so drop the "
+            "lax.pmean; to call collectives yourself use parallel_mode='hybrid_parallel' with "
+            "ap.comm.all_reduce(x, axis) and friends over the config's mesh axes.") from None
     lines = promotions(closed.jaxpr)
     if lines:
         more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""

@@ -567,3 +567,19 @@ def test_a_python_number_used_as_one_says_to_bind_it():
     with pytest.raises(ap.ConfigError, match="functools.partial") as e:
         ap.compile(step, w, x, 3, config=cfg)
     assert "TracerIntegerConversionError" in str(e.value)
+
+
+def test_a_pmap_ported_pmean_says_data_parallel_already_averages():
+    def step(w, x):
+        g = jax.grad(lambda w: jnp.sum(x @ w))(w)
+        return w - 0.1 * jax.lax.pmean(g, "batch")
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2, backend="jax")
+    with pytest.raises(ap.ConfigError, match="data_parallel already averages.*hybrid_parallel"):
+        ap.compile(step, np.ones((4, 4), np.float32), np.ones((2, 4), np.float32), config=cfg)
+
+
+def test_a_python_value_argument_names_static_argnums():
+    def step(w, opt):
+        return w * 2
+    with pytest.raises(ap.ConfigError, match="static_argnums.*functools.partial"):
+        ap.plan(step, np.ones((4, 4), np.float32), object())
