@@ -38,3 +38,15 @@ def test_the_package_imports_a_public_name_when_first_asked():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "refused module 'autopar' has no attribute 'no_such_name'" in r.stdout
     assert f"version {version}" in r.stdout
+
+
+def test_a_checkout_folder_named_autopar_does_not_shadow_the_package(tmp_path):
+    """git clones into a folder named autopar; Python run from its parent must still import
+    the installed package (scripts/test installs it editable in compat mode for this)."""
+    import os
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "autopar").symlink_to(root)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    got = subprocess.run([sys.executable, "-c", "import autopar; print(autopar.Layout)"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and "autopar.layout.Layout" in got.stdout, got.stderr
