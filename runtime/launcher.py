@@ -32,10 +32,13 @@ a new one.
 
 Deadlines on the control channel (the caller's side of each rank's socket): a send of a call's
 arguments or a read of an answer that moves no byte for ``timeout`` (the collective timeout)
-fails, and so does a rank that has not answered ``timeout`` after the first rank did (the ranks
-run one program in step; those waiting in a collective for a stopped rank answer once the
-segment is aborted). Either way the rank is stopped, swapped out or stuck outside any
-collective: it is killed and named in the ``CollectiveError``, and the job is failed. The start
+fails, and so does a rank that has not answered ``timeout`` after the first rank did and has
+used no core in that time (the ranks run one program in step; those waiting in a collective
+for a stopped rank answer once the segment is aborted; a late rank that is computing, such as a
+fresh worker starting JAX and compiling beside a warm one, is slow, not stuck, and gets
+another ``timeout``, read from /proc). Either way the rank is stopped, swapped out or stuck
+outside any collective: it is killed and named in the ``CollectiveError``, and the job is
+failed. The start
 waits at most ``max(60 s, timeout)`` for every rank to report its links up; ``close`` closes the
 sockets (a worker exits when its socket closes), waits 5 s and kills what is left.
 """
@@ -140,6 +143,20 @@ def _places(namespaces, hosts, tcp) -> dict:
         ns, addr = namespaces[h]
         out[h] = (["ip", "netns", "exec", str(ns)], str(addr))
     return out
+
+
+CPU_PROGRESS = 0.05     # seconds of CPU a late rank must have used to count as slow, not stuck
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int):
+    """User plus system CPU seconds of process ``pid`` so far (/proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class Job:
@@ -391,12 +408,14 @@ class Job:
         start = time.perf_counter()
         spin_from = start + max(0.0, self._took - wire.SPIN_SECONDS)
         spin = max(start, spin_from) + 2 * wire.SPIN_SECONDS
+        cpu = {}                          # rank -> CPU seconds when another answered first
         answered = first = late = None    # when and which rank answered first; whether the
         while pending:                    # others were late
             for c in wire.readable(list(pending), 0.05, spin, spin_from):
                 r, box = pending.pop(c)
                 if answered is None:
                     answered, first = time.monotonic(), r
+                    cpu = {q: _cpu_seconds(self.procs[q].pid) for q, _ in pending.values()}
                 try:
                     reply = wire.recv(c, box, borrow)
                 except BlockingIOError:
@@ -415,8 +434,15 @@ class Job:
                 trouble = now
             if pending and trouble is None and answered and now >= answered + self.timeout:
                 # the ranks run one program in step: one that has not answered a collective
-                # timeout after another did is stopped or stuck outside any collective (those
-                # waiting in a collective for it answer at once when the segment is aborted)
+                # timeout after another did, and has not run on a core since, is stopped or
+                # stuck outside any collective (those waiting in a collective for it answer at
+                # once when the segment is aborted); one that ran is slow (a fresh worker
+                # starting JAX and compiling while a warm one answered at once): it gets
+                # another timeout
+                late_ranks = [r for r, _ in pending.values()]
+                if self._ran(late_ranks, cpu):
+                    answered = now
+                    continue
                 trouble, late = now - grace, True
             if aborted is None and self.segment.aborted:
                 aborted = now
@@ -431,17 +457,30 @@ class Job:
                     return sorted(r for r, _ in pending.values())
                 for r in sorted(r for r, _ in pending.values()):
                     errors[r] = self._unresponsive(
-                        r, f"did not answer within the collective timeout of rank {first}'s answer")
+                        r, f"did not answer within the collective timeout of rank {first}'s "
+                           "answer, using no core in that time")
                 return []
         self._took = time.perf_counter() - start
         return []
+
+    def _ran(self, ranks, cpu: dict) -> bool:
+        """Whether any of ``ranks`` used a core (``CPU_PROGRESS`` seconds or more) since its
+        time in ``cpu`` was read (which is updated); False where /proc cannot tell."""
+        ran = False
+        for r in ranks:
+            now = _cpu_seconds(self.procs[r].pid)
+            if now is not None and cpu.get(r) is not None and now - cpu[r] >= CPU_PROGRESS:
+                ran = True
+            cpu[r] = now
+        return ran
 
     def _unresponsive(self, r: int, what: str) -> tuple:
         """Rank r moved no byte on its control socket for the collective timeout: kill it (its
         control stream is out of step now) and fail the job; its error entry."""
         self.procs[r].kill()
         why = (f"rank {r} (pid {self.procs[r].pid}) {what} (collective_timeout "
-               f"{self.timeout:g} s): stopped, swapped out or stuck; killed")
+               f"{self.timeout:g} s): stopped, swapped out or stuck; killed "
+               "(ParallelConfig.collective_timeout raises the limit)")
         self.failure = self.failure or why
         self.segment.abort(r, why)
         return ("unresponsive", why, "")

@@ -482,3 +482,27 @@ def test_a_caller_killed_leaves_no_folders_behind(tmp_path):
 def jax_leaves(tree):
     import jax
     return jax.tree.leaves(tree)
+
+
+def test_fresh_workers_loading_beside_warm_ones_are_slow_not_stuck():
+    """A 4-rank job right after a closed 2-rank one gets warm workers (JAX started) and fresh
+    ones (starting JAX, compiling); on a machine kept busy by CPU burners the fresh ones answer
+    the load many collective timeouts after the warm ones, and still run: a late rank that
+    is using a core is slow, not stuck."""
+    import subprocess
+    import sys
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        p, b = m.gpt_params(layers=2), m.gpt_batch(batch=4)
+        cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=2,
+                                collective_timeout=0.3)
+        with ap.compile(m.gpt_sgd_step, p, b, config=cfg) as two:
+            two(p, b)                                  # closing readies 2 warm workers
+        with ap.compile(m.gpt_sgd_step, p, b,
+                        config=cfg.replace(device_num=4, mesh_shape=(4,))) as four:
+            assert_same(four(p, b), m.gpt_sgd_step(p, b))
+            assert four.timings["start"] > 2 * cfg.collective_timeout     # really late
+    finally:
+        for q in burners:
+            q.kill()
+            q.wait()
