@@ -7,7 +7,6 @@ status 2, no traceback) and the native runtime's launcher. Each row: an id, a th
 error class and a regular expression the message must match."""
 import json
 import math
-import os
 import re
 
 import jax
@@ -18,7 +17,7 @@ import pytest
 import autopar as ap
 import models as m
 from autopar import cli
-from autopar.errors import (AutoparError, CollectiveError, ConfigError, InfeasibleError,
+from autopar.errors import (AutoparError, ConfigError, InfeasibleError,
                             LayoutError)
 from autopar.strategies.problem import SearchProblem
 
