@@ -3,6 +3,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import autopar as ap
@@ -72,3 +73,30 @@ def test_data_parallel_warns_where_a_reshape_ends_the_batch_split():
         kept = ap.plan(_accumulating_step(lambda x: x.reshape(-1, 2, 64).swapaxes(0, 1)), w, x,
                        config=cfg)
     assert {c.kind for c in kept.collectives} == {"all_reduce"}
+
+
+def test_data_parallel_says_how_to_accumulate_where_slicing_ends_the_batch_split():
+    """Gradient accumulation by slicing the batch (x[:n], x[n:], as vit_jax writes it) takes
+    each part's rows from some devices only: the warning says to set micro_batches (or slice
+    strided rows), and the step as advised, on the whole batch with micro_batches=2, keeps the
+    rows split and gives the sliced step's values."""
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def sliced(w, x):
+        n = x.shape[0] // 2
+        g = jax.grad(loss)(w, x[:n]) + jax.grad(loss)(w, x[n:])
+        return w - 0.1 * g / 2
+
+    def whole(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x)
+    w = np.linspace(-1, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    x = np.linspace(-2, 2, 32 * 64, dtype=np.float32).reshape(32, 64)
+    cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax")
+    with pytest.warns(UserWarning, match=r"row split ends at slice.*micro_batches=K.*strided"):
+        ap.plan(sliced, w, x, config=cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = ap.compile(whole, w, x, config=cfg.replace(micro_batches=2))
+    assert {k.kind for k in c.strategy.collectives} <= {"all_reduce", "reduce_scatter"}
+    np.testing.assert_allclose(c(w, x), sliced(w, x), rtol=1e-5, atol=1e-6)

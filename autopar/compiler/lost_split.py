@@ -16,7 +16,8 @@ import math
 from ..graph import Value
 
 SHARE = 0.5       # warn when at least this share of the batch's work runs unsplit
-CHUNKING = frozenset({"reshape", "slice", "squeeze", "dynamic_slice"})   # chunks of rows
+CHUNKING = frozenset({"reshape", "squeeze"})          # chunks of rows as a dimension
+SLICING = frozenset({"slice", "dynamic_slice"})        # chunks of rows sliced out
 
 
 def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
@@ -51,9 +52,18 @@ def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
         whole_from.update(v.id for v in n.outputs)
     if first is None or whole < SHARE * work:
         return None
-    advice = ("; or keep the rows a dimension of their own: x.reshape(-1, K, ...).swapaxes(0, 1) "
-              "instead of x.reshape(K, -1, ...) makes chunk k the rows k, K + k, ... of every "
-              "device" if first.prim in CHUNKING else "")
+    if first.prim in SLICING:           # gradient accumulation by slicing the batch
+        advice = ("; to accumulate gradients over K parts of the batch, write the step on the "
+                  "whole batch and set ParallelConfig(micro_batches=K): autopar splits every "
+                  "device's rows into K micro-batches and sums their gradients; or slice "
+                  "strided rows, x.reshape(-1, K, ...)[:, k] for part k, which every device "
+                  "holds a share of")
+    elif first.prim in CHUNKING:
+        advice = ("; or keep the rows a dimension of their own: x.reshape(-1, K, "
+                  "...).swapaxes(0, 1) instead of x.reshape(K, -1, ...) makes chunk k the rows "
+                  "k, K + k, ... of every device")
+    else:
+        advice = ""
     return (f"data_parallel: the batch's row split ends at {first.name} at "
             f"{first.source or 'an unknown line'}, which takes its input whole (an all-gather); "
             f"{whole / work:.0%} of the batch's work after it runs whole on every device. "
