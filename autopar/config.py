@@ -165,7 +165,7 @@ class ModeOptions:
                               "use data_parallel or semi_auto_parallel for several devices.")
 
 
-RECOMPUTE = ("as_written", "none", "auto")     # ParallelConfig.recompute's values
+RECOMPUTE = ("as_written", "selective", "none", "auto")   # ParallelConfig.recompute's values
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,10 @@ class SearchOptions:
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r}: choose 'as_written' (the step's "
-                              "jax.checkpoint blocks recomputed as written), 'none' (no "
+                              "jax.checkpoint blocks recomputed as written), 'selective' (only "
+                              "their large, cheap values: the attention's scores), 'none' (no "
                               "recomputation: the backward pass reads the forward's values) or "
-                              "'auto' (auto_parallel plans both and keeps the faster plan that "
+                              "'auto' (auto_parallel plans each and keeps the faster plan that "
                               "fits).")
         _set(self, search_mode=None if self.search_mode is None else
              _enum(SearchMode, self.search_mode, "search_mode"),
@@ -457,9 +458,13 @@ class ParallelConfig:
                                               # split over every device ("batch")
     recompute: str = "as_written"             # activation recomputation: "as_written" (the
                                               # step's jax.checkpoint blocks recomputed),
-                                              # "none" (the backward pass reads the forward's
-                                              # values: autopar.recompute) or "auto" (both
-                                              # planned, the faster plan that fits kept)
+                                              # "selective" (only their large values that
+                                              # are cheap to recompute: the attention's
+                                              # scores, Megatron-LM's selective
+                                              # recomputation), "none" (the backward pass
+                                              # reads the forward's values: autopar.recompute)
+                                              # or "auto" (each planned, the faster plan that
+                                              # fits kept)
     strategy_ckpt_load_file: Optional[str] = None   # compile reuses the strategy saved there
     # compile saves its strategy there: autopar's JSON for a *.json name (loadable), else
     # MindSpore's protobuf strategy checkpoint

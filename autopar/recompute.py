@@ -20,6 +20,7 @@ the faster plan that fits (``compiler.api``).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -37,22 +38,33 @@ def _operand_key(x):
             data.tobytes() if data.size <= SMALL_CONST else id(x.value))
 
 
-def _merged(graph: Graph) -> tuple:
+def _merged(graph: Graph, keep_above=None) -> tuple:
     """The graph's operators with every repeat of an earlier one merged into it: (the
     operators left, renumbered; value id -> the value it repeats; whether an operator of
-    jax.checkpoint's recomputation was among the repeats)."""
+    jax.checkpoint's recomputation was among the repeats). ``keep_above``: a repeat inside
+    jax.checkpoint's recomputation whose largest output has more elements than this is kept
+    (recomputed), and an operator repeating an earlier one but for such recomputed operands
+    is a repeat too (merged, or kept by the same rule)."""
     alias: dict = {}                       # value id -> the earlier value it repeats
+    twin: dict = {}                        # recomputed value id -> the forward value it repeats
     seen: dict = {}
     nodes, recomputed = [], False
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
     for n in graph.nodes:
         inputs = tuple(use(x) for x in n.inputs)
         key = (n.prim, tuple(sorted((k, _param_str(v)) for k, v in n.params.items())),
-               tuple(_operand_key(x) for x in inputs))
+               tuple(_operand_key(twin.get(x.id, x) if isinstance(x, Value) else x)
+                     for x in inputs))
         if key in seen:
+            recomputed = recomputed or REMAT_SCOPE in n.scope
+            if keep_above is not None and REMAT_SCOPE in n.scope and \
+                    max(math.prod(v.shape) for v in n.outputs) > keep_above:
+                for mine, theirs in zip(n.outputs, seen[key].outputs):
+                    twin[mine.id] = theirs
+                nodes.append(dataclasses.replace(n, id=len(nodes), inputs=inputs))
+                continue
             for mine, theirs in zip(n.outputs, seen[key].outputs):
                 alias[mine.id] = theirs
-            recomputed = recomputed or REMAT_SCOPE in n.scope
             continue
         seen[key] = n
         nodes.append(dataclasses.replace(n, id=len(nodes), inputs=inputs))
@@ -66,6 +78,32 @@ def without_recompute(graph: Graph) -> Graph:
     operators read them, so the forward's and the recomputation's copies only match once
     they are one."""
     nodes, alias, recomputed = _merged(graph)
+    if not recomputed:
+        return graph
+    use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
+    return Graph.build(graph.inputs, tuple(use(o) for o in graph.outputs), nodes,
+                       graph.in_tree, graph.out_tree)
+
+
+SELECTIVE_RATIO = 4    # selective: recompute values this many times a typical matmul's result
+
+
+def selective_recompute(graph: Graph) -> Graph:
+    """The step recomputing only the large, cheap values of its ``jax.checkpoint`` blocks
+    (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models":
+    Megatron-LM's selective recomputation): a recomputed operator is kept when its result has
+    more than ``SELECTIVE_RATIO`` times the elements of the median matmul result of the
+    recomputation (in a transformer block, the attention's scores, softmax, dropout bits and
+    mask, b x heads x s^2 against the b x s x h of its projections); every other recomputed
+    operator reads the forward pass's value instead, as ``without_recompute``. So the
+    backward pass recomputes the attention's s^2 values from the stored queries, keys and
+    values (a few percent of the block's FLOPs) and holds every other activation. The graph
+    itself when it recomputes nothing."""
+    remat = sorted(math.prod(n.outputs[0].shape) for n in graph.nodes
+                   if n.prim == "dot_general" and REMAT_SCOPE in n.scope)
+    if not remat:
+        return graph
+    nodes, alias, recomputed = _merged(graph, SELECTIVE_RATIO * remat[len(remat) // 2])
     if not recomputed:
         return graph
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x

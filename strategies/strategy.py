@@ -125,8 +125,9 @@ class Strategy:
     micro_batches: int = 1
     scheduler: str = ""
     pipeline_interleave: int = 1    # stages per device group (stage j on group j mod groups)
-    recompute: str = "as_written"   # the step's recomputation kept ("as_written") or dropped
-                                    # ("none": autopar.recompute)
+    recompute: str = "as_written"   # the step's recomputation kept ("as_written"), kept for
+                                    # the large values only ("selective") or dropped ("none":
+                                    # autopar.recompute)
     collectives: tuple = ()         # CommStrategy per communication step of the program
     memory_timeline: tuple = ()     # (operator or collective, bytes live on one device) in
                                     # execution order (empty for a pipeline: see stages)
@@ -241,6 +242,9 @@ class Strategy:
                                      f"us there (proved): gap {self.search_gap:.2%}"))
         if self.recompute == "none":
             head.append("recomputation: none (the backward pass reads the forward pass's values)")
+        elif self.recompute == "selective":
+            head.append("recomputation: selective (the backward pass recomputes the large, "
+                        "cheap values, the attention's scores, and reads the others)")
         if self.stages:
             parts = (f" ({self.pipeline_interleave} per device group, interleaved)"
                      if self.pipeline_interleave > 1 else "")

@@ -34,7 +34,7 @@ from ..strategies.strategy import Strategy, step_seconds
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
-from ..recompute import recomputes, without_recompute
+from ..recompute import recomputes, selective_recompute, without_recompute
 from ..trace import trace
 from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
                          leaf_type, state_pairs)
@@ -468,10 +468,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if config.recompute == "auto" and mode is ParallelMode.AUTO_PARALLEL and \
             strategy is None and recomputes(traced):
         return _recompute_or_not(fn, args, config, *given, measure)
-    dropped = config.recompute == "none" or (strategy is not None and
-                                             strategy.recompute == "none")
-    if dropped:
-        traced = without_recompute(traced)
+    how = strategy.recompute if strategy is not None else config.recompute
+    if how in RECOMPUTE_OF:
+        traced = RECOMPUTE_OF[how](traced)
     graph, in_strategy = tuples_on_device_matrices(config, traced, args, in_strategy)
     t_trace = time.monotonic()
     if not named:
@@ -492,15 +491,20 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
             lambda r, cache: _staged(r, full, cache))
     else:
         graph, strat, program = _plan_traced(req, full, t0, t_trace)
-    return graph, dataclasses.replace(strat, recompute="none") if dropped else strat, program
+    return graph, dataclasses.replace(strat, recompute=how) if how in RECOMPUTE_OF else strat, \
+        program
+
+
+RECOMPUTE_OF = {"none": without_recompute, "selective": selective_recompute}   # the rewrites
 
 
 def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
     """``recompute="auto"``: the step planned as written (its ``jax.checkpoint`` blocks
-    recomputed) and without recomputation (``autopar.recompute``), the faster plan within the
-    cap kept; the error of the first when neither can be planned."""
+    recomputed), with selective recomputation and without recomputation
+    (``autopar.recompute``), the faster plan within the cap kept; the error of the first when
+    none can be planned."""
     plans, errors = [], []
-    for how in ("as_written", "none"):
+    for how in ("as_written", "none", "selective"):       # on a tie the simpler plan
         try:
             graph, strat, program = _plan(fn, args, config.replace(recompute=how),
                                           batch_argnums, in_strategy, None, measure)
