@@ -504,7 +504,7 @@ def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
     (``autopar.recompute``), the faster plan within the cap kept; the error of the first when
     none can be planned."""
     plans, errors = [], []
-    for how in ("as_written", "none", "selective"):       # on a tie the simpler plan
+    for how in ("as_written", "none", "selective"):       # on a tie, the first
         try:
             graph, strat, program = _plan(fn, args, config.replace(recompute=how),
                                           batch_argnums, in_strategy, None, measure)
