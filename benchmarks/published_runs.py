@@ -19,7 +19,8 @@ moments, dropout 0.1, every block recomputed in the backward pass. Per row and p
   (``ratio``; the goal is within 10% on every row);
 - ``auto``: auto_parallel choosing its own plan on the same devices under 80 GB: stages,
   micro-batches, interleaving, layouts, optimizer sharding and recomputation
-  (``recompute="auto"``: the blocks recomputed as written, or not at all).
+  (``recompute="auto"``: the blocks recomputed as written, selectively (the attention's
+  scores alone) or not at all).
 Prints a JSON line per row and plan (the estimate, the measurement, their ratio, the peak
 bytes per device with the optimizer state, what the plan is, and the planning wall time on
 this machine), or a Markdown table with ``--markdown``.
@@ -86,8 +87,8 @@ def megatron_config(row):
 
 def auto_config(row):
     """auto_parallel on the row's GPUs as (nodes, GPUs per node): stages, micro-batches,
-    interleaving, layouts, the parallel optimizer (ZeRO) and whether the blocks are recomputed
-    chosen by the planner, under the 80 GB cap."""
+    interleaving, layouts, the parallel optimizer (ZeRO) and how much of the blocks is
+    recomputed chosen by the planner, under the 80 GB cap."""
     t, pp, d, _ = shape_of(row)
     gpus = t * pp * d
     nodes = gpus // GPUS_PER_NODE
