@@ -500,19 +500,35 @@ RECOMPUTE_OF = {"none": without_recompute, "selective": selective_recompute}   #
 
 def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
     """``recompute="auto"``: the step planned as written (its ``jax.checkpoint`` blocks
-    recomputed), with selective recomputation and without recomputation
-    (``autopar.recompute``), the faster plan within the cap kept; the error of the first when
-    none can be planned."""
+    recomputed) and without recomputation (``autopar.recompute``), each over every pipeline
+    the config leaves open, then with selective recomputation on the pipeline (stages,
+    micro-batches, interleave) of the faster of the two, or on the config's when neither could
+    be planned; the fastest plan within the cap kept (on a tie, the first planned); the error
+    of the first when none can be planned. Selective recomputation over every pipeline again
+    took the 18B row of benchmarks/published_runs.py from 290 to 649 s for the same plan."""
     plans, errors = [], []
-    for how in ("as_written", "none", "selective"):       # on a tie, the first
+
+    def one(cfg):
         try:
-            graph, strat, program = _plan(fn, args, config.replace(recompute=how),
-                                          batch_argnums, in_strategy, None, measure)
+            graph, strat, program = _plan(fn, args, cfg, batch_argnums, in_strategy, None,
+                                          measure)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             errors.append(e)
-            continue
+            return
         seconds = strat.pipeline_time if strat.stages else strat.step_time
         plans.append((seconds, len(plans), (graph, strat, program)))
+    for how in ("as_written", "none"):
+        one(config.replace(recompute=how))
+    selective = config.replace(recompute="selective")
+    if plans and config.pipeline.auto:
+        strat = min(plans)[2][1]
+        stages = len(strat.stages) // strat.pipeline_interleave if strat.stages else 1
+        selective = selective.replace(
+            pipeline_stages=stages, micro_batches=strat.micro_batches,
+            pipeline_interleave=strat.pipeline_interleave,
+            pipeline_stage_devices=None if stages == 1 else
+            (config.devices.device_num // stages,) * stages)
+    one(selective)
     if not plans:
         raise errors[0]
     return min(plans)[2]
