@@ -36,6 +36,20 @@ def step_seconds(ops, output_comm: float, overhead: float, compute=None) -> floa
     return compute + sum(o.comm_time for o in ops) + output_comm + overhead
 
 
+def device_ranges(devices) -> str:
+    """``[0-255]`` for devices 0 .. 255, ``[0, 1]`` for two, ``[0-3, 8-11]`` for runs: a
+    stage's devices as a reader scans them (a 1536-GPU plan lists 192 per stage)."""
+    runs, out = [], []
+    for d in devices:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    for a, b in runs:
+        out += [str(a)] if a == b else [str(a), str(b)] if b == a + 1 else [f"{a}-{b}"]
+    return "[" + ", ".join(out) + "]"
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputStrategy:
     name: str            # pytree path of the argument leaf, e.g. "params.h0.w1"
@@ -251,7 +265,7 @@ class Strategy:
             head.append(f"pipeline: {len(self.stages)} stages{parts}, {self.micro_batches} "
                         f"micro-batches, {self.scheduler}, estimated step {self.pipeline_time * 1e6:.1f} us "
                         "(operator layouts are per stage; times per micro-batch)")
-            head += [f"  stage {st.index}: devices {list(st.devices)}"
+            head += [f"  stage {st.index}: devices {device_ranges(st.devices)}"
                      + (f" mesh ({', '.join(f'{n}={k}' for n, k in zip(st.axis_names, st.mesh_shape))})"
                         if st.mesh_shape else "")
                      + f", {st.seconds * 1e6:.1f} us, peak {format_bytes(st.memory)} per device"

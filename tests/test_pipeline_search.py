@@ -151,3 +151,9 @@ def test_auto_stage_counts_whose_stages_are_not_whole_hosts_are_skipped_with_the
     assert "6 devices per pipeline stage" in notes[4]
     assert any(c.note == "chosen" for c in s.pipeline_choices)
     assert ap.Topology.machine("dgx-a100", 3, 8).inner(4).num_devices == 4   # half a host
+
+
+def test_a_stages_devices_print_as_runs():
+    from autopar.strategies.strategy import device_ranges
+    assert device_ranges(range(256, 512)) == "[256-511]"
+    assert device_ranges((2, 3)) == "[2, 3]" and device_ranges((0, 1, 2, 8, 9, 10)) == "[0-2, 8-10]"
