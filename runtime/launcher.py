@@ -32,11 +32,11 @@ a new one.
 
 Deadlines on the control channel (the caller's side of each rank's socket): a send of a call's
 arguments or a read of an answer that moves no byte for ``timeout`` (the collective timeout)
-fails, and so does a rank that has not answered ``timeout`` after the first rank did and has
-used no core in that time (the ranks run one program in step; those waiting in a collective
-for a stopped rank answer once the segment is aborted; a late rank that is computing, such as a
-fresh worker starting JAX and compiling beside a warm one, is slow, not stuck, and gets
-another ``timeout``, read from /proc). Either way the rank is stopped, swapped out or stuck
+fails, and so does a rank that has not answered ``timeout`` after the first rank did (the ranks
+run one program in step; those waiting in a collective for a stopped rank answer once the
+segment is aborted), except, in the call that loads a program, a rank that has used a core in
+that time (read from /proc): a fresh worker starting JAX and compiling beside a warm one is
+slow, not stuck, and gets another ``timeout``. Either way the rank is stopped, swapped out or stuck
 outside any collective: it is killed and named in the ``CollectiveError``, and the job is
 failed. The start
 waits at most ``max(60 s, timeout)`` for every rank to report its links up; ``close`` closes the
@@ -311,22 +311,24 @@ class Job:
                 return
             time.sleep(0.05)
 
-    def call(self, fn, per_rank_args, borrow: bool = False):
+    def call(self, fn, per_rank_args, borrow: bool = False, loading: bool = False):
         """Run ``fn(comm, *per_rank_args[r])`` on every rank r; the list of results. With
         ``borrow``, the results' arrays that came through shared memory are views of it
         (``wire.recv``), valid as long as they are held: a rank answers into shared memory
         none of whose views are held (``lent`` counts those that are). For a function marked
         ``flat`` (``worker``), ``per_rank_args[r]`` is ``(arrays, *args)``, ``arrays`` a list
         of numpy arrays and ``args`` holding none, and each rank's result is ``(head,
-        arrays)``. Calls from several threads run one after another.
+        arrays)``. Calls from several threads run one after another. ``loading``: the call
+        that loads a program (ranks start JAX and compile, fresh ones far slower than warm
+        ones): a late rank that has used a core since another answered is slow, not stuck.
 
         Raises ``WorkerError`` when ``fn`` raised on a rank, ``CollectiveError`` when a rank died,
         a collective failed or a rank stopped answering after another failed (that rank is
         killed and the job is failed)."""
         with self._calls:
-            return self._call(fn, per_rank_args, borrow)
+            return self._call(fn, per_rank_args, borrow, loading)
 
-    def _call(self, fn, per_rank_args, borrow):
+    def _call(self, fn, per_rank_args, borrow, loading=False):
         dead = None if self.closed or self.failure else self._dead()
         if dead:                           # before the monitor has seen it
             self.failure = dead
@@ -361,7 +363,7 @@ class Job:
             except OSError:
                 errors[r] = ("exited", self._gone(r), "")
         try:
-            hung = self._collect(pending, results, errors, borrow)
+            hung = self._collect(pending, results, errors, borrow, loading)
         except BaseException:
             # e.g. KeyboardInterrupt: a reply still owed would answer the next call; the job is done
             self.failure = self.failure or (
@@ -397,7 +399,7 @@ class Job:
         return max((sum(b.lent_out for b in boxes.values()) for boxes in self._from),
                    default=0)
 
-    def _collect(self, pending, results, errors, borrow=False) -> list:
+    def _collect(self, pending, results, errors, borrow=False, loading=False) -> list:
         """Read the replies of ``pending`` (conn -> (rank, the box it answers into)) into
         ``results`` / ``errors``; once something failed, abort the segment after a grace and
         give up on ranks that still do not answer after another. The ranks given up on."""
@@ -434,13 +436,13 @@ class Job:
                 trouble = now
             if pending and trouble is None and answered and now >= answered + self.timeout:
                 # the ranks run one program in step: one that has not answered a collective
-                # timeout after another did, and has not run on a core since, is stopped or
-                # stuck outside any collective (those waiting in a collective for it answer at
-                # once when the segment is aborted); one that ran is slow (a fresh worker
+                # timeout after another did is stopped or stuck outside any collective (those
+                # waiting in a collective for it answer at once when the segment is aborted);
+                # while loading, one that has run on a core since is slow (a fresh worker
                 # starting JAX and compiling while a warm one answered at once): it gets
                 # another timeout
                 late_ranks = [r for r, _ in pending.values()]
-                if self._ran(late_ranks, cpu):
+                if loading and self._ran(late_ranks, cpu):
                     answered = now
                     continue
                 trouble, late = now - grace, True
@@ -458,7 +460,7 @@ class Job:
                 for r in sorted(r for r, _ in pending.values()):
                     errors[r] = self._unresponsive(
                         r, f"did not answer within the collective timeout of rank {first}'s "
-                           "answer, using no core in that time")
+                           "answer" + (", using no core in that time" if loading else ""))
                 return []
         self._took = time.perf_counter() - start
         return []

@@ -184,13 +184,13 @@ class WorkerRunner:
                 shutil.rmtree(cache, ignore_errors=True)
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
-        self._call(fn, [args + (cache,) for args in per_rank])
+        self._call(fn, [args + (cache,) for args in per_rank], loading=True)
 
-    def _call(self, fn, per_rank, borrow=False):
+    def _call(self, fn, per_rank, borrow=False, loading=False):
         """``job.call``; a job that failed is closed at once (its workers stopped), so nothing
         is left running, and the next call starts a new one."""
         try:
-            return self.job.call(fn, per_rank, borrow)
+            return self.job.call(fn, per_rank, borrow, loading)
         except AutoparError:
             if self.job.failure:
                 self._finalizer()

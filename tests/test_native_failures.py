@@ -488,7 +488,7 @@ def test_fresh_workers_loading_beside_warm_ones_are_slow_not_stuck():
     """A 4-rank job right after a closed 2-rank one gets warm workers (JAX started) and fresh
     ones (starting JAX, compiling); on a machine kept busy by CPU burners the fresh ones answer
     the load many collective timeouts after the warm ones, and still run: a late rank that
-    is using a core is slow, not stuck."""
+    is using a core while the program loads is slow, not stuck."""
     import subprocess
     import sys
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
