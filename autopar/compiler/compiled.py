@@ -71,8 +71,7 @@ class Compiled:
     def out_shardings(self):
         """The plan's result layouts as a pytree of ``NamedSharding`` matching the step's
         results (``in_shardings``' mesh), for ``jax.jit(step, out_shardings=...)``."""
-        layouts = [l for o, l in zip(self.program.outputs, self.program.out_layouts)]
-        return self._shardings(layouts, self.program.out_tree,
+        return self._shardings(self.program.out_layouts, self.program.out_tree,
                                self._keys.results if self._keys is not None else {})
 
     def close(self):
@@ -174,7 +173,10 @@ class Compiled:
                 "use backend='jax' or 'xla' (one process holds each device's block), or call "
                 "init_fn yourself.")
         made = jax.eval_shape(init_fn, *init_args)
-        argnums, out = self._matching(made, argnums, getattr(init_fn, "__name__", "init_fn"))
+        argnums = self._matching(made, argnums, getattr(init_fn, "__name__", "init_fn"))
+        shardings = self.in_shardings
+        out = tuple(shardings[k] for k in argnums) if isinstance(argnums, tuple) \
+            else shardings[argnums]
         return jax.jit(init_fn, out_shardings=out)(*init_args)
 
     def save(self, path, state, argnums=None) -> str:
@@ -192,9 +194,10 @@ class Compiled:
         return restore(self, path, argnums)
 
     def _matching(self, made, argnums, what):
-        """``(argnums, their in_shardings)`` for a pytree ``made`` of arrays (or
-        ShapeDtypeStructs) that is the step's argument ``argnums`` (an int) or a tuple of them;
-        None: the argument, or run of arguments, ``made`` matches (pytree, shapes, dtypes)."""
+        """``argnums`` for a pytree ``made`` of arrays (or ShapeDtypeStructs) that is the
+        step's argument ``argnums`` (an int) or a tuple of them (a ConfigError where it is
+        not); None: the argument, or run of arguments, ``made`` matches (pytree, shapes,
+        dtypes)."""
         args = jax.tree.unflatten(self._in_tree, self._leaf_types)
         args = args if isinstance(args, tuple) else (args,)
         typed = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), _canonical(x.dtype)), tree)
@@ -217,8 +220,7 @@ class Compiled:
             raise ConfigError(f"{what} differs from the step's argument(s) {argnums} in "
                               "pytree, shapes or dtypes; compile the step for "
                               "jax.eval_shape(...)'s result of the same function.")
-        shardings = self.in_shardings
-        return argnums, (tuple(shardings[k] for k in keys) if many else shardings[argnums])
+        return argnums
 
     def _xla(self):
         """The xla backend's ``(call, jitted)`` (runtime.xla_backend), made once."""
