@@ -77,7 +77,12 @@ def without_recompute(graph: Graph) -> Graph:
     twice) are merged too, as XLA's own common-subexpression pass merges them: recomputed
     operators read them, so the forward's and the recomputation's copies only match once
     they are one."""
-    nodes, alias, recomputed = _merged(graph)
+    return _rebuilt(graph, *_merged(graph))
+
+
+def _rebuilt(graph: Graph, nodes, alias, recomputed) -> Graph:
+    """The graph of ``_merged``'s operators, its results read through ``alias``; ``graph``
+    itself when nothing recomputed was merged."""
     if not recomputed:
         return graph
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
@@ -103,12 +108,7 @@ def selective_recompute(graph: Graph) -> Graph:
                    if n.prim == "dot_general" and REMAT_SCOPE in n.scope)
     if not remat:
         return graph
-    nodes, alias, recomputed = _merged(graph, SELECTIVE_RATIO * remat[len(remat) // 2])
-    if not recomputed:
-        return graph
-    use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
-    return Graph.build(graph.inputs, tuple(use(o) for o in graph.outputs), nodes,
-                       graph.in_tree, graph.out_tree)
+    return _rebuilt(graph, *_merged(graph, SELECTIVE_RATIO * remat[len(remat) // 2]))
 
 
 def recomputes(graph: Graph) -> bool:

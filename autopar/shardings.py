@@ -36,7 +36,6 @@ def named_shardings(layouts, mesh, tree=None, key_dims=None):
     key_dims = key_dims or {}
     out = []
     for j, layout in enumerate(layouts):
-        spec = list(layout.to_partition_spec())
-        spec += [None] * (layout.rank - len(spec))
+        spec = tuple(layout.to_partition_spec())             # one entry per dimension
         out.append(NamedSharding(mesh, PartitionSpec(*spec[:layout.rank - key_dims.get(j, 0)])))
     return tuple(out) if tree is None else jax.tree.unflatten(tree, out)

@@ -81,11 +81,13 @@ def build_alone(program):
     return lambda flat_args: _with_consts(program, f(*flat_args))
 
 
-def _moved(x, sharding):
+def _moved(x, sharding, host=False):
     """``x``; a JAX array not already in ``sharding`` put there first (jit refuses arrays
-    committed to other devices, and a mesh with other axis names failed inside shard_map)."""
+    committed to other devices, and a mesh with other axis names failed inside shard_map);
+    with ``host``, a host array too (shard_map on Explicit axes takes arrays placed as its
+    in_specs say)."""
     if not isinstance(x, jax.Array):
-        return x
+        return jax.device_put(x, sharding) if host else x
     s = x.sharding            # (a step's own results come back P() where it takes P(None, None))
     if isinstance(s, NamedSharding) and s.mesh == sharding.mesh and \
             s.is_equivalent_to(sharding, x.ndim):
@@ -128,10 +130,8 @@ def build(program, process_local=(), devices=None, donate=()):
         local = set(process_local)
         call = lambda flat: [fetch(r) for r in f(*[
             place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))])]
-    elif _explicit(jm):    # shard_map on Explicit axes takes arrays placed as in_specs say
-        call = lambda flat: f(*[jax.device_put(x, sh) if not isinstance(x, jax.Array)
-                                else _moved(x, sh) for x, sh in zip(flat, shardings)])
     else:       # a JAX array placed otherwise (another mesh, its axis names, other devices,
-        call = lambda flat: f(*[_moved(x, sh) for x, sh in zip(flat, shardings)])   # one)
+        host = _explicit(jm)         # one) is moved; host arrays too on an Explicit mesh
+        call = lambda flat: f(*[_moved(x, sh, host) for x, sh in zip(flat, shardings)])
 
     return lambda flat_args: _with_consts(program, call(flat_args))

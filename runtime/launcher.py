@@ -61,6 +61,7 @@ from autopar.config import NATIVE_MAX_RANKS
 from autopar.errors import CollectiveError, ConfigError, WorkerError
 
 from . import wire
+from .liveness import CpuProgress
 
 START_SECONDS = 60.0   # the least a job's ranks get to connect and report their links up
 _GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed, and again once
@@ -143,20 +144,6 @@ def _places(namespaces, hosts, tcp) -> dict:
         ns, addr = namespaces[h]
         out[h] = (["ip", "netns", "exec", str(ns)], str(addr))
     return out
-
-
-CPU_PROGRESS = 0.05     # seconds of CPU a late rank must have used to count as slow, not stuck
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int):
-    """User plus system CPU seconds of process ``pid`` so far (/proc), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class Job:
@@ -410,14 +397,15 @@ class Job:
         start = time.perf_counter()
         spin_from = start + max(0.0, self._took - wire.SPIN_SECONDS)
         spin = max(start, spin_from) + 2 * wire.SPIN_SECONDS
-        cpu = {}                          # rank -> CPU seconds when another answered first
+        cpu = None                        # loading: the late ranks' CPU time (liveness)
         answered = first = late = None    # when and which rank answered first; whether the
         while pending:                    # others were late
             for c in wire.readable(list(pending), 0.05, spin, spin_from):
                 r, box = pending.pop(c)
                 if answered is None:
                     answered, first = time.monotonic(), r
-                    cpu = {q: _cpu_seconds(self.procs[q].pid) for q, _ in pending.values()}
+                    if loading:
+                        cpu = CpuProgress(self.procs[q].pid for q, _ in pending.values())
                 try:
                     reply = wire.recv(c, box, borrow)
                 except BlockingIOError:
@@ -441,8 +429,7 @@ class Job:
                 # while loading, one that has run on a core since is slow (a fresh worker
                 # starting JAX and compiling while a warm one answered at once): it gets
                 # another timeout
-                late_ranks = [r for r, _ in pending.values()]
-                if loading and self._ran(late_ranks, cpu):
+                if cpu is not None and cpu.ran(self.procs[q].pid for q, _ in pending.values()):
                     answered = now
                     continue
                 trouble, late = now - grace, True
@@ -464,17 +451,6 @@ class Job:
                 return []
         self._took = time.perf_counter() - start
         return []
-
-    def _ran(self, ranks, cpu: dict) -> bool:
-        """Whether any of ``ranks`` used a core (``CPU_PROGRESS`` seconds or more) since its
-        time in ``cpu`` was read (which is updated); False where /proc cannot tell."""
-        ran = False
-        for r in ranks:
-            now = _cpu_seconds(self.procs[r].pid)
-            if now is not None and cpu.get(r) is not None and now - cpu[r] >= CPU_PROGRESS:
-                ran = True
-            cpu[r] = now
-        return ran
 
     def _unresponsive(self, r: int, what: str) -> tuple:
         """Rank r moved no byte on its control socket for the collective timeout: kill it (its

@@ -19,7 +19,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from autopar.graph import Const
 
-from .jax_backend import _explicit, _moved, const
+from .jax_backend import _explicit, _moved, _with_consts, const
 
 
 def step_function(graph, op_layouts, mesh):
@@ -62,10 +62,7 @@ def build(graph, in_layouts, out_layouts, op_layouts, mesh, donate=()):
         return [got[k] for k in live]
     jitted = jax.jit(traced, in_shardings=ins, out_shardings=outs, donate_argnums=tuple(donate))
 
-    def call(flat):
-        args = [_moved(x, s) for x, s in zip(flat, ins)]
-        got = iter(jitted(*args))
-        return [o.value if isinstance(o, Const) else next(got) for o in graph.outputs]
+    call = lambda flat: _with_consts(graph, jitted(*[_moved(x, s) for x, s in zip(flat, ins)]))
     return call, jitted
 
 

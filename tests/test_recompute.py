@@ -15,12 +15,12 @@ from autopar.recompute import REMAT_SCOPE, recomputes, selective_recompute, with
 from autopar.trace import trace
 
 
-def _gpt(remat=True, rows=8):
-    p = mg.params(2, 64, 128, 32)
+def _gpt(remat=True, rows=8, seq=32):
+    p = mg.params(2, 64, 128, seq)
     m, v = mg.adam_state(p)
     step = functools.partial(mg.train_step, heads=4, remat=remat)
     step.__name__ = "gpt"
-    return step, (p, m, v, mg.batch(rows, 32, 128), jax.random.PRNGKey(0))
+    return step, (p, m, v, mg.batch(rows, seq, 128), jax.random.PRNGKey(0))
 
 
 def test_the_step_without_recomputation_is_the_step_written_without_it():
@@ -50,12 +50,14 @@ def test_a_user_step_is_recomputed_only_where_it_says_so():
     assert recomputes(remat) and dots(without_recompute(remat)) == dots(plain) < dots(remat)
 
 
-def test_a_step_without_recomputation_runs_as_the_single_device_step():
+@pytest.mark.parametrize("how", ["none", "selective"])
+def test_a_step_recomputing_less_runs_as_the_single_device_step(how):
     step, args = _gpt()
     cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, backend="jax",
-                            recompute="none", progress=False)
+                            recompute=how, progress=False)
     c = ap.compile(step, *args, config=cfg)
-    assert c.strategy.recompute == "none"
+    assert c.strategy.recompute == how
+    assert ap.Strategy.from_json(c.strategy.to_json()).recompute == how
     for got, want in zip(jax.tree.leaves(c(*args)), jax.tree.leaves(step(*args))):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                    atol=2e-3, rtol=2e-2)
@@ -94,11 +96,8 @@ def test_selective_recomputes_the_attention_scores_alone():
     the projections and the MLP read the forward pass's values. Its matmuls lie between the
     two extremes (the queries-times-keys product once more per block), and so do its plan's
     time and memory."""
-    step, args = _gpt(rows=8)
     seq = 256
-    p = mg.params(2, 64, 128, seq)
-    m, v = mg.adam_state(p)
-    args = (p, m, v, mg.batch(8, seq, 128), jax.random.PRNGKey(0))
+    step, args = _gpt(seq=seq)
     graph = trace(step, *args)
     chosen = selective_recompute(graph)
     dots = lambda g: [n for n in g.nodes if n.prim == "dot_general"]
@@ -114,15 +113,3 @@ def test_selective_recomputes_the_attention_scores_alone():
     assert sel.recompute == "selective" and "recomputation: selective" in sel.table()
     assert none.step_time <= sel.step_time < full.step_time
     assert full.peak_memory < sel.peak_memory < none.peak_memory
-
-
-def test_a_selectively_recomputed_step_runs_as_the_single_device_step():
-    step, args = _gpt()
-    cfg = ap.ParallelConfig(parallel_mode="auto_parallel", device_num=4, backend="jax",
-                            recompute="selective", progress=False)
-    c = ap.compile(step, *args, config=cfg)
-    assert c.strategy.recompute == "selective"
-    assert ap.Strategy.from_json(c.strategy.to_json()).recompute == "selective"
-    for got, want in zip(jax.tree.leaves(c(*args)), jax.tree.leaves(step(*args))):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                   atol=2e-3, rtol=2e-2)

@@ -21,7 +21,6 @@ import warnings
 import jax
 
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
-from ..context import context_config
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..strategies.build import StatePricing
 from ..strategies.cost_model import call_overhead, memory_timeline, program_memory
@@ -38,7 +37,7 @@ from ..recompute import recomputes, selective_recompute, without_recompute
 from ..trace import trace
 from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
                          leaf_type, state_pairs)
-from .compiled import Compiled, positional
+from .compiled import Compiled
 from .key_args import split_keys
 from .dump import (assemble_strategy, bucket_bytes, host_arrays, host_bytes, input_strategies,
                    peak_of, plan_op_strategies)
@@ -48,7 +47,7 @@ from .multiprocess import plan_for_processes
 from .checks import check_backend, check_request, config_of, pipelined
 from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
                              tuples_on_device_matrices, with_operator_letters, with_tuples)
-from .call_args import CallArgs, split_static
+from .call_args import split_static
 from .search import default_search_mode, recursive_search, search, with_fixed
 from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
                             reshard_cost)
@@ -167,7 +166,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     config = config_of(config)
     user_fn = fn
     fn, args, call = split_static(fn, args, static_argnums, static_argnames, donate_argnums)
-    batch_argnums, in_strategy = _without_static(call, batch_argnums, in_strategy)
+    batch_argnums, in_strategy = call.over_dynamic(batch_argnums, in_strategy)
     keys = None
     keyed = split_keys(fn, args)            # typed PRNG keys go in and out as their data
     if keyed is not None:
@@ -193,30 +192,6 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
                     keys, call, call.donated_leaves(args))
 
 
-def _without_static(call: CallArgs, batch_argnums, in_strategy):
-    """``batch_argnums`` and ``in_strategy``, given over every argument of the step, over its
-    dynamic ones (``call_args``)."""
-    if not call.static:
-        return batch_argnums, in_strategy
-    if batch_argnums is not None:
-        given = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
-        if any(k % call.count in call.static for k in given if isinstance(k, int)):
-            raise ConfigError(f"batch_argnums={batch_argnums!r} names a static argument "
-                              f"(static: {call.static}); name the batch arrays.")
-        batch_argnums = tuple(call.position(k % call.count) if isinstance(k, int) else k
-                              for k in given)
-    if in_strategy is not None:
-        if len(in_strategy) != call.count:
-            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {call.count} "
-                              "arguments; give one per argument, None for the static ones.")
-        if any(in_strategy[k] is not None for k in call.static):
-            raise LayoutError(f"in_strategy gives a layout for static argument(s) "
-                              f"{call.static}; a static argument is a Python value, not laid "
-                              "out: give None there.")
-        in_strategy = tuple(s for k, s in enumerate(in_strategy) if k not in call.static)
-    return batch_argnums, in_strategy
-
-
 def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
          in_strategy=None, static_argnums=None, static_argnames=None) -> Strategy:
     """The Strategy ``compile`` would choose (with its estimated step time and per-device
@@ -224,7 +199,7 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     so a model far larger than this machine's memory is planned without allocating it;
     static arguments as ``compile``'s."""
     fn, args, call = split_static(fn, args, static_argnums, static_argnames)
-    batch_argnums, in_strategy = _without_static(call, batch_argnums, in_strategy)
+    batch_argnums, in_strategy = call.over_dynamic(batch_argnums, in_strategy)
     keyed = split_keys(fn, args)
     if keyed is not None:
         fn, args, _ = keyed
@@ -616,36 +591,3 @@ def _staged(req: CompileRequest, full, cache) -> Staged:
         cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
                                    req.batch_argnums, req.names, req.pairs, cache)
     return cache[key]
-
-
-class ParallelFunction:
-    """What ``@ap.parallel`` returns: ``.compile(*args)`` or call it directly (compiled once per
-    argument shapes and config: a bare decorator follows the context as it is at each call)."""
-
-    def __init__(self, fn, config, **kw):
-        self.fn, self.config, self.kw = fn, config, kw
-        self._cache = {}
-        functools.update_wrapper(self, fn)       # the step's name, doc, signature, module
-
-    def compile(self, *args) -> Compiled:
-        _, dynamic, call = split_static(self.fn, args, self.kw.get("static_argnums"),
-                                        self.kw.get("static_argnames"))
-        flat, tree = jax.tree.flatten(dynamic)
-        config = self.config or context_config()
-        key = (tree, tuple(leaf_type(x) for x in flat), config, call.values)
-        if key not in self._cache:
-            self._cache[key] = compile(self.fn, *args, config=config, **self.kw)
-        return self._cache[key]
-
-    def __call__(self, *args, **kwargs):
-        if kwargs:             # by the step's signature, as a compiled step takes them
-            args = positional(self.fn, args, kwargs)
-        return self.compile(*args)(*args)
-
-
-def parallel(fn=None, *, config: ParallelConfig | None = None, **kw):
-    """``@ap.parallel(config=cfg)`` on a step function, or bare ``@ap.parallel`` (the config
-    of ``ap.set_auto_parallel_context`` when the step is first compiled for its shapes)."""
-    if fn is None:
-        return lambda f: ParallelFunction(f, config, **kw)
-    return ParallelFunction(fn, config, **kw)

@@ -4,7 +4,7 @@ In: the step, its example arguments and the three options as ``jax.jit`` takes t
 ``split_static`` gives the step as a function of its other (dynamic) arguments alone, those
 arguments, and a ``CallArgs`` that, per call, checks the static arguments are the ones the step
 was compiled for (``dynamic``), maps the step's argument positions to the dynamic ones
-(``position``) and names the flattened leaves that are donated (``donated_leaves``). Static
+(``position``; ``over_dynamic`` for batch_argnums and in_strategy) and names the flattened leaves that are donated (``donated_leaves``). Static
 arguments must be hashable, as jax.jit requires: they are compared by ``==``.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import jax
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LayoutError
 
 
 def _positions(value, what: str, n: int) -> tuple:
@@ -53,6 +53,30 @@ class CallArgs:
     def position(self, k: int) -> int:
         """The dynamic position of the step's argument ``k`` (not a static one)."""
         return k - sum(1 for s in self.static if s < k)
+
+    def over_dynamic(self, batch_argnums, in_strategy) -> tuple:
+        """``(batch_argnums, in_strategy)``, given over every argument of the step, over its
+        dynamic ones; a static argument named as a batch or given a layout raises."""
+        if not self.static:
+            return batch_argnums, in_strategy
+        if batch_argnums is not None:
+            given = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
+            if any(k % self.count in self.static for k in given if isinstance(k, int)):
+                raise ConfigError(f"batch_argnums={batch_argnums!r} names a static argument "
+                                  f"(static: {self.static}); name the batch arrays.")
+            batch_argnums = tuple(self.position(k % self.count) if isinstance(k, int) else k
+                                  for k in given)
+        if in_strategy is not None:
+            if len(in_strategy) != self.count:
+                raise LayoutError(f"in_strategy has {len(in_strategy)} entries for "
+                                  f"{self.count} arguments; give one per argument, None for "
+                                  "the static ones.")
+            if any(in_strategy[k] is not None for k in self.static):
+                raise LayoutError(f"in_strategy gives a layout for static argument(s) "
+                                  f"{self.static}; a static argument is a Python value, not "
+                                  "laid out: give None there.")
+            in_strategy = tuple(s for k, s in enumerate(in_strategy) if k not in self.static)
+        return batch_argnums, in_strategy
 
     def donated_leaves(self, dynamic_args) -> tuple:
         """Flat leaf positions of the donated arguments among ``dynamic_args``."""

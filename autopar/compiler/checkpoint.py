@@ -58,19 +58,13 @@ def restore(compiled, path, argnums):
     path = os.path.abspath(os.fspath(path))
     if not os.path.isdir(path):
         raise ConfigError(f"restore: no checkpoint at {path}.")
-    args = jax.tree.unflatten(compiled._in_tree, compiled._leaf_types)
-    args = args if isinstance(args, tuple) else (args,)
-    many = isinstance(argnums, tuple)
-    keys = argnums if many else (argnums,)
+    types = compiled._argument_types(argnums)
     leaf = lambda t: isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], tuple)
-    types = tuple(args[k] for k in keys) if many else args[argnums]
     native = compiled.config.backend is Backend.NATIVE
     if native:
         target = jax.tree.map(lambda t: jax.ShapeDtypeStruct(*t), types, is_leaf=leaf)
     else:
-        shardings = compiled.in_shardings
-        shard = tuple(shardings[k] for k in keys) if many else shardings[argnums]
-        target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(*t, sharding=s), types, shard,
-                              is_leaf=leaf)
+        target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(*t, sharding=s), types,
+                              compiled._argument_shardings(argnums), is_leaf=leaf)
     got = _checkpointer().restore(path, target)
     return jax.tree.map(np.asarray, got) if native else got

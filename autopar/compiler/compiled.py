@@ -174,10 +174,7 @@ class Compiled:
                 "init_fn yourself.")
         made = jax.eval_shape(init_fn, *init_args)
         argnums = self._matching(made, argnums, getattr(init_fn, "__name__", "init_fn"))
-        shardings = self.in_shardings
-        out = tuple(shardings[k] for k in argnums) if isinstance(argnums, tuple) \
-            else shardings[argnums]
-        return jax.jit(init_fn, out_shardings=out)(*init_args)
+        return jax.jit(init_fn, out_shardings=self._argument_shardings(argnums))(*init_args)
 
     def save(self, path, state, argnums=None) -> str:
         """A sharded checkpoint of ``state`` (the step's argument(s) ``argnums``, or those it
@@ -193,30 +190,40 @@ class Compiled:
         from .checkpoint import restore
         return restore(self, path, argnums)
 
+    def _argument_types(self, argnums=None):
+        """Per argument of the step, the pytree of its leaves' ``(shape, dtype)``; with
+        ``argnums``, that argument's (an int) or a tuple of those (a tuple)."""
+        args = jax.tree.unflatten(self._in_tree, self._leaf_types)
+        args = args if isinstance(args, tuple) else (args,)
+        if argnums is None:
+            return args
+        return tuple(args[k] for k in argnums) if isinstance(argnums, tuple) else args[argnums]
+
+    def _argument_shardings(self, argnums):
+        """``in_shardings`` of argument ``argnums`` (an int), or a tuple of those (a tuple)."""
+        shardings = self.in_shardings
+        return tuple(shardings[k] for k in argnums) if isinstance(argnums, tuple) \
+            else shardings[argnums]
+
     def _matching(self, made, argnums, what):
         """``argnums`` for a pytree ``made`` of arrays (or ShapeDtypeStructs) that is the
         step's argument ``argnums`` (an int) or a tuple of them (a ConfigError where it is
         not); None: the argument, or run of arguments, ``made`` matches (pytree, shapes,
         dtypes)."""
-        args = jax.tree.unflatten(self._in_tree, self._leaf_types)
-        args = args if isinstance(args, tuple) else (args,)
-        typed = lambda tree: jax.tree.map(lambda x: (tuple(x.shape), _canonical(x.dtype)), tree)
-        want = lambda k: jax.tree.map(lambda t: t, args[k], is_leaf=lambda t: isinstance(
-            t, tuple) and len(t) == 2 and isinstance(t[0], tuple))
+        args = self._argument_types()
+        got = jax.tree.map(lambda x: (tuple(x.shape), _canonical(x.dtype)), made)
         if argnums is None:
-            argnums = next((k for k in range(len(args)) if typed(made) == want(k)), None)
-            if argnums is None and isinstance(made, tuple):
-                argnums = next((tuple(range(k, k + len(made))) for k in range(len(args))
-                                if all(k + i < len(args) and typed(m) == want(k + i)
-                                       for i, m in enumerate(made))), None)
+            argnums = next((k for k, a in enumerate(args) if a == got), None)
+            if argnums is None and isinstance(got, tuple):
+                n = len(got)
+                argnums = next((tuple(range(k, k + n)) for k in range(len(args) - n + 1)
+                                if args[k:k + n] == got), None)
             if argnums is None:
                 raise ConfigError(
                     f"{what} gives {jax.tree.structure(made)}, which matches none of the "
                     "step's arguments (pytree, shapes and dtypes) nor a run of them; pass "
                     "argnums.")
-        many = isinstance(argnums, tuple)
-        keys = argnums if many else (argnums,)
-        if typed(made) != (tuple(want(k) for k in keys) if many else want(argnums)):
+        if self._argument_types(argnums) != got:
             raise ConfigError(f"{what} differs from the step's argument(s) {argnums} in "
                               "pytree, shapes or dtypes; compile the step for "
                               "jax.eval_shape(...)'s result of the same function.")
