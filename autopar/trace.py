@@ -22,7 +22,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import Literal
 
-from . import trace_control, trace_keys
+from . import index_batching, trace_control, trace_keys
 from .errors import AutoparWarning, ConfigError, LayoutError, RuleError
 from .precision import promotions
 from .graph import Const, Graph, Node, Value
@@ -140,6 +140,7 @@ class _Builder:
         self.nodes: list[Node] = []
         self.next_id = 0
         self.effectful: set[int] = set()    # ids of nodes with side effects (callbacks)
+        self.made: dict[int, Node] = {}     # value id -> the node computing it
 
     def live_nodes(self, outs) -> list:
         """The nodes whose results reach ``outs`` (or that have side effects), renumbered in
@@ -205,10 +206,16 @@ class _Builder:
         return [read(a) for a in jaxpr.outvars]
 
     def add_node(self, eqn, ins, src, scope) -> list:
-        """``eqn`` as one operator on ``ins``: its results, new values."""
+        """``eqn`` as one operator on ``ins``: its results, new values (a batch-aligned gather
+        or scatter with its aligned index columns as batching dimensions: index_batching)."""
+        batched = index_batching.rewrite(eqn, ins, self.made)
+        if batched is not None:
+            return trace_control.emit(self, batched[0], batched[1], src, scope)
         outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
         if eqn.effects:
             self.effectful.add(len(self.nodes))
-        self.nodes.append(Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs),
-                               dict(eqn.params), src, scope, "transpose(" in scope))
+        node = Node(len(self.nodes), eqn.primitive, tuple(ins), tuple(outs), dict(eqn.params),
+                    src, scope, "transpose(" in scope)
+        self.nodes.append(node)
+        self.made.update((v.id, node) for v in outs)
         return outs

@@ -77,9 +77,13 @@ def _quantize(seconds: float) -> float:
     return float(round(seconds * 1e12)) if math.isfinite(seconds) else math.inf
 
 
-def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None) -> Assignment:
-    """The module's algorithm, pass by pass (see ``_Propagation``)."""
-    run = _Propagation(graph, mesh, arg_layouts, reshard_cost, cands or candidates_of(graph, mesh))
+def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None,
+              pairs=()) -> Assignment:
+    """The module's algorithm, pass by pass (see ``_Propagation``); ``pairs``: the
+    (graph input, graph output) positions of the state the step threads through
+    (``arguments.state_pairs``)."""
+    run = _Propagation(graph, mesh, arg_layouts, reshard_cost, cands or candidates_of(graph, mesh),
+                       pairs)
     run.fix(fixed)
     run.flood(fixed)
     run.fill_unreached()
@@ -95,14 +99,22 @@ class _Propagation:
     arguments), ``fill_unreached`` (replicated), ``refine`` (re-decide with every neighbour
     known) and ``assignment`` (the result, with each free argument's layout and the cost)."""
 
-    def __init__(self, graph, mesh, arg_layouts, reshard_cost, cands):
+    def __init__(self, graph, mesh, arg_layouts, reshard_cost, cands, pairs=()):
         self.graph, self.mesh, self.arg_layouts = graph, mesh, arg_layouts
         self.reshard_cost, self.cands = reshard_cost, cands
         self.touch = fused(graph, mesh)
         self.choice: dict[int, Candidate] = {}
         self.in_layout = {graph.inputs[i].id: l for i, l in arg_layouts.items()}
         self.arg_ids = {v.id for v in graph.inputs}
-        self.out_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
+        # results returned whole, and new state (value id -> its argument's value id), which
+        # stays on the devices in its argument's layout
+        state = {j: graph.inputs[i].id for i, j in pairs}
+        self.out_ids = {o.id for j, o in enumerate(graph.outputs)
+                        if isinstance(o, Value) and j not in state}
+        self.state_of = {o.id: state[j] for j, o in enumerate(graph.outputs)
+                         if isinstance(o, Value) and j in state and o.id not in self.arg_ids}
+        self.new_state = {state[j]: o for j, o in enumerate(graph.outputs)
+                          if isinstance(o, Value) and o.id in self.state_of}
         self.specs: dict = {}
         self.avail: dict = {}
         self.informed: set = set()      # nodes next to a split or partial decided neighbour
@@ -224,14 +236,16 @@ class _Propagation:
             return 0.0
         price = lambda a, b: self.reshard_cost(a, b, v.shape, v.dtype)[0]
         held, total = [have], 0.0
-        for want in sorted(self.wanted(v) - {have}, key=lambda w: (price(have, w), str(w))):
+        wanted = (self.wanted(v) | self.kept(v, have)) - {have}
+        for want in sorted(wanted, key=lambda w: (price(have, w), str(w))):
             total += min(price(h, want) for h in held)
             held.append(want)
         return total
 
     def assignment(self) -> Assignment:
-        """Each free argument takes the layout all its consumers agree on (else replicated);
-        the cost is every node's reading cost plus the results' gathering."""
+        """Each free argument takes the layout all its consumers agree on (state whose
+        consumers do not agree: the layout its new version is made in; else replicated); the
+        cost is every node's reading cost plus gathering the results and keeping new state."""
         graph, choice = self.graph, self.choice
         inputs = []
         for i, v in enumerate(graph.inputs):
@@ -240,13 +254,17 @@ class _Propagation:
                 continue
             wants = {choice[u.id].in_layouts[k] for u, k in graph.users[v.id]}
             wants = {w for w in wants if not w.partial}
+            new = self.new_state.get(v.id)
+            if len(wants) != 1 and new is not None and not self.produced(new).partial:
+                wants = {self.produced(new)}     # the layout its new version is made in
             inputs.append(wants.pop() if len(wants) == 1 and v.id not in self.out_ids
                           else Layout.replicated(len(v.shape)))
             self.in_layout[v.id] = inputs[-1]
         total = _sum([self.in_cost(n, choice[n.id]) for n in graph.nodes] +
-                     [self.reshard_cost(self.produced(o), Layout.replicated(len(o.shape)),
-                                        o.shape, o.dtype)
-                      for o in graph.outputs if isinstance(o, Value)])[0]
+                     [self.reshard_cost(self.produced(o), want, o.shape, o.dtype)
+                      for o in {o.id: o for o in graph.outputs if isinstance(o, Value)}.values()
+                      for want in self.kept(o, self.produced(o)) |
+                      ({Layout.replicated(len(o.shape))} if o.id in self.out_ids else set())])[0]
         return Assignment(choice, tuple(inputs), total)
 
     # ---------------------------------------------------------------- one node
@@ -283,12 +301,23 @@ class _Propagation:
              if u.id in self.choice}
         if v.id in self.out_ids:
             w.add(Layout.replicated(len(v.shape)))
+        if self.state_of.get(v.id) in self.in_layout:     # new state of a laid-out argument
+            w.add(self.in_layout[self.state_of[v.id]])      # (else ``kept``)
         return w
 
     def score(self, node, c):
         return _sum([self.in_cost(node, c)] + [self.reshard_cost(have, want, v.shape, v.dtype)
                                                for v, have in zip(node.outputs, c.out_layouts)
-                                               for want in self.wanted(v)])
+                                               for want in self.wanted(v) | self.kept(v, have)])
+
+    def kept(self, v, have) -> set:
+        """The layout new state ``v`` is kept in (a set: empty for any other value) when made
+        in ``have``: its argument's where that is laid out, else ``have`` with its partial sums
+        reduced (new state stays on the devices; it is not returned whole)."""
+        arg = self.state_of.get(v.id)
+        if arg is None:
+            return set()
+        return {self.in_layout[arg] if arg in self.in_layout else Layout(have.dims)}
 
     def neighbour_layouts(self, node):
         """Per operand (inputs then outputs), the decided layouts next to it."""

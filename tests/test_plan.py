@@ -77,7 +77,8 @@ def test_data_parallel_warns_where_a_reshape_ends_the_batch_split():
 
 def test_data_parallel_says_how_to_accumulate_where_slicing_ends_the_batch_split():
     """Gradient accumulation by slicing the batch (x[:n], x[n:], as vit_jax writes it) takes
-    each part's rows from some devices only: the warning says to set micro_batches (or slice
+    each part's rows from some devices only: the warning (data_parallel's, and
+    semi_auto_parallel's with the batch split by dataset_strategy) says to set micro_batches (or slice
     strided rows), and the step as advised, on the whole batch with micro_batches=2, keeps the
     rows split and gives the sliced step's values."""
     def loss(w, x):
@@ -95,6 +96,10 @@ def test_data_parallel_says_how_to_accumulate_where_slicing_ends_the_batch_split
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, backend="jax")
     with pytest.warns(UserWarning, match=r"row split ends at slice.*micro_batches=K.*strided"):
         ap.plan(sliced, w, x, config=cfg)
+    semi = cfg.replace(parallel_mode="semi_auto_parallel", dataset_strategy="data_parallel")
+    with pytest.warns(UserWarning, match=r"semi_auto_parallel: the batch's row split ends at "
+                                         r"slice.*micro_batches=K"):
+        ap.plan(sliced, w, x, config=semi)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c = ap.compile(whole, w, x, config=cfg.replace(micro_batches=2))

@@ -248,10 +248,12 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
         return _searched(req, config if pipelined else search_config, mesh, planner, cands, fit)
     else:
         assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
-                               reshard_cost(planner), cands)
-        if mode is ParallelMode.DATA_PARALLEL and mesh.size > 1 and not pipelined:
+                               reshard_cost(planner), cands, pairs)
+        if mode in (ParallelMode.DATA_PARALLEL, ParallelMode.SEMI_AUTO_PARALLEL) and \
+                mesh.size > 1 and not pipelined:
             lost = lost_split(graph, assignment,
-                              batch_inputs(graph, req.args, req.batch_argnums, pairs), cands)
+                              batch_inputs(graph, req.args, req.batch_argnums, pairs), cands,
+                              mode.value)
             if lost:
                 warnings.warn(lost)
     return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]

@@ -1,7 +1,9 @@
-"""Where data_parallel's plan stops splitting the batch, when most of the batch's work then
-runs whole on every device (a warning, not an error: the plan is correct, only not parallel).
+"""Where data_parallel's (or semi_auto_parallel's) plan stops splitting the batch, when most of
+the batch's work then runs whole on every device (a warning, not an error: the plan is correct,
+only not parallel).
 
-data_parallel splits the batch's rows and lets every operator follow its inputs' layouts. An
+data_parallel splits the batch's rows (semi_auto_parallel: as ``dataset_strategy`` or
+``unannotated="batch"`` says) and lets every operator follow its inputs' layouts. An
 operator whose rule has no layout for the rows as they arrive (``x.reshape(K, -1, D)`` on a
 one-axis mesh of more than K devices: every chunk's rows lie on some devices only) takes its
 input whole (an all-gather), and everything computed from it follows whole. In: the graph, the
@@ -20,7 +22,8 @@ CHUNKING = frozenset({"reshape", "squeeze"})          # chunks of rows as a dime
 SLICING = frozenset({"slice", "dynamic_slice"})        # chunks of rows sliced out
 
 
-def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
+def lost_split(graph, assignment, batch: set, cands: dict,
+               mode: str = "data_parallel") -> str | None:
     """The warning's text, or None: no operator takes a batch-derived value that arrives split
     whole for want of a layout taking it split (``cands``: each operator's candidates; one that
     has such a layout gathered by choice, fewer bytes than a partial sum's reduction), or what
@@ -64,7 +67,7 @@ def lost_split(graph, assignment, batch: set, cands: dict) -> str | None:
                   "k, K + k, ... of every device")
     else:
         advice = ""
-    return (f"data_parallel: the batch's row split ends at {first.name} at "
+    return (f"{mode}: the batch's row split ends at {first.name} at "
             f"{first.source or 'an unknown line'}, which takes its input whole (an all-gather); "
             f"{whole / work:.0%} of the batch's work after it runs whole on every device. "
             f"auto_parallel can plan it split (redistributing, e.g. with an all-to-all){advice}.")

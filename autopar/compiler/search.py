@@ -195,7 +195,7 @@ def data_parallel_assignment(req, config, mesh, planner, cands):
         args = dp_req.arg_layouts(mesh)
     except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
         return None
-    return propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands)
+    return propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands, req.pairs)
 
 
 def recursive_search(req, config, mesh, planner, fixed, fit):
