@@ -2,6 +2,7 @@
 local stand-ins of the same shapes, and the Strategy's estimate built on the measurement."""
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -139,3 +140,21 @@ def test_each_argument_and_result_costs_the_topologys_arg_overhead():
     assert ap.Topology.from_dict(t.to_dict()) == t
     with pytest.raises(ap.ConfigError, match="arg_overhead"):
         replace(base, arg_overhead=-1.0)
+
+
+def test_state_passed_back_is_not_priced_as_moved_again():
+    """A training loop passes back the parameters the last call returned, which stay on the
+    devices (the native runtime's resident blocks, the jax backend's arrays): a call moves the
+    batch in and the results out, whatever the state's layout (data parallelism's replicated
+    parameters were priced as sent to every device each call)."""
+    from dataclasses import replace
+    params, batch = m.mlp_params((64, 256, 64)), m.mlp_batch(64, (64, 256, 64))
+    base = ap.Topology.local(2)
+    cfg = dict(parallel_mode="data_parallel", device_num=2, progress=False)
+    plain = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(**cfg, topology=base))
+    costly = ap.plan(m.mlp_sgd_step, params, batch, config=ap.ParallelConfig(
+        **cfg, topology=replace(base, host_beta=1e-9)))
+    nbytes = lambda tree: sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+    moved = nbytes(batch) + nbytes(params) + 4        # the batch in, the new params and loss out
+    assert (costly.overhead_time - plain.overhead_time) == pytest.approx(
+        moved * (1e-9 - base.host_beta))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
+from ..arguments import state_pairs
 from ..graph import Const
 from ..strategies.cost_model import (call_overhead, compute_time, fused, output_bytes,
                                      program_memory)
@@ -57,15 +58,20 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
 
 
 def host_bytes(graph, program) -> int:
-    """Bytes a call moves between the caller and the devices: each device's block of every
-    argument (a replicated one goes to every device), and every device's block of a split
-    result (a replicated result comes back once)."""
+    """Bytes a call of a training loop moves between the caller and the devices: each device's
+    block of every argument (a replicated one goes to every device) but the state the step
+    threads through (``state_pairs``: passed back as the last call returned it, it is already
+    there: the native runtime's resident blocks, the jax backend's device arrays), and every
+    device's block of a split result (a replicated result comes back once)."""
     size = lambda v: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+    state = {i for i, _ in state_pairs(graph)} if hasattr(graph, "in_tree") else set()
     if isinstance(program, PipelineProgram):     # each stage's arguments go to its devices
-        return sum(size(v) for v in (*graph.inputs, *graph.outputs) if not isinstance(v, Const))
+        return sum(size(v) for j, v in enumerate(graph.inputs) if j not in state) + \
+            sum(size(v) for v in graph.outputs if not isinstance(v, Const))
     mesh, n = program.mesh, program.mesh.size
     local = lambda v, l: int(np.prod(l.local_shape(v.shape, mesh))) * np.dtype(v.dtype).itemsize
-    moved = sum(local(v, l) * n for v, l in zip(graph.inputs, program.in_layouts))
+    moved = sum(local(v, l) * n for j, (v, l) in enumerate(zip(graph.inputs, program.in_layouts))
+                if j not in state)
     return moved + sum(size(v) if l.is_replicated() else local(v, l) * n
                        for v, l in zip(graph.outputs, program.out_layouts)
                        if not isinstance(v, Const))
