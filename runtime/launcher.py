@@ -44,6 +44,7 @@ sockets (a worker exits when its socket closes), waits 5 s and kills what is lef
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -149,6 +150,15 @@ def _places(namespaces, hosts, tcp) -> dict:
 class Job:
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
                  direct: bool = True, namespaces=None, tcp_streams: int = 1, fork: bool = True):
+        try:
+            self._open(nranks, hosts, timeout, inter_host, direct, namespaces, tcp_streams, fork)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise wire.no_descriptors("starting a native job (a few per rank: its control "
+                                          "socket, shared memory, pipes)") from e
+            raise
+
+    def _open(self, nranks, hosts, timeout, inter_host, direct, namespaces, tcp_streams, fork):
         from autopar import _native
         if isinstance(nranks, bool) or not isinstance(nranks, int) or \
                 not 1 <= nranks <= NATIVE_MAX_RANKS:

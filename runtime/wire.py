@@ -22,16 +22,20 @@ caller's time per call that way.
 """
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
 import pickle
+import resource
 import select
 import socket
 import time
 import weakref
 
 import numpy as np
+
+from autopar.errors import CollectiveError
 
 ALIGN = 64
 
@@ -199,6 +203,31 @@ def _flat(skeleton, arrays):
     return (*skeleton, list(arrays))
 
 
+def _recv_fd(conn) -> int:
+    """The descriptor of a grown box, sent beside the message; CollectiveError (the stream
+    can no longer be trusted: this side's box is not the sender's) when this process has no
+    descriptor left to take it in."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as s:
+            _, fds, _, _ = socket.recv_fds(s, 1, 1)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        fds = []
+    if not fds:                 # the kernel dropped it (MSG_CTRUNC): no descriptor was free
+        raise no_descriptors(f"pid {os.getpid()} taking in the shared memory of a message")
+    return fds[0]
+
+
+def no_descriptors(what: str) -> CollectiveError:
+    """The error for a process out of file descriptors while doing ``what``."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return CollectiveError(
+        f"no file descriptor left for {what}: the open-files limit (RLIMIT_NOFILE) is {soft}, "
+        "and a job's workers inherit it from the process that starts it; raise it (ulimit -n) "
+        "or close files that process holds open.")
+
+
 def recv(conn, box: "Box | None" = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
@@ -210,9 +239,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
     offsets, _ = _packing(sizes)
     if grown is not None:               # through the box
         if grown:
-            with socket.socket(fileno=os.dup(conn.fileno())) as s:
-                _, fds, _, _ = socket.recv_fds(s, 1, 1)
-            box.attach(fds[0], grown)
+            box.attach(_recv_fd(conn), grown)
         if borrow:          # the views' base: an array of their own, so the box knows
             held = np.frombuffer(box.mm, np.uint8) if box.mm is not None else \
                 np.empty(0, np.uint8)                       # (all empty)

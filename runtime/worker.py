@@ -157,6 +157,13 @@ def main(argv):
             # (wire.readable) rather than let this core idle
             wire.readable([conn], None, time.perf_counter() + wire.SPIN_SECONDS)
             msg = wire.recv(conn, incoming, borrow=True)
+        except CollectiveError as e:  # the call's memory could not be taken in: the job fails
+            print(f"autopar worker: {e}", file=sys.stderr, flush=True)
+            try:                      # (the caller may have failed the job already)
+                wire.send(conn, _error(e), box=None, any_size=True)
+            except OSError:
+                pass
+            return 1
         except (EOFError, OSError):   # the caller closed the job or is gone
             return _caller_gone()
         _, name, args, at, drop, *arrays = msg     # a flat call's arrays: [the list]
