@@ -16,8 +16,10 @@ own name too):
   ``parallel_optimizer_threshold`` (KB), ``gradient_accumulation_shard`` (True: level2, as
   MindSpore says to write it now), ``optimizer_weight_shard_size`` (-1 only: autopar shards
   over the whole data-parallel group);
-- ``pipeline_config``: ``pipeline_scheduler`` ("1f1b" or "gpipe"), ``pipeline_interleave``
-  (False: autopar has no interleaved schedule);
+- ``pipeline_config``: ``pipeline_scheduler`` ("1f1b" or "gpipe"; MindSpore's "seqpipe",
+  "seqvpp", "seqsmartvpp" and "zero_bubble_v" warn and run as 1f1b), ``pipeline_interleave``
+  (False; True warns under 1f1b, and is what MindSpore 2.10 requires with gpipe); a dict
+  without both keys warns (MindSpore 2.10 raises KeyError for it);
 - ``strategy_ckpt_config``: ``load_file`` and ``save_file`` (``ParallelConfig``'s; a name
   ending in .json is JSON, any other MindSpore's protobuf, as MindSpore decides),
   ``only_trainable_params`` (every parameter of a JAX step is trainable);
@@ -25,7 +27,13 @@ own name too):
   leaf; ``full_batch`` (True: "full_batch", False: "data_parallel");
 - ``comm_fusion``: ``{"allreduce": {"mode": "auto" | "size", "config": MB}}`` and
   ``{"openstate": False}`` set the native all-reduce bucket (``allreduce_fusion_bytes``; auto
-  is MindSpore's 64 MB); ``auto_pipeline`` (True: ``pipeline_stages="auto"``).
+  is MindSpore's 64 MB; its "index" mode warns and takes that size); ``auto_pipeline`` (True:
+  ``pipeline_stages="auto"``); ``sharding_propagation`` (True: ``search_mode=
+  "sharding_propagation"``).
+The keys MindSpore's context accepts but does not document (``pipeline_segments``,
+``communi_parallel_mode``, a top-level ``optimizer_weight_shard_size``,
+``optimizer_weight_shard_aggregated_save``, ``auto_parallel_new_interface``,
+``init_param_in_compile``) are accepted as the rest are.
 The rest are accepted and kept for ``get_auto_parallel_context``; a value other than
 MindSpore's default that asks for something autopar does not do is warned about
 (``AutoparWarning``) with what the key means in MindSpore and why autopar does not need or do
@@ -109,6 +117,23 @@ _MINDSPORE_ONLY = {
                             "autopar's schedulers are gpipe and 1f1b", (False,)),
     "only_trainable_params": (True, "save only trainable parameters' strategies",
                               "every parameter of a JAX step is trainable", (True, False)),
+    "pipeline_segments": (1, "split each pipeline stage's layers into this many segments "
+                          "(a virtual pipeline)", "autopar interleaves stages with "
+                          "ParallelConfig(pipeline_interleave=N) under 1f1b", (1,)),
+    "communi_parallel_mode": ("all_group_parallel", "which communication groups run at the "
+                              "same time (all_group_parallel, same_server_group_parallel, "
+                              "no_group_parallel)", "a rank's collectives run one at a time, in "
+                              "program order", ("all_group_parallel", "no_group_parallel")),
+    "optimizer_weight_shard_aggregated_save": (
+        False, "save the parallel optimizer's weight slices merged into whole parameters",
+        None, None),
+    "sharding_propagation": (False, "search auto_parallel's strategies by propagating the "
+                             "annotated operators' ones", None, None),
+    "auto_parallel_new_interface": (False, "set by MindSpore's AutoParallel cell for its own "
+                                    "compile", None, None),
+    "init_param_in_compile": (True, "initialise the parameters while compiling "
+                              "(AutoParallel.no_init_parameters_in_compile turns it off)",
+                              None, None),
     "openstate": (True, "communication fusion on", None, None),
     "allreduce": ({"mode": "auto", "config": None}, "all-reduce fusion", None, None),
     "allgather": ({"mode": "auto", "config": None}, "all-gather fusion", "autopar fuses "
@@ -117,9 +142,19 @@ _MINDSPORE_ONLY = {
                       "fuses all-reduces only", None),
 }
 MINDSPORE_FUSION_MB = 64           # comm_fusion's "auto" all-reduce threshold in MindSpore
+# MindSpore keys that are both a top-level key and a dict's sub-key
+_BOTH = {"optimizer_weight_shard_size"}
 KEYS = tuple(sorted(set(_FIELDS) | set(_DICTS) | {k for k in _MINDSPORE_ONLY if not any(
                         k in d for d in _DICTS.values())}
-                    | {"strategy_ckpt_load_file", "strategy_ckpt_save_file"}))
+                    | _BOTH | {"strategy_ckpt_load_file", "strategy_ckpt_save_file"}))
+# MindSpore 2.10's pipeline schedulers autopar does not run (1f1b runs instead), and what each is
+_OTHER_SCHEDULERS = {
+    "seqpipe": "1F1B over slices of each micro-batch's sequence (Seq1F1B)",
+    "seqvpp": "seqpipe with virtual (interleaved) stages",
+    "seqsmartvpp": "seqvpp with a memory-aware order of the slices",
+    "zero_bubble_v": "ZB-V, a V-shaped schedule splitting each backward into its input and "
+                     "weight gradients to fill the bubble",
+}
 
 _settings: dict = {}          # ParallelConfig field -> value, as set
 _kept: dict = {}              # MindSpore-only key -> value, as set
@@ -135,7 +170,7 @@ def _ignored(key, value) -> None:
         fine = (int(os.environ.get("AUTOPAR_PROCESS_ID", "0")),)
     if why and (fine is None or value not in fine):
         warnings.warn(f"auto-parallel context {key}={value!r}: in MindSpore, {meaning}; autopar "
-                      f"ignores it: {why}.", AutoparWarning, stacklevel=4)
+                      f"ignores it: {why}.", AutoparWarning, stacklevel=5)
 
 
 def _bool(key, value) -> bool:
@@ -154,6 +189,12 @@ def _converted(key, value) -> dict:
         return {"search_mode": value}
     if key == "gradient_accumulation_shard":
         return {"optimizer_level": "level2"} if _bool(key, value) else {}
+    if key == "sharding_propagation":
+        return {"search_mode": "sharding_propagation"} if _bool(key, value) else {}
+    if key == "communi_parallel_mode" and value not in (
+            "all_group_parallel", "same_server_group_parallel", "no_group_parallel"):
+        raise ConfigError(f"communi_parallel_mode takes 'all_group_parallel', "
+                          f"'same_server_group_parallel' or 'no_group_parallel', not {value!r}.")
     if key in ("openstate", "allreduce"):
         return {"allreduce_fusion_bytes": _fusion_bytes(key, value)}
     if key in ("allgather", "reducescatter"):
@@ -173,12 +214,15 @@ def _fusion_bytes(key, value) -> int:
         return MINDSPORE_FUSION_MB << 20
     if mode == "size" and isinstance(mb, (int, float)) and not isinstance(mb, bool) and mb > 0:
         return int(mb * (1 << 20))
-    if mode == "index":
-        raise ConfigError(f"comm_fusion {key} mode 'index' fuses by parameter indices, which "
-                          "autopar does not do: it fuses all-reduces by size; use mode 'size' "
-                          "with a threshold in MB.")
+    if mode == "index" and isinstance(mb, (list, tuple)):
+        warnings.warn(f"auto-parallel context comm_fusion {key} mode 'index': in MindSpore, "
+                      "fuse the gradient all-reduces split at these parameter indices; autopar "
+                      f"fuses all-reduces by size and uses MindSpore's auto threshold "
+                      f"({MINDSPORE_FUSION_MB} MB) instead.", AutoparWarning, stacklevel=6)
+        return MINDSPORE_FUSION_MB << 20
     raise ConfigError(f"comm_fusion {key}: mode {mode!r} with config {mb!r}; give mode 'auto', "
-                      "or 'size' with a threshold in MB above 0.")
+                      "'size' with a threshold in MB above 0, or 'index' with a list of "
+                      "parameter indices.")
 
 
 def _fields_of(key, value) -> dict:
@@ -199,10 +243,34 @@ def _fields_of(key, value) -> dict:
     if bad:
         raise ConfigError(f"{key} has unknown key(s) {', '.join(map(repr, bad))}; valid keys: "
                           f"{', '.join(_DICTS[key])}.")
+    if key == "pipeline_config":
+        value = _pipeline_config(value)
     out = {}
     for k, v in value.items():
         out.update(_mindspore_only(k, v) if _DICTS[key][k] is None else {_DICTS[key][k]: v})
     return out
+
+
+def _pipeline_config(value) -> dict:
+    """pipeline_config as autopar runs it: MindSpore 2.10's schedulers autopar does not run
+    warned about and run as 1f1b; a dict without both keys warned about (MindSpore 2.10 raises
+    KeyError for it); gpipe's pipeline_interleave=True not warned about (MindSpore runs gpipe
+    only with it)."""
+    if set(value) != {"pipeline_scheduler", "pipeline_interleave"}:
+        warnings.warn("auto-parallel context pipeline_config without both pipeline_scheduler "
+                      "and pipeline_interleave: MindSpore 2.10 raises KeyError for it (autopar "
+                      "takes the missing one's default).", AutoparWarning, stacklevel=4)
+    value = dict(value)
+    scheduler = value.get("pipeline_scheduler")
+    if scheduler in _OTHER_SCHEDULERS:
+        warnings.warn(f"auto-parallel context pipeline_scheduler={scheduler!r}: in MindSpore, "
+                      f"{_OTHER_SCHEDULERS[scheduler]}; autopar runs gpipe and 1f1b and runs "
+                      "1f1b instead.", AutoparWarning, stacklevel=4)
+        value["pipeline_scheduler"] = "1f1b"
+    if scheduler == "gpipe" and value.get("pipeline_interleave") is True:
+        value.pop("pipeline_interleave")
+        _kept["pipeline_interleave"] = True
+    return value
 
 
 def _mindspore_only(key, value) -> dict:

@@ -227,8 +227,11 @@ def test_gradients_mean():
     cfg = ap.ParallelConfig(backend="jax", parallel_mode="data_parallel", device_num=4,
                             gradients_mean=True)
     assert_same(ap.compile(m.mlp_sgd_step, p, b, config=cfg)(p, b), m.mlp_sgd_step(p, b))
-    with pytest.raises(ap.ConfigError, match="multiply the loss by device_num"):
-        ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(gradients_mean=False))
+    for mode in ("data_parallel", "semi_auto_parallel", "auto_parallel"):   # alike in each
+        with pytest.raises(ap.ConfigError, match=f"gradients_mean=False \\({mode}\\).*multiply "
+                                                 "the loss by the degree"):
+            ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(gradients_mean=False,
+                                                                parallel_mode=mode))
 
 
 def test_program_segments_are_local_jaxprs():

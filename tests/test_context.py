@@ -31,7 +31,8 @@ def test_set_get_reset_in_mindspore_form():
                                  search_mode="dynamic_programming", max_device_memory="2GB",
                                  enable_parallel_optimizer=True,
                                  parallel_optimizer_config={"optimizer_level": "level2"},
-                                 pipeline_config={"pipeline_scheduler": "gpipe"},
+                                 pipeline_config={"pipeline_scheduler": "gpipe",
+                                                  "pipeline_interleave": True},   # as 2.10 asks
                                  strategy_ckpt_config={"save_file": "/tmp/s.json"},
                                  dataset_strategy="full_batch", gradients_mean=True)
     get = ap.get_auto_parallel_context
@@ -40,7 +41,7 @@ def test_set_get_reset_in_mindspore_form():
     assert get("parallel_optimizer_config") == {
         "optimizer_level": "level2", "parallel_optimizer_threshold": 64,
         "gradient_accumulation_shard": False, "optimizer_weight_shard_size": -1}
-    assert get("pipeline_config") == {"pipeline_scheduler": "gpipe", "pipeline_interleave": False}
+    assert get("pipeline_config") == {"pipeline_scheduler": "gpipe", "pipeline_interleave": True}
     assert get("strategy_ckpt_config") == {"load_file": "", "save_file": "/tmp/s.json",
                                            "only_trainable_params": True}
     assert get("dataset_strategy") == "full_batch" and get("enable_parallel_optimizer") is True
@@ -62,7 +63,11 @@ MINDSPORE_KEYS = (
     "all_reduce_fusion_config", "pipeline_stages", "pipeline_result_broadcast",
     "pipeline_config", "parallel_optimizer_config", "comm_fusion", "strategy_ckpt_config",
     "group_ckpt_save_file", "auto_pipeline", "dump_local_norm", "dump_local_norm_path",
-    "dump_device_local_norm")
+    "dump_device_local_norm",
+    # not in its documentation, accepted by its context all the same (older scripts set them)
+    "pipeline_segments", "communi_parallel_mode", "optimizer_weight_shard_size",
+    "optimizer_weight_shard_aggregated_save", "sharding_propagation",
+    "auto_parallel_new_interface", "init_param_in_compile", "grad_accumulation_step")
 
 
 def test_every_mindspore_key_is_accepted_with_its_default():
@@ -84,6 +89,8 @@ def test_every_mindspore_key_is_accepted_with_its_default():
 
 
 def test_mindspore_keys_autopar_honours_become_config_fields():
+    ap.set_auto_parallel_context(parallel_mode="auto_parallel", sharding_propagation=True)
+    assert ap.context_config().search_mode is ap.SearchMode.SHARDING_PROPAGATION
     ap.set_auto_parallel_context(
         parallel_mode="auto_parallel", device_num=4, full_batch=True,
         auto_parallel_search_mode="dynamic_programming", strategy_ckpt_save_file="/tmp/a.ckpt",
@@ -117,7 +124,23 @@ def test_every_config_field_is_a_key_by_its_own_name_too():
                          "it: autopar takes each process's rank from its launcher"),
     ({"enable_alltoall": True}, None),                       # autopar does: no warning
     ({"force_fp32_communication": True}, "in its own dtype"),
-    ({"pipeline_config": {"pipeline_interleave": True}}, "schedulers are gpipe and 1f1b"),
+    ({"pipeline_config": {"pipeline_scheduler": "1f1b", "pipeline_interleave": True}},
+     "schedulers are gpipe and 1f1b"),
+    ({"pipeline_config": {"pipeline_scheduler": "gpipe", "pipeline_interleave": True}}, None),
+    ({"pipeline_config": {"pipeline_scheduler": "1f1b"}}, "MindSpore 2.10 raises KeyError"),
+    ({"pipeline_config": {"pipeline_scheduler": "zero_bubble_v", "pipeline_interleave": False}},
+     "ZB-V.*runs 1f1b instead"),
+    ({"pipeline_config": {"pipeline_scheduler": "seqpipe", "pipeline_interleave": False}},
+     "Seq1F1B.*runs 1f1b instead"),
+    ({"comm_fusion": {"allreduce": {"mode": "index", "config": [2, 5]}}}, "parameter indices; "
+     "autopar fuses all-reduces by size"),
+    ({"pipeline_segments": 2}, "virtual pipeline.*pipeline_interleave=N"),
+    ({"communi_parallel_mode": "same_server_group_parallel"}, "one at a time"),
+    ({"communi_parallel_mode": "no_group_parallel"}, None),
+    ({"optimizer_weight_shard_size": 2}, "whole data-parallel group"),   # top-level, as 1.x
+    ({"optimizer_weight_shard_aggregated_save": True}, None),
+    ({"auto_parallel_new_interface": True}, None),
+    ({"init_param_in_compile": False}, None),
     ({"grad_accumulation_step": 4}, "inside a pipeline only"),
     ({"comm_fusion": {"allgather": {"mode": "size", "config": 8}}}, "fuses all-reduces only"),
     ({"dump_local_norm": True}, "not built"),
@@ -142,8 +165,10 @@ def test_mindspore_keys_autopar_does_not_do_warn_what_they_mean(kw, says):
      "valid keys: optimizer_level, parallel_optimizer_threshold"),
     ({"strategy_ckpt_config": "a.json"}, "takes a dict with keys load_file, save_file"),
     ({"full_batch": "yes"}, "full_batch takes True or False"),
-    ({"comm_fusion": {"allreduce": {"mode": "index", "config": [2, 5]}}}, "fuses all-reduces "
-     "by size"),
+    ({"comm_fusion": {"allreduce": {"mode": "index", "config": 2}}}, "list of parameter "
+     "indices"),
+    ({"communi_parallel_mode": "some_groups"}, "'all_group_parallel'"),
+    ({"sharding_propagation": 1}, "sharding_propagation takes True or False"),
     ({"comm_fusion": {"allreduce": {"mode": "size", "config": 0}}}, "threshold in MB above 0"),
     ({"device_num": 0}, "integer >= 1"),
     ({"max_device_memory": "lots"}, "write e.g. 16GB"),

@@ -27,3 +27,29 @@ def test_coming_from_jax_jit_runs_as_written():
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                  restored, params)
     assert restored["w1"].sharding.spec == hand.in_shardings[0]["w1"].spec
+
+
+def test_mindspore_context_block_is_mindspore_and_runs_without_a_warning():
+    """The README's MindSpore context call uses only MindSpore 2.10's keys (its dict keys
+    complete, as 2.10 requires), and runs as written."""
+    import warnings
+
+    import autopar as ap
+    from test_context import MINDSPORE_KEYS
+    text = open(README).read()
+    section = text[text.index("### MindSpore's context API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    call = code[code.index("ap.set_auto_parallel_context("):code.index("ap.get_auto_parallel")]
+    keys = re.findall(r"(?:\(|,)\s*(\w+)=", call)
+    assert keys and set(keys) <= set(MINDSPORE_KEYS), set(keys) - set(MINDSPORE_KEYS)
+    assert re.search(r'pipeline_config=\{"pipeline_interleave": \w+,\s*"pipeline_scheduler"',
+                     call)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            exec(compile(code.replace("ap.reset_auto_parallel_context()", ""), "README.md",
+                         "exec"), {"ap": ap})
+            assert ap.get_auto_parallel_context("parallel_mode") == "auto_parallel"
+            assert ap.context_config().pipeline_stages == 2
+    finally:
+        ap.reset_auto_parallel_context()

@@ -62,11 +62,13 @@ def check_request(config, strategy, pipelined):
     if mode is ParallelMode.HYBRID_PARALLEL and strategy is not None:
         raise ConfigError("hybrid_parallel runs the step's own collectives: there is no "
                           "strategy to load; unset strategy / strategy_ckpt_config.")
-    if mode is ParallelMode.DATA_PARALLEL and not config.gradients_mean:
+    if mode in (ParallelMode.DATA_PARALLEL, ParallelMode.SEMI_AUTO_PARALLEL,
+                ParallelMode.AUTO_PARALLEL) and not config.gradients_mean:
         raise ConfigError(
-            "gradients_mean=False asks for MindSpore's sum of per-replica gradients, which is "
-            "device_num times the gradient of the step you wrote; autopar keeps the single-device "
-            "mathematics (gradients_mean=True). To get the sum, multiply the loss by device_num.")
+            f"gradients_mean=False ({mode.value}) asks for MindSpore's sum of per-replica "
+            "gradients, which is the data-parallel degree times the gradient of the step you "
+            "wrote; autopar keeps the single-device mathematics in every mode "
+            "(gradients_mean=True). To get the sum, multiply the loss by the degree.")
     if config.profile_plans and (pipelined or mode is ParallelMode.HYBRID_PARALLEL):
         raise ConfigError("profile_plans measures one rank's step of a program without a "
                           "pipeline; unset it, or set pipeline_stages=1 and micro_batches=1 "
