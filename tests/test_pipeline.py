@@ -482,3 +482,16 @@ def test_an_interleaved_pipeline_runs_on_jax_devices_and_equals_the_single_devic
         ap.compile(m.gpt_sgd_step, p, b, config=cfg.replace(backend="native"))
     with pytest.raises(ap.ConfigError, match="1f1b"):
         cfg.replace(pipeline_scheduler="gpipe")
+
+
+@pytest.mark.parametrize("backend", ["jax", pytest.param("native", marks=pytest.mark.native)])
+@pytest.mark.parametrize("scheduler", ["1f1b", "gpipe"])
+def test_a_two_stage_pipeline_of_one_micro_batch_runs(backend, scheduler):
+    """micro_batches=1: each stage runs the whole batch in turn (no overlap, a bubble of the
+    other stage's time), the single-device step's values."""
+    p, b = m.mlp_params(), m.mlp_batch()
+    c = ap.compile(two_stage_mlp_step, p, b, config=config(micro=1, scheduler=scheduler,
+                                                          backend=backend))
+    assert len(c.strategy.stages) == 2 and c.strategy.micro_batches == 1
+    assert_same(c(p, b), two_stage_mlp_step(p, b))
+    c.close()
