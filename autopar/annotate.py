@@ -103,6 +103,7 @@ def _shard_fn(fn, in_strategy, out_strategy):
                 raise LayoutError(f"ap.shard({name}, in_strategy={in_strategy!r}): argument {i} "
                                   f"has {np.ndim(a)} dimension(s) but its strategy {c} gives "
                                   f"{len(c)} split counts; give one per dimension.")
+        _softmax_axis_unsplit(fn, counts, name, in_strategy, args)
         group = next(_groups)
         args = [a if s is None else shard_p.bind(
                     a, spec=OperatorSpec(counts, i, group) if counts[i] is not None
@@ -118,6 +119,23 @@ def _shard_fn(fn, in_strategy, out_strategy):
         return shard_p.bind(out, spec=OperatorSpec(counts, -1, group, tuple(o))
                             if plain(o) else _value_spec(o, np.ndim(out)))
     return wrapped
+
+
+def _softmax_axis_unsplit(fn, counts, name, in_strategy, args) -> None:
+    """MindSpore's Softmax (and LogSoftmax) refuse a strategy splitting the axis they
+    normalise over; so does ``ap.shard(jax.nn.softmax, ...)``, which stands for it."""
+    base, kw = (fn.func, fn.keywords) if isinstance(fn, functools.partial) else (fn, {})
+    if base not in (jax.nn.softmax, jax.nn.log_softmax) or not counts or counts[0] is None:
+        return
+    axes = kw.get("axis", -1)
+    for axis in (axes if isinstance(axes, (tuple, list)) else (axes,)):
+        if counts[0][axis % np.ndim(args[0])] > 1:
+            raise LayoutError(
+                f"ap.shard({name}, in_strategy={in_strategy!r}): the strategy splits the axis "
+                f"the softmax normalises over ({axis}) {counts[0][axis]} ways, which "
+                "MindSpore's Softmax refuses (\"the strategy corresponding to axis dimension is "
+                "not 1\"); give 1 there and split the other dimensions, or annotate the values "
+                "(ap.shard(x, ...)) and let autopar plan the softmax with its collectives.")
 
 
 STAGE_SCOPE = "autopar_stage"

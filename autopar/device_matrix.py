@@ -12,9 +12,12 @@ over it), not on one mesh shared by the whole step: ``Layout((2, 4), ("dp", "mp"
 - ``OperatorSpec(letters, counts, operand)``: operand ``operand`` of an operator whose operands'
   dimensions carry ``letters`` (one letter per loop of the operator, shared where operands
   share it) and whose split tuples are ``counts``: MindSpore's operator device matrix is
-  ``[repeat] + [count of each letter, in order of first appearance]`` (the repeat, device
-  number / product, leftmost, MindSpore's default), so ``((2, 1), (1, 4))`` on a MatMul of 8
-  devices is device matrix (2, 1, 4), its first operand split over 2 and its second over 4.
+  ``[count of each letter, in order of first appearance] + [repeat]`` (the repeat, device
+  number / product, rightmost, as MindSpore 2.10's operators place it; leftmost for a Gather
+  whose table is split along the gathered axis over fewer than all the devices, as its
+  GatherInfo does), so ``((2, 1), (1, 4))`` on a MatMul of 8 devices is device matrix
+  (2, 1, 4), its first operand split over 2 and its second over 4, and ``((2, 1), (1, 2))``
+  is (2, 1, 2, 2): ranks 2r and 2r + 1 hold the same slices.
 Out: ``DeviceSpec.to_layout(mesh)``, the autopar Layout naming the mesh axes that make up each
 device-matrix dimension (a mesh refines a device matrix when its axes, in order, group into
 runs whose sizes multiply to the device matrix's dimensions: both number ranks row-major, so
@@ -57,19 +60,24 @@ class DeviceSpec:
                               "right, each used once.")
 
     @staticmethod
-    def of_tuple(counts, n: int, what: str = "strategy") -> "DeviceSpec":
+    def of_tuple(counts, n: int, what: str = "strategy", repeat_right: bool = False,
+                 lead: tuple = ()) -> "DeviceSpec":
         """MindSpore's layout of one tensor's split tuple by itself on ``n`` devices (a cell's
         ``shard``, a tensor's strategy): device matrix ``[n / product] + counts`` (the repeat
-        left out when 1), dimension i on device-matrix dimension ``len(counts) - 1 - i``."""
-        counts = tuple(counts)
+        left out when 1; ``repeat_right``: ``counts + [n / product]``, an operator's), dimension
+        i on the device-matrix dimension of its count; ``lead``: the counts of device-matrix
+        dimensions before the tensor's own (a Gather's index splits), none of them its own."""
+        counts, lead = tuple(counts), tuple(lead)
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
             raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1.")
-        used = math.prod(counts)
+        used = math.prod(counts) * math.prod(lead)
         if n % used:
             raise LayoutError(f"{what}: strategy {counts} splits into {used} parts, which does "
                               f"not divide the {n} devices.")
-        return DeviceSpec(((n // used,) if n > used else ()) + counts,
-                          tuple(len(counts) - 1 - i if c > 1 else -1
+        rep = (n // used,) if n > used else ()
+        shift = len(rep) if repeat_right else 0
+        return DeviceSpec(lead + counts + rep if repeat_right else rep + lead + counts,
+                          tuple(len(counts) - 1 - i + shift if c > 1 else -1
                                 for i, c in enumerate(counts)))
 
     def __str__(self) -> str:
@@ -177,28 +185,32 @@ class OperatorSpec:
     (per operand, one letter per dimension, "" for a dimension no loop splits) and
     ``out_letters`` from the one operator reading the operands (``with_letters``); an
     annotation around more than one operator keeps one letter per dimension of each operand,
-    each operand then on its own device matrix ([repeat] + its tuple: MindSpore's cell
-    ``shard``)."""
+    each operand then on its own device matrix (its tuple + [repeat], as the one MindSpore
+    operator such a function stands for, a Softmax say, lays it out)."""
     counts: tuple
     operand: int
     group: int
     out: tuple | None = None
     letters: tuple | None = None
     out_letters: tuple = ()
+    repeat_left: bool = False    # the repeat leftmost (MindSpore's Gather splitting its axis)
+    lead: tuple = ()             # device-matrix dimensions before this operand's own (a
+                                 # Gather's index splits, for its table)
 
     def __str__(self) -> str:
         tuples = self.out if self.operand < 0 else self.counts[self.operand]
         return f"{'out' if self.operand < 0 else 'in'}_strategy {tuples} of {self.counts}"
 
-    def with_letters(self, letters, out_letters=()) -> "OperatorSpec":
+    def with_letters(self, letters, out_letters=(), repeat_left=False) -> "OperatorSpec":
         return replace(self, letters=tuple(tuple(l) for l in letters),
-                       out_letters=tuple(out_letters))
+                       out_letters=tuple(out_letters), repeat_left=repeat_left)
 
     def resolve(self, n: int, what: str = "strategy") -> DeviceSpec:
         """The operand's DeviceSpec on ``n`` devices (letters filled in)."""
-        if self.letters is None:                    # this operand alone: [repeat] + tuple
+        if self.letters is None:                    # this operand alone: tuple + [repeat]
             return DeviceSpec.of_tuple(self.out if self.operand < 0 else
-                                       self.counts[self.operand], n, what)
+                                       self.counts[self.operand], n, what,
+                                       repeat_right=not self.repeat_left, lead=self.lead)
         split, order = {}, []
         for letters, counts in zip(self.letters, self.counts):
             if counts is None:
@@ -221,8 +233,10 @@ class OperatorSpec:
         if n % used:
             raise LayoutError(f"{what}: {self.counts} splits into {used} parts, which does not "
                               f"divide the {n} devices.")
-        dm = ((n // used,) if n > used else ()) + tuple(split[l] for l in order)
-        index = {l: len(order) - 1 - i for i, l in enumerate(order)}
+        rep, loops = ((n // used,) if n > used else ()), tuple(split[l] for l in order)
+        right = not self.repeat_left
+        dm = loops + rep if right else rep + loops
+        index = {l: len(order) - 1 - i + (len(rep) if right else 0) for i, l in enumerate(order)}
         if self.operand >= 0:
             return DeviceSpec(dm, tuple(index[l] if l and split[l] > 1 else -1
                                         for l in self.letters[self.operand]))

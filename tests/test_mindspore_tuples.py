@@ -1,13 +1,19 @@
 """MindSpore's operator-level tuples and Layout constructor, as MindSpore means them.
 
 ``ap.shard(fn, in_strategy, out_strategy)`` derives the operator's device matrix as MindSpore
-does (repeat leftmost, then one dimension per loop of the operator in order of first
-appearance), with ``device_num`` alone; ``ap.Layout((2, 4), ("dp", "mp"))("dp", "None")``
+2.10 does (one dimension per loop of the operator in order of first appearance, then the
+repeat; a Gather splitting its table along the gathered axis puts the repeat first), with
+``device_num`` alone: every rank holds the slice of each parameter that MindSpore's own files
+give it (``tests/data/mindspore_ops``); ``ap.Layout((2, 4), ("dp", "mp"))("dp", "None")``
 gives MindSpore's tensor map. Each rank's slice is checked against MindSpore's rule written
 independently (``test_mindspore_files.ms_rank_slices``); the tensor maps of the Layout form are
 the ones MindSpore 2.10's ``mindspore.Layout(...).to_dict()`` prints. Planning, and one run on
 8 CPU devices.
 """
+import json
+from pathlib import Path
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,7 +60,7 @@ def ms_slices(dev_matrix, tensor_map, shape):
 @pytest.mark.parametrize("tuples, mesh, dev_matrix, x_map, w_map", [
     (((2, 1), (1, 4)), (2, 4), (2, 1, 4), [2, -1], [-1, 0]),      # MindSpore's own example
     (((4, 1), (1, 2)), (4, 2), (4, 1, 2), [2, -1], [-1, 0]),      # on mesh (2, 4) it was wrong
-    (((2, 1), (1, 2)), (2, 2, 2), (2, 2, 1, 2), [2, -1], [-1, 0]),  # repeat 2, leftmost
+    (((2, 1), (1, 2)), (2, 2, 2), (2, 1, 2, 2), [3, -1], [-1, 1]),  # repeat 2, rightmost
     (((1, 2), (2, 4)), (2, 4), (1, 2, 4), [-1, 1], [1, 0]),       # contracted dimension split
 ])
 def test_operator_tuples_derive_mindspores_device_matrix(tuples, mesh, dev_matrix, x_map, w_map):
@@ -198,3 +204,44 @@ def test_function_tuples_are_checked_against_their_arguments():
                       (((2.0, 1), (1, 4)), "not a tuple of split counts")]:
         with pytest.raises(ap.LayoutError, match=says):
             ap.shard(jnp.matmul, in_strategy=bad)(x, w)
+
+
+DATA = Path(__file__).parent / "data" / "mindspore_ops"
+CASES = json.loads((DATA / "cases.json").read_text())["ops"]
+FNS = {"matmul": jnp.matmul, "batch_matmul": jnp.matmul, "add": jnp.add, "mul": jnp.multiply,
+       "reduce_sum": lambda x: jnp.sum(x, axis=1), "softmax": jax.nn.softmax,
+       "gather": lambda t, i: jnp.take(t, i, axis=0)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_rank_holds_the_slice_mindspores_own_file_gives_it(name):
+    """One operator per MindSpore 2.10 file, annotated with the same tuples, device_num=8 and
+    no mesh: each parameter's slice on every rank is the one MindSpore wrote (its repeat
+    dimension placed as its operators place it); Softmax over a split axis is refused, as
+    MindSpore refuses it."""
+    op, shapes, tuples, _ = CASES[name]
+    tuples = tuple(tuple(t) for t in tuples)
+    fn = FNS[op]
+    if op == "gather":
+        def step(p, idx):
+            return jnp.sum(ap.shard(fn, in_strategy=tuples)(p["p0"], idx) ** 2)
+        args = ({"p0": jnp.ones(shapes[0])}, jnp.zeros(shapes[1], jnp.int32))
+    else:
+        def step(p):
+            return jnp.sum(ap.shard(fn, in_strategy=tuples)(
+                *[p[f"p{i}"] for i in range(len(shapes))]) ** 2)
+        args = ({f"p{i}": jnp.ones(s) for i, s in enumerate(shapes)},)
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, progress=False)
+    path = DATA / f"{name}.ms.json"
+    if not path.exists():                       # MindSpore wrote none: it refused the tuples
+        with pytest.raises(ap.LayoutError, match="MindSpore's Softmax refuses"):
+            ap.plan(step, *args, config=cfg)
+        return
+    written = json.loads(path.read_text())["params"]
+    s = ap.plan(step, *args, config=cfg)
+    mesh = LogicalMesh.create(s.mesh_shape, s.axis_names)
+    params = [i for i in s.inputs if i.name in written]
+    assert {i.name for i in params} == set(written)
+    for i in params:
+        assert slices(i.layout, i.shape, mesh) == ms_rank_slices(written[i.name], i.shape, 8), \
+            (i.name, str(i.layout), s.mesh_shape, written[i.name])

@@ -49,24 +49,85 @@ def with_operator_letters(graph: Graph) -> Graph:
     new = {}
     for nodes in groups.values():
         ins = [n for n in nodes if n.params["spec"].operand >= 0]
-        readers = [{u.id: (u, i) for u, i in graph.users[n.outputs[0].id]} for n in ins]
+        readers = [_readers(graph, n.outputs[0]) for n in ins]
         common = set.intersection(*(set(r) for r in readers)) if readers else set()
+        first = nodes[0].params["spec"]
         if len(common) != 1:
+            new.update(_gather_table(graph, nodes, ins, first))
             continue
         op = readers[0][next(iter(common))][0]
         spec = rule_for(op).spec(op)
-        first = nodes[0].params["spec"]
         letters = [()] * len(first.counts)
         for n, r in zip(ins, readers):
-            letters[n.params["spec"].operand] = tuple(l or "" for l in spec.inputs[r[op.id][1]])
+            _, i, dims = r[op.id]
+            letters[n.params["spec"].operand] = tuple(
+                (spec.inputs[i][d] or "") if d is not None else "" for d in dims)
         out_letters = tuple(l or "" for l in spec.outputs[0]) if spec.outputs else ()
+        left = _gather_repeat_left(op, first, {r[op.id][1]: n.params["spec"].operand
+                                               for n, r in zip(ins, readers)})
+        left = left and all(r[op.id][2] == tuple(range(len(n.outputs[0].shape)))
+                            for n, r in zip(ins, readers))
         for n in nodes:
             s = n.params["spec"]
             if s.operand < 0 and graph.producer.get(n.inputs[0].id) is not op:
                 continue                          # the result of something else: its own
             new[n.id] = dataclasses.replace(n, params={**n.params, "spec": s.with_letters(
-                letters, out_letters)})
+                letters, out_letters, left)})
     return _replaced(graph, new)
+
+
+_PASS = {"broadcast_in_dim", "convert_element_type"}    # a value's layout goes through them
+
+
+def _readers(graph: Graph, v) -> dict:
+    """The operators reading annotated value ``v``, through broadcasts and casts (jnp's
+    ``x + b`` broadcasts ``b`` first): node id -> (node, input index, per dimension of ``v``
+    the reader's input dimension holding it)."""
+    out, todo = {}, [(v, tuple(range(len(v.shape))))]
+    while todo:
+        x, dims = todo.pop()
+        for u, i in graph.users[x.id]:
+            if u.prim in _PASS and len(u.inputs) == 1:
+                bd = u.params.get("broadcast_dimensions", tuple(range(len(x.shape))))
+                todo.append((u.outputs[0], tuple(bd[d] for d in dims)))
+            else:
+                out[u.id] = (u, i, dims)
+    return out
+
+
+def _gather_table(graph: Graph, nodes, ins, first: OperatorSpec) -> dict:
+    """A Gather annotated by its table and indices (``jnp.take(table, idx, axis)``: the
+    indices pass through jnp's bounds handling first, so the two have no common reader): the
+    table's layout on MindSpore's GatherInfo device matrix, node id -> the shard node with it
+    (the index counts before the table's own, the repeat rightmost; leftmost where the table
+    is split along the gathered axis, ``_gather_repeat_left``). Nothing for anything else."""
+    for n in ins:
+        s = n.params["spec"]
+        gathers = [(u, i) for u, i in graph.users[n.outputs[0].id] if u.prim == "gather"]
+        if len(gathers) != 1 or gathers[0][1] != 0 or len(first.counts) != 2:
+            continue
+        op = gathers[0][0]
+        idx = first.counts[1 - s.operand]
+        if _gather_repeat_left(op, first, {0: s.operand}):
+            return {n.id: dataclasses.replace(n, params={**n.params, "spec": dataclasses.replace(
+                s, repeat_left=True)})}
+        return {n.id: dataclasses.replace(n, params={**n.params, "spec": dataclasses.replace(
+            s, lead=tuple(idx or ()))})}
+    return {}
+
+
+def _gather_repeat_left(op, spec: OperatorSpec, operand_of: dict) -> bool:
+    """Whether MindSpore puts the repeat leftmost in this operator's device matrix: a Gather
+    whose table (operand 0) is split along a gathered axis into fewer parts than there are
+    devices (MindSpore 2.10's GatherInfo; its files show it: ((2, 1), (1,)) on 8 devices is
+    device matrix (4, 2)). Every other operator puts it rightmost."""
+    if op.prim != "gather" or 0 not in operand_of:
+        return False
+    table = spec.counts[operand_of[0]]
+    if table is None:
+        return False
+    axes = op.params["dimension_numbers"].start_index_map
+    return any(table[d] > 1 for d in axes) and math.prod(table) > 1
 
 
 def _replaced(graph: Graph, new: dict) -> Graph:
