@@ -23,6 +23,7 @@ dict holds an int per dimension, or a list for a dimension over several axes.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -180,19 +181,25 @@ class MindSporeLayouts:
     kept), each operator's split tuples, and the pipeline stage the file is of. Given to
     ``compile``/``plan`` (``strategy=`` or ``strategy_ckpt_load_file``), the argument leaves
     named like its parameters keep their layouts and the operators named like its operators
-    (in files autopar wrote) their tuples; the mode plans the rest."""
+    (in files autopar wrote) their tuples; the mode plans the rest. A pipeline's files (a
+    folder of them, or ``merge_pipeline_strategys``' merged file) also give each parameter's
+    stage (``param_stages``), from which a pipeline's mesh follows (``stage_mesh``)."""
     path: str
     stage: int
     params: tuple                 # ((name, DeviceSpec), ...)
     ops: tuple                    # ((name, split tuples), ...)
     files: int = 0                # a pipeline's folder: how many stage files were merged
+    param_stages: tuple = ()      # ((name, stage), ...) for a pipeline's files
 
     @staticmethod
     def read(path) -> "MindSporeLayouts":
-        """The file at ``path``, or for a folder of a pipeline's stage files (``stage0.ckpt``,
-        ``stage1.ckpt``, ... or ``.json``, as ``Strategy.save`` and MindSpore's stages write
-        them) all of them merged, as ``merge_pipeline_strategys`` merges them: every stage's
-        operators, and each parameter's layout from the first stage that has it."""
+        """The file at ``path``, or for a folder of a pipeline's stage files all of them
+        merged, as ``merge_pipeline_strategys`` merges them: every stage's operators, and each
+        parameter's layout from the first stage that has it. A folder's files may have any
+        names (``stage0.ckpt`` as ``Strategy.save`` writes them, ``net_pipeline_r4.ckpt`` or
+        ``src_strategy_4.ckpt`` as MindSpore's ranks do): each file's stage is its operators'
+        (MindSpore's dry run writes the same ``current_stage`` in every file), else its
+        ``current_stage``. A merged file's ``N-`` name prefixes are its parameters' stages."""
         if os.path.isdir(path):
             return MindSporeLayouts._merged(path)
         d = read(path)
@@ -204,26 +211,57 @@ class MindSporeLayouts:
                               "each one dev_matrix and tensor_map.") from None
         ops = tuple((name, tuple(tuple(t) for t in o["parallel_strategy"]))
                     for name, o in d["parallel_strategy_item"].items())
-        return MindSporeLayouts(str(path), int(d.get("current_stage", 0)), params, ops)
+        op_stages = {o.get("stage") for o in d["parallel_strategy_item"].values()} - {None}
+        stage = op_stages.pop() if len(op_stages) == 1 else int(d.get("current_stage", 0))
+        prefixed = [re.fullmatch(r"(\d+)-(.+)", name) for name, _ in params]
+        if params and all(prefixed):              # merge_pipeline_strategys' merged file
+            return MindSporeLayouts(
+                str(path), stage, tuple((m.group(2), spec) for m, (_, spec) in
+                                        zip(prefixed, params)), ops,
+                param_stages=tuple((m.group(2), int(m.group(1))) for m in prefixed))
+        return MindSporeLayouts(str(path), stage, params, ops)
 
     @staticmethod
     def _merged(path) -> "MindSporeLayouts":
-        found = sorted((int(m.group(1)), name) for name in os.listdir(path)
-                       for m in [re.fullmatch(r"stage(\d+)\.(?:ckpt|json)", name)] if m)
-        if not found:
-            raise LayoutError(f"{path} is a folder without stage files (stage0.ckpt, "
-                              "stage1.ckpt, ... or .json, as a pipeline's strategy is saved); "
-                              "give the path of a strategy file or of such a folder.")
-        if len({s for s, _ in found}) < len(found):
-            raise LayoutError(f"{path} holds a .ckpt and a .json file of one stage; keep one.")
-        parts = [MindSporeLayouts.read(os.path.join(path, name)) for _, name in found]
-        params, ops = {}, {}
-        for part in parts:
+        names = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+        parts = []
+        for name in names:
+            try:
+                parts.append((name, MindSporeLayouts.read(os.path.join(path, name))))
+            except LayoutError:
+                continue                          # not a strategy file: another file there
+        if not parts:
+            raise LayoutError(f"{path} is a folder without stage files (MindSpore strategy "
+                              "files, one per stage or per rank, e.g. stage0.ckpt, "
+                              "stage1.ckpt); give the path of a strategy file or of such a "
+                              "folder.")
+        stems = {}
+        for name, _ in parts:
+            stems.setdefault(os.path.splitext(name)[0], []).append(name)
+        twice = [v for v in stems.values() if len(v) > 1]
+        if twice:
+            raise LayoutError(f"{path} holds {' and '.join(twice[0])}, one stage in two "
+                              "formats; keep one.")
+        parts.sort(key=lambda p: p[1].stage)
+        params, ops, stages = {}, {}, {}
+        for _, part in parts:
             for name, spec in part.params:
                 params.setdefault(name, spec)
+                stages.setdefault(name, part.stage)
             ops.update(part.ops)
-        return MindSporeLayouts(str(path), found[0][0], tuple(params.items()),
-                                tuple(ops.items()), len(found))
+        return MindSporeLayouts(str(path), parts[0][1].stage, tuple(params.items()),
+                                tuple(ops.items()), len(parts), tuple(stages.items()))
+
+    def stage_mesh(self, devices: int) -> tuple | None:
+        """The coarsest mesh shape of one stage of ``devices`` devices on which every
+        parameter's device matrix of that size is a grouping of whole axes, or None when the
+        files give no pipeline's stages (or no matrix of that size)."""
+        from autopar.device_matrix import refining_mesh
+        if not self.param_stages:
+            return None
+        matrices = [spec.dev_matrix for _, spec in self.params
+                    if math.prod(spec.dev_matrix) == devices]
+        return tuple(refining_mesh(matrices, devices)) if matrices else None
 
     def __str__(self) -> str:
         if self.files:
@@ -236,7 +274,9 @@ class MindSporeLayouts:
         """Its parameters (device matrix, tensor map, split tuple) and operators (tuples), one
         per line, as ``autopar show`` prints them."""
         rows = [str(self), "parameters:"]
-        rows += [f"  {name}: {spec} split {spec.counts()}" for name, spec in self.params]
+        stage = dict(self.param_stages)
+        rows += [f"  {name}{f' (stage {stage[name]})' if name in stage else ''}: {spec} split "
+                 f"{spec.counts()}" for name, spec in self.params]
         rows += ["operators:"] + [f"  {name}: {list(map(list, t))}" for name, t in self.ops]
         return "\n".join(rows)
 

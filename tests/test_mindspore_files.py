@@ -5,8 +5,12 @@ The protobuf bytes are checked with a reader written here from MindSpore's node_
 MindSpore's own reader would see. Planning only (no devices run).
 """
 import json
+import shutil
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import autopar as ap
@@ -310,3 +314,58 @@ def test_a_mindspore_file_is_a_plan_to_compile_around(tmp_path):
                    config=cfg)
     with pytest.raises(ap.ConfigError, match="semi_auto_parallel or auto_parallel"):
         ap.compile(m.mlp_sgd_step, p, b, config=cfg.replace(parallel_mode="data_parallel"))
+
+
+# ---------------------------------------------------------------- a pipeline's files as MindSpore writes them
+
+PIPELINE = Path(__file__).parent / "data" / "mindspore_pipeline"
+
+
+def pipeline_step(p, x, y):
+    """The network MindSpore wrote the files for: two blocks, one per stage, SGD."""
+    def loss(p):
+        h = x
+        for i in range(2):
+            with ap.pipeline_stage(i):
+                h = jax.nn.relu(h @ p[f"h{i}"]["w1"]) @ p[f"h{i}"]["w2"]
+        return jnp.mean((h - y) ** 2)
+    value, g = jax.value_and_grad(loss)(p)
+    return value, jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+@pytest.mark.parametrize("files", ["ranks", "src_strategy", "merged"])
+def test_a_pipelines_files_as_mindspore_writes_them_compile_and_run(tmp_path, files):
+    """A folder of per-rank stage files with MindSpore's names (each file's stage read from its
+    operators: the dry run writes one current_stage in both), or merge_pipeline_strategys'
+    merged file (its stage prefixes stripped): each parameter keeps MindSpore's layout on its
+    stage, the mesh (2, 2, 2) comes from the files' device matrices, and the step runs to the
+    single-device values."""
+    if files == "merged":
+        path = PIPELINE / "net_pipeline_merged.ckpt"
+    else:
+        path = tmp_path / "strategy"
+        path.mkdir()
+        for rank in (0, 4):
+            name = f"net_pipeline_r{rank}.ckpt" if files == "ranks" else f"src_strategy_{rank}.ckpt"
+            shutil.copy(PIPELINE / f"net_pipeline_r{rank}.ckpt", path / name)
+    layouts = ap.Strategy.load(path)
+    assert dict(layouts.param_stages)["h0.w1"] == 0 and dict(layouts.param_stages)["h1.w2"] == 1
+    r = np.random.default_rng(0)
+    p = {f"h{i}": {w: jnp.asarray(r.normal(0, .2, (32, 32)), jnp.float32) for w in ("w1", "w2")}
+         for i in range(2)}
+    x, y = (jnp.asarray(r.normal(size=(16, 32)), jnp.float32) for _ in range(2))
+    cfg = ap.ParallelConfig(parallel_mode="semi_auto_parallel", device_num=8, pipeline_stages=2,
+                            micro_batches=2, backend="jax", progress=False)
+    with pytest.warns(ap.AutoparWarning, match="accu_grads"):     # MindSpore's own state
+        c = ap.compile(pipeline_step, p, x, y, config=cfg, strategy=layouts)
+    assert [st.mesh_shape for st in c.strategy.stages] == [(2, 2), (2, 2)]
+    got = {i.name: str(i.layout) for i in c.strategy.inputs}
+    # stage 0: dev (2, 2), w1 columns over the last dimension; stage 1: dev (4,), over all four
+    assert got["h0.w1"] == "[_,z]" and got["h0.w2"] == "[z,_]"
+    assert got["h1.w1"] == "[_,(y,z)]" and got["h1.w2"] == "[(y,z),_]"
+    ref = jax.jit(pipeline_step)(p, x, y)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
+                                                         rtol=1e-5, atol=1e-6), c(p, x, y), ref)
+    with pytest.raises(ap.ConfigError, match="2 pipeline stages; set pipeline_stages=2"):
+        ap.compile(pipeline_step, p, x, y, strategy=layouts,
+                   config=cfg.replace(pipeline_stages=1, micro_batches=1))

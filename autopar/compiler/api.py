@@ -426,7 +426,8 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     given = (batch_argnums, in_strategy)          # as the caller gave them (recompute="auto")
     named = batch_argnums is not None
     batch_argnums = check_call(fn, args, batch_argnums)
-    in_strategy, ops, strategy = mindspore_constraints(strategy, config, args, in_strategy)
+    in_strategy, ops, strategy, config = mindspore_constraints(strategy, config, args,
+                                                               in_strategy)
     if strategy is not None and not isinstance(strategy, Strategy):
         raise ConfigError(f"strategy={strategy!r} must be an ap.Strategy (ap.Strategy.load(path) "
                           "reads a file; or set strategy_ckpt_load_file in the config).")

@@ -199,17 +199,38 @@ def mesh_for_device_matrices(config, graph: Graph, in_strategy):
 
 
 def mindspore_constraints(strategy, config, args, in_strategy):
-    """``(in_strategy, operator name -> split tuples, strategy)``: for a loaded MindSpore
-    strategy file (``MindSporeLayouts``) its parameters' layouts and operators' tuples, and no
-    Strategy to load; anything else unchanged."""
+    """``(in_strategy, operator name -> split tuples, strategy, config)``: for a loaded
+    MindSpore strategy file (``MindSporeLayouts``) its parameters' layouts and operators'
+    tuples, no Strategy to load, and the config with a pipeline's mesh from its stage files
+    (``_stage_files_mesh``); anything else unchanged."""
     if not isinstance(strategy, MindSporeLayouts):
-        return in_strategy, {}, strategy
+        return in_strategy, {}, strategy, config
     if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
         raise ConfigError(f"{strategy} gives layouts for semi_auto_parallel or auto_parallel to "
                           f"plan around; parallel_mode is {config.parallel_mode.value}.")
     if in_strategy is not None:
         raise ConfigError(f"{strategy} and in_strategy both give argument layouts; give one.")
-    return strategy.in_strategy(args, leaf_names(args)), dict(strategy.ops), None
+    return (strategy.in_strategy(args, leaf_names(args)), dict(strategy.ops), None,
+            _stage_files_mesh(strategy, config))
+
+
+def _stage_files_mesh(layouts: MindSporeLayouts, config):
+    """``config`` with a pipeline's mesh taken from its stage files when ``mesh_shape`` is
+    left out (the default: the stage axis and one more): the stage axis, then the coarsest mesh on which every stage's
+    device matrices are groupings of whole axes ((2, 2) and (4,) on 4 devices a stage: mesh
+    (2, 2, 2))."""
+    stages = {s for _, s in layouts.param_stages}
+    if not stages:
+        return config
+    if config.pipeline_stages != len(stages):
+        raise ConfigError(f"{layouts} holds the layouts of {len(stages)} pipeline stages; set "
+                          f"pipeline_stages={len(stages)} (it is {config.pipeline_stages!r}).")
+    per = config.devices.device_num // len(stages)
+    if tuple(config.mesh_shape) not in ((per * len(stages),), (len(stages), per)):
+        return config                              # a mesh of the user's
+    shape = layouts.stage_mesh(per)
+    return config if shape is None else config.replace(
+        mesh_shape=(len(stages),) + shape, mesh_axis_names=None)
 
 
 def with_tuples(graph, cands: dict, tuples: dict, mesh) -> dict:
