@@ -1,4 +1,4 @@
-"""Hardening of the native runtime (issue 21 item 3): the binding refuses arguments the C++
+"""Hardening of the native runtime: the binding refuses arguments the C++
 code cannot use (NativeArgumentError, naming the argument and its range) before anything moves;
 ranks that disagree on a collective's size fail with CollectiveError on every rank, naming both
 sizes, instead of reading or writing each other's memory at wrong offsets; the TCP rendezvous

@@ -11,7 +11,7 @@ so plans compared with each other are measured on the machine as it ran at the s
 Why: the cost model prices each operator by its flops or bytes at rates fitted on a reference
 step, but XLA's CPU code does not cost the same per flop in every program: a dot whose operands
 it reads transposed runs on another kernel at a third of the rate, a transposing fusion costs
-many times its bytes (BENCHMARKS.md, issue 19: Megatron's GPT plan computed 1.6x data
+many times its bytes (BENCHMARKS.md: Megatron's GPT plan computed 1.6x data
 parallelism's per rank where the model said 1.15-1.2x). Measuring the compiled program is what
 Alpa does for its stages; here it is one rank's whole step, compiled as the native runtime
 compiles it (one executable) and run as its workers run it (one core, XLA single-threaded,

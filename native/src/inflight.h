@@ -1,4 +1,4 @@
-// Work that runs on a communicator's own threads while the caller computes (issue 24 items 1-2).
+// Work that runs on a communicator's own threads while the caller computes.
 // Lane 0: the all_reduce_start / all_reduce_done custom calls (xla_ffi.cc) hand a bucket's
 // all-reduce to it and take the result back where the step first reads it, so XLA runs the
 // compute in between; jobs run in the order they were given (every rank gives them in program
