@@ -143,6 +143,9 @@ def refining_mesh(matrices, n: int) -> tuple:
     return tuple(b // a for a, b in reversed(list(zip(chain, chain[1:]))))
 
 
+INTERLEAVED = "interleaved_parallel"     # MindSpore's alias for an in-device (virtual) split
+
+
 @dataclass(frozen=True)
 class MeshTemplate:
     """``ap.Layout(device_matrix, alias_names)``: call it with one entry per tensor
@@ -160,7 +163,14 @@ class MeshTemplate:
                               "ap.Layout((2, 4), ('dp', 'mp')).")
 
     def __call__(self, *dims) -> DeviceSpec:
-        n = len(self.names)
+        """The tensor's DeviceSpec. MindSpore's ``interleaved_parallel`` alias is not a device
+        axis: it splits an operator's work into that many slices run one after another on
+        each device (to overlap their communication), so it is left out of the device matrix
+        and a tensor dimension on it is not split across devices (autopar runs the operator
+        whole on each device, which it says with a warning)."""
+        names = tuple(a for a in self.names if a != INTERLEAVED)
+        matrix = tuple(d for a, d in zip(self.names, self.dev_matrix) if a != INTERLEAVED)
+        n = len(names)
         tmap = []
         for d in dims:
             parts = d if isinstance(d, (tuple, list)) else (d,)
@@ -171,9 +181,19 @@ class MeshTemplate:
                 if a not in self.names:
                     raise LayoutError(f"ap.Layout{(self.dev_matrix, self.names)}{dims}: {a!r} "
                                       f"is not one of its aliases {self.names} (or 'None').")
-                ks.append(n - 1 - self.names.index(a))
+                if a == INTERLEAVED:
+                    import warnings
+                    from .errors import AutoparWarning
+                    warnings.warn(f"ap.Layout{(self.dev_matrix, self.names)}{dims}: in "
+                                  "MindSpore, interleaved_parallel runs the operator in "
+                                  f"{self.dev_matrix[self.names.index(a)]} slices one after "
+                                  "another on each device to overlap their communication; "
+                                  "autopar runs it whole (the layout across devices is the "
+                                  "same).", AutoparWarning, stacklevel=2)
+                    continue
+                ks.append(n - 1 - names.index(a))
             tmap.append(-1 if not ks else ks[0] if len(ks) == 1 else tuple(ks))
-        return DeviceSpec(self.dev_matrix, tuple(tmap), self.names)
+        return DeviceSpec(matrix, tuple(tmap), names)
 
 
 @dataclass(frozen=True)

@@ -35,15 +35,26 @@ class Layout:
     dims: tuple[tuple[str, ...], ...]
     partial: frozenset = frozenset()
 
-    def __new__(cls, dims=None, partial=frozenset()):
+    def __new__(cls, dims=None, partial=frozenset(), rank_list=None):
         """``Layout(dims, partial)``; MindSpore's form ``Layout((2, 4), ("dp", "mp"))`` (a device
-        matrix and an alias per dimension) returns a ``device_matrix.MeshTemplate``, which
-        called with an alias per tensor dimension (``("dp", "None")``) gives that tensor's
-        layout on the device matrix."""
+        matrix and an alias per dimension, and its ``rank_list`` when that is the devices in
+        order) returns a ``device_matrix.MeshTemplate``, which called with an alias per tensor
+        dimension (``("dp", "None")``) gives that tensor's layout on the device matrix."""
         if isinstance(dims, (tuple, list)) and dims and all(
                 isinstance(d, int) and not isinstance(d, bool) for d in dims):
             from .device_matrix import MeshTemplate
+            if rank_list is not None and list(rank_list) != list(range(math.prod(dims))):
+                raise LayoutError(
+                    f"ap.Layout({tuple(dims)}, {partial!r}, rank_list={list(rank_list)!r}): in "
+                    "MindSpore, rank_list names the ranks the device matrix's positions stand "
+                    "for, in that order (a layout over some devices, or over them reordered); "
+                    "autopar's device matrices number the step's devices in order. Leave "
+                    "rank_list out, or order the devices themselves (ParallelConfig(mesh="
+                    "jax.sharding.Mesh(devices_in_your_order, names))).")
             return MeshTemplate(dims, partial)
+        if rank_list is not None:
+            raise LayoutError("rank_list belongs to MindSpore's form, Layout(device_matrix, "
+                              "alias_names, rank_list).")
         return super().__new__(cls)
 
     def __post_init__(self):

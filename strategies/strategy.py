@@ -430,6 +430,16 @@ class Strategy:
             files = {path: self.to_json().encode()}
         else:
             from .mindspore_ckpt import dumps
+            hyphen = [i.name for i in self.inputs if i.is_param and "-" in i.name]
+            if hyphen:
+                import warnings
+                from autopar.errors import AutoparWarning
+                warnings.warn(f"{path}: parameter {hyphen[0]!r}" + (
+                    f" (and {len(hyphen) - 1} more)" if len(hyphen) > 1 else "") + " has a "
+                    "hyphen in its name, which MindSpore's checkpoint transforms "
+                    "(rank_list_for_transform, transform_checkpoints) read as the stage prefix "
+                    "merge_pipeline_strategys writes ('0-name'), so they fail on this file; "
+                    "name the parameters without '-' (e.g. '_').", AutoparWarning, stacklevel=2)
             encode = ((lambda d: json.dumps(self._mindspore_json(path, d), indent=1).encode())
                       if as_json else dumps)
             if not self.stages:

@@ -369,3 +369,19 @@ def test_a_pipelines_files_as_mindspore_writes_them_compile_and_run(tmp_path, fi
     with pytest.raises(ap.ConfigError, match="2 pipeline stages; set pipeline_stages=2"):
         ap.compile(pipeline_step, p, x, y, strategy=layouts,
                    config=cfg.replace(pipeline_stages=1, micro_batches=1))
+
+
+def test_a_parameter_name_mindspores_transforms_cannot_read_is_warned_about(tmp_path):
+    """MindSpore's checkpoint transforms read 'N-name' as merge_pipeline_strategys' stage
+    prefix, so a parameter named with a hyphen breaks them: saving a MindSpore file warns,
+    naming it (autopar's own JSON does not)."""
+    p = {"block-0": {"w": jnp.ones((8, 8))}, "head": jnp.ones((8, 4))}
+    step = lambda p, x: jnp.sum((x @ p["block-0"]["w"] @ p["head"]) ** 2)
+    s = ap.plan(step, p, jnp.ones((8, 8)), config=ap.ParallelConfig(
+        parallel_mode="data_parallel", device_num=2, progress=False))
+    with pytest.warns(ap.AutoparWarning, match="'block-0.w' has a hyphen.*rank_list_for_transform"):
+        s.save(tmp_path / "s.ckpt")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.save(tmp_path / "s.json")

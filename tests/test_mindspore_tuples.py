@@ -245,3 +245,24 @@ def test_every_rank_holds_the_slice_mindspores_own_file_gives_it(name):
     for i in params:
         assert slices(i.layout, i.shape, mesh) == ms_rank_slices(written[i.name], i.shape, 8), \
             (i.name, str(i.layout), s.mesh_shape, written[i.name])
+
+
+def test_layout_takes_mindspores_rank_list_and_interleaved_parallel_as_mindspore_means_them():
+    """rank_list: the devices in order is accepted, a reordering refused with what it means
+    in MindSpore and the fix; interleaved_parallel: an in-device split, left out of the device
+    matrix (a dimension on it is not split across devices), with a warning that autopar runs
+    the operator whole."""
+    assert ap.Layout((2, 4), ("dp", "mp"), rank_list=list(range(8)))("dp", "None") == \
+        ap.Layout((2, 4), ("dp", "mp"))("dp", "None")
+    with pytest.raises(ap.LayoutError, match="in MindSpore, rank_list names the ranks.*"
+                                             "Leave rank_list out"):
+        ap.Layout((2, 4), ("dp", "mp"), rank_list=[1, 0, 2, 3, 4, 5, 6, 7])
+    with pytest.raises(ap.LayoutError, match="MindSpore's form"):
+        ap.Layout(((), ()), rank_list=[0])
+    layout = ap.Layout((2, 2, 4), ("dp", "interleaved_parallel", "mp"))
+    with pytest.warns(ap.AutoparWarning, match="2 slices one after another.*runs it whole"):
+        spec = layout(("dp", "interleaved_parallel"), "mp")
+    assert spec == DeviceSpec((2, 4), (1, 0), ("dp", "mp"))
+    s = ap.plan(lambda x: jnp.sum(x * x), X, config=config(), in_strategy=(spec,))
+    m = LogicalMesh.create(s.mesh_shape, s.axis_names)
+    assert slices(s.inputs[0].layout, X.shape, m) == ms_slices((2, 4), [1, 0], X.shape)
