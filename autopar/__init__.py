@@ -21,6 +21,8 @@ _EXPORTS = {
                  "set_auto_parallel_context"),
     ".compiler.api": ("Compiled", "compile", "plan"),
     ".compiler.decorator": ("parallel",),
+    ".compiler.auto_parallel": ("AutoParallel", "get_algo_parameters", "reset_algo_parameters",
+                                "set_algo_parameters"),
     ".runtime.jax_distributed": ("init_distributed",),
     ".strategies.strategy": ("Strategy",),
     ".program": ("Collective", "Program"),

@@ -170,7 +170,7 @@ def _ignored(key, value) -> None:
         fine = (int(os.environ.get("AUTOPAR_PROCESS_ID", "0")),)
     if why and (fine is None or value not in fine):
         warnings.warn(f"auto-parallel context {key}={value!r}: in MindSpore, {meaning}; autopar "
-                      f"ignores it: {why}.", AutoparWarning, stacklevel=5)
+                      f"ignores it: {why}.", AutoparWarning, stacklevel=6)
 
 
 def _bool(key, value) -> bool:
@@ -218,14 +218,14 @@ def _fusion_bytes(key, value) -> int:
         warnings.warn(f"auto-parallel context comm_fusion {key} mode 'index': in MindSpore, "
                       "fuse the gradient all-reduces split at these parameter indices; autopar "
                       f"fuses all-reduces by size and uses MindSpore's auto threshold "
-                      f"({MINDSPORE_FUSION_MB} MB) instead.", AutoparWarning, stacklevel=6)
+                      f"({MINDSPORE_FUSION_MB} MB) instead.", AutoparWarning, stacklevel=7)
         return MINDSPORE_FUSION_MB << 20
     raise ConfigError(f"comm_fusion {key}: mode {mode!r} with config {mb!r}; give mode 'auto', "
                       "'size' with a threshold in MB above 0, or 'index' with a list of "
                       "parameter indices.")
 
 
-def _fields_of(key, value) -> dict:
+def _fields_of(key, value, kept) -> dict:
     """The ParallelConfig fields one context key sets (MindSpore-only keys are kept in
     ``_kept`` and, where autopar does not do what they ask, warned about)."""
     if key not in KEYS:
@@ -234,7 +234,7 @@ def _fields_of(key, value) -> dict:
     if key in ("strategy_ckpt_load_file", "strategy_ckpt_save_file"):
         return {key: value or None}
     if key in _MINDSPORE_ONLY:
-        return _mindspore_only(key, value)
+        return _mindspore_only(key, value, kept)
     if key not in _DICTS:
         return {key: value}
     if not isinstance(value, dict):
@@ -244,14 +244,15 @@ def _fields_of(key, value) -> dict:
         raise ConfigError(f"{key} has unknown key(s) {', '.join(map(repr, bad))}; valid keys: "
                           f"{', '.join(_DICTS[key])}.")
     if key == "pipeline_config":
-        value = _pipeline_config(value)
+        value = _pipeline_config(value, kept)
     out = {}
     for k, v in value.items():
-        out.update(_mindspore_only(k, v) if _DICTS[key][k] is None else {_DICTS[key][k]: v})
+        out.update(_mindspore_only(k, v, kept) if _DICTS[key][k] is None
+                   else {_DICTS[key][k]: v})
     return out
 
 
-def _pipeline_config(value) -> dict:
+def _pipeline_config(value, kept) -> dict:
     """pipeline_config as autopar runs it: MindSpore 2.10's schedulers autopar does not run
     warned about and run as 1f1b; a dict without both keys warned about (MindSpore 2.10 raises
     KeyError for it); gpipe's pipeline_interleave=True not warned about (MindSpore runs gpipe
@@ -259,26 +260,26 @@ def _pipeline_config(value) -> dict:
     if set(value) != {"pipeline_scheduler", "pipeline_interleave"}:
         warnings.warn("auto-parallel context pipeline_config without both pipeline_scheduler "
                       "and pipeline_interleave: MindSpore 2.10 raises KeyError for it (autopar "
-                      "takes the missing one's default).", AutoparWarning, stacklevel=4)
+                      "takes the missing one's default).", AutoparWarning, stacklevel=5)
     value = dict(value)
     scheduler = value.get("pipeline_scheduler")
     if scheduler in _OTHER_SCHEDULERS:
         warnings.warn(f"auto-parallel context pipeline_scheduler={scheduler!r}: in MindSpore, "
                       f"{_OTHER_SCHEDULERS[scheduler]}; autopar runs gpipe and 1f1b and runs "
-                      "1f1b instead.", AutoparWarning, stacklevel=4)
+                      "1f1b instead.", AutoparWarning, stacklevel=5)
         value["pipeline_scheduler"] = "1f1b"
     if scheduler == "gpipe" and value.get("pipeline_interleave") is True:
         value.pop("pipeline_interleave")
-        _kept["pipeline_interleave"] = True
+        kept["pipeline_interleave"] = True
     return value
 
 
-def _mindspore_only(key, value) -> dict:
+def _mindspore_only(key, value, kept) -> dict:
     """A MindSpore-only key (or sub-key): what it converts to, warned about where autopar does
     not do what it asks, and kept for ``get_auto_parallel_context``."""
     out = _converted(key, value)
     _ignored(key, value)
-    _kept[key] = value
+    kept[key] = value
     return out
 
 
@@ -305,12 +306,19 @@ def _checked(fields: dict) -> dict:
     return out
 
 
-def set_auto_parallel_context(**kw) -> None:
-    """Set context keys (see the module docstring); unset keys keep their values."""
+def mindspore_fields(kw: dict, kept: dict) -> dict:
+    """The ParallelConfig fields MindSpore context keys ``kw`` set, checked; the values of
+    MindSpore-only keys go to ``kept`` (and are warned about where autopar does not do what
+    they ask). What ``set_auto_parallel_context`` and ``ap.AutoParallel``'s methods apply."""
     fields = {}
     for key, value in kw.items():
-        fields.update(_fields_of(key, value))
-    _settings.update(_checked(fields))
+        fields.update(_fields_of(key, value, kept))
+    return _checked(fields)
+
+
+def set_auto_parallel_context(**kw) -> None:
+    """Set context keys (see the module docstring); unset keys keep their values."""
+    _settings.update(mindspore_fields(kw, _kept))
 
 
 def get_auto_parallel_context(key: str):

@@ -237,3 +237,54 @@ def test_dataset_strategy_errors():
     cfg = ap.ParallelConfig(parallel_mode="data_parallel", device_num=4, dataset_strategy="full_batch")
     with pytest.raises(ap.ConfigError, match="use semi_auto_parallel"):
         ap.plan(m.mlp_sgd_step, p, b, config=cfg)
+
+
+def test_mindspores_autoparallel_wrapper_configures_and_runs_the_step(tmp_path):
+    """ap.AutoParallel(step, parallel_mode=...) with MindSpore 2.10's methods: its modes as
+    autopar's, hsdp as the parallel optimizer, the operator strategy file saved when it
+    compiles and loaded by another wrapper, MindSpore-only choices warned about at the
+    caller's line, and the step's values."""
+    p, b = m.mlp_params(), m.mlp_batch(batch=8)
+    net = ap.AutoParallel(m.mlp_sgd_step, parallel_mode="sharding_propagation", device_num=4,
+                          backend="jax")
+    net.hsdp(threshold=0, optimizer_level="level2")
+    net.dataset_strategy("data_parallel")
+    path = str(tmp_path / "ops.json")
+    net.save_operator_strategy_file(path)
+    cfg = net.config()
+    assert cfg.parallel_mode is ap.ParallelMode.AUTO_PARALLEL
+    assert cfg.search_mode is ap.SearchMode.SHARDING_PROPAGATION
+    assert cfg.enable_parallel_optimizer and cfg.optimizer_level is ap.OptimizerLevel.LEVEL2
+    assert_same(net(p, b), m.mlp_sgd_step(p, b))
+    again = ap.AutoParallel(m.mlp_sgd_step, device_num=4, backend="jax")
+    again.load_operator_strategy_file(path)
+    assert again.config().parallel_mode is ap.ParallelMode.SEMI_AUTO_PARALLEL
+    assert again.compile(p, b).strategy.search == "loaded"
+    with pytest.warns(ap.AutoparWarning, match="zero_bubble_v.*runs 1f1b") as caught:
+        again.pipeline(stages=2, scheduler="zero_bubble_v")
+    assert caught[0].filename == __file__
+    assert again.get_pipeline_stages() == 2
+    with pytest.raises(ap.ConfigError, match="'semi_auto', 'sharding_propagation'"):
+        ap.AutoParallel(m.mlp_sgd_step, parallel_mode="auto_parallel")
+    with pytest.raises(ap.ConfigError, match="absolute path"):
+        net.load_operator_strategy_file("ops.json")
+    net.close()
+
+
+def test_algo_parameters_are_mindspores_keys_warned_about_where_autopar_differs():
+    try:
+        assert ap.get_algo_parameters("fully_use_devices") is True
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ap.set_algo_parameters(fully_use_devices=False, tensor_slice_align_size=16)
+        with pytest.warns(ap.AutoparWarning, match=r"enable_algo_approxi=True\): in MindSpore"):
+            ap.set_algo_parameters(enable_algo_approxi=True)
+        assert ap.get_algo_parameters("enable_algo_approxi") is True
+        with pytest.raises(ap.ConfigError, match="MindSpore's are fully_use_devices"):
+            ap.set_algo_parameters(fully_use_device=True)
+        with pytest.raises(ap.ConfigError, match="takes a bool"):
+            ap.set_algo_parameters(fully_use_devices="yes")
+    finally:
+        ap.reset_algo_parameters()
+    assert ap.get_algo_parameters("enable_algo_approxi") is False
