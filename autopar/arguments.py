@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import jax
 import numpy as np
@@ -132,7 +133,10 @@ def spec_layout(spec, shape, mesh, what) -> Layout:
                           "alias per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))"
                           "('dp', 'None').")
     if isinstance(spec, OperatorSpec):
-        spec = spec.resolve(mesh.size, what)
+        first = spec.resolve(mesh.size, what)
+        if not spec.repeat_left and not first.fits(mesh):   # a mesh of the user's: the
+            first = replace(spec, repeat_left=True).resolve(mesh.size, what)   # repeat first
+        spec = first
     if isinstance(spec, DeviceSpec):
         if len(spec.tensor_map) != len(shape):
             raise LayoutError(f"{what}: {spec} has {len(spec.tensor_map)} tensor-map entries but "

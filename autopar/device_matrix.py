@@ -89,6 +89,14 @@ class DeviceSpec:
         return tuple(math.prod(dm[len(dm) - 1 - k] for k in (t if isinstance(t, tuple) else (t,))
                                if k != -1) for t in self.tensor_map)
 
+    def fits(self, mesh: LogicalMesh) -> bool:
+        """Whether ``mesh`` refines the device matrix (``to_layout`` can place it)."""
+        try:
+            _runs(self.dev_matrix, mesh, "")
+        except LayoutError:
+            return False
+        return True
+
     def to_layout(self, mesh: LogicalMesh, what: str = "layout") -> Layout:
         runs = _runs(self.dev_matrix, mesh, what)
         dm = self.dev_matrix
