@@ -97,7 +97,7 @@ def rewrite(eqn, ins, made):
     batch = dict(zip(dn.operand_batching_dims, index_batching))
     pieces, keep, k = _columns(indices, made), [], 0
     for v, width in pieces:
-        d = iota_dim(v, made) if width == 1 and isinstance(v, Value) else None
+        d = iota_dim(v, made) if width == 1 and isinstance(v, (Value, Const)) else None
         od = index_map[k] if d is not None else None
         if (d is not None and d < len(indices.shape) - 1 and od in dropped
                 and operand.shape[od] == indices.shape[d] and d not in batch.values()):

@@ -21,8 +21,10 @@ redistributed for another consumer is read from the cheapest layout it exists in
 distinct layouts its decided consumers and the graph outputs (replicated) read. Ties (costs equal to the picosecond) go to the candidate needing fewer collectives, then to
 the one splitting more dimensions (it follows its split neighbours), then to the one keeping
 fewer pending partial sums, then to the lower enumeration index, so results are deterministic. Inputs without a fixed layout are fed replicated-then-sliced (free),
-so they are not seeds; afterwards each takes the layout all its consumers agree on (else
-replicated).
+so they are not seeds; afterwards each takes the layout all its consumers agree on (else, for
+state, the layout its new version is made in; else replicated). Results are priced gathered
+whole, but new state (a result the step threads back, ``pairs``: parameters, optimizer
+moments) is priced kept in its argument's layout, which is where it stays on the devices.
 A partial sum read by several operators is read reduced by all of them: reduced once, as
 Megatron-LM does after a row-parallel matmul, not carried through each linear reader and
 reduced again for each non-linear one further on. A last pass (``carry_shared_partials``) tries
