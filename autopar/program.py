@@ -47,6 +47,56 @@ COLLECTIVE_KINDS = (StepKind.ALL_REDUCE, StepKind.ALL_GATHER, StepKind.REDUCE_SC
                     StepKind.ALL_TO_ALL)
 LOCAL_KINDS = (StepKind.SLICE, StepKind.PARTIAL_ZERO)
 
+# the C++ collectives reduce 32- and 64-bit numbers: narrower integers and booleans are reduced
+# widened and narrowed back (wrapping sums and products agree modulo 2**bits; max / min keep
+# their order)
+WIDENED = {np.dtype(np.bool_): np.dtype(np.int32), np.dtype(np.int8): np.dtype(np.int32),
+           np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint8): np.dtype(np.int32),
+           np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+REDUCING = (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER)
+
+
+def bucket_key(ins, mesh):
+    """The all-reduce bucket rule, one for both runtimes and the cost model: all-reduce
+    ``ins`` on ``mesh`` shares a bucket with the all-reduces before it of the same key (its
+    axes of size > 1, the dtype it is reduced in, its operator); None where no axis has size
+    > 1 (nothing is exchanged: no collective runs, nor joins a bucket)."""
+    axes = tuple(a for a in ins.axes if mesh.axis_size(a) > 1)
+    if not axes:
+        return None
+    dtype = np.dtype(ins.dtype)
+    return axes, WIDENED.get(dtype, dtype), ins.op
+
+
+def reduced_bytes(ins) -> int:
+    """The bytes all-reduce ``ins`` puts in its bucket (in the dtype it is reduced in)."""
+    dtype = np.dtype(ins.dtype)
+    return ins.bytes // dtype.itemsize * WIDENED.get(dtype, dtype).itemsize
+
+
+def all_reduce_buckets(instructions, mesh, bucket_bytes: int) -> list:
+    """The all-reduces of ``instructions`` as the runtimes fuse them, a list per bucket in
+    program order: consecutive ones of one ``bucket_key`` until the bucket holds
+    ``bucket_bytes`` (``reduced_bytes``) or an instruction reads one of them, or another
+    collective or a slice runs (every rank issues its steps in program order)."""
+    buckets, key, size, held = [], None, 0, set()
+    for ins in instructions:
+        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
+            k = bucket_key(ins, mesh)
+            if k is None:
+                continue
+            if not (buckets and held and k == key):
+                buckets.append([])
+                size, held = 0, set()
+            buckets[-1].append(ins)
+            held.add(ins.out)
+            key, size = k, size + reduced_bytes(ins)
+            if size >= bucket_bytes:
+                held = set()
+        elif held and (isinstance(ins, (Collective, Slice)) or set(reads(ins)) & held):
+            held = set()
+    return buckets
+
 
 def checked_table(table: dict, kinds, where: str) -> dict:
     """A runtime's dispatch table, checked to name exactly ``kinds`` (at import time)."""

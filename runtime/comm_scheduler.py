@@ -15,7 +15,8 @@ import functools
 
 import numpy as np
 
-from autopar.program import StepKind, checked_table
+from autopar.program import (REDUCING, WIDENED, StepKind, bucket_key, checked_table,
+                             reduced_bytes)
 
 from . import wire
 
@@ -42,11 +43,14 @@ class CommScheduler:
         self.last = None              # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
-        key = (st.axes, x.dtype, st.op)
+        key = bucket_key(st, self.mesh)            # (program.py: the one bucket rule)
+        if key is None:                            # no axis of size > 1: nothing to exchange
+            self.futures[st.out] = (_Done(np.ravel(x)), 0, x.shape, x.dtype)
+            return
         if self.bucket and key != self.key:
             self.flush()
         self.bucket.append((st, x))
-        self.key, self.bytes = key, self.bytes + x.nbytes
+        self.key, self.bytes = key, self.bytes + reduced_bytes(st)
         if self.bytes >= self.limit:
             self.flush()
 
@@ -54,11 +58,13 @@ class CommScheduler:
         if not self.bucket:
             return
         items, self.bucket, self.bytes = self.bucket, [], 0
-        # a fresh buffer, reduced in place, each tensor starting on an aligned boundary (its
-        # result is a view XLA reads in place); the padding is zeros
-        pad = wire.ALIGN // items[0][1].itemsize
+        # a fresh buffer in the dtype the bucket is reduced in (int8 and int16 tensors share an
+        # int32 one), reduced in place, each tensor starting on an aligned boundary (its result
+        # is a view XLA reads in place); the padding is zeros
+        dtype = self.key[1]
+        pad = wire.ALIGN // dtype.itemsize
         offsets = np.cumsum([0] + [-(-x.size // pad) * pad for _, x in items])
-        flat = wire.empty((int(offsets[-1]),), items[0][1].dtype)
+        flat = wire.empty((int(offsets[-1]),), dtype)
         for (_, x), at, end in zip(items, offsets, offsets[1:]):
             flat[at:at + x.size] = np.ravel(x)
             flat[at + x.size:end] = 0
@@ -69,14 +75,15 @@ class CommScheduler:
             fut.result()
         self.buckets.append((len(items), flat.nbytes, st.algorithm))
         for (st, x), at in zip(items, offsets):
-            self.futures[st.out] = (fut, int(at), x.shape)
+            self.futures[st.out] = (fut, int(at), x.shape, x.dtype)
 
     def wait(self, reg):
         if any(st.out == reg for st, _ in self.bucket):
             self.flush()
-        fut, offset, shape = self.futures.pop(reg)
+        fut, offset, shape, dtype = self.futures.pop(reg)
         flat = fut.result()
-        return flat[offset:offset + int(np.prod(shape))].reshape(shape)
+        out = flat[offset:offset + int(np.prod(shape))].reshape(shape)
+        return out if out.dtype == dtype else wire.aligned(out.astype(dtype))   # narrowed back
 
     def run(self, st, x):
         """Any other step, in order after the pending all-reduces: on this thread when none is
@@ -108,13 +115,14 @@ def _group(mesh, rank, axes):
     return mesh.group(rank, axes)
 
 
-# the C++ collectives reduce 32- and 64-bit numbers: narrower integers and booleans are reduced
-# widened and narrowed back (wrapping sums and products agree modulo 2**bits; max / min keep
-# their order)
-WIDENED = {np.dtype(np.bool_): np.dtype(np.int32), np.dtype(np.int8): np.dtype(np.int32),
-           np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint8): np.dtype(np.int32),
-           np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
-REDUCING = (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER)
+class _Done:
+    """A result that needs no collective, as a finished future."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 def _step(comm, st, x, mesh, reducers):

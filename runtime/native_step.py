@@ -37,9 +37,9 @@ import numpy as np
 
 from autopar.errors import CollectiveError
 from autopar.graph import Const
-from autopar.program import Collective, StepKind, checked_table
+from autopar.program import (REDUCING, WIDENED, Collective, StepKind, bucket_key, checked_table,
+                             reduced_bytes)
 
-from .comm_scheduler import REDUCING, WIDENED
 
 _MARK = "autopar CollectiveError:"
 _registered = []
@@ -176,11 +176,11 @@ class Tracer:
         """All-reduces fused as the interpreted runner's buckets: consecutive ones over the
         same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
         one of them (``get``) issues it; the results that issuing made, by register."""
-        key = (axes, x.dtype, st.op)
+        key = bucket_key(st, self.mesh)            # (program.py: the one bucket rule)
         overlap = self.options.overlap
         done = self._flush(overlap) if self.bucket and key != self.bucket[0][0] else {}
         self.bucket.append((key, st, x))
-        self.bucket_bytes += x.size * x.dtype.itemsize
+        self.bucket_bytes += reduced_bytes(st)
         if self.bucket_bytes >= self.bucket_limit:
             done.update(self._flush(overlap))
         return done

@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from autopar.graph import Const
-from autopar.program import Collective, Segment, StepKind, reads, writes
+from autopar.program import Segment, all_reduce_buckets, reads, writes
 
 from .flops import CONTRACTIONS, flops
 from .fusion import touches
@@ -234,24 +234,13 @@ def memory_timeline(program) -> list:
 # ---------------------------------------------------------------- per-call costs of a Program
 
 def fused_all_reduces(program, bucket_bytes: int) -> list:
-    """The all-reduces of ``program`` that ride in an earlier one's call: the native runtime
-    (``CommScheduler``) fuses consecutive all-reduces over the same axes, dtype and op until
-    the bucket holds ``bucket_bytes`` or an instruction reads one of them."""
-    fused, bucket, key, size = [], set(), None, 0
-    for ins in getattr(program, "instructions", ()):
-        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
-            k = (ins.axes, np.dtype(ins.dtype), ins.op)
-            if bucket and k == key:
-                fused.append(ins)
-            else:
-                bucket, size = set(), 0
-            bucket.add(ins.out)
-            key, size = k, size + ins.bytes
-            if size >= bucket_bytes:
-                bucket, size = set(), 0
-        elif bucket and (isinstance(ins, Collective) or set(reads(ins)) & bucket):
-            bucket, size = set(), 0
-    return fused
+    """The all-reduces of ``program`` that ride in an earlier one's call: every bucket's but
+    its first (``program.all_reduce_buckets``, the rule the native runtime fuses by)."""
+    if not bucket_bytes:
+        return []
+    return [ins for bucket in all_reduce_buckets(getattr(program, "instructions", ()),
+                                                 program.mesh, bucket_bytes)
+            for ins in bucket[1:]]
 
 
 def call_overhead(program, host_bytes: int, bucket_bytes: int, host_arrays: int = 0) -> float:

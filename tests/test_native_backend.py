@@ -414,3 +414,44 @@ def answer_boxes(comm):
     """In a worker: how many boxes it has answered into and still keeps."""
     from autopar.runtime import worker
     return len(worker.ANSWERS)
+
+
+def bucket_step(x, small, mid):
+    """All-reduces the bucket rule tells apart: float32 over x; int8 and int16 over x (and a
+    size-1 axis), both reduced as int32; one over the size-1 axis alone (nothing to exchange);
+    float32 again."""
+    a = ap.comm.all_reduce(x, "x")
+    b = ap.comm.all_reduce(jax.lax.pcast(small, "y", to="varying"), ("x", "y"))  # (JAX's types ask
+    c = ap.comm.all_reduce(mid, "x")                                #  for a value varying
+    d = ap.comm.all_reduce(jax.lax.pcast(x * 2, "y", to="varying"), "y")  # over what it sums)
+    e = ap.comm.all_reduce(x + 1, "x")
+    return a, b, c, d, e
+
+
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_both_runtimes_and_the_cost_model_fuse_all_reduces_by_one_rule(monkeypatch, whole):
+    """program.all_reduce_buckets is the rule: an all-reduce over size-1 axes only exchanges
+    nothing and joins no bucket, and int8 and int16 values, both reduced as int32, share one
+    (the interpreted runner keyed buckets by the raw axes and dtype, the cost model too, the
+    whole-step runner by the axes of size > 1 and the widened dtype). Both runners issue the
+    buckets it gives, and the cost model credits the launches it says are fused."""
+    from autopar.program import all_reduce_buckets, reduced_bytes
+    from autopar.strategies.cost_model import fused_all_reduces
+    monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    small, mid = np.ones((4, 8), np.int8), np.full((4, 8), 3, np.int16)
+    cfg = ap.ParallelConfig(parallel_mode="hybrid_parallel", device_num=2, mesh_shape=(2, 1),
+                            progress=False)
+    with ap.compile(bucket_step, x, small, mid, config=cfg) as c:
+        got = c(x, small, mid)
+        ranks = c.on_workers(worker_stats)
+    for r, want in zip(got, (x * 2, small * 2, mid * 2, x * 2, (x + 1) * 2)):
+        np.testing.assert_array_equal(np.asarray(r), want.astype(np.asarray(r).dtype))
+    buckets = all_reduce_buckets(c.program.instructions, c.program.mesh, cfg.allreduce_fusion_bytes)
+    assert [len(b) for b in buckets] == [1, 2, 1]
+    assert [np.dtype(b[0].dtype) for b in buckets] == [np.float32, np.int8, np.float32]
+    for s in ranks:
+        assert [k for k, _, _ in s["buckets"]] == [len(b) for b in buckets]
+        if whole == "1":          # (the interpreted runner pads each tensor to 64 bytes)
+            assert [n for _, n, _ in s["buckets"]] == [sum(map(reduced_bytes, b)) for b in buckets]
+    assert fused_all_reduces(c.program, cfg.allreduce_fusion_bytes) == [buckets[1][1]]
