@@ -160,6 +160,45 @@ def test_calibration_fits_the_reference_steps_slowdown():
     assert _fit((1.0, 0.05, 0.004)) == SLOWDOWN[1]
 
 
+def test_calibration_refuses_impossible_figures_its_repeat_does_not_confirm(monkeypatch):
+    """A figure no CPU host gives (an infinite host rate, a negative time, a 4 MB all-reduce
+    faster than a 1 KB one) measures again; the repeat is kept when it is plausible and
+    agrees with the first run's plausible figures, else calibration is refused, naming them,
+    and nothing is saved; a first compile falls back to the local preset."""
+    import autopar as ap
+    from autopar.tools import calibrate as cal
+    good = {"step_overhead_us": 300.0, "host_GBps": 9.0, "matmul_GFLOPs": 70.0,
+            "all_reduce_1KB_us": 50.0, "all_reduce_4MB_us": 700.0, "link_GBps": 6.0,
+            "compute_slowdown": 1.3}
+    assert cal.implausible(good) == []
+    bad = dict(good, host_GBps=float("inf"), all_reduce_1KB_us=-3.0)
+    assert [b.split("=")[0] for b in cal.implausible(bad)] == ["host_GBps", "all_reduce_1KB_us"]
+    assert cal.implausible(dict(good, all_reduce_4MB_us=20.0))[0].startswith(
+        "all_reduce_4MB_us=20 below")
+    runs = []
+
+    def measures(*reports):
+        runs.clear()
+        it = iter(reports)
+        monkeypatch.setattr(cal, "measure", lambda b, n: (runs.append(1) or "topo", next(it)))
+    measures(good)
+    assert cal.calibrate("jax", 2)[1]["matmul_GFLOPs"] == 70.0 and len(runs) == 1
+    measures(bad, dict(good, matmul_GFLOPs=80.0))
+    topo, report = cal.calibrate("jax", 2)
+    assert len(runs) == 2 and report["matmul_GFLOPs"] == 80.0 and "host_GBps" in report["remeasured"]
+    measures(bad, bad)
+    with pytest.raises(ap.ConfigError, match="impossible figures twice.*host_GBps=inf.*nothing "
+                                             "was saved"):
+        cal.calibrate("jax", 2)
+    measures(bad, dict(good, matmul_GFLOPs=20.0))
+    with pytest.raises(ap.ConfigError, match=r"disagrees with it by over 2x on matmul_GFLOPs"):
+        cal.calibrate("jax", 2)
+    monkeypatch.delenv("AUTOPAR_TOPOLOGY", raising=False)
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", "/nonexistent-autopar-cache")
+    measures(bad, bad)
+    assert cal.machine_topology("jax", 2, measure=True) == ap.Topology.local(2)
+
+
 @pytest.mark.xdist_group("processes")      # native ranks
 def test_bench_prints_json_rows():
     r = run("bench", "--op", "all_reduce", "--ranks", "2", "--size", "4KB", "--json")

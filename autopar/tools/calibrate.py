@@ -2,7 +2,9 @@
 
 In: a backend (``"native"``: one worker process per device; ``"jax"``: shard_map over this
 process's JAX devices) and a device count. Out:
-- ``calibrate(backend, n)``: ``(Topology, measurements)``. Every constant comes from timing small
+- ``calibrate(backend, n)``: ``(Topology, measurements)``, checked against what a CPU host
+  can measure and against a repeat (``implausible``; refused rather than saved when the repeat
+  does not confirm it). Every constant comes from timing small
   compiled steps on that backend with all ``n`` devices busy at once (hybrid_parallel programs,
   the median of back-to-back calls for at least ``TURN_SECONDS``; each also all-reduces one
   number, so that the native runtime runs it on its workers as it runs a plan's step, not in
@@ -47,6 +49,7 @@ process's JAX devices) and a device count. Out:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import sys
@@ -99,7 +102,12 @@ def machine_topology(backend: str, n: int, measure: bool) -> Topology:
         print(f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
               f"(cached in {path}; `autopar calibrate` measures again) ...", file=sys.stderr,
               flush=True)
-        topo, _ = calibrate(backend, m)
+        try:
+            topo, _ = calibrate(backend, m)
+        except ConfigError as e:                   # nothing saved: priced on the preset
+            print(f"autopar: {e} Planning on the local preset meanwhile.", file=sys.stderr,
+                  flush=True)
+            return Topology.local(n)
         save(topo, path)
     return stretch(topo, n)
 
@@ -257,7 +265,70 @@ def _steps():
     return add_one, matmuls, all_reduces, no_reduces, kind_chain, amid_compute
 
 
+# what a CPU host can measure, per figure of the report: (lowest, highest); outside it (or not
+# a finite number) a figure is a measurement gone wrong (a burst of load, a clock skip)
+BOUNDS = {"step_overhead_us": (1.0, 1e6), "arg_overhead_us": (0.0, 1e5),
+          "host_GBps": (0.05, 1e3), "matmul_GFLOPs": (0.5, 1e5),
+          "small_matmul_GFLOPs": (0.05, 1e5), "elementwise_GBps": (0.1, 5e3),
+          "all_reduce_1KB_us": (0.1, 1e6), "all_reduce_4MB_us": (1.0, 1e7),
+          "all_reduce_1KB_amid_compute_us": (0.0, 1e6), "launch_us": (0.0, 1e6),
+          "link_GBps": (0.01, 5e3), "compute_slowdown": (0.2, 5.0)}
+REPEAT_RATIO = 2.0    # a repeat measurement this far from the first is the machine changing
+
+
+def implausible(report: dict) -> list:
+    """The figures of a calibration ``report`` that no CPU host gives (``BOUNDS``), and a 4 MB
+    all-reduce faster than a 1 KB one, each as "name=value (why)"."""
+    bad = []
+    for name, (low, high) in BOUNDS.items():
+        v = report.get(name)
+        if v is None:
+            continue
+        if not math.isfinite(v) or not low <= v <= high:
+            bad.append(f"{name}={v:g} (outside {low:g}..{high:g})")
+    if report.get("all_reduce_4MB_us", 1.0) < report.get("all_reduce_1KB_us", 0.0):
+        bad.append(f"all_reduce_4MB_us={report['all_reduce_4MB_us']:g} below "
+                   f"all_reduce_1KB_us={report['all_reduce_1KB_us']:g}")
+    return bad
+
+
 def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
+    """``measure`` checked: a figure no CPU host gives (``implausible``) measures again, and a
+    repeat that is implausible too, or that differs from the first run's plausible figures by
+    over ``REPEAT_RATIO`` (matmul, link and host rates: the machine changing under the
+    measurement), is refused (ConfigError, naming the figures), so nothing impossible is saved
+    for every later plan to be priced on. A machine busier than it has cores is warned about
+    (the figures are its speed under that load); the report gives ``load_per_core``."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > 1.0:
+        print(f"autopar calibrate: this machine is busy ({load:.1f} runnable tasks per core): "
+              "the figures will be its speed under that load.", file=sys.stderr, flush=True)
+    topo, report = measure(backend, n)
+    bad = implausible(report)
+    if not bad:
+        return topo, {**report, "load_per_core": load}
+    topo, again = measure(backend, n)
+    worse = implausible(again)
+    if worse:
+        raise ConfigError("calibration refused: this machine measured impossible figures "
+                          f"twice ({'; '.join(worse)}); nothing was saved. Measure again when "
+                          "it is quieter (`autopar calibrate`), or name a preset "
+                          "(AUTOPAR_TOPOLOGY=local, or --topology).")
+    first_bad = {b.split("=")[0] for b in bad}
+    moved = [k for k in ("matmul_GFLOPs", "link_GBps", "host_GBps") if k not in first_bad
+             and max(report[k], again[k]) > REPEAT_RATIO * min(report[k], again[k])]
+    if moved:
+        raise ConfigError(f"calibration refused: a first measurement gave {'; '.join(bad)}, and "
+                          f"its repeat disagrees with it by over {REPEAT_RATIO:g}x on "
+                          + ", ".join(f"{k} ({report[k]:.3g} then {again[k]:.3g})" for k in moved)
+                          + ": the machine changed under it; nothing was saved. Measure again "
+                          "when it is quieter.")
+    return topo, {**again, "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
+                  "remeasured": "; ".join(bad)}
+
+
+def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
+    """One measurement of this machine (the module docstring): ``(Topology, report)``."""
     from autopar.redistribution.planner import Planner
     from autopar.mesh import LogicalMesh
     if n < 2:
