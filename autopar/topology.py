@@ -166,7 +166,7 @@ class Topology:
         A fixed preset (``launch``, ``step_overhead`` and ``host_beta`` 0): plans on this
         machine use its measurement instead (``autopar.tools.calibrate``) unless a topology is
         given or ``AUTOPAR_TOPOLOGY`` names this preset."""
-        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),))
+        return Topology((Level("host", n, alpha=5e-6, beta=1 / 4e9),), source="preset local")
 
     @staticmethod
     def machine(name: str, hosts: int, per_host: int | None = None) -> "Topology":
@@ -265,10 +265,19 @@ class Topology:
 
     @staticmethod
     def load(path) -> "Topology":
+        """The topology saved at ``path``; its ``source`` says so, and when it was measured
+        (the file's time) where the file names none."""
         import json
+        import os
+        import time
+        from dataclasses import replace
         with open(path) as f:
             d = json.load(f)
-        return Topology.from_dict(d, str(path))
+        topo = Topology.from_dict(d, str(path))
+        if topo.source:
+            return topo
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(os.path.getmtime(path)))
+        return replace(topo, source=f"{path} (measured {when})")
 
     @staticmethod
     def from_dict(d, where: str = "the topology") -> "Topology":

@@ -150,6 +150,8 @@ class Strategy:
     search_bound: Optional[float] = None   # ... and the least any plan could cost there, proved
     measured_compute: Optional[float] = None  # profile_plans: one rank's compute, measured
                                               # (tools/profile.py), for the ops' priced sum
+    topology: str = ""              # what priced it: the preset, or the calibration file
+                                    # and when it was measured (Topology.source)
     outputs: tuple = ()             # Layout per flattened result leaf (empty for a pipeline,
                                     # whose results are on their stages' meshes)
     # (phase, seconds) of the compile that made it: trace, search (candidates, problem, solver),
@@ -254,6 +256,8 @@ class Strategy:
                         "model; " + ("no lower bound proved" if self.search_bound is None else
                                      f"every plan costs at least {self.search_bound * 1e6:.1f} "
                                      f"us there (proved): gap {self.search_gap:.2%}"))
+        if self.topology:
+            head.append(f"priced on: {self.topology}")
         if self.recompute == "none":
             head.append("recomputation: none (the backward pass reads the forward pass's values)")
         elif self.recompute == "selective":
@@ -339,6 +343,7 @@ class Strategy:
             **({"search_bound": self.search_bound} if self.search_bound is not None else {}),
             **({"measured_compute": self.measured_compute}
                if self.measured_compute is not None else {}),
+            **({"topology": self.topology} if self.topology else {}),
         }
 
     def to_json(self) -> str:

@@ -192,6 +192,7 @@ def read(text: str):
         search_cost=_field(d, "search_cost", "", _num, None),
         search_bound=_field(d, "search_bound", "", _num, None),
         measured_compute=_field(d, "measured_compute", "", _num, None),
+        topology=_field(d, "topology", "", _str, ""),
         stages=_field(d, "stages", "", _list(stage), ()),
         micro_batches=_field(d, "micro_batches", "", _int, 1),
         scheduler=_field(d, "scheduler", "", _str, ""),

@@ -53,6 +53,7 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     memory_timeline=tuple((label(ins), b) for ins, b in timeline),
                     phase_seconds=phase_seconds, search_cost=search_cost,
                     search_bound=search_bound, measured_compute=measured_compute,
+                    topology=mesh.topology.source or "unnamed Topology(...)",
                     outputs=() if pipelined else tuple(program.out_layouts),
                     trees=(program.in_tree, program.out_tree))
 

@@ -100,7 +100,8 @@ def machine_topology(backend: str, n: int, measure: bool) -> Topology:
         if not measure:
             return Topology.local(n)
         print(f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
-              f"(cached in {path}; `autopar calibrate` measures again) ...", file=sys.stderr,
+              f"(cached in {path}; `autopar calibrate --backend {backend} --devices {m}` "
+              "measures it again) ...", file=sys.stderr,
               flush=True)
         try:
             topo, _ = calibrate(backend, m)
@@ -394,7 +395,9 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
                    mem_bandwidth=topo.mem_bandwidth / k)
     # the reference step's compute as it ran in a step, every device busy: what a profile,
     # one rank alone on a core, is brought to (compiler.api._profiled)
-    topo = replace(topo, reference_compute=float(max(run[0] - run[2], run[0] / 2)))
+    topo = replace(topo, reference_compute=float(max(run[0] - run[2], run[0] / 2)),
+                   source=f"calibrated on {socket.gethostname()}, {backend} backend, {n} "
+                          f"devices, {time.strftime('%Y-%m-%d %H:%M')}")
     return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
                   "arg_overhead_us": arg_overhead * 1e6,
                   "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
