@@ -30,7 +30,7 @@ def main():
     compiled(params, data)
     print(f"first call {first:.1f} s (workers start, segments compile), then "
           f"{(time.monotonic() - t) * 1e3:.0f} ms per step\n")
-    print("\n".join(compiled.strategy.table().splitlines()[:5]))
+    print("\n".join(compiled.strategy.table().splitlines()[:6]))    # the head, the stages
     sends = [c for c in compiled.strategy.collectives if c.kind == "send"]
     print(f"\n{len(sends)} sends between stages per micro-batch or step, e.g. {sends[0].reason}: "
           f"{sends[0].bytes} B x {sends[0].count}")
