@@ -305,6 +305,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "compiler for JAX training steps.")
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error (before the command)")
+    parser.add_argument("--version", action="version", version=f"autopar {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("plan", help="plan a training step and save its strategy",
@@ -317,8 +318,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=_mesh, help="logical mesh, e.g. 8 or 2x4")
     p.add_argument("--mode", default="auto_parallel", choices=values(ParallelMode),
                    help="parallel_mode (default auto_parallel)")
-    p.add_argument("--topology", help="local (default), cluster:HOSTSxPER_HOST or a topology "
-                                      "file written by autopar calibrate")
+    p.add_argument("--topology", help="local, cluster:HOSTSxPER_HOST or a topology file "
+                                      "written by autopar calibrate (default: this machine's "
+                                      "calibration, measured on first use)")
     p.add_argument("--max-memory", help="per-device memory cap, e.g. 16GB")
     p.add_argument("--search", choices=values(SearchMode),
                    help="auto_parallel's solver (default: dynamic_programming on meshes of up to "
@@ -410,12 +412,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed distribution's version (no JAX imported), or how it is missing."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("autopar")
+    except PackageNotFoundError:
+        return "(not installed: run pip install . from the repository root)"
+
+
 def main(argv=None) -> int:
     own_process = argv is None                 # the command line started this process
     argv = sys.argv[1:] if own_process else list(argv)
     if argv[:1] == ["bench"]:                  # every option, --help included, is bench's
         from .tools import bench
-        return bench.main(argv[1:], prog="autopar bench")
+        try:
+            return bench.main(argv[1:], prog="autopar bench")
+        except Exception as e:  # noqa: BLE001 -- as every other command's errors
+            return _failed(e, "--debug" in argv)
     if "launch" in argv and "-m" in argv[argv.index("launch"):] and "--" not in argv:
         at = argv.index("-m", argv.index("launch"))     # argparse takes -m for an option of
         argv = argv[:at] + ["--"] + argv[at:]           # its own: the command starts there

@@ -483,6 +483,8 @@ CLI = [
     ("cli-solve-solver", cli_case("solve", "@problem.json", "5", "--solver", "magic"), "'magic'"),
     ("cli-calibrate-devices", cli_case("calibrate", "--devices", "1"), "2 devices"),
     ("cli-calibrate-out-dir", cli_case("calibrate", "-o", "@a_dir"), "a_dir"),
+    ("cli-bench-size", cli_case("bench", "--size", "16XB"), "cannot read the size '16XB'"),
+    ("cli-bench-size-zero", cli_case("bench", "--size", "0KB"), "at least 1"),
 ]
 
 
@@ -497,12 +499,20 @@ def test_cli_user_error_is_one_line_and_exit_2(files, capsys, argv, pattern):
 
 
 @pytest.mark.parametrize("argv", [["plan"], ["solve", "x.json", "soon"], ["frobnicate"],
-                                  ["plan", "a:b", "--mesh", "2xq"], ["plan", "a:b", "--stages", "x"]])
+                                  ["plan", "a:b", "--mesh", "2xq"], ["plan", "a:b", "--stages", "x"],
+                                  ["bench", "--ranks", "0"], ["bench", "--ranks", "two"]])
 def test_cli_usage_errors_exit_2_without_a_traceback(capsys, argv):
     with pytest.raises(SystemExit) as got:
         cli.main(argv)
     err = capsys.readouterr().err
     assert got.value.code == 2 and "Traceback" not in err and "error:" in err
+
+
+def test_cli_version_says_the_installed_version(capsys):
+    from importlib.metadata import version
+    with pytest.raises(SystemExit) as got:
+        cli.main(["--version"])
+    assert got.value.code == 0 and capsys.readouterr().out.strip() == f"autopar {version('autopar')}"
 
 
 def test_cli_debug_shows_the_traceback(files, capsys):

@@ -19,11 +19,14 @@ the median round divided by its calls. ``timing`` below is shared with
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import sys
 import time
 
 import numpy as np
+
+from autopar.errors import ConfigError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -34,13 +37,22 @@ UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20
 
 
 def parse_size(text: str) -> int:
-    """'16MB', '4K', '1048576' -> bytes."""
-    t = text.strip().upper()
-    digits = t.rstrip("KMGB")
-    unit = t[len(digits):]
-    if not digits or unit not in UNITS:
-        raise SystemExit(f"bench: cannot read the size {text!r}; write e.g. 4KB, 16MB or 1048576")
-    return int(float(digits) * UNITS[unit])
+    """'16MB', '4K', '1048576' -> bytes; ConfigError for anything else."""
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMG]?B?)", text.strip().upper())
+    if not m or int(float(m.group(1)) * UNITS[m.group(2)]) < 1:
+        raise ConfigError(f"bench: cannot read the size {text!r}; write e.g. 4KB, 16MB or "
+                          "1048576 (bytes, at least 1).")
+    return int(float(m.group(1)) * UNITS[m.group(2)])
+
+
+def _ranks(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 2 or more worker processes")
+    return n
 
 
 def size_label(nbytes: int) -> str:
@@ -202,7 +214,7 @@ def main(argv=None, prog="python -m autopar.tools.bench"):
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--op", nargs="+", default=["all_reduce"], choices=OPS + ("all",),
                    help="collectives to measure ('all': every one)")
-    p.add_argument("--ranks", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--ranks", type=_ranks, default=2, help="worker processes (default 2)")
     p.add_argument("--size", nargs="+", default=["16MB"],
                    help="per-rank buffer sizes, e.g. 4KB 1MB 16MB (NCCL-tests convention)")
     p.add_argument("--algorithm", nargs="+", default=None,
