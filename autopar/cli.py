@@ -155,7 +155,15 @@ def _launch(args) -> int:
 
 def _show(args) -> int:
     from .strategies.strategy import Strategy
-    print(Strategy.load(args.strategy).table())
+    strategy = Strategy.load(args.strategy)
+    if args.top is None and args.by is None:
+        print(strategy.table())
+        return 0
+    if not isinstance(strategy, Strategy):
+        raise LayoutError(f"{strategy}: --top and --by summarise autopar's estimates, which "
+                          "MindSpore's files do not hold; `autopar show` lists its layouts.")
+    from .strategies.summary import summary
+    print(summary(strategy, args.top or 10, args.by or "operator"))
     return 0
 
 
@@ -348,8 +356,14 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_plan)
 
     p = sub.add_parser("show", help="print a saved strategy as a table",
-                       description="Print a strategy file (autopar JSON) as the layout table.")
+                       description="Print a strategy file (autopar JSON) as the layout table, "
+                                   "or (--top, --by) its costliest rows.")
     p.add_argument("strategy", help="strategy file (autopar JSON)")
+    p.add_argument("--top", type=_positive_int, help="only the N costliest rows (default 10 "
+                                                     "with --by)")
+    p.add_argument("--by", choices=("operator", "module", "collective", "parameter"),
+                   help="summarise by operator (default with --top), source function "
+                        "(module), collective kind and mesh axes, or parameter")
     p.set_defaults(run=_show)
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a strategy",
@@ -410,6 +424,16 @@ def _parser() -> argparse.ArgumentParser:
                                    "(autopar bench --help lists them).")
     p.add_argument("options", nargs=argparse.REMAINDER, help="autopar bench --help lists them")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of rows, 1 or more")
+    return n
 
 
 def _version() -> str:

@@ -304,3 +304,28 @@ def test_solve_answers_with_the_best_so_far_on_sigint_and_past_the_deadline():
     r = subprocess.run([sys.executable, "-c", ANYTIME, "0.2", "0.3"], capture_output=True,
                        text=True, timeout=30)
     assert "still searching 0.3 s past the time limit |" in r.stdout, r.stderr
+
+
+def test_show_summarises_the_costliest_rows_by_what_is_asked(tmp_path, capsys):
+    """``autopar show FILE --top N --by operator|module|collective|parameter``: the table's
+    head, then the N costliest rows of that grouping (a GPT's table is hundreds of lines)."""
+    import autopar as ap
+    import models as m
+    from autopar import cli
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
+    s = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(
+        parallel_mode="data_parallel", device_num=4, progress=False))
+    path = str(tmp_path / "gpt.json")
+    s.save(path)
+    outs = {}
+    for by in ("operator", "module", "collective", "parameter"):
+        assert cli.main(["show", path, "--by", by, "--top", "3"]) == 0
+        outs[by] = capsys.readouterr().out
+        assert outs[by].startswith("strategy: mode=data_parallel")
+        assert len(outs[by].splitlines()) < 30
+    assert "the 3 costliest of" in outs["operator"] and "models.py:" in outs["operator"]
+    assert "gpt_apply" in outs["module"] and "source functions" in outs["module"]
+    assert "all_reduce" in outs["collective"] and "the 3 costliest:" in outs["collective"]
+    assert "the 3 largest of 28 parameters" in outs["parameter"]
+    assert cli.main(["show", path, "--top", "2"]) == 0
+    assert "the 2 costliest of" in capsys.readouterr().out
