@@ -133,9 +133,9 @@ def _plan(args) -> int:
                           "command's own options).")
     start = time.monotonic()
     strategy = ap.plan(step, *example, config=config, **options)
-    head = 2 + len(strategy.stages) + (1 if strategy.stages else 0)
-    head += len(strategy.pipeline_choices) + (1 if strategy.pipeline_choices else 0)
-    print("\n".join(strategy.table().splitlines()[:head]))
+    if strategy.alternatives:                  # why this plan, first
+        print(strategy.explain() + "\n")
+    print(strategy.table().split("\n\n")[0])    # the table's head: estimate, memory, stages
     print(f"planned in {time.monotonic() - start:.1f} s: "
           + ", ".join(f"{k} {v:.2f} s" for k, v in strategy.phase_seconds))
     strategy.save(args.output, format=args.format)

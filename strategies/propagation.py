@@ -61,6 +61,7 @@ class Assignment:
                                     # ... or a function proving one, run only when asked
     peak: Optional[int] = None      # bytes per device at the peak in the search's memory
                                     # model (None: not searched)
+    label: str = ""                 # which plan it is, when several are compared
 
 
 _ZERO = (0.0, 0)

@@ -90,6 +90,20 @@ class StageStrategy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Alternative:
+    """One plan auto_parallel lowered and priced on its mesh before choosing (its label says
+    which: the search's, data parallelism's, every operator replicated, ...)."""
+    label: str
+    seconds: float                    # its estimated step
+    compute: float                    # ... of which compute (measured, when profiled)
+    comm: float                       # ... communication, by the redistributions it runs
+    overhead: float                   # ... and the per-call cost
+    peak_memory: int                  # bytes per device at its peak
+    chosen: bool = False
+    fits: bool = True                 # within max_device_memory
+
+
+@dataclass(frozen=True, kw_only=True)
 class PipelineChoice:
     """One pipeline the planner tried for ``pipeline_stages``/``micro_batches`` "auto"."""
     stages: int
@@ -150,6 +164,7 @@ class Strategy:
     search_bound: Optional[float] = None   # ... and the least any plan could cost there, proved
     measured_compute: Optional[float] = None  # profile_plans: one rank's compute, measured
                                               # (tools/profile.py), for the ops' priced sum
+    alternatives: tuple = ()        # Alternative per plan auto_parallel compared (else empty)
     topology: str = ""              # what priced it: the preset, or the calibration file
                                     # and when it was measured (Topology.source)
     outputs: tuple = ()             # Layout per flattened result leaf (empty for a pipeline,
@@ -240,6 +255,41 @@ class Strategy:
         return tuple(mesh.shape) == self.mesh_shape and tuple(mesh.axis_names) == self.axis_names
 
     # ------------------------------------------------------------------ table
+    def explain(self) -> str:
+        """Why this plan: the plans auto_parallel priced on the mesh (its search's, data
+        parallelism's, every operator replicated) with their estimates by term, and how much
+        the chosen one gains or loses on each against each other; a pipeline's tries too.
+        One screen."""
+        rows = [f"{self.mode} on mesh ({', '.join(f'{n}={k}' for n, k in zip(self.axis_names, self.mesh_shape))}), "
+                f"priced on {self.topology or 'an unnamed topology'}"]
+        if not self.alternatives and not self.pipeline_choices:
+            rows.append("no alternatives were compared: the mode's planner gives one plan")
+            return "\n".join(rows)
+        if self.alternatives:
+            rows += ["plans compared (estimated step = compute + communication + per call; peak "
+                     "memory per device):"]
+            for a in self.alternatives:
+                rows.append(f"  {'->' if a.chosen else '  '} {a.label}: {a.seconds * 1e6:.1f} us "
+                            f"= {a.compute * 1e6:.1f} + {a.comm * 1e6:.1f} + "
+                            f"{a.overhead * 1e6:.1f}; {format_bytes(a.peak_memory)}"
+                            + ("" if a.fits else " (over max_device_memory)"))
+            win = next((a for a in self.alternatives if a.chosen), None)
+            for a in self.alternatives if win else ():
+                if a is win or a.seconds == win.seconds:
+                    continue
+                d = lambda x, y: f"{(x - y) * 1e6:+.1f} us"
+                rows.append(f"  against {a.label}: step {d(win.seconds, a.seconds)} (compute "
+                            f"{d(win.compute, a.compute)}, communication {d(win.comm, a.comm)}, "
+                            f"per call {d(win.overhead, a.overhead)}), memory "
+                            f"{format_bytes(win.peak_memory)} against {format_bytes(a.peak_memory)}")
+            ties = [a.label for a in self.alternatives if a is not win and win and
+                    a.seconds == win.seconds]
+            if ties:
+                rows.append(f"  estimated the same as: {'; '.join(ties)} (the first is kept)")
+        if self.pipeline_choices:
+            rows += ["pipelines tried:"] + [f"  {c}" for c in self.pipeline_choices]
+        return "\n".join(rows)
+
     def table(self) -> str:
         mesh = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.mesh_shape))
         cap = "no cap" if self.memory_limit is None else f"cap {format_bytes(self.memory_limit)}"
@@ -344,6 +394,8 @@ class Strategy:
             **({"measured_compute": self.measured_compute}
                if self.measured_compute is not None else {}),
             **({"topology": self.topology} if self.topology else {}),
+            **({"alternatives": [dict(vars(a)) for a in self.alternatives]}
+               if self.alternatives else {}),
         }
 
     def to_json(self) -> str:

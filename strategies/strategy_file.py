@@ -103,8 +103,8 @@ _layouts = _list(_layout)
 
 def read(text: str):
     """The Strategy in ``text`` (autopar's JSON), every field checked."""
-    from .strategy import (FORMAT, CommStrategy, InputStrategy, OpStrategy, PipelineChoice,
-                           StageStrategy, Strategy)
+    from .strategy import (FORMAT, Alternative, CommStrategy, InputStrategy, OpStrategy,
+                           PipelineChoice, StageStrategy, Strategy)
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
@@ -165,6 +165,15 @@ def read(text: str):
             reason=_field(c, "reason", label, _str, ""), stage=_field(c, "stage", label, _int, 0),
             count=_field(c, "count", label, _int, 1))
 
+    def alternative(a, label):
+        return Alternative(
+            label=_field(a, "label", label, _str), seconds=_field(a, "seconds", label, _num),
+            compute=_field(a, "compute", label, _num), comm=_field(a, "comm", label, _num),
+            overhead=_field(a, "overhead", label, _num),
+            peak_memory=_field(a, "peak_memory", label, _int),
+            chosen=_field(a, "chosen", label, _bool, False),
+            fits=_field(a, "fits", label, _bool, True))
+
     def choice(c, label):
         return PipelineChoice(
             stages=_field(c, "stages", label, _int),
@@ -193,6 +202,7 @@ def read(text: str):
         search_bound=_field(d, "search_bound", "", _num, None),
         measured_compute=_field(d, "measured_compute", "", _num, None),
         topology=_field(d, "topology", "", _str, ""),
+        alternatives=_field(d, "alternatives", "", _list(alternative), ()),
         stages=_field(d, "stages", "", _list(stage), ()),
         micro_batches=_field(d, "micro_batches", "", _int, 1),
         scheduler=_field(d, "scheduler", "", _str, ""),

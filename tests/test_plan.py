@@ -105,3 +105,27 @@ def test_data_parallel_says_how_to_accumulate_where_slicing_ends_the_batch_split
         c = ap.compile(whole, w, x, config=cfg.replace(micro_batches=2))
     assert {k.kind for k in c.strategy.collectives} <= {"all_reduce", "reduce_scatter"}
     np.testing.assert_allclose(c(w, x), sliced(w, x), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_parallel_says_which_plans_it_compared_and_why_the_winner_won():
+    """Strategy.alternatives / explain(): every plan auto_parallel lowered and priced (its
+    search's, data parallelism's, every operator replicated), by term; the chosen one is the
+    cheapest within the cap and is the Strategy's own estimate; they round-trip in the JSON."""
+    p, b = m.gpt_params(layers=2), m.gpt_batch(batch=8)
+    s = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(
+        parallel_mode="auto_parallel", device_num=4, progress=False))
+    labels = [a.label for a in s.alternatives]
+    assert any("data parallelism's plan" in label for label in labels)
+    assert any(label.startswith("dynamic_programming's plan") for label in labels)
+    (chosen,) = [a for a in s.alternatives if a.chosen]
+    assert chosen.seconds == pytest.approx(s.step_time)
+    assert chosen.seconds == min(a.seconds for a in s.alternatives if a.fits)
+    for a in s.alternatives:
+        assert a.seconds == pytest.approx(a.compute + a.comm + a.overhead)
+    text = s.explain()
+    assert "plans compared" in text and f"-> {chosen.label}" in text and "against " in text
+    assert len(text.splitlines()) < 25
+    assert ap.Strategy.from_json(s.to_json()).alternatives == s.alternatives
+    dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(
+        parallel_mode="data_parallel", device_num=4, progress=False))
+    assert dp.alternatives == () and "no alternatives were compared" in dp.explain()

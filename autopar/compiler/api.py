@@ -23,13 +23,13 @@ import jax
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..strategies.build import StatePricing
-from ..strategies.cost_model import call_overhead, memory_timeline, program_memory
+from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.optimizer import optimizer_updates
 from ..strategies.microbatch import MicroFit
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.slices import slice_early
-from ..strategies.strategy import Strategy, step_seconds
+from ..strategies.strategy import Alternative, Strategy
 from ..strategies.strategy_file import check_fits
 from ..redistribution.lower import lower, lower_steps
 from ..redistribution.planner import Planner
@@ -39,8 +39,8 @@ from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, 
                          leaf_type, state_pairs)
 from .compiled import Compiled
 from .key_args import split_keys
-from .dump import (assemble_strategy, bucket_bytes, host_arrays, host_bytes, input_strategies,
-                   peak_of, plan_op_strategies)
+from .dump import (assemble_strategy, bucket_bytes, estimate_terms, host_arrays, host_bytes,
+                   input_strategies, peak_of, plan_op_strategies)
 from .hybrid_plan import plan_hybrid
 from .lost_split import lost_split
 from .multiprocess import plan_for_processes
@@ -218,6 +218,7 @@ class MeshPlan:
     program: object = None    # the lowered Program (without a pipeline)
     out_comm: float = 0.0
     measured: float | None = None       # profile_plans: one rank's compute, measured
+    alternatives: tuple = ()  # auto_parallel: the Alternative of each plan compared
 
 
 def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
@@ -323,16 +324,23 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> 
 def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
     """Of auto_parallel's plans ``found`` (the search's first, then data parallelism's: see
     ``search``), the one whose lowered program is estimated fastest, as its Strategy will say
-    (``_estimate``); the first on a tie, and only those within max_device_memory (the first
+    (``dump.estimate_terms``); the first on a tie, and only those within max_device_memory (the first
     when none is). A pipeline's stage is planned further by the stage planner: its first
     plan."""
     plans = [_finish(req, mesh, planner, a) for a in (found[:1] if req.pipelined else found)]
     if len(plans) == 1:
         return _profiled(req, plans)[0]
     cap = req.config.max_device_memory
-    fits = lambda p: cap is None or program_memory(p.program, memory_timeline(p.program))[0] <= cap
-    plans = _profiled(req, [p for p in plans if fits(p)] or plans[:1])
-    return min(plans, key=lambda p: _estimate(req, p))
+    peaks = [program_memory(p.program, memory_timeline(p.program))[0] for p in plans]
+    within = [k for k, peak in enumerate(peaks) if cap is None or peak <= cap]
+    priced = _profiled(req, plans)
+    terms = [estimate_terms(req.graph, req.names, p, req.config) for p in priced]
+    best = min(within or [0], key=lambda k: sum(terms[k]))     # the first on a tie
+    alternatives = tuple(Alternative(
+        label=p.assignment.label or f"plan {k + 1}", seconds=sum(t), compute=t[0], comm=t[1],
+        overhead=t[2], peak_memory=peaks[k], chosen=k == best, fits=k in within)
+        for k, (p, t) in enumerate(zip(priced, terms)))
+    return dataclasses.replace(priced[best], alternatives=alternatives)
 
 
 def _profiled(req: CompileRequest, plans: list) -> list:
@@ -355,17 +363,6 @@ def _profiled(req: CompileRequest, plans: list) -> list:
     seconds = compute_seconds(programs, backend)
     scale = topo.reference_compute / seconds.pop() if topo.reference_compute else 1.0
     return [dataclasses.replace(p, measured=t * scale) for p, t in zip(plans, seconds)]
-
-
-def _estimate(req: CompileRequest, plan: MeshPlan) -> float:
-    """The step time the Strategy of ``plan`` (lowered, without a pipeline) reports, from the
-    same OpStrategies, overhead and measured compute if profiled (``step_seconds``)."""
-    graph, program = req.graph, plan.program
-    ops = plan_op_strategies(graph, req.names, [plan] * len(graph.nodes),
-                             (0,) * len(graph.nodes))
-    return step_seconds(ops, plan.out_comm, call_overhead(
-        program, host_bytes(graph, program), bucket_bytes(req.config), host_arrays(graph)),
-        plan.measured)
 
 
 def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
@@ -556,6 +553,7 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         host_bytes=host_bytes(graph, program), host_arrays=host_arrays(graph),
         bucket_bytes=bucket_bytes(config),
         measured_compute=None if pipelined else first.measured,
+        alternatives=() if pipelined else first.alternatives,
         micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
         phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace + t_bound),
                        ("lower", time.monotonic() - t_search - t_bound)),

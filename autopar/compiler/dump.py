@@ -22,13 +22,13 @@ from ..graph import Const
 from ..strategies.cost_model import (call_overhead, compute_time, fused, output_bytes,
                                      program_memory)
 from ..strategies.strategy import (CommStrategy, InputStrategy, OpStrategy, StageStrategy,
-                                  Strategy)
+                                  Strategy, step_seconds)
 
 
 def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak, peak_op, cap,
                       timeline=(), output_comm=0.0, host_bytes=0, host_arrays=0, bucket_bytes=0,
                       micro_batches=1, scheduler="", phase_seconds=(), search_cost=None,
-                      search_bound=None, measured_compute=None) -> Strategy:
+                      search_bound=None, measured_compute=None, alternatives=()) -> Strategy:
     """The Strategy of a plan: its mesh, ``inputs`` (InputStrategy per argument leaf), ``ops``
     (``op_strategies``), the program's priced communication steps and its memory ``timeline``
     (``memory_timeline``; empty for a pipeline); a PipelineProgram adds its stages,
@@ -54,8 +54,22 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     phase_seconds=phase_seconds, search_cost=search_cost,
                     search_bound=search_bound, measured_compute=measured_compute,
                     topology=mesh.topology.source or "unnamed Topology(...)",
+                    alternatives=tuple(alternatives),
                     outputs=() if pipelined else tuple(program.out_layouts),
                     trees=(program.in_tree, program.out_tree))
+
+
+def estimate_terms(graph, names, plan, config) -> tuple:
+    """(compute, communication, per call) of the step the Strategy of MeshPlan ``plan``
+    (lowered, without a pipeline) reports, from the same OpStrategies, overhead and measured
+    compute if profiled: their sum is its ``step_seconds``."""
+    program = plan.program
+    ops = plan_op_strategies(graph, names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
+    overhead = call_overhead(program, host_bytes(graph, program), bucket_bytes(config),
+                             host_arrays(graph))
+    comm = sum(o.comm_time for o in ops)
+    compute = step_seconds(ops, 0.0, 0.0, plan.measured) - comm
+    return compute, comm + plan.out_comm, overhead
 
 
 def host_bytes(graph, program) -> int:

@@ -97,12 +97,15 @@ def search(req, config, mesh, planner, cands, fit):
     dp_choice = None if dp is None else built.choice_of(dp.choice, dp.inputs, dp.held)
     # dynamic programming's own answer too: local search packs memory up to the limit in the
     # problem's model, which the lowered program can overrun where the plan it polished fits
-    for c in (list(solution.choice), list(raw.choice), dp_choice,
-              _replicated_choice(req, mesh, cands, built)):
+    searched = config.search_mode.value
+    for c, label in ((list(solution.choice), f"{searched}'s plan"),
+                     (list(raw.choice), f"{searched}'s plan before local search"),
+                     (dp_choice, "data parallelism's plan, in the search's terms"),
+                     (_replicated_choice(req, mesh, cands, built), "every operator replicated")):
         if c is not None and (not offered or built.problem.feasible(c)):
-            offered.setdefault(tuple(c), c)
-    offered = sorted(offered.values(), key=built.problem.cost)      # stable: the solver's first
-    cost = built.problem.cost(offered[0])
+            offered.setdefault(tuple(c), (c, label))
+    offered = sorted(offered.values(), key=lambda cl: built.problem.cost(cl[0]))   # stable
+    cost = built.problem.cost(offered[0][0])
     took = time.monotonic() - t0
 
     proved = []                         # the answer, once asked (a MeshPlan is reused)
@@ -121,14 +124,15 @@ def search(req, config, mesh, planner, cands, fit):
     loose = bound is None or cost - bound > BOUND_TOLERANCE * abs(cost)
     bound = None if bound is None else min(bound, cost)
 
-    def assignment(picked):
+    def assignment(picked, label):
         choice, inputs = built.assignment(picked)
         return Assignment(choice, inputs, built.problem.cost(picked), built.held(picked, choice),
-                          bound, prove if loose else None, built.problem.peak(picked))
+                          bound, prove if loose else None, built.problem.peak(picked), label)
     # and data parallelism's plan itself, as data_parallel lowers it: its choice in the problem's
     # terms converts some values elsewhere (gpt-large: 32 collectives, all-gathers and
     # reduce-scatters among them, against data_parallel's 30 all-reduces, and 7% slower run)
-    return tuple(assignment(c) for c in offered) + ((dp,) if dp_choice is not None else ())
+    return tuple(assignment(c, label) for c, label in offered) + (
+        (dp,) if dp_choice is not None else ())
 
 
 POLISH_SHARE = 0.5     # local search after dynamic programming: this share of its time,
@@ -195,7 +199,9 @@ def data_parallel_assignment(req, config, mesh, planner, cands):
         args = dp_req.arg_layouts(mesh)
     except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
         return None
-    return propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands, req.pairs)
+    return dataclasses.replace(
+        propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands, req.pairs),
+        label="data parallelism's plan, as data_parallel lowers it")
 
 
 def recursive_search(req, config, mesh, planner, fixed, fit):
