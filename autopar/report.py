@@ -58,10 +58,24 @@ def _header(s) -> str:
              + f" + communication {s.comm_time * 1e6:.1f} us"
              + (f" + per call {s.overhead_time * 1e6:.1f} us" if s.overhead_time else ""),
              f"peak memory {b(format_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})"]
+    if s.topology:
+        lines.append(f"priced on {e(s.topology)}")
     if s.stages:
         lines.append(f"pipeline: {len(s.stages)} stages, {s.micro_batches} micro-batches, "
                      f"{e(s.scheduler)}")
     out = "".join(f'<div class="hl">{x}</div>' for x in lines)
+    if s.alternatives:                 # why this plan: what auto_parallel compared
+        us = lambda x: f"{x * 1e6:.1f}"
+        chosen = ' class="chosen"'
+        rows = "".join(
+            f"<tr{chosen if a.chosen else ''}><td>{'&rarr; ' if a.chosen else ''}"
+            f"{e(a.label)}</td><td>{us(a.seconds)}</td><td>{us(a.compute)}</td>"
+            f"<td>{us(a.comm)}</td><td>{us(a.overhead)}</td>"
+            f"<td>{format_bytes(a.peak_memory)}{'' if a.fits else ' (over the cap)'}</td></tr>"
+            for a in s.alternatives)
+        out += ('<div class="alternatives"><b>plans compared</b> (estimated us)<table>'
+                "<tr><th>plan</th><th>step</th><th>compute</th><th>communication</th>"
+                f"<th>per call</th><th>peak memory</th></tr>{rows}</table></div>")
     for st in s.stages:
         vs = "" if s.memory_limit is None else \
             f" of {format_bytes(s.memory_limit)} ({100 * st.memory / s.memory_limit:.1f}%)"
@@ -150,6 +164,10 @@ _PAGE = r"""<!DOCTYPE html>
 body{font:13px/1.4 system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
 h1{font-size:18px;margin:0 0 6px}h2{font-size:15px;margin:22px 0 6px}
 .hl{margin:2px 0}.stage-line{margin:1px 0 1px 18px;color:#444}
+.alternatives{margin:6px 0}.alternatives table{border-collapse:collapse}
+.alternatives td,.alternatives th{padding:1px 8px;text-align:right}
+.alternatives td:first-child,.alternatives th:first-child{text-align:left}
+.alternatives tr.chosen{font-weight:bold}
 .box{background:#fff;border:1px solid #ccc;overflow:auto}
 #graph-box{max-height:520px}#table-box{max-height:480px}
 table{border-collapse:collapse;font-size:12px}

@@ -126,6 +126,10 @@ def test_auto_parallel_says_which_plans_it_compared_and_why_the_winner_won():
     assert "plans compared" in text and f"-> {chosen.label}" in text and "against " in text
     assert len(text.splitlines()) < 25
     assert ap.Strategy.from_json(s.to_json()).alternatives == s.alternatives
+    from autopar import report                  # the report's header shows them too
+    page = report.render(s)
+    assert "plans compared" in page and f"&rarr; {chosen.label.replace(chr(39), '&#x27;')}" in page
+    assert f"priced on {s.topology}" in page
     dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(
         parallel_mode="data_parallel", device_num=4, progress=False))
     assert dp.alternatives == () and "no alternatives were compared" in dp.explain()
