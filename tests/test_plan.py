@@ -133,3 +133,32 @@ def test_auto_parallel_says_which_plans_it_compared_and_why_the_winner_won():
     dp = ap.plan(m.gpt_sgd_step, p, b, config=ap.ParallelConfig(
         parallel_mode="data_parallel", device_num=4, progress=False))
     assert dp.alternatives == () and "no alternatives were compared" in dp.explain()
+
+
+def test_the_progress_bar_keeps_the_clock_running_between_messages():
+    """On a terminal the bar is redrawn by a timer while a phase runs (a solver that reports
+    once a minute does not freeze it at its last frame), and stops with the phase."""
+    import io
+    import time
+    from autopar import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    out = Terminal()
+    bar = progress.Progress("autopar [test]", total=10.0, after=0.0, stream=out)
+    bar("searching")
+    time.sleep(6 * progress.TICK)
+    bar.close()
+    frames = [f for f in out.getvalue().split("\r") if f.strip()]
+    import re
+    clock = [float(re.search(r"([\d.]+)/10s", f).group(1)) for f in frames]
+    assert len(frames) >= 3 and clock == sorted(clock) and clock[-1] > clock[0]
+    assert all("searching" in f for f in frames) and out.getvalue().endswith("\n")
+    settled = out.getvalue()
+    time.sleep(2 * progress.TICK)
+    assert out.getvalue() == settled                       # nothing after close
+    quiet = progress.Progress("autopar [test]", stream=io.StringIO())   # not a terminal
+    quiet("x")
+    quiet.close()
+    assert quiet._timer is None
