@@ -198,19 +198,26 @@ class _Builder:
                 outs = self.inline(sub, sub_consts, ins, src, scope)
             elif trace_keys.involves_keys(eqn):   # on a key's data instead (trace_keys)
                 rule = trace_keys.physical_rule(eqn, f" at {src}" if src else "")
-                outs = trace_control.emit(self, rule, ins, src, scope)
+                outs = self.emit(rule, ins, src, scope)
             else:
                 outs = self.add_node(eqn, ins, src, scope)
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
         return [read(a) for a in jaxpr.outvars]
 
+    def emit(self, fn, ins, src, scope) -> list:
+        """``fn`` (a function of arrays shaped as ``ins`` returning a list) traced and inlined
+        on ``ins``: its results as graph values."""
+        specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ins]
+        sub = jax.make_jaxpr(fn)(*specs)
+        return self.inline(sub.jaxpr, sub.consts, list(ins), src, scope)
+
     def add_node(self, eqn, ins, src, scope) -> list:
         """``eqn`` as one operator on ``ins``: its results, new values (a batch-aligned gather
         or scatter with its aligned index columns as batching dimensions: index_batching)."""
         batched = index_batching.rewrite(eqn, ins, self.made)
         if batched is not None:
-            return trace_control.emit(self, batched[0], batched[1], src, scope)
+            return self.emit(batched[0], batched[1], src, scope)
         outs = [self.new_value(v.aval, eqn) for v in eqn.outvars]
         if eqn.effects:
             self.effectful.add(len(self.nodes))

@@ -38,10 +38,8 @@ MAX_UNROLL = 128        # scan iterations inlined at most
 
 def emit(builder, fn, ins, src, scope) -> list:
     """``fn`` (a function of arrays shaped as ``ins`` returning a list) traced and inlined on
-    ``ins``: its results as graph values."""
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in ins]
-    sub = jax.make_jaxpr(fn)(*specs)
-    return builder.inline(sub.jaxpr, sub.consts, list(ins), src, scope)
+    ``ins`` (``trace._Builder.emit``): its results as graph values."""
+    return builder.emit(fn, ins, src, scope)
 
 
 def unroll_scan(builder, eqn, ins, src, scope) -> list:

@@ -17,7 +17,7 @@ block of a split dropout mask makes only its block's counters, not the whole mas
 
 In: an equation of a jaxpr (``involves_keys``, ``physical_rule``). Out: whether it reads or
 makes keys, and a function of the physical operands returning the physical results, which the
-tracer traces and inlines in its place (``trace_control.emit``). Typed keys among the step's
+tracer traces and inlines in its place (``trace._Builder.emit``). Typed keys among the step's
 arguments and results reach the tracer as their data (``compiler.key_args``); ``trace`` itself
 refuses them (``RuleError``).
 """
@@ -55,11 +55,10 @@ def counters(builder, eqn, ins, src, scope) -> list:
     (a dropout mask over a whole batch of attention scores) is the same sum in 64 bits: per
     dimension a constant table of each place's stride multiple as (high, low) words,
     broadcast, added word by word with the low words' carry."""
-    from .trace_control import emit
     shape = tuple(eqn.params["shape"])
     if not shape:
         return builder.add_node(eqn, ins, src, scope)
-    return emit(builder, lambda: counter_words(shape), [], src, scope)
+    return builder.emit(lambda: counter_words(shape), [], src, scope)
 
 
 def counter_words(shape, wide: bool = False) -> list:
