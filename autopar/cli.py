@@ -77,6 +77,20 @@ def _writable(path: str) -> str:
     return path
 
 
+def at_least(minimum: int, what: str):
+    """An argparse type: a whole number of ``what`` of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of {what}, "
+                                             f"{minimum} or more")
+        return n
+    return parse
+
+
 def _count_or_auto(text: str):
     if text == "auto":
         return text
@@ -359,7 +373,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Print a strategy file (autopar JSON) as the layout table, "
                                    "or (--top, --by) its costliest rows.")
     p.add_argument("strategy", help="strategy file (autopar JSON)")
-    p.add_argument("--top", type=_positive_int, help="only the N costliest rows (default 10 "
+    p.add_argument("--top", type=at_least(1, "rows"), help="only the N costliest rows (default 10 "
                                                      "with --by)")
     p.add_argument("--by", choices=("operator", "module", "collective", "parameter"),
                    help="summarise by operator (default with --top), source function "
@@ -424,16 +438,6 @@ def _parser() -> argparse.ArgumentParser:
                                    "(autopar bench --help lists them).")
     p.add_argument("options", nargs=argparse.REMAINDER, help="autopar bench --help lists them")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of rows, 1 or more")
-    return n
 
 
 def _version() -> str:

@@ -29,6 +29,7 @@ GATHERS = {"gather"}
 MAX_CONST = 1 << 20          # larger captured index constants are not inspected
 SCATTERS = {"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
             "scatter-min", "scatter_min", "scatter-max", "scatter_max"}
+INDEXING = GATHERS | SCATTERS
 
 
 def iota_dim(x, made) -> Optional[int]:
@@ -86,7 +87,7 @@ def _columns(indices, made):
 
 def rewrite(eqn, ins, made):
     name = eqn.primitive.name
-    if name not in GATHERS | SCATTERS or len(ins) < 2 or not ins[1].shape:
+    if name not in INDEXING or len(ins) < 2 or not ins[1].shape:
         return None
     operand, indices = ins[0], ins[1]
     dn = eqn.params["dimension_numbers"]

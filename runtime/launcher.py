@@ -38,13 +38,12 @@ segment is aborted), except, in the call that loads a program, a rank that has u
 that time (read from /proc): a fresh worker starting JAX and compiling beside a warm one is
 slow, not stuck, and gets another ``timeout``. Either way the rank is stopped, swapped out or stuck
 outside any collective: it is killed and named in the ``CollectiveError``, and the job is
-failed. The start
-waits at most ``max(60 s, timeout)`` for every rank to report its links up; ``close`` closes the
-sockets (a worker exits when its socket closes), waits 5 s and kills what is left.
+failed. The start waits at most ``max(60 s, timeout)`` for every rank to report its links up;
+``close`` closes the sockets (a worker exits when its socket closes), waits 5 s and kills what
+is left.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import secrets
@@ -148,17 +147,10 @@ def _places(namespaces, hosts, tcp) -> dict:
 
 
 class Job:
+    @wire.needs_descriptors("starting a native job (a few per rank: its control socket, "
+                            "shared memory, pipes)")
     def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
                  direct: bool = True, namespaces=None, tcp_streams: int = 1, fork: bool = True):
-        try:
-            self._open(nranks, hosts, timeout, inter_host, direct, namespaces, tcp_streams, fork)
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                raise wire.no_descriptors("starting a native job (a few per rank: its control "
-                                          "socket, shared memory, pipes)") from e
-            raise
-
-    def _open(self, nranks, hosts, timeout, inter_host, direct, namespaces, tcp_streams, fork):
         from autopar import _native
         if isinstance(nranks, bool) or not isinstance(nranks, int) or \
                 not 1 <= nranks <= NATIVE_MAX_RANKS:

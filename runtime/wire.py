@@ -23,6 +23,7 @@ caller's time per call that way.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import mmap
 import os
@@ -226,6 +227,22 @@ def no_descriptors(what: str) -> CollectiveError:
         f"no file descriptor left for {what}: the open-files limit (RLIMIT_NOFILE) is {soft}, "
         "and a job's workers inherit it from the process that starts it; raise it (ulimit -n) "
         "or close files that process holds open.")
+
+
+def needs_descriptors(what: str):
+    """Decorator: the function's OSError for want of a file descriptor (EMFILE, ENFILE) as
+    ``no_descriptors(what)``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            try:
+                return fn(*args, **kw)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise no_descriptors(what) from e
+                raise
+        return run
+    return wrap
 
 
 def recv(conn, box: "Box | None" = None, borrow: bool = False):

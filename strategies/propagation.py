@@ -304,8 +304,6 @@ class _Propagation:
              if u.id in self.choice}
         if v.id in self.out_ids:
             w.add(Layout.replicated(len(v.shape)))
-        if self.state_of.get(v.id) in self.in_layout:     # new state of a laid-out argument
-            w.add(self.in_layout[self.state_of[v.id]])      # (else ``kept``)
         return w
 
     def score(self, node, c):
@@ -330,7 +328,9 @@ class _Propagation:
             fixed_in = isinstance(x, Value) and (x.id not in self.arg_ids or x.id in self.in_layout)
             out.append([have] if have is not None and fixed_in else [])
         for v in node.outputs:
-            out.append(list(self.wanted(v)))
+            arg = self.state_of.get(v.id)          # new state of a laid-out argument
+            kept = [self.in_layout[arg]] if arg in self.in_layout else []
+            out.append(list(self.wanted(v)) + kept)
         return out
 
     def supported(self, node, c) -> bool:

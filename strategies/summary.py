@@ -13,6 +13,11 @@ import math
 import re
 from collections import defaultdict
 
+import numpy as np
+
+from autopar.errors import AutoparError, ConfigError
+from autopar.mesh import LogicalMesh
+
 from .strategy import Strategy, format_bytes, short_source
 
 BY = ("operator", "module", "collective", "parameter")
@@ -20,7 +25,6 @@ BY = ("operator", "module", "collective", "parameter")
 
 def summary(strategy: Strategy, top: int = 10, by: str = "operator") -> str:
     if by not in BY:
-        from autopar.errors import ConfigError
         raise ConfigError(f"by={by!r}: summarise by one of {', '.join(BY)}.")
     head = strategy.table().split("\n\n")[0]
     return head + "\n\n" + "\n".join(_ROWS[by](strategy, max(int(top), 1)))
@@ -85,24 +89,23 @@ def _collectives(s: Strategy, top: int) -> list:
 
 
 def _parameters(s: Strategy, top: int) -> list:
-    from autopar.mesh import LogicalMesh
     mesh = LogicalMesh.create(s.mesh_shape, s.axis_names)
     params = [i for i in s.inputs if i.is_param]
 
     def local(i) -> int:
-        import numpy as np
         try:
             shape = i.layout.local_shape(i.shape, mesh)
-        except Exception:        # noqa: BLE001 -- a pipeline stage's layout: whole size
+        except AutoparError:     # a layout on axes this mesh lacks (a stage's): whole size
             shape = i.shape
         return math.prod(shape) * np.dtype(i.dtype).itemsize
-    ranked = sorted(params, key=lambda i: -local(i))
-    total = sum(local(i) for i in params)
+    size = {i.name: local(i) for i in params}
+    ranked = sorted(params, key=lambda i: -size[i.name])
+    total = sum(size.values())
     rows = [f"the {min(top, len(ranked))} largest of {len(ranked)} parameters "
             f"({format_bytes(total)} per device in all):",
             f"{'parameter':<32}{'shape':<18}{'layout':<14}{'per device':>12}"]
     rows += [f"{i.name[:31]:<32}{str(list(i.shape)):<18}{str(i.layout):<14}"
-             f"{format_bytes(local(i)):>12}" for i in ranked[:top]]
+             f"{format_bytes(size[i.name]):>12}" for i in ranked[:top]]
     return rows
 
 

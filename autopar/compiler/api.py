@@ -324,21 +324,25 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> 
 def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
     """Of auto_parallel's plans ``found`` (the search's first, then data parallelism's: see
     ``search``), the one whose lowered program is estimated fastest, as its Strategy will say
-    (``dump.estimate_terms``); the first on a tie, and only those within max_device_memory (the first
-    when none is). A pipeline's stage is planned further by the stage planner: its first
-    plan."""
+    (``dump.estimate_terms``); the first on a tie, and only those within max_device_memory
+    (the first when none is; only those are profiled); every one priced goes into the
+    MeshPlan's ``alternatives``. A pipeline's stage is planned further by the stage planner:
+    its first plan."""
     plans = [_finish(req, mesh, planner, a) for a in (found[:1] if req.pipelined else found)]
     if len(plans) == 1:
         return _profiled(req, plans)[0]
     cap = req.config.max_device_memory
     peaks = [program_memory(p.program, memory_timeline(p.program))[0] for p in plans]
-    within = [k for k, peak in enumerate(peaks) if cap is None or peak <= cap]
-    priced = _profiled(req, plans)
-    terms = [estimate_terms(req.graph, req.names, p, req.config) for p in priced]
-    best = min(within or [0], key=lambda k: sum(terms[k]))     # the first on a tie
+    within = [k for k, peak in enumerate(peaks) if cap is None or peak <= cap] or [0]
+    priced = list(plans)                        # measured (profile_plans): the ones it may keep
+    for k, p in zip(within, _profiled(req, [plans[k] for k in within])):
+        priced[k] = p
+    terms = [estimate_terms(req.graph, req.names, p, req.config, req.pairs) for p in priced]
+    best = min(within, key=lambda k: sum(terms[k]))     # the first on a tie
     alternatives = tuple(Alternative(
         label=p.assignment.label or f"plan {k + 1}", seconds=sum(t), compute=t[0], comm=t[1],
-        overhead=t[2], peak_memory=peaks[k], chosen=k == best, fits=k in within)
+        overhead=t[2], peak_memory=peaks[k], chosen=k == best,
+        fits=cap is None or peaks[k] <= cap)
         for k, (p, t) in enumerate(zip(priced, terms)))
     return dataclasses.replace(priced[best], alternatives=alternatives)
 
@@ -550,7 +554,7 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         search="loaded" if req.strategy is not None else _search_name(config),
         mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
         peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
-        host_bytes=host_bytes(graph, program), host_arrays=host_arrays(graph),
+        host_bytes=host_bytes(graph, program, req.pairs), host_arrays=host_arrays(graph),
         bucket_bytes=bucket_bytes(config),
         measured_compute=None if pipelined else first.measured,
         alternatives=() if pipelined else first.alternatives,

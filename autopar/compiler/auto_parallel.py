@@ -55,22 +55,27 @@ class AutoParallel:
         self._compiled = {}
 
     # ------------------------------------------------------------ MindSpore's methods
+    def _set(self, keys: dict) -> None:
+        """Apply MindSpore context ``keys`` to this wrapper's settings (a compiled step is
+        planned again); their warnings point at the caller of the method that set them."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AutoparWarning)
+            self._fields.update(mindspore_fields(keys, self._kept))
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=3)
+        self._compiled.clear()
+
     def no_init_parameters_in_compile(self):
-        self._fields.update(mindspore_fields({"init_param_in_compile": False}, self._kept))
+        self._set({"init_param_in_compile": False})
 
     def load_param_strategy_file(self, file_path):
-        self._fields.update(mindspore_fields({"strategy_ckpt_load_file": _path(file_path)},
-                                             self._kept))
-        self._compiled.clear()
+        self._set({"strategy_ckpt_load_file": _path(file_path)})
 
     def save_param_strategy_file(self, file_path):
-        self._fields.update(mindspore_fields({"strategy_ckpt_save_file": _path(file_path)},
-                                             self._kept))
-        self._compiled.clear()
+        self._set({"strategy_ckpt_save_file": _path(file_path)})
 
     def disable_strategy_file_only_for_trainable_params(self):
-        self._fields.update(mindspore_fields(
-            {"strategy_ckpt_config": {"only_trainable_params": False}}, self._kept))
+        self._set({"strategy_ckpt_config": {"only_trainable_params": False}})
 
     def save_operator_strategy_file(self, file_path):
         """The plan's operator strategies are written to ``file_path`` (autopar's JSON,
@@ -88,63 +93,52 @@ class AutoParallel:
         if config is None:
             raise ConfigError("AutoParallel.dataset_strategy: give 'data_parallel', "
                               "'full_batch' or a tuple of split tuples.")
-        self._fields.update(mindspore_fields({"dataset_strategy": config}, self._kept))
-        self._compiled.clear()
+        self._set({"dataset_strategy": config})
 
     def hsdp(self, shard_size=-1, threshold=64, optimizer_level="level1"):
         """MindSpore's optimizer parallel (ZeRO): ``enable_parallel_optimizer`` with its
         shard size, threshold (KB) and level."""
         if not isinstance(shard_size, int) or (shard_size <= 0 and shard_size != -1):
             raise ConfigError(f"hsdp shard_size={shard_size!r}: a positive integer or -1.")
-        self._fields.update(mindspore_fields({"enable_parallel_optimizer": True,
-                                              "parallel_optimizer_config": {
-                                                  "optimizer_weight_shard_size": shard_size,
-                                                  "parallel_optimizer_threshold": threshold,
-                                                  "optimizer_level": optimizer_level}},
-                                             self._kept))
-        self._compiled.clear()
+        self._set({"enable_parallel_optimizer": True, "parallel_optimizer_config": {
+            "optimizer_weight_shard_size": shard_size, "parallel_optimizer_threshold": threshold,
+            "optimizer_level": optimizer_level}})
 
     def pipeline(self, stages=1, output_broadcast=False, interleave=False, scheduler="1f1b"):
         if isinstance(stages, bool) or not isinstance(stages, int) or stages <= 0:
             raise ConfigError(f"AutoParallel.pipeline stages={stages!r}: an int above 0.")
-        self._fields.update(mindspore_fields({
-            "pipeline_stages": stages, "pipeline_result_broadcast": output_broadcast,
-            "pipeline_config": {"pipeline_interleave": interleave,
-                                "pipeline_scheduler": scheduler}}, self._kept))
-        self._compiled.clear()
+        self._set({"pipeline_stages": stages, "pipeline_result_broadcast": output_broadcast,
+                   "pipeline_config": {"pipeline_interleave": interleave,
+                                       "pipeline_scheduler": scheduler}})
 
     def comm_fusion(self, config):
         if config is not None and not isinstance(config, dict):
             raise ConfigError(f"AutoParallel.comm_fusion: a dict, not {config!r}.")
-        self._fields.update(mindspore_fields({"comm_fusion": config or {}}, self._kept))
-        self._compiled.clear()
+        self._set({"comm_fusion": config or {}})
 
     def enable_fp32_communication(self):
-        self._fields.update(mindspore_fields({"force_fp32_communication": True}, self._kept))
+        self._set({"force_fp32_communication": True})
 
     def set_group_ckpt_save_file(self, file_path):
-        self._fields.update(mindspore_fields({"group_ckpt_save_file": _path(file_path)},
-                                             self._kept))
+        self._set({"group_ckpt_save_file": _path(file_path)})
 
     def print_local_norm(self):
-        self._fields.update(mindspore_fields({"dump_local_norm": True}, self._kept))
+        self._set({"dump_local_norm": True})
 
     def dump_local_norm(self, file_path):
-        self._fields.update(mindspore_fields({"dump_local_norm": True,
-                                              "dump_local_norm_path": _path(file_path)},
-                                             self._kept))
+        self._set({"dump_local_norm": True, "dump_local_norm_path": _path(file_path)})
 
     def enable_device_local_norm(self):
-        self._fields.update(mindspore_fields({"dump_device_local_norm": True}, self._kept))
+        self._set({"dump_device_local_norm": True})
 
     def enable_gradients_mean(self):
-        self._fields.update(mindspore_fields({"gradients_mean": True}, self._kept))
+        self._set({"gradients_mean": True})
 
     def disable_gradient_fp32_sync(self):
-        self._fields.update(mindspore_fields({"gradient_fp32_sync": False}, self._kept))
+        self._set({"gradient_fp32_sync": False})
 
     def disable_loss_repeated_mean(self):
-        self._fields.update(mindspore_fields({"loss_repeated_mean": False}, self._kept))
+        self._set({"loss_repeated_mean": False})
 
     def get_pipeline_stages(self):
         return self.config().pipeline_stages

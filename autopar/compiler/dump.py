@@ -17,7 +17,6 @@ import numpy as np
 
 from ..pipeline_program import PipelineProgram, Transfer, TransferKind
 from ..program import Collective, Compute
-from ..arguments import state_pairs
 from ..graph import Const
 from ..strategies.cost_model import (call_overhead, compute_time, fused, output_bytes,
                                      program_memory)
@@ -59,27 +58,29 @@ def assemble_strategy(*, mode, search, mesh, inputs, ops, program, planner, peak
                     trees=(program.in_tree, program.out_tree))
 
 
-def estimate_terms(graph, names, plan, config) -> tuple:
+def estimate_terms(graph, names, plan, config, pairs=()) -> tuple:
     """(compute, communication, per call) of the step the Strategy of MeshPlan ``plan``
     (lowered, without a pipeline) reports, from the same OpStrategies, overhead and measured
-    compute if profiled: their sum is its ``step_seconds``."""
+    compute if profiled: their sum is its ``step_seconds``. ``pairs``: the state the step
+    threads through (``host_bytes``)."""
     program = plan.program
     ops = plan_op_strategies(graph, names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
-    overhead = call_overhead(program, host_bytes(graph, program), bucket_bytes(config),
+    overhead = call_overhead(program, host_bytes(graph, program, pairs), bucket_bytes(config),
                              host_arrays(graph))
     comm = sum(o.comm_time for o in ops)
     compute = step_seconds(ops, 0.0, 0.0, plan.measured) - comm
     return compute, comm + plan.out_comm, overhead
 
 
-def host_bytes(graph, program) -> int:
+def host_bytes(graph, program, pairs=()) -> int:
     """Bytes a call of a training loop moves between the caller and the devices: each device's
     block of every argument (a replicated one goes to every device) but the state the step
-    threads through (``state_pairs``: passed back as the last call returned it, it is already
-    there: the native runtime's resident blocks, the jax backend's device arrays), and every
-    device's block of a split result (a replicated result comes back once)."""
+    threads through (``pairs``, ``arguments.state_pairs``: passed back as the last call
+    returned it, it is already there: the native runtime's resident blocks, the jax backend's
+    device arrays), and every device's block of a split result (a replicated result comes back
+    once)."""
     size = lambda v: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-    state = {i for i, _ in state_pairs(graph)} if hasattr(graph, "in_tree") else set()
+    state = {i for i, _ in pairs}
     if isinstance(program, PipelineProgram):     # each stage's arguments go to its devices
         return sum(size(v) for j, v in enumerate(graph.inputs) if j not in state) + \
             sum(size(v) for v in graph.outputs if not isinstance(v, Const))

@@ -86,7 +86,8 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
     strat = assemble_strategy(
         mode="hybrid_parallel", search="manual", mesh=mesh, inputs=inputs, ops=ops,
         program=program, planner=planner, peak=peak, peak_op=peak_op, cap=cap, timeline=timeline,
-        host_bytes=host_bytes(called, program), host_arrays=host_arrays(called),
+        host_bytes=host_bytes(called, program, state_pairs(shapes)),
+        host_arrays=host_arrays(called),
         bucket_bytes=bucket_bytes(config),
         phase_seconds=(("trace", t_trace - t0), ("search", 0.0),
                        ("lower", time.monotonic() - t_trace)))

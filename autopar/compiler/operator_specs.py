@@ -118,16 +118,15 @@ def _gather_table(graph: Graph, nodes, ins, first: OperatorSpec) -> dict:
 
 def _gather_repeat_left(op, spec: OperatorSpec, operand_of: dict) -> bool:
     """Whether MindSpore puts the repeat leftmost in this operator's device matrix: a Gather
-    whose table (operand 0) is split along a gathered axis into fewer parts than there are
-    devices (MindSpore 2.10's GatherInfo; its files show it: ((2, 1), (1,)) on 8 devices is
-    device matrix (4, 2)). Every other operator puts it rightmost."""
+    whose table (operand 0) is split along a gathered axis (MindSpore 2.10's GatherInfo; its
+    files show it: ((2, 1), (1,)) on 8 devices is device matrix (4, 2); a table split over
+    every device leaves no repeat to place). Every other operator puts it rightmost."""
     if op.prim != "gather" or 0 not in operand_of:
         return False
     table = spec.counts[operand_of[0]]
     if table is None:
         return False
-    axes = op.params["dimension_numbers"].start_index_map
-    return any(table[d] > 1 for d in axes) and math.prod(table) > 1
+    return any(table[d] > 1 for d in op.params["dimension_numbers"].start_index_map)
 
 
 def _replaced(graph: Graph, new: dict) -> Graph:

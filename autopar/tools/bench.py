@@ -45,15 +45,6 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * UNITS[m.group(2)])
 
 
-def _ranks(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 2 or more worker processes")
-    return n
-
 
 def size_label(nbytes: int) -> str:
     for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
@@ -210,11 +201,13 @@ def run(ops, ranks: int, sizes, algorithms=("ring",), dtype="float32", hosts=Non
 
 def main(argv=None, prog="python -m autopar.tools.bench"):
     from autopar import _native
+    from autopar.cli import at_least
     p = argparse.ArgumentParser(prog=prog,
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--op", nargs="+", default=["all_reduce"], choices=OPS + ("all",),
                    help="collectives to measure ('all': every one)")
-    p.add_argument("--ranks", type=_ranks, default=2, help="worker processes (default 2)")
+    p.add_argument("--ranks", type=at_least(2, "worker processes"), default=2,
+                   help="worker processes (default 2)")
     p.add_argument("--size", nargs="+", default=["16MB"],
                    help="per-rank buffer sizes, e.g. 4KB 1MB 16MB (NCCL-tests convention)")
     p.add_argument("--algorithm", nargs="+", default=None,
