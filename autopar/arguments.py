@@ -7,6 +7,7 @@ type (``leaf_type``); the layouts the mode, ``dataset_strategy`` and ``in_strate
 (``arg_layouts``); the layouts ``ap.shard`` fixes (``fixed_layouts``); which results are new
 values of which arguments (``state_pairs``). Invalid specs raise ``LayoutError``/``ConfigError``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,23 +58,33 @@ def check_call(fn, args, batch_argnums) -> tuple:
             kind = np.dtype(dtype).kind if dtype is not None else None
         except TypeError:
             kind = None
-        if kind not in tuple("biufc") and not (dtype is not None and
-                                                 jax.dtypes.issubdtype(dtype, np.number)):
-            raise ConfigError(f"argument leaf {name} is {type(x).__name__} "
-                              f"{_short(x)}; every argument leaf must be a number or an array of "
-                              "numbers (or a jax.ShapeDtypeStruct). For a Python value (an "
-                              "optax optimizer, a config, a flag) pass its position as "
-                              "static_argnums (or its name as static_argnames), as jax.jit "
-                              "takes it, or bind it first: functools.partial(step, value).")
+        if kind not in tuple("biufc") and not (
+            dtype is not None and jax.dtypes.issubdtype(dtype, np.number)
+        ):
+            raise ConfigError(
+                f"argument leaf {name} is {type(x).__name__} "
+                f"{_short(x)}; every argument leaf must be a number or an array of "
+                "numbers (or a jax.ShapeDtypeStruct). For a Python value (an "
+                "optax optimizer, a config, a flag) pass its position as "
+                "static_argnums (or its name as static_argnames), as jax.jit "
+                "takes it, or bind it first: functools.partial(step, value)."
+            )
     if batch_argnums is None:
         return tuple(range(1, len(args)))
     given = [batch_argnums] if isinstance(batch_argnums, int) else batch_argnums
-    if not isinstance(given, (list, tuple)) or not all(
+    if (
+        not isinstance(given, (list, tuple))
+        or not all(
             isinstance(k, int) and not isinstance(k, bool) and -len(args) <= k < len(args)
-            for k in given) or isinstance(batch_argnums, bool):
-        raise ConfigError(f"batch_argnums={batch_argnums!r} must be an argument position or a "
-                          f"tuple of them, integers in 0 .. {len(args) - 1} (the step takes "
-                          f"{len(args)} arguments), e.g. (1,).")
+            for k in given
+        )
+        or isinstance(batch_argnums, bool)
+    ):
+        raise ConfigError(
+            f"batch_argnums={batch_argnums!r} must be an argument position or a "
+            f"tuple of them, integers in 0 .. {len(args) - 1} (the step takes "
+            f"{len(args)} arguments), e.g. (1,)."
+        )
     out = tuple(k % len(args) for k in given)
     if len(set(out)) != len(out):
         raise ConfigError(f"batch_argnums={batch_argnums!r} names an argument twice.")
@@ -94,9 +105,9 @@ def leaf_type(x) -> tuple:
     return tuple(np.shape(x)), _canonical(jax.numpy.result_type(x))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _canonical(dtype):
-    return jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)   # typed PRNG keys
+    return jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)  # typed PRNG keys
 
 
 def check_counts(spec, shape, devices: int, what) -> tuple:
@@ -104,20 +115,28 @@ def check_counts(spec, shape, devices: int, what) -> tuple:
     LayoutError that says what is wrong with it."""
     counts = tuple(spec)
     if not all(isinstance(c, (int, np.integer)) and c >= 1 for c in counts):
-        raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1 "
-                          "(1 = not split); to name mesh axes give a "
-                          "jax.sharding.PartitionSpec, e.g. P(None, 'y'), an ap.Layout or its "
-                          "text, e.g. '[_,y]' (Layout.from_partition_spec converts).")
+        raise LayoutError(
+            f"{what}: strategy {counts} must hold integer split counts >= 1 "
+            "(1 = not split); to name mesh axes give a "
+            "jax.sharding.PartitionSpec, e.g. P(None, 'y'), an ap.Layout or its "
+            "text, e.g. '[_,y]' (Layout.from_partition_spec converts)."
+        )
     if len(counts) != len(shape):
-        raise LayoutError(f"{what}: strategy {counts} has {len(counts)} entries but the value "
-                          f"has shape {tuple(shape)}; give one split count per dimension.")
+        raise LayoutError(
+            f"{what}: strategy {counts} has {len(counts)} entries but the value "
+            f"has shape {tuple(shape)}; give one split count per dimension."
+        )
     if math.prod(counts) > devices:
-        raise LayoutError(f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
-                          f"there are only {devices} devices; lower the split counts.")
+        raise LayoutError(
+            f"{what}: strategy {counts} splits into {math.prod(counts)} parts but "
+            f"there are only {devices} devices; lower the split counts."
+        )
     for i, (s, c) in enumerate(zip(shape, counts)):
         if s % c:
-            raise LayoutError(f"{what}: split count {c} does not divide dimension {i} of size "
-                              f"{s} (shape {tuple(shape)}); choose a divisor of {s}.")
+            raise LayoutError(
+                f"{what}: split count {c} does not divide dimension {i} of size "
+                f"{s} (shape {tuple(shape)}); choose a divisor of {s}."
+            )
     return tuple(int(c) for c in counts)
 
 
@@ -129,32 +148,45 @@ def spec_layout(spec, shape, mesh, what) -> Layout:
     if isinstance(spec, PartitionSpec):
         spec = Layout.from_partition_spec(spec, len(shape))
     if isinstance(spec, MeshTemplate):
-        raise LayoutError(f"{what}: {spec} is a device matrix, not a layout: call it with one "
-                          "alias per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))"
-                          "('dp', 'None').")
+        raise LayoutError(
+            f"{what}: {spec} is a device matrix, not a layout: call it with one "
+            "alias per tensor dimension, e.g. ap.Layout((2, 4), ('dp', 'mp'))"
+            "('dp', 'None')."
+        )
     if isinstance(spec, OperatorSpec):
         first = spec.resolve(mesh.size, what)
-        if not spec.repeat_left and not first.fits(mesh):   # a mesh of the user's: the
-            first = replace(spec, repeat_left=True).resolve(mesh.size, what)   # repeat first
+        if not spec.repeat_left and not first.fits(mesh):  # a mesh of the user's: the
+            first = replace(spec, repeat_left=True).resolve(mesh.size, what)  # repeat first
         spec = first
     if isinstance(spec, DeviceSpec):
         if len(spec.tensor_map) != len(shape):
-            raise LayoutError(f"{what}: {spec} has {len(spec.tensor_map)} tensor-map entries but "
-                              f"the value has shape {tuple(shape)}; give one per dimension.")
+            raise LayoutError(
+                f"{what}: {spec} has {len(spec.tensor_map)} tensor-map entries but "
+                f"the value has shape {tuple(shape)}; give one per dimension."
+            )
         spec = spec.to_layout(mesh, what)
     if not isinstance(spec, Layout):
         counts = check_counts(spec, shape, mesh.size, what)
         try:
             spec = Layout.from_strategy(counts, mesh)
         except LayoutError as e:
-            raise LayoutError(f"{what}: {e} With mesh_shape={mesh.shape} the counts must be products "
-                              "of distinct mesh axis sizes; for this split choose a mesh_shape "
-                              "that has such axes (e.g. (4, 2) for a 4-way split on 8 devices).") from None
-    spec = Layout(tuple(tuple(a for a in d if a not in mesh.axis_names or mesh.axis_size(a) > 1)
-                        for d in spec.dims), spec.partial)          # size-1 axes split nothing
+            raise LayoutError(
+                f"{what}: {e} With mesh_shape={mesh.shape} the counts must be products "
+                "of distinct mesh axis sizes; for this split choose a mesh_shape "
+                "that has such axes (e.g. (4, 2) for a 4-way split on 8 devices)."
+            ) from None
+    spec = Layout(
+        tuple(
+            tuple(a for a in d if a not in mesh.axis_names or mesh.axis_size(a) > 1)
+            for d in spec.dims
+        ),
+        spec.partial,
+    )  # size-1 axes split nothing
     if spec.partial:
-        raise LayoutError(f"{what}: layout {spec} is a partial sum; a user layout says how a whole "
-                          "value is split, so remove the sum{...} part.")
+        raise LayoutError(
+            f"{what}: layout {spec} is a partial sum; a user layout says how a whole "
+            "value is split, so remove the sum{...} part."
+        )
     return spec.check(shape, mesh, what)
 
 
@@ -163,60 +195,88 @@ def arg_layouts(config, mesh, graph, args, batch_argnums, in_strategy, names) ->
     leaf_arg = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
     layouts = {}
     ds = config.dataset_strategy
-    if mode is ParallelMode.DATA_PARALLEL or (mode is ParallelMode.HYBRID_PARALLEL and
-                                              ds in (None, "data_parallel")):
+    if mode is ParallelMode.DATA_PARALLEL or (
+        mode is ParallelMode.HYBRID_PARALLEL and ds in (None, "data_parallel")
+    ):
         axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
         for j, v in enumerate(graph.inputs):
             if leaf_arg[j] in batch_argnums and v.shape:
                 if v.shape[0] % mesh.size:
-                    raise LayoutError(f"data_parallel: batch argument {names[j][0]} has dimension 0 "
-                                      f"of size {v.shape[0]}, not divisible by device_num="
-                                      f"{mesh.size}; use a batch size that is a multiple of it (if "
-                                      f"argument {leaf_arg[j]} is not a batch, pass batch_argnums "
-                                      "naming only the batch arguments).")
+                    raise LayoutError(
+                        f"data_parallel: batch argument {names[j][0]} has dimension 0 "
+                        f"of size {v.shape[0]}, not divisible by device_num="
+                        f"{mesh.size}; use a batch size that is a multiple of it (if "
+                        f"argument {leaf_arg[j]} is not a batch, pass batch_argnums "
+                        "naming only the batch arguments)."
+                    )
                 layouts[j] = Layout((axes,) + ((),) * (len(v.shape) - 1))
     if mode is ParallelMode.STAND_ALONE or mesh.size == 1:
         return layouts
     if mode is ParallelMode.DATA_PARALLEL and ds not in (None, "data_parallel"):
-        raise ConfigError(f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
-                          "always splits the batch; use semi_auto_parallel or auto_parallel.")
-    free = (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL,
-            ParallelMode.HYBRID_PARALLEL)
+        raise ConfigError(
+            f"dataset_strategy={ds!r} with parallel_mode='data_parallel', which "
+            "always splits the batch; use semi_auto_parallel or auto_parallel."
+        )
+    free = (
+        ParallelMode.SEMI_AUTO_PARALLEL,
+        ParallelMode.AUTO_PARALLEL,
+        ParallelMode.HYBRID_PARALLEL,
+    )
     if ds is not None and mode in free:
         batch = [j for j, v in enumerate(graph.inputs) if leaf_arg[j] in batch_argnums]
         if isinstance(ds, tuple) and len(ds) != len(batch):
-            raise ConfigError(f"dataset_strategy has {len(ds)} entries but the step has "
-                              f"{len(batch)} batch leaves ({', '.join(names[j][0] for j in batch)}); "
-                              "give one split tuple per batch leaf.")
+            raise ConfigError(
+                f"dataset_strategy has {len(ds)} entries but the step has "
+                f"{len(batch)} batch leaves ({', '.join(names[j][0] for j in batch)}); "
+                "give one split tuple per batch leaf."
+            )
         for k, j in enumerate(batch):
             shape = graph.inputs[j].shape
-            spec = ds[k] if isinstance(ds, tuple) else (
-                (mesh.size,) + (1,) * (len(shape) - 1) if ds == "data_parallel" and shape
-                else (1,) * len(shape))
+            spec = (
+                ds[k]
+                if isinstance(ds, tuple)
+                else (
+                    (mesh.size,) + (1,) * (len(shape) - 1)
+                    if ds == "data_parallel" and shape
+                    else (1,) * len(shape)
+                )
+            )
             layouts[j] = spec_layout(spec, shape, mesh, f"dataset_strategy of {names[j][0]}")
     if in_strategy is not None and mode in free:
         if len(in_strategy) != len(args):
-            raise LayoutError(f"in_strategy has {len(in_strategy)} entries for {len(args)} "
-                              "arguments; give one per argument (None for 'no constraint').")
-        is_leaf = lambda x: x is None or isinstance(x, (Layout, str, DeviceSpec,
-                                                        PartitionSpec)) or (
-            isinstance(x, tuple) and all(isinstance(c, (int, float)) for c in x))
+            raise LayoutError(
+                f"in_strategy has {len(in_strategy)} entries for {len(args)} "
+                "arguments; give one per argument (None for 'no constraint')."
+            )
+        is_leaf = lambda x: (
+            x is None
+            or isinstance(x, (Layout, str, DeviceSpec, PartitionSpec))
+            or (isinstance(x, tuple) and all(isinstance(c, (int, float)) for c in x))
+        )
         j = 0
         for a, spec in zip(args, in_strategy):
-            try:   # spec is a prefix of the argument: one entry covers a whole subtree
-                per_leaf = jax.tree.map(lambda s, sub: _Covers(s, len(jax.tree.leaves(sub))),
-                                        spec, a, is_leaf=is_leaf)
+            try:  # spec is a prefix of the argument: one entry covers a whole subtree
+                per_leaf = jax.tree.map(
+                    lambda s, sub: _Covers(s, len(jax.tree.leaves(sub))), spec, a, is_leaf=is_leaf
+                )
             except ValueError as e:
                 named = isinstance(spec, tuple) and any(isinstance(x, str) for x in spec)
                 raise LayoutError(
                     f"in_strategy entry {spec!r} does not match the structure of its argument"
-                    + (f"; to split by mesh axis names write a PartitionSpec, "
-                       f"P{spec!r}, or a layout's text like '[x,_]'" if named else "")
-                    + f": {str(e).splitlines()[0]}") from None
+                    + (
+                        f"; to split by mesh axis names write a PartitionSpec, "
+                        f"P{spec!r}, or a layout's text like '[x,_]'"
+                        if named
+                        else ""
+                    )
+                    + f": {str(e).splitlines()[0]}"
+                ) from None
             specs = [s for group in jax.tree.leaves(per_leaf) for s in group.specs()]
             for s in specs:
                 if s is not None:
-                    layouts[j] = spec_layout(s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}")
+                    layouts[j] = spec_layout(
+                        s, graph.inputs[j].shape, mesh, f"in_strategy of {names[j][0]}"
+                    )
                 j += 1
     return layouts
 
@@ -235,9 +295,13 @@ class _Covers:
 def fixed_layouts(config, mesh, graph) -> dict:
     if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
         return {}
-    return {n.id: spec_layout(n.params["spec"], n.outputs[0].shape, mesh,
-                               f"ap.shard at {n.source or n.name}")
-            for n in graph.nodes if n.prim == shard_p.name}
+    return {
+        n.id: spec_layout(
+            n.params["spec"], n.outputs[0].shape, mesh, f"ap.shard at {n.source or n.name}"
+        )
+        for n in graph.nodes
+        if n.prim == shard_p.name
+    }
 
 
 def default_batch(graph) -> tuple:
@@ -246,11 +310,14 @@ def default_batch(graph) -> tuple:
     through) and that is not a PRNG key (``_key_like``), so ``step(params, opt_state, batch)``
     and ``step(params, batch, key)`` split the batch alone; every argument after the first if
     that leaves none."""
-    args = [jax.tree.leaves(a) for a in jax.tree.unflatten(graph.in_tree,
-                                                           range(len(graph.inputs)))]
+    args = [jax.tree.leaves(a) for a in jax.tree.unflatten(graph.in_tree, range(len(graph.inputs)))]
     state = {i for i, _ in state_pairs(graph)}
-    batch = tuple(a for a in range(1, len(args)) if not (args[a] and set(args[a]) <= state)
-                  and not (args[a] and all(_key_like(graph.inputs[j]) for j in args[a])))
+    batch = tuple(
+        a
+        for a in range(1, len(args))
+        if not (args[a] and set(args[a]) <= state)
+        and not (args[a] and all(_key_like(graph.inputs[j]) for j in args[a]))
+    )
     return batch or tuple(range(1, len(args)))
 
 
@@ -274,8 +341,14 @@ def state_pairs(graph) -> tuple:
         o_leaves, o_tree = jax.tree.flatten(out)
         for a, arg in enumerate(args):
             a_leaves, a_tree = jax.tree.flatten(arg)
-            if a not in used and a_tree == o_tree and all(
-                    typ(graph.inputs[i]) == typ(graph.outputs[j]) for i, j in zip(a_leaves, o_leaves)):
+            if (
+                a not in used
+                and a_tree == o_tree
+                and all(
+                    typ(graph.inputs[i]) == typ(graph.outputs[j])
+                    for i, j in zip(a_leaves, o_leaves)
+                )
+            ):
                 used.add(a)
                 pairs += zip(a_leaves, o_leaves)
                 break

@@ -18,15 +18,16 @@ autopar lowers each to one collective of its runtimes:
 As in ``jax.lax``, ``op="max"``/``"min"`` have no derivative (apply them to
 ``jax.lax.stop_gradient`` values inside a differentiated function). Called outside such a step (no mesh axis of that name is bound) they raise ``ConfigError``.
 """
+
 from __future__ import annotations
 
 from jax import lax
 
 from .errors import ConfigError
 
-try:                                          # JAX >= 0.6; not in jax.lax's public names yet
+try:  # JAX >= 0.6; not in jax.lax's public names yet
     from jax._src.lax.parallel import all_gather_invariant as _gather
-except ImportError:                           # pragma: no cover - older JAX
+except ImportError:  # pragma: no cover - older JAX
     _gather = lax.all_gather
 
 _REDUCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
@@ -39,13 +40,16 @@ def _bound(what, axis, call):
         raise ConfigError(
             f"ap.comm.{what} over axis {axis!r}: {e}. ap.comm collectives run inside a step "
             "compiled with parallel_mode='hybrid_parallel' whose mesh has that axis (see "
-            "mesh_shape / mesh_axis_names).") from None
+            "mesh_shape / mesh_axis_names)."
+        ) from None
 
 
 def all_reduce(x, axis, op: str = "sum"):
     if op not in _REDUCE:
-        raise ConfigError(f"ap.comm.all_reduce: op={op!r} is not valid; choose one of "
-                          f"{', '.join(map(repr, _REDUCE))}.")
+        raise ConfigError(
+            f"ap.comm.all_reduce: op={op!r} is not valid; choose one of "
+            f"{', '.join(map(repr, _REDUCE))}."
+        )
     return _bound("all_reduce", axis, lambda: _REDUCE[op](x, axis))
 
 
@@ -58,13 +62,17 @@ def all_gather(x, axis, dim: int = 0):
 
 
 def reduce_scatter(x, axis, dim: int = 0):
-    return _bound("reduce_scatter", axis,
-                  lambda: lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True))
+    return _bound(
+        "reduce_scatter", axis, lambda: lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
+    )
 
 
 def all_to_all(x, axis, split_dim: int, concat_dim: int):
-    return _bound("all_to_all", axis, lambda: lax.all_to_all(
-        x, axis, split_axis=split_dim, concat_axis=concat_dim, tiled=True))
+    return _bound(
+        "all_to_all",
+        axis,
+        lambda: lax.all_to_all(x, axis, split_axis=split_dim, concat_axis=concat_dim, tiled=True),
+    )
 
 
 def axis_index(axis):

@@ -24,6 +24,7 @@ runs whose sizes multiply to the device matrix's dimensions: both number ranks r
 the ranks agree), and ``refining_mesh(matrices, n)``, the coarsest mesh refining every given
 device matrix (its cut points are the union of theirs; ``LayoutError`` when they cross).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,11 @@ from .mesh import LogicalMesh
 
 
 def _ints(xs) -> bool:
-    return isinstance(xs, (tuple, list)) and len(xs) > 0 and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in xs)
+    return (
+        isinstance(xs, (tuple, list))
+        and len(xs) > 0
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+    )
 
 
 @dataclass(frozen=True)
@@ -53,15 +57,19 @@ class DeviceSpec:
         if not _ints(dm) or min(dm) < 1:
             raise LayoutError(f"device matrix {dm} must be a tuple of sizes >= 1, e.g. (2, 4).")
         used = [k for t in tmap for k in (t if isinstance(t, tuple) else (t,)) if k != -1]
-        if any(not isinstance(k, int) or not 0 <= k < len(dm) for k in used) or \
-                len(set(used)) != len(used):
-            raise LayoutError(f"tensor map {tmap} on device matrix {dm}: entries are -1 or "
-                              f"device-matrix dimensions 0..{len(dm) - 1} counted from the "
-                              "right, each used once.")
+        if any(not isinstance(k, int) or not 0 <= k < len(dm) for k in used) or len(
+            set(used)
+        ) != len(used):
+            raise LayoutError(
+                f"tensor map {tmap} on device matrix {dm}: entries are -1 or "
+                f"device-matrix dimensions 0..{len(dm) - 1} counted from the "
+                "right, each used once."
+            )
 
     @staticmethod
-    def of_tuple(counts, n: int, what: str = "strategy", repeat_right: bool = False,
-                 lead: tuple = ()) -> "DeviceSpec":
+    def of_tuple(
+        counts, n: int, what: str = "strategy", repeat_right: bool = False, lead: tuple = ()
+    ) -> DeviceSpec:
         """MindSpore's layout of one tensor's split tuple by itself on ``n`` devices (a cell's
         ``shard``, a tensor's strategy): device matrix ``[n / product] + counts`` (the repeat
         left out when 1; ``repeat_right``: ``counts + [n / product]``, an operator's), dimension
@@ -72,13 +80,16 @@ class DeviceSpec:
             raise LayoutError(f"{what}: strategy {counts} must hold integer split counts >= 1.")
         used = math.prod(counts) * math.prod(lead)
         if n % used:
-            raise LayoutError(f"{what}: strategy {counts} splits into {used} parts, which does "
-                              f"not divide the {n} devices.")
+            raise LayoutError(
+                f"{what}: strategy {counts} splits into {used} parts, which does "
+                f"not divide the {n} devices."
+            )
         rep = (n // used,) if n > used else ()
         shift = len(rep) if repeat_right else 0
-        return DeviceSpec(lead + counts + rep if repeat_right else rep + lead + counts,
-                          tuple(len(counts) - 1 - i + shift if c > 1 else -1
-                                for i, c in enumerate(counts)))
+        return DeviceSpec(
+            lead + counts + rep if repeat_right else rep + lead + counts,
+            tuple(len(counts) - 1 - i + shift if c > 1 else -1 for i, c in enumerate(counts)),
+        )
 
     def __str__(self) -> str:
         return f"dev{list(self.dev_matrix)} map{[list(t) if isinstance(t, tuple) else t for t in self.tensor_map]}"
@@ -86,8 +97,10 @@ class DeviceSpec:
     def counts(self) -> tuple:
         """MindSpore's split tuple of the tensor."""
         dm = self.dev_matrix
-        return tuple(math.prod(dm[len(dm) - 1 - k] for k in (t if isinstance(t, tuple) else (t,))
-                               if k != -1) for t in self.tensor_map)
+        return tuple(
+            math.prod(dm[len(dm) - 1 - k] for k in (t if isinstance(t, tuple) else (t,)) if k != -1)
+            for t in self.tensor_map
+        )
 
     def fits(self, mesh: LogicalMesh) -> bool:
         """Whether ``mesh`` refines the device matrix (``to_layout`` can place it)."""
@@ -100,17 +113,28 @@ class DeviceSpec:
     def to_layout(self, mesh: LogicalMesh, what: str = "layout") -> Layout:
         runs = _runs(self.dev_matrix, mesh, what)
         dm = self.dev_matrix
-        return Layout(tuple(tuple(a for k in (t if isinstance(t, tuple) else (t,)) if k != -1
-                                  for a in runs[len(dm) - 1 - k]) for t in self.tensor_map))
+        return Layout(
+            tuple(
+                tuple(
+                    a
+                    for k in (t if isinstance(t, tuple) else (t,))
+                    if k != -1
+                    for a in runs[len(dm) - 1 - k]
+                )
+                for t in self.tensor_map
+            )
+        )
 
 
 def _runs(dev_matrix, mesh: LogicalMesh, what) -> list:
     """Per device-matrix dimension, the mesh axes (in order) whose sizes multiply to it."""
     if math.prod(dev_matrix) != mesh.size:
-        raise LayoutError(f"{what}: device matrix {tuple(dev_matrix)} holds "
-                          f"{math.prod(dev_matrix)} devices but the mesh {mesh} has {mesh.size}; "
-                          "a device matrix covers every device (MindSpore's repeat dimension "
-                          "included).")
+        raise LayoutError(
+            f"{what}: device matrix {tuple(dev_matrix)} holds "
+            f"{math.prod(dev_matrix)} devices but the mesh {mesh} has {mesh.size}; "
+            "a device matrix covers every device (MindSpore's repeat dimension "
+            "included)."
+        )
     axes = [(a, s) for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
     runs, i = [], 0
     for d in dev_matrix:
@@ -124,7 +148,8 @@ def _runs(dev_matrix, mesh: LogicalMesh, what) -> list:
                 f"{what}: device matrix {tuple(dev_matrix)} does not fit the mesh {mesh}: its "
                 f"dimension of size {d} is not a run of whole mesh axes. Leave mesh_shape out "
                 "(autopar then builds the mesh from the device matrices used) or choose one "
-                "whose axes, in order, group into the device matrix's dimensions.")
+                "whose axes, in order, group into the device matrix's dimensions."
+            )
         runs.append(tuple(run))
     return runs
 
@@ -135,8 +160,9 @@ def refining_mesh(matrices, n: int) -> tuple:
     cuts = {1, n}
     for dm in matrices:
         if math.prod(dm) != n:
-            raise LayoutError(f"device matrix {tuple(dm)} holds {math.prod(dm)} devices, not "
-                              f"device_num={n}.")
+            raise LayoutError(
+                f"device matrix {tuple(dm)} holds {math.prod(dm)} devices, not device_num={n}."
+            )
         stride = 1
         for d in reversed(dm):
             stride *= d
@@ -147,28 +173,36 @@ def refining_mesh(matrices, n: int) -> tuple:
             raise LayoutError(
                 f"device matrices {sorted({tuple(m) for m in matrices})} cut the {n} devices "
                 f"at strides {a} and {b}, which no single mesh holds (neither divides the "
-                "other); give mesh_shape and ap.Layouts naming its axes instead.")
+                "other); give mesh_shape and ap.Layouts naming its axes instead."
+            )
     return tuple(b // a for a, b in reversed(list(zip(chain, chain[1:]))))
 
 
-INTERLEAVED = "interleaved_parallel"     # MindSpore's alias for an in-device (virtual) split
+INTERLEAVED = "interleaved_parallel"  # MindSpore's alias for an in-device (virtual) split
 
 
 @dataclass(frozen=True)
 class MeshTemplate:
     """``ap.Layout(device_matrix, alias_names)``: call it with one entry per tensor
     dimension (an alias, "None", or a tuple of aliases) for that tensor's DeviceSpec."""
+
     dev_matrix: tuple
     names: tuple
 
     def __post_init__(self):
         object.__setattr__(self, "dev_matrix", tuple(self.dev_matrix))
         object.__setattr__(self, "names", tuple(self.names))
-        if len(self.names) != len(self.dev_matrix) or len(set(self.names)) != len(self.names) \
-                or "None" in self.names or not all(isinstance(a, str) for a in self.names):
-            raise LayoutError(f"ap.Layout({self.dev_matrix}, {self.names}): give one distinct "
-                              "alias name (not 'None') per device-matrix dimension, e.g. "
-                              "ap.Layout((2, 4), ('dp', 'mp')).")
+        if (
+            len(self.names) != len(self.dev_matrix)
+            or len(set(self.names)) != len(self.names)
+            or "None" in self.names
+            or not all(isinstance(a, str) for a in self.names)
+        ):
+            raise LayoutError(
+                f"ap.Layout({self.dev_matrix}, {self.names}): give one distinct "
+                "alias name (not 'None') per device-matrix dimension, e.g. "
+                "ap.Layout((2, 4), ('dp', 'mp'))."
+            )
 
     def __call__(self, *dims) -> DeviceSpec:
         """The tensor's DeviceSpec. MindSpore's ``interleaved_parallel`` alias is not a device
@@ -187,17 +221,25 @@ class MeshTemplate:
                 if a == "None":
                     continue
                 if a not in self.names:
-                    raise LayoutError(f"ap.Layout{(self.dev_matrix, self.names)}{dims}: {a!r} "
-                                      f"is not one of its aliases {self.names} (or 'None').")
+                    raise LayoutError(
+                        f"ap.Layout{(self.dev_matrix, self.names)}{dims}: {a!r} "
+                        f"is not one of its aliases {self.names} (or 'None')."
+                    )
                 if a == INTERLEAVED:
                     import warnings
+
                     from .errors import AutoparWarning
-                    warnings.warn(f"ap.Layout{(self.dev_matrix, self.names)}{dims}: in "
-                                  "MindSpore, interleaved_parallel runs the operator in "
-                                  f"{self.dev_matrix[self.names.index(a)]} slices one after "
-                                  "another on each device to overlap their communication; "
-                                  "autopar runs it whole (the layout across devices is the "
-                                  "same).", AutoparWarning, stacklevel=2)
+
+                    warnings.warn(
+                        f"ap.Layout{(self.dev_matrix, self.names)}{dims}: in "
+                        "MindSpore, interleaved_parallel runs the operator in "
+                        f"{self.dev_matrix[self.names.index(a)]} slices one after "
+                        "another on each device to overlap their communication; "
+                        "autopar runs it whole (the layout across devices is the "
+                        "same).",
+                        AutoparWarning,
+                        stacklevel=2,
+                    )
                     continue
                 ks.append(n - 1 - names.index(a))
             tmap.append(-1 if not ks else ks[0] if len(ks) == 1 else tuple(ks))
@@ -215,30 +257,39 @@ class OperatorSpec:
     annotation around more than one operator keeps one letter per dimension of each operand,
     each operand then on its own device matrix (its tuple + [repeat], as the one MindSpore
     operator such a function stands for, a Softmax say, lays it out)."""
+
     counts: tuple
     operand: int
     group: int
     out: tuple | None = None
     letters: tuple | None = None
     out_letters: tuple = ()
-    repeat_left: bool = False    # the repeat leftmost (MindSpore's Gather splitting its axis)
-    lead: tuple = ()             # device-matrix dimensions before this operand's own (a
-                                 # Gather's index splits, for its table)
+    repeat_left: bool = False  # the repeat leftmost (MindSpore's Gather splitting its axis)
+    lead: tuple = ()  # device-matrix dimensions before this operand's own (a
+    # Gather's index splits, for its table)
 
     def __str__(self) -> str:
         tuples = self.out if self.operand < 0 else self.counts[self.operand]
         return f"{'out' if self.operand < 0 else 'in'}_strategy {tuples} of {self.counts}"
 
-    def with_letters(self, letters, out_letters=(), repeat_left=False) -> "OperatorSpec":
-        return replace(self, letters=tuple(tuple(l) for l in letters),
-                       out_letters=tuple(out_letters), repeat_left=repeat_left)
+    def with_letters(self, letters, out_letters=(), repeat_left=False) -> OperatorSpec:
+        return replace(
+            self,
+            letters=tuple(tuple(l) for l in letters),
+            out_letters=tuple(out_letters),
+            repeat_left=repeat_left,
+        )
 
     def resolve(self, n: int, what: str = "strategy") -> DeviceSpec:
         """The operand's DeviceSpec on ``n`` devices (letters filled in)."""
-        if self.letters is None:                    # this operand alone: tuple + [repeat]
-            return DeviceSpec.of_tuple(self.out if self.operand < 0 else
-                                       self.counts[self.operand], n, what,
-                                       repeat_right=not self.repeat_left, lead=self.lead)
+        if self.letters is None:  # this operand alone: tuple + [repeat]
+            return DeviceSpec.of_tuple(
+                self.out if self.operand < 0 else self.counts[self.operand],
+                n,
+                what,
+                repeat_right=not self.repeat_left,
+                lead=self.lead,
+            )
         split, order = {}, []
         for letters, counts in zip(self.letters, self.counts):
             if counts is None:
@@ -246,28 +297,36 @@ class OperatorSpec:
             for letter, c in zip(letters, counts):
                 if not letter:
                     if c != 1:
-                        raise LayoutError(f"{what}: split count {c} on a dimension the operator "
-                                          "cannot split; use 1 there.")
+                        raise LayoutError(
+                            f"{what}: split count {c} on a dimension the operator "
+                            "cannot split; use 1 there."
+                        )
                     continue
                 if split.setdefault(letter, c) != c:
-                    raise LayoutError(f"{what}: {self.counts} splits one loop of the operator "
-                                      f"two ways ({split[letter]} and {c}); the operands' "
-                                      "dimensions it shares must have equal counts (MindSpore "
-                                      "checks the same).")
+                    raise LayoutError(
+                        f"{what}: {self.counts} splits one loop of the operator "
+                        f"two ways ({split[letter]} and {c}); the operands' "
+                        "dimensions it shares must have equal counts (MindSpore "
+                        "checks the same)."
+                    )
                 if letter not in order:
                     order.append(letter)
         order = [l for l in order if split[l] > 1] or order[:1]
         used = math.prod(split[l] for l in order)
         if n % used:
-            raise LayoutError(f"{what}: {self.counts} splits into {used} parts, which does not "
-                              f"divide the {n} devices.")
+            raise LayoutError(
+                f"{what}: {self.counts} splits into {used} parts, which does not "
+                f"divide the {n} devices."
+            )
         rep, loops = ((n // used,) if n > used else ()), tuple(split[l] for l in order)
         right = not self.repeat_left
         dm = loops + rep if right else rep + loops
         index = {l: len(order) - 1 - i + (len(rep) if right else 0) for i, l in enumerate(order)}
         if self.operand >= 0:
-            return DeviceSpec(dm, tuple(index[l] if l and split[l] > 1 else -1
-                                        for l in self.letters[self.operand]))
+            return DeviceSpec(
+                dm,
+                tuple(index[l] if l and split[l] > 1 else -1 for l in self.letters[self.operand]),
+            )
         return DeviceSpec(dm, self._out_map(split, index, what))
 
     def _out_map(self, split, index, what) -> tuple:
@@ -282,9 +341,11 @@ class OperatorSpec:
             if c != own:
                 extra = next((l for l in spare if own * split[l] == c), None)
                 if extra is None:
-                    raise LayoutError(f"{what}: out_strategy {self.out} gives {c} where the "
-                                      f"operator's device matrix splits that dimension {own} "
-                                      "ways (or that times a reduced loop's count).")
+                    raise LayoutError(
+                        f"{what}: out_strategy {self.out} gives {c} where the "
+                        f"operator's device matrix splits that dimension {own} "
+                        "ways (or that times a reduced loop's count)."
+                    )
                 spare.remove(extra)
                 ks.append(index[extra])
             tmap.append(-1 if not ks else ks[0] if len(ks) == 1 else tuple(ks))

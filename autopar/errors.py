@@ -3,6 +3,7 @@
 In: nothing. Out: exception classes rooted at ``AutoparError``. Messages say what went wrong,
 where (operator, value, shapes, mesh) and how to fix it.
 """
+
 from __future__ import annotations
 
 
@@ -55,8 +56,9 @@ class WorkerError(AutoparError, RuntimeError):
     ``kind`` the exception's type name and ``traceback`` the worker's formatted traceback (also
     at the end of the message)."""
 
-    def __init__(self, message: str, rank: int | None = None, kind: str | None = None,
-                 traceback: str = ""):
+    def __init__(
+        self, message: str, rank: int | None = None, kind: str | None = None, traceback: str = ""
+    ):
         super().__init__(message)
         self.rank, self.kind, self.traceback = rank, kind, traceback
 

@@ -6,6 +6,7 @@ unchanged. Planning uses layouts, meshes, topologies and candidates as dictionar
 of times on a large model, where rehashing their nested tuples each time was a tenth of the
 planning time. The kept hash is never pickled: string hashes differ between processes.
 """
+
 from __future__ import annotations
 
 import dataclasses

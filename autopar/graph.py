@@ -5,6 +5,7 @@ In: built by ``autopar.trace``. Out: ``Graph`` with ``Value`` (shape, dtype), ``
 order, use lists, and ``str(graph)``: a stable printed form for golden tests, e.g.
 ``%3:f32[8,32] = dot_general(%0, %1) {dimension_numbers=...}``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,9 +14,18 @@ from typing import Any
 
 import numpy as np
 
-_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
-          "int32": "i32", "int64": "i64", "int8": "i8", "uint8": "u8", "uint32": "u32",
-          "bool": "bool"}
+_SHORT = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int32": "i32",
+    "int64": "i64",
+    "int8": "i8",
+    "uint8": "u8",
+    "uint32": "u32",
+    "bool": "bool",
+}
 
 
 def type_str(shape, dtype) -> str:
@@ -25,6 +35,7 @@ def type_str(shape, dtype) -> str:
 @dataclass(frozen=True)
 class Value:
     """An SSA value: produced by one node (or a graph input), read by any number of nodes."""
+
     id: int
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -40,6 +51,7 @@ class Value:
 @dataclass(frozen=True, eq=False)
 class Const:
     """A literal or an array captured by the traced function; always available everywhere."""
+
     value: Any
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -53,16 +65,17 @@ class Const:
 @dataclass(frozen=True, eq=False)
 class Node:
     """One primitive application. ``params`` are the JAX primitive's own parameters."""
+
     id: int
     primitive: Any
     inputs: tuple
     outputs: tuple[Value, ...]
     params: dict
     source: str = ""
-    scope: str = ""          # JAX's name stack: jax.named_scope / ap.pipeline_stage names, with
-                             # jvp(...) / transpose(jvp(...)) around them for derivatives
-    backward: bool = False   # part of a derivative (traced under JAX's transpose(...)): set
-                             # once by the trace, read by stage assignment and pipelining
+    scope: str = ""  # JAX's name stack: jax.named_scope / ap.pipeline_stage names, with
+    # jvp(...) / transpose(jvp(...)) around them for derivatives
+    backward: bool = False  # part of a derivative (traced under JAX's transpose(...)): set
+    # once by the trace, read by stage assignment and pipelining
 
     @property
     def prim(self) -> str:
@@ -77,8 +90,10 @@ class Node:
         """What the operator computes, without value ids: primitive, parameters and operand and
         result types (constants marked). Nodes with equal signatures have the same candidates,
         costs and memory, which lets planning reuse work across repeated layers."""
-        ins = ",".join(_const_sig(x) if isinstance(x, Const) else type_str(x.shape, x.dtype)
-                       for x in self.inputs)
+        ins = ",".join(
+            _const_sig(x) if isinstance(x, Const) else type_str(x.shape, x.dtype)
+            for x in self.inputs
+        )
         outs = ",".join(type_str(v.shape, v.dtype) for v in self.outputs)
         ps = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()) if v is not None)
         return f"{self.prim}({ins})->{outs}{{{ps}}}"
@@ -86,8 +101,11 @@ class Node:
     def __str__(self) -> str:
         outs = ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.outputs)
         ins = ", ".join(str(i) for i in self.inputs)
-        ps = ", ".join(f"{k}={_param_str(v)}" for k, v in sorted(self.params.items())
-                       if k not in _HIDDEN_PARAMS and v is not None)
+        ps = ", ".join(
+            f"{k}={_param_str(v)}"
+            for k, v in sorted(self.params.items())
+            if k not in _HIDDEN_PARAMS and v is not None
+        )
         return f"{outs} = {self.prim}({ins})" + (f" {{{ps}}}" if ps else "")
 
 
@@ -99,9 +117,18 @@ def _const_sig(c: Const) -> str:
     return f"const:{type_str(c.shape, c.dtype)}" + (":0" if not np.any(np.asarray(c.value)) else "")
 
 
-_HIDDEN_PARAMS = {"sharding", "out_sharding", "precision", "preferred_element_type",
-                  "accumulation_type", "mode", "unique_indices", "indices_are_sorted",
-                  "update_jaxpr", "update_consts"}
+_HIDDEN_PARAMS = {
+    "sharding",
+    "out_sharding",
+    "precision",
+    "preferred_element_type",
+    "accumulation_type",
+    "mode",
+    "unique_indices",
+    "indices_are_sorted",
+    "update_jaxpr",
+    "update_consts",
+}
 
 
 def _param_str(v) -> str:
@@ -112,15 +139,15 @@ def _param_str(v) -> str:
 @dataclass(frozen=True, eq=False)
 class Graph:
     inputs: tuple[Value, ...]
-    outputs: tuple            # Value or Const
+    outputs: tuple  # Value or Const
     nodes: tuple[Node, ...]
     in_tree: Any = None
     out_tree: Any = None
-    producer: dict = field(default_factory=dict, repr=False)   # value id -> Node
-    users: dict = field(default_factory=dict, repr=False)      # value id -> [(Node, input index)]
+    producer: dict = field(default_factory=dict, repr=False)  # value id -> Node
+    users: dict = field(default_factory=dict, repr=False)  # value id -> [(Node, input index)]
 
     @staticmethod
-    def build(inputs, outputs, nodes, in_tree=None, out_tree=None) -> "Graph":
+    def build(inputs, outputs, nodes, in_tree=None, out_tree=None) -> Graph:
         producer, users = {}, {v.id: [] for v in inputs}
         for n in nodes:
             for i, x in enumerate(n.inputs):
@@ -129,7 +156,9 @@ class Graph:
             for v in n.outputs:
                 producer[v.id] = n
                 users[v.id] = []
-        return Graph(tuple(inputs), tuple(outputs), tuple(nodes), in_tree, out_tree, producer, users)
+        return Graph(
+            tuple(inputs), tuple(outputs), tuple(nodes), in_tree, out_tree, producer, users
+        )
 
     def dependents(self, positions) -> frozenset:
         """The ids of the graph inputs at ``positions`` and of every node output computed from
@@ -146,7 +175,9 @@ class Graph:
             yield from n.outputs
 
     def __str__(self) -> str:
-        lines = ["graph(" + ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.inputs) + ") {"]
+        lines = [
+            "graph(" + ", ".join(f"{v}:{type_str(v.shape, v.dtype)}" for v in self.inputs) + ") {"
+        ]
         lines += [f"  {n}" for n in self.nodes]
         lines.append("  return " + ", ".join(str(o) for o in self.outputs))
         lines.append("}")

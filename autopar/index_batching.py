@@ -15,9 +15,8 @@ In: a gather or scatter equation (``rewrite(eqn, ins, made)``: its operands as g
 binds the same primitive with the aligned columns as batching dimensions; the same values for
 every index, in every indexing mode (aligned positions are always in bounds).
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,13 +25,22 @@ from jax import lax
 from .graph import Const, Value
 
 GATHERS = {"gather"}
-MAX_CONST = 1 << 20          # larger captured index constants are not inspected
-SCATTERS = {"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
-            "scatter-min", "scatter_min", "scatter-max", "scatter_max"}
+MAX_CONST = 1 << 20  # larger captured index constants are not inspected
+SCATTERS = {
+    "scatter",
+    "scatter-add",
+    "scatter_add",
+    "scatter-mul",
+    "scatter_mul",
+    "scatter-min",
+    "scatter_min",
+    "scatter-max",
+    "scatter_max",
+}
 INDEXING = GATHERS | SCATTERS
 
 
-def iota_dim(x, made) -> Optional[int]:
+def iota_dim(x, made) -> int | None:
     """The dimension ``d`` for which ``x[i] == i[d]`` at every position ``i`` (an ``iota`` or a
     constant holding its positions, broadcast, converted to another integer type, or passed
     through jnp's negative-index wrap ``select_n(x < 0, x, x + n)``), or None where that is not
@@ -53,17 +61,21 @@ def iota_dim(x, made) -> Optional[int]:
             return None
         d = node.params["broadcast_dimensions"][e]
         return d if ins[0].shape[e] == x.shape[d] else None
-    if p == "select_n" and len(ins) == 3:       # case 0, x itself, wherever x >= 0
+    if p == "select_n" and len(ins) == 3:  # case 0, x itself, wherever x >= 0
         pred = made.get(ins[0].id) if isinstance(ins[0], Value) else None
         never = isinstance(ins[0], Const) and not np.any(np.asarray(ins[0].value))
-        if never or (pred is not None and pred.prim == "lt" and pred.inputs[0] is ins[1]
-                     and isinstance(pred.inputs[1], Const)
-                     and np.all(np.asarray(pred.inputs[1].value) == 0)):
+        if never or (
+            pred is not None
+            and pred.prim == "lt"
+            and pred.inputs[0] is ins[1]
+            and isinstance(pred.inputs[1], Const)
+            and np.all(np.asarray(pred.inputs[1].value) == 0)
+        ):
             return iota_dim(ins[1], made)
     return None
 
 
-def _positions(a) -> Optional[int]:
+def _positions(a) -> int | None:
     """The first dimension (of size > 1) along which constant ``a`` holds its positions
     (``np.arange(B)[:, None]``, a NumPy index the step captured), or None."""
     if a.size > MAX_CONST or not np.issubdtype(a.dtype, np.integer):
@@ -79,8 +91,11 @@ def _columns(indices, made):
     """The pieces of the index vector (last dimension) as (value, width): a concatenate's
     operands, or the whole index array."""
     node = made.get(indices.id) if isinstance(indices, Value) else None
-    if node is not None and node.prim == "concatenate" and \
-            node.params["dimension"] == len(indices.shape) - 1:
+    if (
+        node is not None
+        and node.prim == "concatenate"
+        and node.params["dimension"] == len(indices.shape) - 1
+    ):
         return [(v, v.shape[-1]) for v in node.inputs]
     return [(indices, indices.shape[-1])]
 
@@ -100,37 +115,47 @@ def rewrite(eqn, ins, made):
     for v, width in pieces:
         d = iota_dim(v, made) if width == 1 and isinstance(v, (Value, Const)) else None
         od = index_map[k] if d is not None else None
-        if (d is not None and d < len(indices.shape) - 1 and od in dropped
-                and operand.shape[od] == indices.shape[d] and d not in batch.values()):
+        if (
+            d is not None
+            and d < len(indices.shape) - 1
+            and od in dropped
+            and operand.shape[od] == indices.shape[d]
+            and d not in batch.values()
+        ):
             batch[od] = d
         else:
             keep.append((v, k, width))
         k += width
     if len(batch) == len(dn.operand_batching_dims) or not keep:
         return None
-    kept_map = tuple(m for _, k, w in keep for m in index_map[k:k + w])
+    kept_map = tuple(m for _, k, w in keep for m in index_map[k : k + w])
     pairs = sorted(batch.items())
-    common = dict(operand_batching_dims=tuple(o for o, _ in pairs))
+    common = {"operand_batching_dims": tuple(o for o, _ in pairs)}
     if scatter:
         dnums = lax.ScatterDimensionNumbers(
             update_window_dims=dn.update_window_dims,
             inserted_window_dims=tuple(d for d in dropped if d not in batch),
             scatter_dims_to_operand_dims=kept_map,
-            scatter_indices_batching_dims=tuple(i for _, i in pairs), **common)
+            scatter_indices_batching_dims=tuple(i for _, i in pairs),
+            **common,
+        )
     else:
         dnums = lax.GatherDimensionNumbers(
             offset_dims=dn.offset_dims,
             collapsed_slice_dims=tuple(d for d in dropped if d not in batch),
             start_index_map=kept_map,
-            start_indices_batching_dims=tuple(i for _, i in pairs), **common)
+            start_indices_batching_dims=tuple(i for _, i in pairs),
+            **common,
+        )
     params = dict(eqn.params, dimension_numbers=dnums)
     columns = [v for v, _, _ in keep]
     rest = list(ins[2:])
     prim = eqn.primitive
 
     def fn(op, *more):
-        cols, tail = more[:len(columns)], more[len(columns):]
+        cols, tail = more[: len(columns)], more[len(columns) :]
         idx = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
         out = prim.bind(op, idx, *tail, **params)
         return list(out) if prim.multiple_results else [out]
+
     return fn, [operand, *columns, *rest]

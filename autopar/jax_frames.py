@@ -6,6 +6,7 @@ Called by whatever traces JAX code: the tracer (``autopar.trace``: ``ap.shard`` 
 and a worker's whole-step or pipeline-stage executable (``runtime.native_step.Tracer``), whose
 HLO would otherwise name the worker's own frames (the forkserver, the loader) in its
 metadata."""
+
 import functools
 import os
 
@@ -13,4 +14,5 @@ import os
 @functools.cache
 def hide_autopar_frames() -> None:
     from jax._src import source_info_util
+
     source_info_util.register_exclusion(os.path.dirname(os.path.abspath(__file__)))

@@ -14,6 +14,7 @@ those the one with the fewest axes wins, then the one whose axis indices are lex
 smallest. So on mesh ``(x=2, y=4)``: ``(2, 4)`` -> ``[x,y]``, ``(8, 1)`` -> ``[(x,y),_]``,
 ``(4, 2)`` -> ``[y,x]``, ``(1, 4)`` -> ``[_,y]``. A layout never communicates.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,9 +41,13 @@ class Layout:
         matrix and an alias per dimension, and its ``rank_list`` when that is the devices in
         order) returns a ``device_matrix.MeshTemplate``, which called with an alias per tensor
         dimension (``("dp", "None")``) gives that tensor's layout on the device matrix."""
-        if isinstance(dims, (tuple, list)) and dims and all(
-                isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        if (
+            isinstance(dims, (tuple, list))
+            and dims
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)
+        ):
             from .device_matrix import MeshTemplate
+
             if rank_list is not None and list(rank_list) != list(range(math.prod(dims))):
                 raise LayoutError(
                     f"ap.Layout({tuple(dims)}, {partial!r}, rank_list={list(rank_list)!r}): in "
@@ -50,11 +55,14 @@ class Layout:
                     "for, in that order (a layout over some devices, or over them reordered); "
                     "autopar's device matrices number the step's devices in order. Leave "
                     "rank_list out, or order the devices themselves (ParallelConfig(mesh="
-                    "jax.sharding.Mesh(devices_in_your_order, names))).")
+                    "jax.sharding.Mesh(devices_in_your_order, names)))."
+                )
             return MeshTemplate(dims, partial)
         if rank_list is not None:
-            raise LayoutError("rank_list belongs to MindSpore's form, Layout(device_matrix, "
-                              "alias_names, rank_list).")
+            raise LayoutError(
+                "rank_list belongs to MindSpore's form, Layout(device_matrix, "
+                "alias_names, rank_list)."
+            )
         return super().__new__(cls)
 
     def __post_init__(self):
@@ -62,20 +70,24 @@ class Layout:
         object.__setattr__(self, "partial", frozenset(self.partial))
         used = [a for d in self.dims for a in d]
         if len(set(used)) != len(used) or set(used) & self.partial:
-            raise LayoutError(f"layout {self} uses a mesh axis twice; each axis may split one "
-                              "dimension or be a partial-sum axis, not both.")
+            raise LayoutError(
+                f"layout {self} uses a mesh axis twice; each axis may split one "
+                "dimension or be a partial-sum axis, not both."
+            )
 
     # ------------------------------------------------------------------ constructors
     @staticmethod
     @functools.lru_cache(maxsize=64)
-    def replicated(rank: int) -> "Layout":
+    def replicated(rank: int) -> Layout:
         return Layout(((),) * rank)
 
     @staticmethod
-    def parse(text: str) -> "Layout":
+    def parse(text: str) -> Layout:
         m = re.fullmatch(r"\s*\[(.*)\]\s*(?:sum\{([^}]*)\})?\s*", text)
         if not m:
-            raise LayoutError(f"cannot parse layout {text!r}; expected e.g. '[x,(y,z),_] sum{{w}}'.")
+            raise LayoutError(
+                f"cannot parse layout {text!r}; expected e.g. '[x,(y,z),_] sum{{w}}'."
+            )
         body, part = m.group(1).strip(), m.group(2)
         dims = []
         for tok in re.findall(r"\([^)]*\)|[^,\s()]+", body):
@@ -85,11 +97,13 @@ class Layout:
                 dims.append(tuple(a.strip() for a in tok[1:-1].split(",") if a.strip()))
             else:
                 dims.append((tok,))
-        partial = frozenset(a.strip() for a in part.split(",") if a.strip()) if part else frozenset()
+        partial = (
+            frozenset(a.strip() for a in part.split(",") if a.strip()) if part else frozenset()
+        )
         return Layout(tuple(dims), partial)
 
     @staticmethod
-    def from_strategy(counts, mesh: LogicalMesh) -> "Layout":
+    def from_strategy(counts, mesh: LogicalMesh) -> Layout:
         """MindSpore split counts of one tensor, e.g. ``(2, 4)``, mapped as the module doc says."""
         counts = tuple(int(c) for c in counts)
         free = list(range(len(mesh.shape)))
@@ -105,14 +119,15 @@ class Layout:
                 raise LayoutError(
                     f"split counts {counts}: no unused mesh axes of {mesh} multiply to {c} for "
                     f"dimension {i}; use counts that are products of distinct mesh axis sizes, "
-                    "or give an ap.Layout naming the axes.")
+                    "or give an ap.Layout naming the axes."
+                )
             for a in pick:
                 free.remove(a)
             dims.append(tuple(mesh.axis_names[a] for a in pick))
         return Layout(tuple(dims))
 
     @staticmethod
-    def from_tensor_map(device_matrix, tensor_map, mesh: LogicalMesh) -> "Layout":
+    def from_tensor_map(device_matrix, tensor_map, mesh: LogicalMesh) -> Layout:
         """MindSpore ``(dev_matrix, tensor_map)``: entry ``-1`` = not split, entry ``k`` = device
         matrix dimension ``len(dev_matrix) - 1 - k``; a tuple entry splits over several."""
         dm = tuple(device_matrix)
@@ -123,28 +138,34 @@ class Layout:
             ts = t if isinstance(t, (tuple, list)) else (t,)
             for k in ts:
                 if not (k == -1 or 0 <= k < len(dm)):
-                    raise LayoutError(f"tensor_map {tuple(tensor_map)} has entry {k}; entries are -1 "
-                                      f"or device-matrix indices 0..{len(dm) - 1} (counted from the right).")
+                    raise LayoutError(
+                        f"tensor_map {tuple(tensor_map)} has entry {k}; entries are -1 "
+                        f"or device-matrix indices 0..{len(dm) - 1} (counted from the right)."
+                    )
             dims.append(tuple(mesh.axis_names[len(dm) - 1 - k] for k in ts if k != -1))
         return Layout(tuple(dims))
 
     @staticmethod
-    def from_partition_spec(spec, rank: int) -> "Layout":
+    def from_partition_spec(spec, rank: int) -> Layout:
         """``jax.sharding.PartitionSpec`` of a rank-``rank`` tensor: an entry per leading
         dimension (None: not split; a name or a tuple of names, major first), the rest not
         split; ``P("x", None)`` -> ``[x,_]``. ``P.UNCONSTRAINED`` is refused: a layout is
         fixed."""
         entries = list(spec)
         if len(entries) > rank:
-            raise LayoutError(f"PartitionSpec {spec} has {len(entries)} entries for a rank-{rank} "
-                              "tensor; give at most one per dimension.")
+            raise LayoutError(
+                f"PartitionSpec {spec} has {len(entries)} entries for a rank-{rank} "
+                "tensor; give at most one per dimension."
+            )
         dims = []
         for e in entries + [None] * (rank - len(entries)):
             axes = () if e is None else tuple(e) if isinstance(e, (tuple, list)) else (e,)
             if not all(isinstance(a, str) for a in axes):
-                raise LayoutError(f"PartitionSpec {spec}: entry {e!r} is not a mesh axis name, a "
-                                  "tuple of them or None (P.UNCONSTRAINED leaves the layout "
-                                  "open, which a fixed layout cannot); e.g. P('x', None).")
+                raise LayoutError(
+                    f"PartitionSpec {spec}: entry {e!r} is not a mesh axis name, a "
+                    "tuple of them or None (P.UNCONSTRAINED leaves the layout "
+                    "open, which a fixed layout cannot); e.g. P('x', None)."
+                )
             dims.append(axes)
         return Layout(tuple(dims))
 
@@ -187,20 +208,24 @@ class Layout:
             whole[self.block(shape, mesh.coords(d), mesh)] = got
         return whole
 
-    def check(self, shape, mesh: LogicalMesh, what: str = "value") -> "Layout":
+    def check(self, shape, mesh: LogicalMesh, what: str = "value") -> Layout:
         """Raise LayoutError unless this layout fits a tensor of ``shape`` on ``mesh``."""
         shape = tuple(shape)
         if self.rank != len(shape):
-            raise LayoutError(f"{what}: layout {self} has {self.rank} dimensions but the tensor "
-                              f"has shape {shape}; give one entry per dimension.")
+            raise LayoutError(
+                f"{what}: layout {self} has {self.rank} dimensions but the tensor "
+                f"has shape {shape}; give one entry per dimension."
+            )
         for a in self.axes | self.partial:
             if a not in mesh.axis_names:
                 raise LayoutError(f"{what}: layout {self} names axis {a!r}, not on {mesh}.")
         for i, (s, c) in enumerate(zip(shape, self.splits(mesh))):
             if s % c:
-                raise LayoutError(f"{what}: dimension {i} of size {s} (shape {shape}) is split "
-                                  f"{c} ways by {self}, which does not divide it; choose a split "
-                                  f"that divides {s}.")
+                raise LayoutError(
+                    f"{what}: dimension {i} of size {s} (shape {shape}) is split "
+                    f"{c} ways by {self}, which does not divide it; choose a split "
+                    f"that divides {s}."
+                )
         return self
 
     # ------------------------------------------------------------------ conversions
@@ -218,15 +243,19 @@ class Layout:
 
     def to_partition_spec(self):
         from jax.sharding import PartitionSpec
+
         if self.partial:
-            raise LayoutError(f"layout {self} holds partial sums, which a PartitionSpec cannot "
-                              "express; reduce them first.")
+            raise LayoutError(
+                f"layout {self} holds partial sums, which a PartitionSpec cannot "
+                "express; reduce them first."
+            )
         return PartitionSpec(*[None if not d else (d[0] if len(d) == 1 else d) for d in self.dims])
 
     # ------------------------------------------------------------------ text
     def __str__(self) -> str:
-        body = ",".join("_" if not d else (d[0] if len(d) == 1 else "(" + ",".join(d) + ")")
-                        for d in self.dims)
+        body = ",".join(
+            "_" if not d else (d[0] if len(d) == 1 else "(" + ",".join(d) + ")") for d in self.dims
+        )
         tail = f" sum{{{','.join(sorted(self.partial))}}}" if self.partial else ""
         return f"[{body}]{tail}"
 
@@ -242,7 +271,7 @@ def _axes_for_count(c: int, free: list[int], mesh: LogicalMesh):
     return None
 
 
-@functools.lru_cache(maxsize=1 << 16)      # planning asks the same few pairs millions of times
+@functools.lru_cache(maxsize=1 << 16)  # planning asks the same few pairs millions of times
 def _splits(layout: Layout, mesh: LogicalMesh) -> tuple[int, ...]:
     unknown = sorted(layout.axes - set(mesh.axis_names))
     if unknown:

@@ -5,6 +5,7 @@ numbered row-major over the axes (the last axis varies fastest), as in ``jax.sha
 built from ``np.arange(n).reshape(shape)``. Axes are placed on topology levels innermost first,
 so the last axis rides the fastest links. Planning sees only this object.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,19 +33,25 @@ class LogicalMesh:
     def __post_init__(self):
         if len(self.axis_names) != len(self.shape):
             raise ConfigError(f"mesh axis names {self.axis_names} do not match shape {self.shape}.")
-        if len(set(self.axis_names)) != len(self.axis_names) or "_" in self.axis_names or not all(
-                isinstance(a, str) and a.isidentifier() for a in self.axis_names):
-            raise ConfigError(f"mesh axis names {self.axis_names} must be distinct identifiers "
-                              "(letters, digits, '_'), and not '_' itself.")
+        if (
+            len(set(self.axis_names)) != len(self.axis_names)
+            or "_" in self.axis_names
+            or not all(isinstance(a, str) and a.isidentifier() for a in self.axis_names)
+        ):
+            raise ConfigError(
+                f"mesh axis names {self.axis_names} must be distinct identifiers "
+                "(letters, digits, '_'), and not '_' itself."
+            )
         if any(s < 1 for s in self.shape):
             raise ConfigError(f"mesh shape {self.shape} has a non-positive size.")
         if math.prod(self.shape) != self.topology.num_devices:
             raise ConfigError(
                 f"mesh shape {self.shape} has {math.prod(self.shape)} devices but the topology has "
-                f"{self.topology.num_devices}; make device_num equal the product of mesh_shape.")
+                f"{self.topology.num_devices}; make device_num equal the product of mesh_shape."
+            )
 
     @staticmethod
-    def create(shape, axis_names=None, topology: Topology | None = None) -> "LogicalMesh":
+    def create(shape, axis_names=None, topology: Topology | None = None) -> LogicalMesh:
         shape = tuple(int(s) for s in shape)
         names = tuple(axis_names) if axis_names else default_axis_names(len(shape))
         return LogicalMesh(names, shape, topology or Topology.local(math.prod(shape)))
@@ -108,7 +115,9 @@ class LogicalMesh:
                     room = levels[li].size
                 g = math.gcd(size, room)
                 if g == 1:
-                    raise ConfigError(f"mesh shape {self.shape} does not factor over {self.topology}.")
+                    raise ConfigError(
+                        f"mesh shape {self.shape} does not factor over {self.topology}."
+                    )
                 if li == len(levels) - 1:
                     inner *= g
                 size //= g

@@ -22,11 +22,12 @@ micro-batch mesh. Out: frozen values both runtimes execute:
   micro-batch) tasks (interleaved: Megatron-LM's ``device_schedule``); ``in_flight``: the
   activations a stage holds at once; ``pipeline_seconds``: the estimated step.
 """
+
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -40,19 +41,19 @@ class TransferKind(enum.StrEnum):
 
 
 class Route(enum.StrEnum):
-    BLOCK = "block"               # rank i of the sender to rank i of the receiver
-    WHOLE = "whole"               # every receiving rank gets the whole value from sender rank
-                                  # (its index mod the sender's size) and slices its block
+    BLOCK = "block"  # rank i of the sender to rank i of the receiver
+    WHOLE = "whole"  # every receiving rank gets the whole value from sender rank
+    # (its index mod the sender's size) and slices its block
 
 
 class AccumulateKind(enum.StrEnum):
-    SUM = "sum"                   # a per-step sum (a gradient)
-    CONCAT = "concat"             # the micro-batches' blocks, joined along ``dim`` in order
+    SUM = "sum"  # a per-step sum (a gradient)
+    CONCAT = "concat"  # the micro-batches' blocks, joined along ``dim`` in order
 
 
 class MicroSliceKind(enum.StrEnum):
-    SLICE = "slice"               # block m of ``dim``
-    ZERO = "zero"                 # the value on micro-batch 0, zeros on the others
+    SLICE = "slice"  # block m of ``dim``
+    ZERO = "zero"  # the value on micro-batch 0, zeros on the others
 
 
 def _check_kind(record, cls):
@@ -60,22 +61,24 @@ def _check_kind(record, cls):
     try:
         object.__setattr__(record, "kind", cls(record.kind))
     except ValueError:
-        raise ValueError(f"{type(record).__name__}: unknown kind {record.kind!r}; the kinds are "
-                         f"{', '.join(k.value for k in cls)}") from None
+        raise ValueError(
+            f"{type(record).__name__}: unknown kind {record.kind!r}; the kinds are "
+            f"{', '.join(k.value for k in cls)}"
+        ) from None
 
 
 @dataclass(frozen=True)
 class Transfer:
     kind: TransferKind
-    reg: int                      # the register sent, or received into
-    peer: int                     # the other stage
-    shape: tuple                  # local shape
+    reg: int  # the register sent, or received into
+    peer: int  # the other stage
+    shape: tuple  # local shape
     dtype: Any
     bytes: int
-    micro: bool                   # per micro-batch (True) or once per step
-    axes: tuple = ()              # the stage axis (collective records name their axes)
+    micro: bool  # per micro-batch (True) or once per step
+    axes: tuple = ()  # the stage axis (collective records name their axes)
     route: Route = Route.BLOCK
-    tag: Any = None               # the message's name at both ends (None: the register)
+    tag: Any = None  # the message's name at both ends (None: the register)
 
     def __post_init__(self):
         _check_kind(self, TransferKind)
@@ -86,20 +89,22 @@ class Transfer:
         return self.reg if self.tag is None else self.tag
 
     @property
-    def src(self) -> Optional[int]:
+    def src(self) -> int | None:
         """The register read (a send's), or None."""
         return self.reg if self.kind == TransferKind.SEND else None
 
     @property
-    def out(self) -> Optional[int]:
+    def out(self) -> int | None:
         """The register written (a receive's), or None."""
         return self.reg if self.kind == TransferKind.RECV else None
 
     def __str__(self) -> str:
         way = "to" if self.kind == TransferKind.SEND else "from"
-        return (f"{self.kind} %r{self.reg} {way} stage {self.peer} "
-                f"{type_str(self.shape, np.dtype(self.dtype))} {self.bytes} B"
-                + (" per micro-batch" if self.micro else ""))
+        return (
+            f"{self.kind} %r{self.reg} {way} stage {self.peer} "
+            f"{type_str(self.shape, np.dtype(self.dtype))} {self.bytes} B"
+            + (" per micro-batch" if self.micro else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ class Accumulate:
     src: int
     out: int
     kind: AccumulateKind
-    dim: Optional[int] = None     # concat: the dimension micro-batches are stacked along
+    dim: int | None = None  # concat: the dimension micro-batches are stacked along
 
     def __post_init__(self):
         _check_kind(self, AccumulateKind)
@@ -120,10 +125,10 @@ class Accumulate:
 
 @dataclass(frozen=True)
 class MicroSlice:
-    src: Any                      # register or graph.Const
+    src: Any  # register or graph.Const
     out: int
     kind: MicroSliceKind
-    dim: Optional[int] = None
+    dim: int | None = None
 
     def __post_init__(self):
         _check_kind(self, MicroSliceKind)
@@ -139,18 +144,18 @@ class StageProgram:
     forward: tuple
     backward: tuple
     post: tuple
-    inputs: tuple                 # graph input positions the stage reads
-    micro_inputs: tuple           # of those, the ones split over micro-batches
-    keep: tuple                   # forward/backward registers read after the micro-batches
-    accumulators: tuple           # registers Accumulate writes (reset every step)
-    devices: tuple                # global ranks of the stage, in stage-mesh order
-    mesh: Any = None              # the stage's LogicalMesh
-    micro_mesh: Any = None        # (mb, *mesh axes): in_layouts are on it
-    arg_regs: tuple = ()          # per argument leaf, its register in this stage's lowering
-    in_layouts: tuple = ()        # per argument leaf, its layout on micro_mesh
-    avals: Any = None             # register -> (local shape, dtype) of one micro-batch
-    seconds: float = 0.0          # estimated time of one micro-batch (forward + backward)
-    memory: int = 0               # estimated peak bytes per device
+    inputs: tuple  # graph input positions the stage reads
+    micro_inputs: tuple  # of those, the ones split over micro-batches
+    keep: tuple  # forward/backward registers read after the micro-batches
+    accumulators: tuple  # registers Accumulate writes (reset every step)
+    devices: tuple  # global ranks of the stage, in stage-mesh order
+    mesh: Any = None  # the stage's LogicalMesh
+    micro_mesh: Any = None  # (mb, *mesh axes): in_layouts are on it
+    arg_regs: tuple = ()  # per argument leaf, its register in this stage's lowering
+    in_layouts: tuple = ()  # per argument leaf, its layout on micro_mesh
+    avals: Any = None  # register -> (local shape, dtype) of one micro-batch
+    seconds: float = 0.0  # estimated time of one micro-batch (forward + backward)
+    memory: int = 0  # estimated peak bytes per device
 
     def phases(self):
         return (("forward", self.forward), ("backward", self.backward), ("post", self.post))
@@ -165,32 +170,40 @@ class StageProgram:
 
 @dataclass(frozen=True, eq=False)
 class PipelineProgram:
-    mesh: Any                     # every device (stage axis first when the stages are equal)
-    stages: tuple                 # StageProgram per stage
+    mesh: Any  # every device (stage axis first when the stages are equal)
+    stages: tuple  # StageProgram per stage
     micro_batches: int
     scheduler: PipelineScheduler
-    outputs: tuple                # register (of its stage) or graph.Const per flattened result
-    out_layouts: tuple            # per result, on its stage's mesh (never partial)
-    out_stages: tuple             # per result, the stage holding it
-    node_stages: tuple = ()       # the stage of every graph node
+    outputs: tuple  # register (of its stage) or graph.Const per flattened result
+    out_layouts: tuple  # per result, on its stage's mesh (never partial)
+    out_stages: tuple  # per result, the stage holding it
+    node_stages: tuple = ()  # the stage of every graph node
     in_tree: Any = None
     out_tree: Any = None
-    interleave: int = 1           # stages per device group (stage j on group j mod groups)
+    interleave: int = 1  # stages per device group (stage j on group j mod groups)
 
     def collectives(self) -> list:
         """Every communication step of every stage, Transfers included."""
         from .program import Collective
-        return [i for st in self.stages for _, body in st.phases() for i in body
-                if isinstance(i, (Collective, Transfer))]
+
+        return [
+            i
+            for st in self.stages
+            for _, body in st.phases()
+            for i in body
+            if isinstance(i, (Collective, Transfer))
+        ]
 
     def __str__(self) -> str:
         return "\n".join(str(s) for s in self.stages)
 
     def __repr__(self) -> str:
         parts = f" ({self.interleave} per device group)" if self.interleave > 1 else ""
-        return (f"PipelineProgram({self.mesh}, {len(self.stages)} stages{parts}, "
-                f"{self.micro_batches} micro-batches, {PipelineScheduler(self.scheduler).value}, "
-                f"{len(self.collectives())} communication steps)")
+        return (
+            f"PipelineProgram({self.mesh}, {len(self.stages)} stages{parts}, "
+            f"{self.micro_batches} micro-batches, {PipelineScheduler(self.scheduler).value}, "
+            f"{len(self.collectives())} communication steps)"
+        )
 
 
 def schedule(kind: PipelineScheduler, stages: int, micro: int, interleave: int = 1) -> tuple:
@@ -202,7 +215,7 @@ def schedule(kind: PipelineScheduler, stages: int, micro: int, interleave: int =
     With ``interleave`` v > 1 the stages are virtual: stage j runs on the devices of group
     ``j mod (stages / v)``, and each stage's order is its part of its group's
     ``device_schedule``."""
-    kind = PipelineScheduler(kind)        # a name that is no scheduler raises ValueError
+    kind = PipelineScheduler(kind)  # a name that is no scheduler raises ValueError
     if interleave > 1:
         groups = stages // interleave
         out = [[] for _ in range(stages)]
@@ -247,8 +260,9 @@ def device_schedule(groups: int, interleave: int, micro: int, d: int) -> list:
     return [(j, phase, m) for j, m, phase in out]
 
 
-def in_flight(kind: PipelineScheduler, stages: int, micro: int, stage: int,
-              interleave: int = 1) -> float:
+def in_flight(
+    kind: PipelineScheduler, stages: int, micro: int, stage: int, interleave: int = 1
+) -> float:
     """The most micro-batches whose forward activations ``stage`` holds at once (with
     ``interleave``: of every part on its device, in parts, divided by v: stage activations)."""
     if interleave > 1:

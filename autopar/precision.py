@@ -9,6 +9,7 @@ and, on an accelerator, the matmuls at the float32 rate. A Python float (``x / 8
 ``x / math.sqrt(d)``) is weakly typed and keeps the 16-bit dtype; an explicit ``astype`` is
 the user's choice and is not reported.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,7 @@ EXPLICIT = ("astype", "convert_element_type", "_convert_element_type")
 
 def _sub_jaxprs(eqn):
     for v in eqn.params.values():
-        for j in (v if isinstance(v, (tuple, list)) else (v,)):
+        for j in v if isinstance(v, (tuple, list)) else (v,):
             inner = getattr(j, "jaxpr", j)
             if hasattr(inner, "eqns"):
                 yield inner
@@ -36,8 +37,12 @@ def _explicit(eqn) -> bool:
 
 def _scalar_f32_const(v, consts) -> bool:
     aval = v.aval
-    return (aval.shape == () and str(aval.dtype) == "float32" and not aval.weak_type
-            and (isinstance(v, Literal) or v in consts))
+    return (
+        aval.shape == ()
+        and str(aval.dtype) == "float32"
+        and not aval.weak_type
+        and (isinstance(v, Literal) or v in consts)
+    )
 
 
 def promotions(jaxpr, consts=frozenset()) -> list:
@@ -49,17 +54,20 @@ def promotions(jaxpr, consts=frozenset()) -> list:
 
 
 def _walk(jaxpr, consts, out):
-    promoted = {}                      # var -> the convert equation that made it
+    promoted = {}  # var -> the convert equation that made it
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "convert_element_type" and len(eqn.invars) == 1 \
-                and str(eqn.invars[0].aval.dtype) in SIXTEEN \
-                and np.dtype(eqn.params["new_dtype"]) == np.float32 and not _explicit(eqn):
+        if (
+            eqn.primitive.name == "convert_element_type"
+            and len(eqn.invars) == 1
+            and str(eqn.invars[0].aval.dtype) in SIXTEEN
+            and np.dtype(eqn.params["new_dtype"]) == np.float32
+            and not _explicit(eqn)
+        ):
             promoted[eqn.outvars[0]] = eqn
         elif len(eqn.invars) == 2:
             a, b = eqn.invars
             for x, y in ((a, b), (b, a)):
-                if not isinstance(x, Literal) and x in promoted and \
-                        _scalar_f32_const(y, consts):
+                if not isinstance(x, Literal) and x in promoted and _scalar_f32_const(y, consts):
                     out.append(source_info_util.summarize(eqn.source_info))
         for inner in _sub_jaxprs(eqn):
             _walk(inner, set(getattr(inner, "constvars", ())), out)

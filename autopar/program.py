@@ -11,11 +11,12 @@ In: built by ``autopar.redistribution.lower`` from a Graph and a Strategy. Out: 
 - ``Slice``: a local slice of a replicated dimension along a mesh axis (no communication).
 Operands are integer register ids or ``graph.Const``. Every runtime executes exactly this.
 """
+
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -26,33 +27,45 @@ class StepKind(enum.StrEnum):
     """What one redistribution step (a planner ``Step``, a ``Collective`` or a ``Slice``) does
     over its mesh axes. Each runtime dispatches on it through one table that names every kind
     (checked when the runtime is imported); a kind outside the enum fails where it is built."""
-    SLICE = "slice"                   # keep this rank's block of ``dim`` (local)
-    PARTIAL_ZERO = "partial_zero"     # make a replicated value a partial sum (local)
+
+    SLICE = "slice"  # keep this rank's block of ``dim`` (local)
+    PARTIAL_ZERO = "partial_zero"  # make a replicated value a partial sum (local)
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_TO_ALL = "all_to_all"
 
     @classmethod
-    def of(cls, kind, where) -> "StepKind":
+    def of(cls, kind, where) -> StepKind:
         """``kind`` as a StepKind; an unknown one raises a ValueError naming ``where``."""
         try:
             return cls(kind)
         except ValueError:
-            raise ValueError(f"{where}: unknown step kind {kind!r}; the kinds are "
-                             f"{', '.join(k.value for k in cls)}") from None
+            raise ValueError(
+                f"{where}: unknown step kind {kind!r}; the kinds are "
+                f"{', '.join(k.value for k in cls)}"
+            ) from None
 
 
-COLLECTIVE_KINDS = (StepKind.ALL_REDUCE, StepKind.ALL_GATHER, StepKind.REDUCE_SCATTER,
-                    StepKind.ALL_TO_ALL)
+COLLECTIVE_KINDS = (
+    StepKind.ALL_REDUCE,
+    StepKind.ALL_GATHER,
+    StepKind.REDUCE_SCATTER,
+    StepKind.ALL_TO_ALL,
+)
 LOCAL_KINDS = (StepKind.SLICE, StepKind.PARTIAL_ZERO)
 
 # the C++ collectives reduce 32- and 64-bit numbers: narrower integers and booleans are reduced
 # widened and narrowed back (wrapping sums and products agree modulo 2**bits; max / min keep
 # their order)
-WIDENED = {np.dtype(np.bool_): np.dtype(np.int32), np.dtype(np.int8): np.dtype(np.int32),
-           np.dtype(np.int16): np.dtype(np.int32), np.dtype(np.uint8): np.dtype(np.int32),
-           np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+WIDENED = {
+    np.dtype(np.bool_): np.dtype(np.int32),
+    np.dtype(np.int8): np.dtype(np.int32),
+    np.dtype(np.int16): np.dtype(np.int32),
+    np.dtype(np.uint8): np.dtype(np.int32),
+    np.dtype(np.uint16): np.dtype(np.int32),
+    np.dtype(np.uint32): np.dtype(np.int64),
+}
 REDUCING = (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER)
 
 
@@ -101,30 +114,32 @@ def all_reduce_buckets(instructions, mesh, bucket_bytes: int) -> list:
 def checked_table(table: dict, kinds, where: str) -> dict:
     """A runtime's dispatch table, checked to name exactly ``kinds`` (at import time)."""
     if set(table) != set(kinds):
-        raise TypeError(f"{where}: the step table names {sorted(table)}, not the kinds "
-                        f"{sorted(k.value for k in kinds)}")
+        raise TypeError(
+            f"{where}: the step table names {sorted(table)}, not the kinds "
+            f"{sorted(k.value for k in kinds)}"
+        )
     return table
 
 
 @dataclass(frozen=True)
 class Collective:
-    kind: StepKind                # one of COLLECTIVE_KINDS
+    kind: StepKind  # one of COLLECTIVE_KINDS
     axes: tuple[str, ...]
-    shape: tuple[int, ...]        # local shape of the operand
+    shape: tuple[int, ...]  # local shape of the operand
     dtype: Any
-    bytes: int                    # per-device payload: the larger of the local input and output
+    bytes: int  # per-device payload: the larger of the local input and output
     algorithm: str = "ring"
-    dim: Optional[int] = None     # all_gather: gathered dim; reduce_scatter: scattered dim;
-    dst_dim: Optional[int] = None  # all_to_all: dim = concatenated (gathered) dim, dst_dim = split dim
-    src: Optional[int] = None     # register read
-    out: Optional[int] = None     # register written
-    reason: str = ""              # what needed it, e.g. "dot_general.12 input 0"
-    op: str = "sum"               # all_reduce: "sum", "max" or "min"
-    prices: tuple = ()            # all_reduce: ((algorithm, seconds at 0 bytes, seconds per
-                                  # byte), ...) over ``axes`` from the cost table, so a runtime
-                                  # picks a fused bucket's algorithm without planning
-    node_id: Optional[int] = None  # id of the graph node whose input it prepares (None: a
-                                   # result, or a stage transfer)
+    dim: int | None = None  # all_gather: gathered dim; reduce_scatter: scattered dim;
+    dst_dim: int | None = None  # all_to_all: dim = concatenated (gathered) dim, dst_dim = split dim
+    src: int | None = None  # register read
+    out: int | None = None  # register written
+    reason: str = ""  # what needed it, e.g. "dot_general.12 input 0"
+    op: str = "sum"  # all_reduce: "sum", "max" or "min"
+    prices: tuple = ()  # all_reduce: ((algorithm, seconds at 0 bytes, seconds per
+    # byte), ...) over ``axes`` from the cost table, so a runtime
+    # picks a fused bucket's algorithm without planning
+    node_id: int | None = None  # id of the graph node whose input it prepares (None: a
+    # result, or a stage transfer)
 
     def __post_init__(self):
         kind = self.kind if type(self.kind) is StepKind else StepKind.of(self.kind, "Collective")
@@ -133,10 +148,16 @@ class Collective:
         object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
-        d = "" if self.dim is None else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
+        d = (
+            ""
+            if self.dim is None
+            else f" dim={self.dim}" + ("" if self.dst_dim is None else f"->{self.dst_dim}")
+        )
         d += "" if self.op == "sum" else f" op={self.op}"
-        return (f"{self.kind}({','.join(self.axes)}){d} {type_str(self.shape, np.dtype(self.dtype))} "
-                f"{self.bytes} B [{self.algorithm}]" + (f"  ; {self.reason}" if self.reason else ""))
+        return (
+            f"{self.kind}({','.join(self.axes)}){d} {type_str(self.shape, np.dtype(self.dtype))} "
+            f"{self.bytes} B [{self.algorithm}]" + (f"  ; {self.reason}" if self.reason else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -144,14 +165,15 @@ class Slice:
     """A local step, no communication: ``slice`` keeps this rank's block of dimension ``dim``
     along ``axes``; ``partial_zero`` turns a replicated value into a partial sum over ``axes``
     (the value on the first rank of the axis, zeros elsewhere)."""
+
     axes: tuple[str, ...]
-    dim: Optional[int]
-    shape: tuple[int, ...]        # local shape before the step
-    src: Any = None               # register id or graph.Const
-    out: Optional[int] = None     # register written
-    kind: StepKind = StepKind.SLICE   # one of LOCAL_KINDS
-    dst_dim: Optional[int] = None
-    node_id: Optional[int] = None  # as Collective.node_id
+    dim: int | None
+    shape: tuple[int, ...]  # local shape before the step
+    src: Any = None  # register id or graph.Const
+    out: int | None = None  # register written
+    kind: StepKind = StepKind.SLICE  # one of LOCAL_KINDS
+    dst_dim: int | None = None
+    node_id: int | None = None  # as Collective.node_id
 
     def __post_init__(self):
         kind = self.kind if type(self.kind) is StepKind else StepKind.of(self.kind, "Slice")
@@ -166,11 +188,11 @@ class Slice:
 
 @dataclass(frozen=True, eq=False)
 class Compute:
-    node: Any                     # the graph Node (its primitive and global shapes)
-    params: dict                  # primitive params for local shapes
-    inputs: tuple                 # register ids or graph.Const
+    node: Any  # the graph Node (its primitive and global shapes)
+    params: dict  # primitive params for local shapes
+    inputs: tuple  # register ids or graph.Const
     outputs: tuple[int, ...]
-    out_shapes: tuple             # local output shapes
+    out_shapes: tuple  # local output shapes
 
     def __str__(self) -> str:
         ins = ", ".join(f"%r{i}" if isinstance(i, int) else str(i) for i in self.inputs)
@@ -184,10 +206,10 @@ def _const(c):
 
 @dataclass(frozen=True, eq=False)
 class Segment:
-    computes: tuple               # Compute steps in order
-    inputs: tuple[int, ...]       # registers read from before the segment
-    outputs: tuple[int, ...]      # registers written here and read later (or results)
-    in_avals: tuple               # (local shape, dtype) per input register
+    computes: tuple  # Compute steps in order
+    inputs: tuple[int, ...]  # registers read from before the segment
+    outputs: tuple[int, ...]  # registers written here and read later (or results)
+    in_avals: tuple  # (local shape, dtype) per input register
 
     def __call__(self, *xs):
         regs = dict(zip(self.inputs, xs))
@@ -200,11 +222,14 @@ class Segment:
     def jaxpr(self):
         """The segment as a ClosedJaxpr on local shapes."""
         import jax
+
         return jax.make_jaxpr(self)(*[jax.ShapeDtypeStruct(s, d) for s, d in self.in_avals])
 
     def __str__(self) -> str:
-        head = (f"segment({', '.join(f'%r{i}' for i in self.inputs)}) -> "
-                f"{', '.join(f'%r{o}' for o in self.outputs)} {{")
+        head = (
+            f"segment({', '.join(f'%r{i}' for i in self.inputs)}) -> "
+            f"{', '.join(f'%r{o}' for o in self.outputs)} {{"
+        )
         return "\n".join([head] + [f"  {c}" for c in self.computes] + ["}"])
 
 
@@ -244,8 +269,9 @@ def defer_all_reduce_readers(instructions) -> list:
             continue
         read_by = [j for r in writes(ins) for j in readers.get(r, ())]
         late[k] = bool(read_by) and all(late[j] for j in read_by)
-    return ([ins for ins, d in zip(instructions, late) if not d]
-            + [ins for ins, d in zip(instructions, late) if d])
+    return [ins for ins, d in zip(instructions, late) if not d] + [
+        ins for ins, d in zip(instructions, late) if d
+    ]
 
 
 def segment(instructions, avals, final_reads) -> tuple:
@@ -273,15 +299,15 @@ def segment(instructions, avals, final_reads) -> tuple:
 
 @dataclass(frozen=True, eq=False)
 class Program:
-    mesh: Any                     # LogicalMesh
-    inputs: tuple[int, ...]       # registers of the flattened arguments (sharded by in_layouts)
-    in_layouts: tuple             # Layout per argument leaf
-    outputs: tuple                # register id or graph.Const per flattened result
-    out_layouts: tuple            # Layout per result leaf (never partial)
+    mesh: Any  # LogicalMesh
+    inputs: tuple[int, ...]  # registers of the flattened arguments (sharded by in_layouts)
+    in_layouts: tuple  # Layout per argument leaf
+    outputs: tuple  # register id or graph.Const per flattened result
+    out_layouts: tuple  # Layout per result leaf (never partial)
     instructions: tuple
     in_tree: Any = None
     out_tree: Any = None
-    avals: Any = None             # register -> (local shape, dtype)
+    avals: Any = None  # register -> (local shape, dtype)
 
     def collectives(self) -> list[Collective]:
         return [i for i in self.instructions if isinstance(i, Collective)]
@@ -293,13 +319,16 @@ class Program:
         """True when every rank runs the same computation on the same values: only segments
         (no collective, no local slice), every argument and every result replicated. Any one
         rank's results are then the step's results."""
-        return (all(isinstance(i, Segment) for i in self.instructions)
-                and all(l.is_replicated() for l in self.in_layouts + self.out_layouts))
+        return all(isinstance(i, Segment) for i in self.instructions) and all(
+            l.is_replicated() for l in self.in_layouts + self.out_layouts
+        )
 
     def __str__(self) -> str:
         return "\n".join(str(i) for i in self.instructions)
 
     def __repr__(self) -> str:
-        return (f"Program({self.mesh}, {len(self.inputs)} arguments, {len(self.outputs)} "
-                f"results, {len(self.segments())} segments, {len(self.collectives())} "
-                "collectives)")
+        return (
+            f"Program({self.mesh}, {len(self.inputs)} arguments, {len(self.outputs)} "
+            f"results, {len(self.segments())} segments, {len(self.collectives())} "
+            "collectives)"
+        )

@@ -8,6 +8,7 @@ that by a timer while the phase runs, message or not (a solver that reports rare
 freeze the clock). Nothing is drawn when stderr is not a terminal (a log file, CI, a
 notebook's captured stream): the messages go to the logger only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,15 +19,16 @@ import time
 logger = logging.getLogger("autopar")
 
 WIDTH = 24
-TICK = 0.5            # seconds between the timer's redraws
+TICK = 0.5  # seconds between the timer's redraws
 
 
 class Progress:
     """``progress(message)`` reports; ``close()`` ends the line. ``total``: the seconds the
     phase may take (the bar fills with the time used), or None (the bar shows the time only)."""
 
-    def __init__(self, label: str, total=None, enabled: bool = True, after: float = 1.0,
-                 stream=None):
+    def __init__(
+        self, label: str, total=None, enabled: bool = True, after: float = 1.0, stream=None
+    ):
         self.label, self.total, self.enabled, self.after = label, total, enabled, after
         self.stream = stream if stream is not None else sys.stderr
         self.start = time.monotonic()
@@ -36,8 +38,7 @@ class Progress:
         self._done = threading.Event()
         self._timer = None
         if self.bar:
-            self._timer = threading.Thread(target=self._tick, daemon=True,
-                                           name="autopar-progress")
+            self._timer = threading.Thread(target=self._tick, daemon=True, name="autopar-progress")
             self._timer.start()
 
     def _tick(self) -> None:

@@ -17,6 +17,7 @@ the backward pass. Which one a plan can afford is a question of the memory cap, 
 and the micro-batches in flight, so ``ParallelConfig(recompute="auto")`` plans both and keeps
 the faster plan that fits (``compiler.api``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,16 +27,20 @@ import numpy as np
 
 from .graph import Graph, Value, _param_str
 
-SMALL_CONST = 64      # constants up to this many elements compared by value, larger by identity
-REMAT_SCOPE = "rematted_computation"   # JAX's name-stack entry for jax.checkpoint's recomputation
+SMALL_CONST = 64  # constants up to this many elements compared by value, larger by identity
+REMAT_SCOPE = "rematted_computation"  # JAX's name-stack entry for jax.checkpoint's recomputation
 
 
 def _operand_key(x):
     if isinstance(x, Value):
         return ("value", x.id)
     data = np.asarray(x.value)
-    return ("const", str(x.dtype), tuple(x.shape),
-            data.tobytes() if data.size <= SMALL_CONST else id(x.value))
+    return (
+        "const",
+        str(x.dtype),
+        tuple(x.shape),
+        data.tobytes() if data.size <= SMALL_CONST else id(x.value),
+    )
 
 
 def _merged(graph: Graph, keep_above=None) -> tuple:
@@ -45,20 +50,25 @@ def _merged(graph: Graph, keep_above=None) -> tuple:
     jax.checkpoint's recomputation whose largest output has more elements than this is kept
     (recomputed), and an operator repeating an earlier one but for such recomputed operands
     is a repeat too (merged, or kept by the same rule)."""
-    alias: dict = {}                       # value id -> the earlier value it repeats
-    twin: dict = {}                        # recomputed value id -> the forward value it repeats
+    alias: dict = {}  # value id -> the earlier value it repeats
+    twin: dict = {}  # recomputed value id -> the forward value it repeats
     seen: dict = {}
     nodes, recomputed = [], False
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
     for n in graph.nodes:
         inputs = tuple(use(x) for x in n.inputs)
-        key = (n.prim, tuple(sorted((k, _param_str(v)) for k, v in n.params.items())),
-               tuple(_operand_key(twin.get(x.id, x) if isinstance(x, Value) else x)
-                     for x in inputs))
+        key = (
+            n.prim,
+            tuple(sorted((k, _param_str(v)) for k, v in n.params.items())),
+            tuple(_operand_key(twin.get(x.id, x) if isinstance(x, Value) else x) for x in inputs),
+        )
         if key in seen:
             recomputed = recomputed or REMAT_SCOPE in n.scope
-            if keep_above is not None and REMAT_SCOPE in n.scope and \
-                    max(math.prod(v.shape) for v in n.outputs) > keep_above:
+            if (
+                keep_above is not None
+                and REMAT_SCOPE in n.scope
+                and max(math.prod(v.shape) for v in n.outputs) > keep_above
+            ):
                 for mine, theirs in zip(n.outputs, seen[key].outputs):
                     twin[mine.id] = theirs
                 nodes.append(dataclasses.replace(n, id=len(nodes), inputs=inputs))
@@ -86,11 +96,12 @@ def _rebuilt(graph: Graph, nodes, alias, recomputed) -> Graph:
     if not recomputed:
         return graph
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
-    return Graph.build(graph.inputs, tuple(use(o) for o in graph.outputs), nodes,
-                       graph.in_tree, graph.out_tree)
+    return Graph.build(
+        graph.inputs, tuple(use(o) for o in graph.outputs), nodes, graph.in_tree, graph.out_tree
+    )
 
 
-SELECTIVE_RATIO = 4    # selective: recompute values this many times a typical matmul's result
+SELECTIVE_RATIO = 4  # selective: recompute values this many times a typical matmul's result
 
 
 def selective_recompute(graph: Graph) -> Graph:
@@ -104,8 +115,11 @@ def selective_recompute(graph: Graph) -> Graph:
     backward pass recomputes the attention's s^2 values from the stored queries, keys and
     values (a few percent of the block's FLOPs) and holds every other activation. The graph
     itself when it recomputes nothing."""
-    remat = sorted(math.prod(n.outputs[0].shape) for n in graph.nodes
-                   if n.prim == "dot_general" and REMAT_SCOPE in n.scope)
+    remat = sorted(
+        math.prod(n.outputs[0].shape)
+        for n in graph.nodes
+        if n.prim == "dot_general" and REMAT_SCOPE in n.scope
+    )
     if not remat:
         return graph
     return _rebuilt(graph, *_merged(graph, SELECTIVE_RATIO * remat[len(remat) // 2]))

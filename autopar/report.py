@@ -11,6 +11,7 @@ for a pipeline); the communication seconds by collective kind and mesh axes, tab
 The data is embedded as JSON; the page's script draws everything from it.
 ``save(strategy, path)`` writes the page.
 """
+
 from __future__ import annotations
 
 import html
@@ -20,24 +21,41 @@ from collections import Counter, defaultdict
 from autopar.graph import type_str
 from autopar.strategies.strategy import format_bytes, short_source
 
-_DX, _DY, _PAD = 26, 14, 14   # graph layout: px between layers, between nodes of a layer, margin
-_ARC = 80                      # px that an edge skipping layers may dip below its ends, at most
+_DX, _DY, _PAD = 26, 14, 14  # graph layout: px between layers, between nodes of a layer, margin
+_ARC = 80  # px that an edge skipping layers may dip below its ends, at most
 
 
 def render(strategy) -> str:
     """The report of ``strategy`` as one HTML document (a str)."""
     s = strategy
-    data = {"graph": _graph(s), "ops": [_op_row(o) for o in s.ops],
-            "timeline": [[str(n), int(b)] for n, b in s.memory_timeline],
-            "cap": s.memory_limit, "peak": s.peak_memory, "peakOp": s.peak_op,
-            "stages": [{"index": st.index, "devices": list(st.devices), "seconds": st.seconds,
-                        "memory": st.memory} for st in s.stages],
-            "comm": _comm(s)}
+    data = {
+        "graph": _graph(s),
+        "ops": [_op_row(o) for o in s.ops],
+        "timeline": [[str(n), int(b)] for n, b in s.memory_timeline],
+        "cap": s.memory_limit,
+        "peak": s.peak_memory,
+        "peakOp": s.peak_op,
+        "stages": [
+            {
+                "index": st.index,
+                "devices": list(st.devices),
+                "seconds": st.seconds,
+                "memory": st.memory,
+            }
+            for st in s.stages
+        ],
+        "comm": _comm(s),
+    }
     blob = json.dumps(data, separators=(",", ":"))
     blob = blob.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return (_PAGE.replace("__TITLE__", html.escape(f"autopar strategy: {s.mode}, mesh "
-                                                   f"{'x'.join(map(str, s.mesh_shape))}"))
-            .replace("__HEADER__", _header(s)).replace("__DATA__", blob))
+    return (
+        _PAGE.replace(
+            "__TITLE__",
+            html.escape(f"autopar strategy: {s.mode}, mesh {'x'.join(map(str, s.mesh_shape))}"),
+        )
+        .replace("__HEADER__", _header(s))
+        .replace("__DATA__", blob)
+    )
 
 
 def save(strategy, path) -> None:
@@ -51,20 +69,23 @@ def _header(s) -> str:
     b = lambda x: f"<b>{e(x)}</b>"
     mesh = ", ".join(f"{n}={k}" for n, k in zip(s.axis_names, s.mesh_shape))
     cap = "no cap" if s.memory_limit is None else f"cap {format_bytes(s.memory_limit)}"
-    lines = [f"mode {b(s.mode)}, search {b(s.search)}, mesh {b(f'({mesh})')}",
-             f"estimated step {b(f'{s.step_time * 1e6:.1f} us')} = compute "
-             f"{s.compute_time * 1e6:.1f} us"
-             + (" (measured)" if s.measured_compute is not None else "")
-             + f" + communication {s.comm_time * 1e6:.1f} us"
-             + (f" + per call {s.overhead_time * 1e6:.1f} us" if s.overhead_time else ""),
-             f"peak memory {b(format_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})"]
+    lines = [
+        f"mode {b(s.mode)}, search {b(s.search)}, mesh {b(f'({mesh})')}",
+        f"estimated step {b(f'{s.step_time * 1e6:.1f} us')} = compute "
+        f"{s.compute_time * 1e6:.1f} us"
+        + (" (measured)" if s.measured_compute is not None else "")
+        + f" + communication {s.comm_time * 1e6:.1f} us"
+        + (f" + per call {s.overhead_time * 1e6:.1f} us" if s.overhead_time else ""),
+        f"peak memory {b(format_bytes(s.peak_memory))} per device at {e(s.peak_op or '-')} ({cap})",
+    ]
     if s.topology:
         lines.append(f"priced on {e(s.topology)}")
     if s.stages:
-        lines.append(f"pipeline: {len(s.stages)} stages, {s.micro_batches} micro-batches, "
-                     f"{e(s.scheduler)}")
+        lines.append(
+            f"pipeline: {len(s.stages)} stages, {s.micro_batches} micro-batches, {e(s.scheduler)}"
+        )
     out = "".join(f'<div class="hl">{x}</div>' for x in lines)
-    if s.alternatives:                 # why this plan: what auto_parallel compared
+    if s.alternatives:  # why this plan: what auto_parallel compared
         us = lambda x: f"{x * 1e6:.1f}"
         chosen = ' class="chosen"'
         rows = "".join(
@@ -72,24 +93,39 @@ def _header(s) -> str:
             f"{e(a.label)}</td><td>{us(a.seconds)}</td><td>{us(a.compute)}</td>"
             f"<td>{us(a.comm)}</td><td>{us(a.overhead)}</td>"
             f"<td>{format_bytes(a.peak_memory)}{'' if a.fits else ' (over the cap)'}</td></tr>"
-            for a in s.alternatives)
-        out += ('<div class="alternatives"><b>plans compared</b> (estimated us)<table>'
-                "<tr><th>plan</th><th>step</th><th>compute</th><th>communication</th>"
-                f"<th>per call</th><th>peak memory</th></tr>{rows}</table></div>")
+            for a in s.alternatives
+        )
+        out += (
+            '<div class="alternatives"><b>plans compared</b> (estimated us)<table>'
+            "<tr><th>plan</th><th>step</th><th>compute</th><th>communication</th>"
+            f"<th>per call</th><th>peak memory</th></tr>{rows}</table></div>"
+        )
     for st in s.stages:
-        vs = "" if s.memory_limit is None else \
-            f" of {format_bytes(s.memory_limit)} ({100 * st.memory / s.memory_limit:.1f}%)"
-        out += (f'<div class="stage-line">stage {st.index}: devices {e(str(list(st.devices)))}, '
-                f"{st.seconds * 1e6:.1f} us per micro-batch, peak {format_bytes(st.memory)}{vs}</div>")
+        vs = (
+            ""
+            if s.memory_limit is None
+            else f" of {format_bytes(s.memory_limit)} ({100 * st.memory / s.memory_limit:.1f}%)"
+        )
+        out += (
+            f'<div class="stage-line">stage {st.index}: devices {e(str(list(st.devices)))}, '
+            f"{st.seconds * 1e6:.1f} us per micro-batch, peak {format_bytes(st.memory)}{vs}</div>"
+        )
     return out
 
 
 def _op_row(o) -> dict:
-    return {"name": o.name, "prim": o.prim, "shape": " ".join(type_str(x, "") for x in o.out_shapes),
-            "layout": ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts)),
-            "stage": o.stage, "compute": round(o.compute_time * 1e6, 4),
-            "comm": round(o.comm_time * 1e6, 4), "memory": o.out_bytes,
-            "source": short_source(o.source), "full": o.source}
+    return {
+        "name": o.name,
+        "prim": o.prim,
+        "shape": " ".join(type_str(x, "") for x in o.out_shapes),
+        "layout": ", ".join(map(str, o.in_layouts)) + " -> " + ", ".join(map(str, o.out_layouts)),
+        "stage": o.stage,
+        "compute": round(o.compute_time * 1e6, 4),
+        "comm": round(o.comm_time * 1e6, 4),
+        "memory": o.out_bytes,
+        "source": short_source(o.source),
+        "full": o.source,
+    }
 
 
 def _graph(s) -> dict:
@@ -97,18 +133,18 @@ def _graph(s) -> dict:
     nin, ops = len(s.inputs), s.ops
     names = [i.name for i in s.inputs] + [o.name for o in ops]
     index = {n: k for k, n in enumerate(names[:nin])}
-    index.update({o.name: nin + j for j, o in enumerate(ops)})   # an operator wins a name clash
+    index.update({o.name: nin + j for j, o in enumerate(ops)})  # an operator wins a name clash
     n = len(names)
     preds, succs = [[] for _ in range(n)], [[] for _ in range(n)]
     for j, o in enumerate(ops):
         for src in dict.fromkeys(x for x in o.operands if x in index):
             preds[nin + j].append(index[src])
             succs[index[src]].append(nin + j)
-    layer, fixed = [0] * n, [k < nin for k in range(n)]   # fixed: computed from arguments only
-    for j in range(nin, n):     # longest path over operators
+    layer, fixed = [0] * n, [k < nin for k in range(n)]  # fixed: computed from arguments only
+    for j in range(nin, n):  # longest path over operators
         layer[j] = 1 + max((layer[p] for p in preds[j] if p < j), default=0)
         fixed[j] = all(fixed[p] for p in preds[j])
-    for k in reversed(range(n)):   # arguments and what only they feed: just before first use
+    for k in reversed(range(n)):  # arguments and what only they feed: just before first use
         if fixed[k] and succs[k]:
             layer[k] = min(layer[c] for c in succs[k]) - 1
     layers = defaultdict(list)
@@ -118,35 +154,62 @@ def _graph(s) -> dict:
     for col in layers.values():
         for slot, k in enumerate(col):
             pos[k] = float(slot)
-    for _ in range(2):          # barycentre sweeps: a node near the mean slot of its neighbours
+    for _ in range(2):  # barycentre sweeps: a node near the mean slot of its neighbours
         for L in sorted(layers):
-            key = {k: sum(pos[p] for p in preds[k]) / len(preds[k]) if preds[k] else
-                   sum(pos[c] for c in succs[k]) / len(succs[k]) if succs[k] else pos[k]
-                   for k in layers[L]}
+            key = {
+                k: sum(pos[p] for p in preds[k]) / len(preds[k])
+                if preds[k]
+                else sum(pos[c] for c in succs[k]) / len(succs[k])
+                if succs[k]
+                else pos[k]
+                for k in layers[L]
+            }
             layers[L].sort(key=key.__getitem__)
             for slot, k in enumerate(layers[L]):
                 pos[k] = float(slot)
     outs = [str(o.out_layouts[0]) if o.out_layouts else "(none)" for o in ops]
     legend = [t for t, _ in Counter(outs).most_common()]
     stage_of = [min((ops[c - nin].stage for c in succs[k]), default=0) for k in range(nin)]
-    nodes = [{"name": i.name, "kind": "arg", "title": f"{i.name} (argument)\n"
-              f"{type_str(i.shape, i.dtype)} {i.layout}", "lay": -1, "stage": stage_of[k]}
-             for k, i in enumerate(s.inputs)]
-    nodes += [{"name": o.name, "kind": "op", "lay": legend.index(t), "stage": o.stage,
-               "title": f"{o.name} ({o.prim})\n{_op_row(o)['layout']}\n{o.source}"}
-              for o, t in zip(ops, outs)]
+    nodes = [
+        {
+            "name": i.name,
+            "kind": "arg",
+            "title": f"{i.name} (argument)\n{type_str(i.shape, i.dtype)} {i.layout}",
+            "lay": -1,
+            "stage": stage_of[k],
+        }
+        for k, i in enumerate(s.inputs)
+    ]
+    nodes += [
+        {
+            "name": o.name,
+            "kind": "op",
+            "lay": legend.index(t),
+            "stage": o.stage,
+            "title": f"{o.name} ({o.prim})\n{_op_row(o)['layout']}\n{o.source}",
+        }
+        for o, t in zip(ops, outs)
+    ]
     for k, d in enumerate(nodes):
         d["x"], d["y"] = _PAD + layer[k] * _DX, _PAD + pos[k] * _DY
-    return {"nodes": nodes, "edges": [[p, c] for c in range(n) for p in preds[c]],
-            "legend": legend, "width": 2 * _PAD + max(layers, default=0) * _DX,
-            "height": 2 * _PAD + (max(map(len, layers.values()), default=1) - 1) * _DY + _ARC,
-            "dx": _DX, "arc": _ARC}
+    return {
+        "nodes": nodes,
+        "edges": [[p, c] for c in range(n) for p in preds[c]],
+        "legend": legend,
+        "width": 2 * _PAD + max(layers, default=0) * _DX,
+        "height": 2 * _PAD + (max(map(len, layers.values()), default=1) - 1) * _DY + _ARC,
+        "dx": _DX,
+        "arc": _ARC,
+    }
 
 
 def _comm(s) -> dict:
     """Bytes and seconds (times count) summed per (kind, axes), per kind and per axes."""
-    agg = {"pairs": defaultdict(lambda: [0, 0, 0.0]), "kind": defaultdict(lambda: [0, 0, 0.0]),
-           "axes": defaultdict(lambda: [0, 0, 0.0])}
+    agg = {
+        "pairs": defaultdict(lambda: [0, 0, 0.0]),
+        "kind": defaultdict(lambda: [0, 0, 0.0]),
+        "axes": defaultdict(lambda: [0, 0, 0.0]),
+    }
     for c in s.collectives:
         axes = "(" + ",".join(c.axes) + ")"
         for table, key in (("pairs", (c.kind, axes)), ("kind", (c.kind,)), ("axes", (axes,))):
@@ -154,8 +217,10 @@ def _comm(s) -> dict:
             row[0] += c.count
             row[1] += c.bytes * c.count
             row[2] += c.seconds * c.count
-    return {t: sorted(([*k, *v] for k, v in rows.items()), key=lambda r: -r[-1])
-            for t, rows in agg.items()}
+    return {
+        t: sorted(([*k, *v] for k, v in rows.items()), key=lambda r: -r[-1])
+        for t, rows in agg.items()
+    }
 
 
 _PAGE = r"""<!DOCTYPE html>

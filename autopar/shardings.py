@@ -7,6 +7,7 @@ implementation's. Out: the same pytree of ``NamedSharding``s (``named_shardings`
 ``jax.jit(step, in_shardings=..., out_shardings=...)``; ``mesh_of`` checks the mesh. A layout
 holding partial sums has no PartitionSpec: results never do.
 """
+
 from __future__ import annotations
 
 import jax
@@ -19,13 +20,17 @@ def mesh_of(mesh, axis_names, shape):
     """``mesh`` if it is a jax Mesh or AbstractMesh with ``axis_names`` of sizes ``shape``,
     else a ConfigError saying what differs."""
     if not isinstance(mesh, (Mesh, AbstractMesh)):
-        raise ConfigError(f"{mesh!r} is not a jax.sharding.Mesh or AbstractMesh; build one "
-                          f"with axes {tuple(axis_names)} of sizes {tuple(shape)}, e.g. "
-                          f"jax.make_mesh({tuple(shape)}, {tuple(axis_names)}).")
+        raise ConfigError(
+            f"{mesh!r} is not a jax.sharding.Mesh or AbstractMesh; build one "
+            f"with axes {tuple(axis_names)} of sizes {tuple(shape)}, e.g. "
+            f"jax.make_mesh({tuple(shape)}, {tuple(axis_names)})."
+        )
     if tuple(mesh.axis_names) != tuple(axis_names) or tuple(mesh.axis_sizes) != tuple(shape):
-        raise ConfigError(f"the plan's mesh has axes {tuple(axis_names)} of sizes "
-                          f"{tuple(shape)}; {mesh} has {tuple(mesh.axis_names)} of "
-                          f"{tuple(mesh.axis_sizes)}; give a mesh like the plan's.")
+        raise ConfigError(
+            f"the plan's mesh has axes {tuple(axis_names)} of sizes "
+            f"{tuple(shape)}; {mesh} has {tuple(mesh.axis_names)} of "
+            f"{tuple(mesh.axis_sizes)}; give a mesh like the plan's."
+        )
     return mesh
 
 
@@ -36,6 +41,6 @@ def named_shardings(layouts, mesh, tree=None, key_dims=None):
     key_dims = key_dims or {}
     out = []
     for j, layout in enumerate(layouts):
-        spec = tuple(layout.to_partition_spec())             # one entry per dimension
-        out.append(NamedSharding(mesh, PartitionSpec(*spec[:layout.rank - key_dims.get(j, 0)])))
+        spec = tuple(layout.to_partition_spec())  # one entry per dimension
+        out.append(NamedSharding(mesh, PartitionSpec(*spec[: layout.rank - key_dims.get(j, 0)])))
     return tuple(out) if tree is None else jax.tree.unflatten(tree, out)

@@ -22,6 +22,7 @@ In: the tracer's builder (``autopar.trace._Builder``), a ``scan`` or ``cond`` eq
 operands as graph values, its source line and scope. Out: the equation's results as graph
 values, the operators that compute them added to the builder.
 """
+
 from __future__ import annotations
 
 import jax
@@ -33,7 +34,7 @@ from .errors import RuleError
 from .graph import Const
 from .trace_keys import counters
 
-MAX_UNROLL = 128        # scan iterations inlined at most
+MAX_UNROLL = 128  # scan iterations inlined at most
 
 
 def emit(builder, fn, ins, src, scope) -> list:
@@ -46,14 +47,16 @@ def unroll_scan(builder, eqn, ins, src, scope) -> list:
     p = eqn.params
     n, body = p["length"], p["jaxpr"]
     if not 0 < n <= MAX_UNROLL:
-        raise RuleError(f"a lax.scan of {n} iterations at {src or 'an unknown source line'}: "
-                        f"autopar unrolls scans of 1 to {MAX_UNROLL} iterations (each one's "
-                        "operators planned); shorten it, or write the loop in Python over "
-                        "fewer, larger steps.")
+        raise RuleError(
+            f"a lax.scan of {n} iterations at {src or 'an unknown source line'}: "
+            f"autopar unrolls scans of 1 to {MAX_UNROLL} iterations (each one's "
+            "operators planned); shorten it, or write the loop in Python over "
+            "fewer, larger steps."
+        )
     nc, nk = p["num_consts"], p["num_carry"]
-    consts, carry, xs = ins[:nc], list(ins[nc:nc + nk]), ins[nc + nk:]
+    consts, carry, xs = ins[:nc], list(ins[nc : nc + nk]), ins[nc + nk :]
     ys = {}
-    for i in (reversed(range(n)) if p["reverse"] else range(n)):
+    for i in reversed(range(n)) if p["reverse"] else range(n):
         x_i = emit(builder, lambda *a, i=i: [x[i] for x in a], xs, src, scope) if xs else []
         out = builder.inline(body.jaxpr, body.consts, [*consts, *carry, *x_i], src, scope)
         carry, ys[i] = out[:nk], out[nk:]
@@ -66,14 +69,16 @@ def unroll_scan(builder, eqn, ins, src, scope) -> list:
 
 def cond_as_select(builder, eqn, ins, src, scope) -> list:
     index, ops, branches = ins[0], ins[1:], eqn.params["branches"]
-    if isinstance(index, Const):            # known when traced (``platform_index``): that
-        b = branches[int(np.clip(np.asarray(index.value), 0, len(branches) - 1))]   # branch
+    if isinstance(index, Const):  # known when traced (``platform_index``): that
+        b = branches[int(np.clip(np.asarray(index.value), 0, len(branches) - 1))]  # branch
         return builder.inline(b.jaxpr, b.consts, list(ops), src, scope)
     outs = [builder.inline(b.jaxpr, b.consts, list(ops), src, scope) for b in branches]
     if len(outs) == 1:
         return outs[0]
-    return [emit(builder, lambda w, *cases: [lax.select_n(w, *cases)], [index, *cases],
-                 src, scope)[0] for cases in zip(*outs)]
+    return [
+        emit(builder, lambda w, *cases: [lax.select_n(w, *cases)], [index, *cases], src, scope)[0]
+        for cases in zip(*outs)
+    ]
 
 
 def empty_scalar(builder, eqn, ins, src, scope) -> list:
@@ -89,15 +94,18 @@ def platform_index(builder, eqn, ins, src, scope) -> list:
     may run on the native runtime's CPU workers or on JAX's devices), else of the code for the
     platform JAX computes on by default (``jax.default_backend()``)."""
     here = {"cpu": {"cpu"}, "gpu": {"cuda", "rocm", "gpu"}, "tpu": {"tpu"}}.get(
-        jax.default_backend(), {jax.default_backend()})
+        jax.default_backend(), {jax.default_backend()}
+    )
     groups = eqn.params["platforms"]
     found = [i for i, ps in enumerate(groups) if ps is not None and here & set(ps)]
     default = [i for i, ps in enumerate(groups) if ps is None]
     if not found and not default:
-        raise RuleError(f"code at {src or 'an unknown source line'} has versions for "
-                        f"{[p for ps in groups for p in ps]} only, none for "
-                        f"{jax.default_backend()}: run the step where JAX computes on one of "
-                        "those, or give it a default version.")
+        raise RuleError(
+            f"code at {src or 'an unknown source line'} has versions for "
+            f"{[p for ps in groups for p in ps]} only, none for "
+            f"{jax.default_backend()}: run the step where JAX computes on one of "
+            "those, or give it a default version."
+        )
     return [Const(np.int32((default or found)[0]), (), np.dtype(np.int32))]
 
 
@@ -107,7 +115,7 @@ def linear_solve(builder, eqn, ins, src, scope) -> list:
     the solve's transpose into a solve of its own."""
     n, solve = eqn.params["const_lengths"], eqn.params["jaxprs"].solve
     start = n.matvec + n.vecmat
-    consts, rhs = ins[start:start + n.solve], ins[sum(n):]
+    consts, rhs = ins[start : start + n.solve], ins[sum(n) :]
     return builder.inline(solve.jaxpr, solve.consts, [*consts, *rhs], src, scope)
 
 
@@ -117,6 +125,12 @@ def placed(builder, eqn, ins, src, scope) -> list:
     return list(ins)
 
 
-HANDLERS = {"scan": unroll_scan, "cond": cond_as_select, "empty2": empty_scalar,
-            "iota_2x32_shape": counters, "platform_index": platform_index,
-            "custom_linear_solve": linear_solve, "device_put": placed}
+HANDLERS = {
+    "scan": unroll_scan,
+    "cond": cond_as_select,
+    "empty2": empty_scalar,
+    "iota_2x32_shape": counters,
+    "platform_index": platform_index,
+    "custom_linear_solve": linear_solve,
+    "device_put": placed,
+}

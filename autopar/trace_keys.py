@@ -21,6 +21,7 @@ tracer traces and inlines in its place (``trace._Builder.emit``). Typed keys amo
 arguments and results reach the tracer as their data (``compiler.key_args``); ``trace`` itself
 refuses them (``RuleError``).
 """
+
 from __future__ import annotations
 
 import math
@@ -65,16 +66,16 @@ def counter_words(shape, wide: bool = False) -> list:
     """``[high, low]``: every element's row-major place in ``shape`` as ``iota_2x32_shape``
     gives it, from elementwise and broadcast operators (``counters``); ``wide``: the 64-bit
     sum even below 2**32 elements."""
-    if math.prod(shape) < 2 ** 32 and not wide:
+    if math.prod(shape) < 2**32 and not wide:
         low = None
         for d, n in enumerate(shape):
-            place = lax.iota(np.uint32, n) * np.uint32(math.prod(shape[d + 1:]))
+            place = lax.iota(np.uint32, n) * np.uint32(math.prod(shape[d + 1 :]))
             place = lax.broadcast_in_dim(place, shape, (d,))
             low = place if low is None else low + place
         return [lax.full(shape, 0, np.uint32), low]
     high = low = None
     for d, n in enumerate(shape):
-        place = np.arange(n, dtype=np.uint64) * np.uint64(math.prod(shape[d + 1:]))
+        place = np.arange(n, dtype=np.uint64) * np.uint64(math.prod(shape[d + 1 :]))
         lo = lax.broadcast_in_dim((place & np.uint64(0xFFFFFFFF)).astype(np.uint32), shape, (d,))
         hi = lax.broadcast_in_dim((place >> np.uint64(32)).astype(np.uint32), shape, (d,))
         high, low = (hi, lo) if low is None else add_words(high, low, hi, lo)
@@ -95,14 +96,18 @@ def physical_rule(eqn, where: str):
     ins = [v.aval for v in eqn.invars]
     out = eqn.outvars[0].aval
     from jax._src.random import prng
+
     if name in ("random_wrap", "random_unwrap", "copy", "copy_p"):
         return lambda x: [x]
     if name == "random_seed":
         return lambda s: [prng.random_seed_impl_base(s, impl=params["impl"])]
     if name == "random_bits":
         impl, n = ins[0].dtype._impl, len(ins[0].shape)
-        return lambda k: [prng.random_bits_impl_base(impl, k, n, bit_width=params["bit_width"],
-                                                     shape=params["shape"])]
+        return lambda k: [
+            prng.random_bits_impl_base(
+                impl, k, n, bit_width=params["bit_width"], shape=params["shape"]
+            )
+        ]
     if name == "random_split":
         impl, n = ins[0].dtype._impl, len(ins[0].shape)
         return lambda k: [prng.random_split_impl_base(impl, k, n, shape=params["shape"])]
@@ -113,37 +118,53 @@ def physical_rule(eqn, where: str):
     t = len(tail)
     if name == "slice":
         strides = params.get("strides") or (1,) * len(params["start_indices"])
-        return lambda x: [lax.slice(x, tuple(params["start_indices"]) + (0,) * t,
-                                    tuple(params["limit_indices"]) + tail,
-                                    tuple(strides) + (1,) * t)]
+        return lambda x: [
+            lax.slice(
+                x,
+                tuple(params["start_indices"]) + (0,) * t,
+                tuple(params["limit_indices"]) + tail,
+                tuple(strides) + (1,) * t,
+            )
+        ]
     if name == "squeeze":
         return lambda x: [lax.squeeze(x, params["dimensions"])]
     if name == "reshape" and params.get("dimensions") is None:
         return lambda x: [lax.reshape(x, tuple(params["new_sizes"]) + tail)]
     if name == "broadcast_in_dim":
         rank = len(params["shape"])
-        return lambda x: [lax.broadcast_in_dim(
-            x, tuple(params["shape"]) + tail,
-            tuple(params["broadcast_dimensions"]) + tuple(range(rank, rank + t)))]
+        return lambda x: [
+            lax.broadcast_in_dim(
+                x,
+                tuple(params["shape"]) + tail,
+                tuple(params["broadcast_dimensions"]) + tuple(range(rank, rank + t)),
+            )
+        ]
     if name == "concatenate":
         return lambda *xs: [lax.concatenate(xs, params["dimension"])]
     if name == "dynamic_slice":
-        return lambda x, *idx: [lax.dynamic_slice(
-            x, tuple(idx) + (0,) * t, tuple(params["slice_sizes"]) + tail)]
+        return lambda x, *idx: [
+            lax.dynamic_slice(x, tuple(idx) + (0,) * t, tuple(params["slice_sizes"]) + tail)
+        ]
     if name == "select_n" and not is_key(ins[0]):
+
         def select(which, *cases):
-            if which.ndim:                    # one choice per key: the same for its data
+            if which.ndim:  # one choice per key: the same for its data
                 which = lax.broadcast_in_dim(which, cases[0].shape, tuple(range(which.ndim)))
             return [lax.select_n(which, *cases)]
+
         return select
     if name in ("random_gamma", "while"):
-        raise RuleError(f"'{name}' on PRNG keys{where}: jax.random.gamma, beta and dirichlet "
-                        "(random_gamma) and poisson (a while loop over keys) draw by rejection "
-                        "loops autopar does not trace. Draw them outside the step and pass them "
-                        "in; for draws that must follow the parameters, build them from uniform "
-                        "or normal draws inside the step (e.g. Kumaraswamy for Beta, a "
-                        "logistic-normal for Dirichlet).")
-    raise RuleError(f"'{name}' on PRNG keys{where} has no rule in autopar (it handles "
-                    "random_bits, split, fold_in, seed, wrap/unwrap and slicing, reshaping, "
-                    "broadcasting, concatenating and selecting keys); make the random values "
-                    "outside the step and pass them in, or rewrite that line.")
+        raise RuleError(
+            f"'{name}' on PRNG keys{where}: jax.random.gamma, beta and dirichlet "
+            "(random_gamma) and poisson (a while loop over keys) draw by rejection "
+            "loops autopar does not trace. Draw them outside the step and pass them "
+            "in; for draws that must follow the parameters, build them from uniform "
+            "or normal draws inside the step (e.g. Kumaraswamy for Beta, a "
+            "logistic-normal for Dirichlet)."
+        )
+    raise RuleError(
+        f"'{name}' on PRNG keys{where} has no rule in autopar (it handles "
+        "random_bits, split, fold_in, seed, wrap/unwrap and slicing, reshaping, "
+        "broadcasting, concatenating and selecting keys); make the random values "
+        "outside the step and pass them in, or rewrite that line."
+    )

@@ -11,18 +11,25 @@ value to a layout it is redistributed to before any other read (optimizer level1
 reduced in full, then sliced). ``comm`` maps node id -> estimated seconds of the
 redistributions feeding it.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from autopar.graph import Const, Value
 from autopar.layout import Layout
-from autopar.program import (Collective, Compute, Program, Slice, StepKind,
-                             defer_all_reduce_readers, segment)
+from autopar.program import (
+    Collective,
+    Compute,
+    Program,
+    Slice,
+    StepKind,
+    defer_all_reduce_readers,
+    segment,
+)
 from autopar.strategies.rules import rule_for
 
 from .planner import after
@@ -39,10 +46,11 @@ def step_layout(layout: Layout, step) -> Layout:
 class ZeroStep:
     """Local step making a replicated value a partial sum over ``axes``: the value stays on the
     first rank of the axis group, every other rank holds zeros (exact; no communication)."""
+
     axes: tuple
     kind: StepKind = StepKind.PARTIAL_ZERO
-    dim: Optional[int] = None
-    dst_dim: Optional[int] = None
+    dim: int | None = None
+    dst_dim: int | None = None
 
 
 def plan_steps(planner, src: Layout, dst: Layout, shape, dtype):
@@ -63,8 +71,9 @@ def _nbytes(shape, dtype) -> int:
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
 
-def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason="", last=None,
-               node_id=None):
+def emit_steps(
+    steps, src, layout, shape, dtype, planner, new_reg, avals, reason="", last=None, node_id=None
+):
     """The instructions of ``steps`` (planner steps or ``ZeroStep``s) taking register ``src`` of
     a value of global ``shape`` from ``layout``: ``[(instruction, layout after it)]``, each
     writing a new register (``new_reg()``; ``last`` for the final one when given) whose local
@@ -80,10 +89,23 @@ def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason
             there = nxt.local_shape(shape, mesh)
             nbytes = max(_nbytes(here, dtype), _nbytes(there, dtype))
             _, algo = planner.step_time(step.kind, step.axes, _nbytes(here, dtype))
-            ins = Collective(step.kind, tuple(step.axes), here, np.dtype(dtype), nbytes, algo,
-                             step.dim, step.dst_dim, src, reg, reason,
-                             prices=planner.all_reduce_prices(tuple(step.axes))
-                             if step.kind == StepKind.ALL_REDUCE else (), node_id=node_id)
+            ins = Collective(
+                step.kind,
+                tuple(step.axes),
+                here,
+                np.dtype(dtype),
+                nbytes,
+                algo,
+                step.dim,
+                step.dst_dim,
+                src,
+                reg,
+                reason,
+                prices=planner.all_reduce_prices(tuple(step.axes))
+                if step.kind == StepKind.ALL_REDUCE
+                else (),
+                node_id=node_id,
+            )
         avals[reg] = (nxt.local_shape(shape, mesh), np.dtype(dtype))
         out.append((ins, nxt))
         src, cur = reg, nxt
@@ -91,21 +113,20 @@ def emit_steps(steps, src, layout, shape, dtype, planner, new_reg, avals, reason
 
 
 class _Lowerer:
-    def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None,
-                 reduced_to=None):
+    def __init__(self, graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to=None):
         self.graph, self.choice, self.mesh, self.planner = graph, choice, mesh, planner
         self.out_layouts = out_layouts or (None,) * len(graph.outputs)
         self.reduced_to = reduced_to or {}
         self.instructions = []
-        self.owners = []           # per instruction: index of the node it feeds or computes,
-                                   # None for a result's redistribution
+        self.owners = []  # per instruction: index of the node it feeds or computes,
+        # None for a result's redistribution
         self.current = None
-        self.where = {}            # value id -> {Layout: register}
-        self.layout = {}           # value id -> produced layout
+        self.where = {}  # value id -> {Layout: register}
+        self.layout = {}  # value id -> produced layout
         self.next_reg = 0
         self.inputs = []
-        self.avals = {}            # register -> (local shape, dtype)
-        self.local = {}            # (node signature, candidate) -> (out shapes, params)
+        self.avals = {}  # register -> (local shape, dtype)
+        self.local = {}  # (node signature, candidate) -> (out shapes, params)
         for v, l in zip(graph.inputs, in_layouts):
             r = self.new_reg()
             self.avals[r] = (l.local_shape(v.shape, mesh), np.dtype(v.dtype))
@@ -133,13 +154,27 @@ class _Lowerer:
                 r, c2 = self.read(x, want, reason)
                 return r, c + c2
             # read from the cheapest layout the value already exists in
-            have = min(held, key=lambda l: (plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
-                                            l != self.layout[x.id]))
+            have = min(
+                held,
+                key=lambda l: (
+                    plan_steps(self.planner, l, want, x.shape, x.dtype)[1],
+                    l != self.layout[x.id],
+                ),
+            )
             src = held[have]
         steps, cost = plan_steps(self.planner, have, want, x.shape, x.dtype)
-        made = emit_steps(steps, src, have, x.shape, x.dtype, self.planner, self.new_reg,
-                          self.avals, reason, node_id=None if self.current is None
-                          else self.graph.nodes[self.current].id)
+        made = emit_steps(
+            steps,
+            src,
+            have,
+            x.shape,
+            x.dtype,
+            self.planner,
+            self.new_reg,
+            self.avals,
+            reason,
+            node_id=None if self.current is None else self.graph.nodes[self.current].id,
+        )
         for ins, lay in made:
             self.instructions.append(ins)
             self.owners.append(self.current)
@@ -159,14 +194,19 @@ class _Lowerer:
                 ins.append(r)
                 cost += c
             comm[node.id] = cost
-            key = (node.signature, cand)          # a repeated layer's node: the same shapes
+            key = (node.signature, cand)  # a repeated layer's node: the same shapes
             if key not in self.local:
-                in_shapes = [l.local_shape(x.shape, self.mesh)
-                             for x, l in zip(node.inputs, cand.in_layouts)]
-                out_shapes = [l.local_shape(v.shape, self.mesh)
-                              for v, l in zip(node.outputs, cand.out_layouts)]
-                self.local[key] = (out_shapes,
-                                   rule_for(node).params_for(node, in_shapes, out_shapes))
+                in_shapes = [
+                    l.local_shape(x.shape, self.mesh) for x, l in zip(node.inputs, cand.in_layouts)
+                ]
+                out_shapes = [
+                    l.local_shape(v.shape, self.mesh)
+                    for v, l in zip(node.outputs, cand.out_layouts)
+                ]
+                self.local[key] = (
+                    out_shapes,
+                    rule_for(node).params_for(node, in_shapes, out_shapes),
+                )
             out_shapes, params = self.local[key]
             outs = []
             for v, l, shp in zip(node.outputs, cand.out_layouts, out_shapes):
@@ -175,7 +215,9 @@ class _Lowerer:
                 self.where[v.id] = {l: r}
                 self.layout[v.id] = l
                 outs.append(r)
-            self.instructions.append(Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes)))
+            self.instructions.append(
+                Compute(node, params, tuple(ins), tuple(outs), tuple(out_shapes))
+            )
             self.owners.append(self.current)
         self.current = None
         outputs, out_layouts, out_cost = [], [], 0.0
@@ -196,6 +238,7 @@ class LoweredSteps:
     {layout: register}) and ``new_reg()`` for registers added later. Then the result registers
     and layouts, per node id the seconds of the redistributions feeding it, and the seconds of
     laying the results out."""
+
     lowering: _Lowerer
     outputs: list
     out_layouts: list
@@ -213,9 +256,20 @@ def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to
     """``(Program, comm per node id, results' seconds)``: ``lower_steps`` segmented."""
     low = lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts, reduced_to)
     lowerer = low.lowering
-    body = segment(defer_all_reduce_readers(lowerer.instructions), lowerer.avals,
-                   [o for o in low.outputs if isinstance(o, int)])
-    prog = Program(mesh, tuple(lowerer.inputs), tuple(in_layouts), tuple(low.outputs),
-                   tuple(low.out_layouts), body, graph.in_tree, graph.out_tree,
-                   dict(lowerer.avals))
+    body = segment(
+        defer_all_reduce_readers(lowerer.instructions),
+        lowerer.avals,
+        [o for o in low.outputs if isinstance(o, int)],
+    )
+    prog = Program(
+        mesh,
+        tuple(lowerer.inputs),
+        tuple(in_layouts),
+        tuple(low.outputs),
+        tuple(low.out_layouts),
+        body,
+        graph.in_tree,
+        graph.out_tree,
+        dict(lowerer.avals),
+    )
     return prog, low.comm, low.out_cost

@@ -35,13 +35,14 @@ names unknown axes or does not divide the shape. Results are memoised per ``Plan
 API: ``Planner(mesh).plan(src, dst, shape, dtype) -> Plan``, ``.cost(...) -> seconds`` and
 ``.step_costs(plan)`` (per step: local shapes, bytes, seconds, algorithm, for lowering).
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,8 +52,13 @@ from autopar.mesh import LogicalMesh
 from autopar.program import StepKind
 from autopar.strategies.comm_cost import ALL_REDUCE, all_reduce_times, collective_time
 
-KINDS = (StepKind.SLICE, StepKind.ALL_GATHER, StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER,
-         StepKind.ALL_TO_ALL)   # the planner's steps, in tie order
+KINDS = (
+    StepKind.SLICE,
+    StepKind.ALL_GATHER,
+    StepKind.ALL_REDUCE,
+    StepKind.REDUCE_SCATTER,
+    StepKind.ALL_TO_ALL,
+)  # the planner's steps, in tie order
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
 
 
@@ -61,10 +67,11 @@ class Step:
     """One redistribution step over mesh ``axes`` (the planner emits one axis per step).
     ``dim``: the sliced, gathered or scattered dim (all_to_all: the dim the axis leaves);
     ``dst_dim``: all_to_all only, the dim the axis moves to."""
+
     kind: str
     axes: tuple[str, ...]
-    dim: Optional[int] = None
-    dst_dim: Optional[int] = None
+    dim: int | None = None
+    dst_dim: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "axes", tuple(self.axes))
@@ -83,6 +90,7 @@ class Step:
 @dataclass(frozen=True)
 class StepCost:
     """A step of a plan with its local (per-device) shapes, input bytes, time and algorithm."""
+
     step: Step
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
@@ -92,14 +100,16 @@ class StepCost:
     algorithm: str
 
     def __str__(self) -> str:
-        return (f"{self.step} {self.in_shape}->{self.out_shape} {self.seconds:.3g}s "
-                f"[{self.algorithm}]")
+        return (
+            f"{self.step} {self.in_shape}->{self.out_shape} {self.seconds:.3g}s [{self.algorithm}]"
+        )
 
 
 @dataclass(frozen=True)
 class Plan:
     """The steps from ``src`` to ``dst`` for a tensor of global ``shape`` and ``dtype`` (a numpy
     dtype), and their total estimated seconds; ``steps == ()`` and ``cost == 0`` if equal."""
+
     src: Layout
     dst: Layout
     shape: tuple[int, ...]
@@ -126,11 +136,11 @@ class Planner:
         self._inside = {a: mesh.inner_size(a) for a in mesh.axis_names}
         inner_level = mesh.topology.levels[-1]
         self._inner_lvl = (inner_level.alpha, inner_level.beta_for("all_reduce"))
-        self._gamma = 1 / mesh.topology.mem_bandwidth     # a reduction streams at memory speed
-        self._memo: dict = {}        # (src, dst, shape, dtype) -> Plan
-        self.steps_memo: dict = {}   # lower.plan_steps' answers, by the same key
-        self._searches: dict = {}    # (src state, kept partial, shape, itemsize) -> _Search
-        self._edges: dict = {}       # (shape, itemsize) -> {state: moves}
+        self._gamma = 1 / mesh.topology.mem_bandwidth  # a reduction streams at memory speed
+        self._memo: dict = {}  # (src, dst, shape, dtype) -> Plan
+        self.steps_memo: dict = {}  # lower.plan_steps' answers, by the same key
+        self._searches: dict = {}  # (src state, kept partial, shape, itemsize) -> _Search
+        self._edges: dict = {}  # (shape, itemsize) -> {state: moves}
 
     # ------------------------------------------------------------------ public
     def plan(self, src: Layout, dst: Layout, shape, dtype) -> Plan:
@@ -177,8 +187,9 @@ class Planner:
         if kind == StepKind.SLICE:
             return 0.0, "local"
         n, alpha, beta, inner, launch = self._group(axes, kind)
-        seconds, algo = collective_time(kind, nbytes, n, alpha, beta, inner, self._gamma,
-                                        self._shared(axes), self._reducers(n))
+        seconds, algo = collective_time(
+            kind, nbytes, n, alpha, beta, inner, self._gamma, self._shared(axes), self._reducers(n)
+        )
         return seconds + launch, algo
 
     def relayout_seconds(self, kind, shape, dim, dst_dim, nbytes: int) -> float:
@@ -205,8 +216,9 @@ class Planner:
         n, alpha, beta, inner, _ = self._group(axes)
         if n <= 1:
             return ()
-        at = lambda nbytes: all_reduce_times(nbytes, n, alpha, beta, inner, self._gamma,
-                                             self._shared(axes), self._reducers(n))
+        at = lambda nbytes: all_reduce_times(
+            nbytes, n, alpha, beta, inner, self._gamma, self._shared(axes), self._reducers(n)
+        )
         t0, t1 = at(0), at(1)
         return tuple((a, t0[a], t1[a] - t0[a]) for a in ALL_REDUCE if a in t0)
 
@@ -224,36 +236,63 @@ class Planner:
         ``beta`` that of a collective ``kind``."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         n = math.prod(self._size[a] for a in axes)
-        L = math.prod(self._inside[a] for a in axes)     # the group's ranks in one host
+        L = math.prod(self._inside[a] for a in axes)  # the group's ranks in one host
         inner = (L, *self._inner_lvl) if 1 < L < n else None
         levels = [self._lvl[a] for a in axes]
-        return (n, max(lv.alpha for lv in levels), max(lv.beta_for(kind) for lv in levels),
-                inner, max(lv.launch for lv in levels))
+        return (
+            n,
+            max(lv.alpha for lv in levels),
+            max(lv.beta_for(kind) for lv in levels),
+            inner,
+            max(lv.launch for lv in levels),
+        )
 
     def _fail(self, src, dst, shape, why: str):
-        raise RedistributionError(f"cannot redistribute a tensor of shape {shape} on {self.mesh} "
-                                  f"from {src} to {dst}: {why}")
+        raise RedistributionError(
+            f"cannot redistribute a tensor of shape {shape} on {self.mesh} "
+            f"from {src} to {dst}: {why}"
+        )
 
     def _validate(self, src: Layout, dst: Layout, shape) -> None:
         for name, lay in (("source", src), ("destination", dst)):
             if lay.rank != len(shape):
-                self._fail(src, dst, shape, f"the {name} layout has {lay.rank} dimensions but the "
-                           f"shape has {len(shape)}; give one entry per tensor dimension.")
+                self._fail(
+                    src,
+                    dst,
+                    shape,
+                    f"the {name} layout has {lay.rank} dimensions but the "
+                    f"shape has {len(shape)}; give one entry per tensor dimension.",
+                )
             unknown = sorted((lay.axes | lay.partial) - set(self._size))
             if unknown:
-                self._fail(src, dst, shape, f"the {name} layout names axes {unknown} that are not "
-                           f"on the mesh (axes {self.mesh.axis_names}); use mesh axis names.")
+                self._fail(
+                    src,
+                    dst,
+                    shape,
+                    f"the {name} layout names axes {unknown} that are not "
+                    f"on the mesh (axes {self.mesh.axis_names}); use mesh axis names.",
+                )
             for i, d in enumerate(lay.dims):
                 c = math.prod(self._size[a] for a in d)
                 if shape[i] % c:
-                    self._fail(src, dst, shape, f"the {name} layout splits dimension {i} of size "
-                               f"{shape[i]} {c} ways, which does not divide it; choose axes whose "
-                               "sizes multiply to a divisor of the dimension.")
+                    self._fail(
+                        src,
+                        dst,
+                        shape,
+                        f"the {name} layout splits dimension {i} of size "
+                        f"{shape[i]} {c} ways, which does not divide it; choose axes whose "
+                        "sizes multiply to a divisor of the dimension.",
+                    )
         extra = sorted(dst.partial - src.partial)
         if extra:
-            self._fail(src, dst, shape, f"the destination is a partial sum over {extra} but the "
-                       "source is not; a partial sum cannot be created by communication, so "
-                       "make the destination not partial over those axes.")
+            self._fail(
+                src,
+                dst,
+                shape,
+                f"the destination is a partial sum over {extra} but the "
+                "source is not; a partial sum cannot be created by communication, so "
+                "make the destination not partial over those axes.",
+            )
 
     def _search(self, src: Layout, dst: Layout, shape, itemsize: int):
         """Dijkstra from ``src`` with priority ``(picoseconds, #steps, step sort keys)``. The
@@ -291,8 +330,13 @@ class Planner:
                     parent[nxt] = (state, st, sec)
                     heapq.heappush(heap, (*cand, nxt))
         if goal not in done:
-            self._fail(src, dst, shape, "no sequence of collectives reaches the destination "
-                       "(internal planner error; please report it).")
+            self._fail(
+                src,
+                dst,
+                shape,
+                "no sequence of collectives reaches the destination "
+                "(internal planner error; please report it).",
+            )
         path = []
         state = goal
         while state != start:
@@ -311,19 +355,19 @@ class Planner:
         at = _At(dims, partial, shape, splits, nbytes)
         used = {a for d in dims for a in d}
         out: list[_Move] = []
-        for a in self.mesh.axis_names:      # one axis: reduce it if partial, slice it if unused
+        for a in self.mesh.axis_names:  # one axis: reduce it if partial, slice it if unused
             if a in partial:
                 out += self._reduce_moves(at, (a,))
             elif a not in used:
                 out += self._slice_moves(at, a)
-        for i, d in enumerate(dims):        # one axis: a dimension's innermost one leaves it
+        for i, d in enumerate(dims):  # one axis: a dimension's innermost one leaves it
             if d:
                 out += self._gather_moves(at, i, 1)
         # grouped steps: several axes act as one combined axis (first axis major)
-        for k in range(2, len(partial) + 1):        # all_reduce / reduce_scatter over partial axes
+        for k in range(2, len(partial) + 1):  # all_reduce / reduce_scatter over partial axes
             for group in itertools.combinations(partial, k):
                 out += self._reduce_moves(at, group)
-        for i, d in enumerate(dims):                # all_gather / all_to_all of an innermost run
+        for i, d in enumerate(dims):  # all_gather / all_to_all of an innermost run
             for k in range(2, len(d) + 1):
                 out += self._gather_moves(at, i, k)
         return tuple(out)
@@ -331,9 +375,16 @@ class Planner:
     def _slice_moves(self, at: _At, a: str) -> list[_Move]:
         """From ``at``, unused axis ``a`` -> one free slice per dimension it divides."""
         n, ai = self._size[a], self._order[a]
-        return [_Move.of((_put(at.dims, d, (a,)), at.partial), 0.0, (0, ai, d, -1),
-                         Step(StepKind.SLICE, (a,), d))
-                for d in range(len(at.dims)) if at.fits(d, n)]
+        return [
+            _Move.of(
+                (_put(at.dims, d, (a,)), at.partial),
+                0.0,
+                (0, ai, d, -1),
+                Step(StepKind.SLICE, (a,), d),
+            )
+            for d in range(len(at.dims))
+            if at.fits(d, n)
+        ]
 
     def _reduce_moves(self, at: _At, group: tuple[str, ...]) -> list[_Move]:
         """From ``at``, partial axes ``group`` (one or several) -> their all_reduce, then a
@@ -341,16 +392,26 @@ class Planner:
         rest = tuple(p for p in at.partial if p not in group)
         n = math.prod(self._size[g] for g in group)
         head = self._order[group[0]]
-        k = len(group) if len(group) > 1 else -1   # the group size in the sort key, -1 for one
+        k = len(group) if len(group) > 1 else -1  # the group size in the sort key, -1 for one
         sec = self.step_time(StepKind.ALL_REDUCE, group, at.nbytes)[0]
-        out = [_Move.of((at.dims, rest), sec, (2, head, k, -1),
-                        Step(StepKind.ALL_REDUCE, group), group)]
+        out = [
+            _Move.of(
+                (at.dims, rest), sec, (2, head, k, -1), Step(StepKind.ALL_REDUCE, group), group
+            )
+        ]
         sec = self.step_time(StepKind.REDUCE_SCATTER, group, at.nbytes)[0]
         local = at.local()
-        out += [_Move.of((_put(at.dims, d, group), rest), sec + self.relayout_seconds(
-                    StepKind.REDUCE_SCATTER, local, d, None, at.nbytes), (3, head, d, k),
-                         Step(StepKind.REDUCE_SCATTER, group, d), group)
-                for d in range(len(at.dims)) if at.fits(d, n)]
+        out += [
+            _Move.of(
+                (_put(at.dims, d, group), rest),
+                sec + self.relayout_seconds(StepKind.REDUCE_SCATTER, local, d, None, at.nbytes),
+                (3, head, d, k),
+                Step(StepKind.REDUCE_SCATTER, group, d),
+                group,
+            )
+            for d in range(len(at.dims))
+            if at.fits(d, n)
+        ]
         return out
 
     def _gather_moves(self, at: _At, i: int, k: int) -> list[_Move]:
@@ -359,18 +420,30 @@ class Planner:
         group = at.dims[i][-k:]
         n = math.prod(self._size[g] for g in group)
         head = self._order[group[0]]
-        gone = at.dims[:i] + (at.dims[i][:-k],) + at.dims[i + 1:]
+        gone = at.dims[:i] + (at.dims[i][:-k],) + at.dims[i + 1 :]
         local = at.local()
         sec = self.step_time(StepKind.ALL_GATHER, group, at.nbytes)[0] + self.relayout_seconds(
-            StepKind.ALL_GATHER, local, i, None, n * at.nbytes)
-        out = [_Move.of((gone, at.partial), sec, (1, head, i, k if k > 1 else -1),
-                        Step(StepKind.ALL_GATHER, group, i))]
+            StepKind.ALL_GATHER, local, i, None, n * at.nbytes
+        )
+        out = [
+            _Move.of(
+                (gone, at.partial),
+                sec,
+                (1, head, i, k if k > 1 else -1),
+                Step(StepKind.ALL_GATHER, group, i),
+            )
+        ]
         sec = self.step_time(StepKind.ALL_TO_ALL, group, at.nbytes)[0]
-        out += [_Move.of((_put(gone, j, group), at.partial), sec + self.relayout_seconds(
-                    StepKind.ALL_TO_ALL, local, i, j, at.nbytes),
-                         (4, head, i, j * 8 + k if k > 1 else j),
-                         Step(StepKind.ALL_TO_ALL, group, i, j))
-                for j in range(len(at.dims)) if j != i and at.fits(j, n)]
+        out += [
+            _Move.of(
+                (_put(gone, j, group), at.partial),
+                sec + self.relayout_seconds(StepKind.ALL_TO_ALL, local, i, j, at.nbytes),
+                (4, head, i, j * 8 + k if k > 1 else j),
+                Step(StepKind.ALL_TO_ALL, group, i, j),
+            )
+            for j in range(len(at.dims))
+            if j != i and at.fits(j, n)
+        ]
         return out
 
 
@@ -378,6 +451,7 @@ class Planner:
 class _At:
     """The state a move starts from: its ``dims`` and ``partial`` axes, the global ``shape``,
     the ways each dimension is split and the local bytes (every step's input)."""
+
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[str, ...]
     shape: tuple[int, ...]
@@ -396,6 +470,7 @@ class _At:
 class _Move(NamedTuple):
     """One edge of the search: the next ``(dims, partial)`` state, the step's seconds and whole
     picoseconds, its tie-order sort key, the ``Step`` and the partial axes it reduces."""
+
     state: tuple
     seconds: float
     ps: int
@@ -404,14 +479,14 @@ class _Move(NamedTuple):
     reduced: tuple[str, ...]
 
     @staticmethod
-    def of(state, seconds: float, key: tuple, step: Step, reduced=()) -> "_Move":
+    def of(state, seconds: float, key: tuple, step: Step, reduced=()) -> _Move:
         """A move from its parts -> the ``_Move``, its picoseconds computed by ``_ps``."""
         return _Move(state, seconds, _ps(seconds), key, step, tuple(reduced))
 
 
 def _put(dims, d: int, axes: tuple[str, ...]):
     """``dims`` with ``axes`` appended (innermost) to dimension ``d``."""
-    return dims[:d] + (dims[d] + axes,) + dims[d + 1:]
+    return dims[:d] + (dims[d] + axes,) + dims[d + 1 :]
 
 
 def _ps(seconds: float) -> int:
@@ -423,6 +498,7 @@ def _ps(seconds: float) -> int:
 class _Search:
     """A resumable single-source Dijkstra: heap of ``(picoseconds, #steps, keys, state)``, the
     best key and parent ``(state, Step, seconds)`` per reached state, and the settled set."""
+
     __slots__ = ("heap", "best", "parent", "done")
 
     def __init__(self, start):
@@ -445,7 +521,7 @@ def _apply(dims, partial, st: Step):
     if st.kind in (StepKind.ALL_REDUCE, StepKind.REDUCE_SCATTER):
         partial = tuple(p for p in partial if p not in axes)
     if st.kind in (StepKind.ALL_GATHER, StepKind.ALL_TO_ALL):
-        dims[st.dim] = dims[st.dim][:len(dims[st.dim]) - len(axes)]
+        dims[st.dim] = dims[st.dim][: len(dims[st.dim]) - len(axes)]
     if st.kind in (StepKind.SLICE, StepKind.REDUCE_SCATTER):
         dims[st.dim] = dims[st.dim] + axes
     if st.kind == StepKind.ALL_TO_ALL:

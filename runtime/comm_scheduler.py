@@ -8,6 +8,7 @@ them, the thread collectives run on and the job's Reduction Server ranks. Out: t
 results as 64-byte-aligned numpy arrays (``runtime.wire``), per bucket (tensors, bytes,
 algorithm) in ``buckets``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from autopar.program import (REDUCING, WIDENED, StepKind, bucket_key, checked_table,
-                             reduced_bytes)
+from autopar.program import REDUCING, WIDENED, StepKind, bucket_key, checked_table, reduced_bytes
 
 from . import wire
 
@@ -39,13 +39,13 @@ class CommScheduler:
         self.comm, self.mesh, self.limit, self.overlap = comm, mesh, bucket_bytes, overlap
         self.thread, self.reducers = thread, list(reducers)
         self.bucket, self.key, self.bytes = [], None, 0
-        self.futures = {}             # register -> (future of the flat result, offset, shape)
-        self.buckets = []             # (tensors, bytes, algorithm) per all-reduce call issued
-        self.last = None              # the future of the latest bucket issued
+        self.futures = {}  # register -> (future of the flat result, offset, shape)
+        self.buckets = []  # (tensors, bytes, algorithm) per all-reduce call issued
+        self.last = None  # the future of the latest bucket issued
 
     def all_reduce(self, st, x):
-        key = bucket_key(st, self.mesh)            # (program.py: the one bucket rule)
-        if key is None:                            # no axis of size > 1: nothing to exchange
+        key = bucket_key(st, self.mesh)  # (program.py: the one bucket rule)
+        if key is None:  # no axis of size > 1: nothing to exchange
             done = Future()
             done.set_result(np.ravel(x))
             self.futures[st.out] = (done, 0, x.shape, x.dtype)
@@ -69,11 +69,10 @@ class CommScheduler:
         offsets = np.cumsum([0] + [-(-x.size // pad) * pad for _, x in items])
         flat = wire.empty((int(offsets[-1]),), dtype)
         for (_, x), at, end in zip(items, offsets, offsets[1:]):
-            flat[at:at + x.size] = np.ravel(x)
-            flat[at + x.size:end] = 0
+            flat[at : at + x.size] = np.ravel(x)
+            flat[at + x.size : end] = 0
         st = for_bucket(items[0][0], len(items), flat.nbytes)
-        fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh,
-                                             self.reducers)
+        fut = self.last = self.thread.submit(_step, self.comm, st, flat, self.mesh, self.reducers)
         if not self.overlap:
             fut.result()
         self.buckets.append((len(items), flat.nbytes, st.algorithm))
@@ -85,8 +84,8 @@ class CommScheduler:
             self.flush()
         fut, offset, shape, dtype = self.futures.pop(reg)
         flat = fut.result()
-        out = flat[offset:offset + int(np.prod(shape))].reshape(shape)
-        return out if out.dtype == dtype else wire.aligned(out.astype(dtype))   # narrowed back
+        out = flat[offset : offset + int(np.prod(shape))].reshape(shape)
+        return out if out.dtype == dtype else wire.aligned(out.astype(dtype))  # narrowed back
 
     def run(self, st, x):
         """Any other step, in order after the pending all-reduces: on this thread when none is
@@ -94,8 +93,7 @@ class CommScheduler:
         self.flush()
         if self.last is None or self.last.done():
             return _step(self.comm, st, x, self.mesh, self.reducers)
-        return self.thread.submit(_step, self.comm, st, x, self.mesh,
-                                  self.reducers).result()
+        return self.thread.submit(_step, self.comm, st, x, self.mesh, self.reducers).result()
 
     def close(self):
         """Issue what is pending and wait until every collective of the step is done."""
@@ -109,17 +107,16 @@ def for_bucket(st, tensors: int, nbytes: int):
     for the bucket's size."""
     if tensors == 1:
         return st
-    return dataclasses.replace(st, algorithm=min(st.prices,
-                                                 key=lambda p: p[1] + p[2] * nbytes)[0])
+    return dataclasses.replace(st, algorithm=min(st.prices, key=lambda p: p[1] + p[2] * nbytes)[0])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _group(mesh, rank, axes):
     return mesh.group(rank, axes)
 
 
 def _step(comm, st, x, mesh, reducers):
-    x = wire.aligned(x)               # see _all_to_all
+    x = wire.aligned(x)  # see _all_to_all
     axes = tuple(a for a in st.axes if mesh.axis_size(a) > 1)
     if not axes:
         return x
@@ -127,10 +124,11 @@ def _step(comm, st, x, mesh, reducers):
     if st.kind in REDUCING and x.dtype in WIDENED:
         y = _STEPS[st.kind](comm, st, x.astype(WIDENED[x.dtype]), ranks, me, reducers)
         return wire.aligned(y.astype(x.dtype))
-    if np.iscomplexobj(x):            # the collectives move and sum real numbers: a complex
-        part = np.dtype(f"f{x.dtype.itemsize // 2}")        # value goes as (real, imaginary)
-        y = _STEPS[st.kind](comm, st, x.view(part).reshape(x.shape + (2,)), ranks, me,
-                            reducers)                       # pairs, a trailing dimension
+    if np.iscomplexobj(x):  # the collectives move and sum real numbers: a complex
+        part = np.dtype(f"f{x.dtype.itemsize // 2}")  # value goes as (real, imaginary)
+        y = _STEPS[st.kind](
+            comm, st, x.view(part).reshape(x.shape + (2,)), ranks, me, reducers
+        )  # pairs, a trailing dimension
         return np.ascontiguousarray(y).view(x.dtype).reshape(y.shape[:-1])
     return _STEPS[st.kind](comm, st, x, ranks, me, reducers)
 
@@ -146,15 +144,15 @@ def _partial_zero(comm, st, x, ranks, me, reducers):
 
 def _all_reduce(comm, st, x, ranks, me, reducers):
     servers = reducers if st.algorithm == "reduction_server" else []
-    comm.all_reduce(x, ranks, st.op, st.algorithm, servers)   # in place: the scheduler hands it
-    return x                                          # a fresh buffer
+    comm.all_reduce(x, ranks, st.op, st.algorithm, servers)  # in place: the scheduler hands it
+    return x  # a fresh buffer
 
 
 def _all_gather(comm, st, x, ranks, me, reducers):
     n = len(ranks)
     out = wire.empty((n,) + x.shape, x.dtype)
     comm.all_gather(x, out, ranks)
-    if st.dim == 0:                   # the blocks already lie in order: no second copy
+    if st.dim == 0:  # the blocks already lie in order: no second copy
         return out.reshape((n * x.shape[0],) + x.shape[1:])
     return wire.aligned(np.concatenate(list(out), axis=st.dim))
 
@@ -176,7 +174,15 @@ def _all_to_all(comm, st, x, ranks, me, reducers):
     return wire.aligned(np.concatenate(list(out), axis=st.dim))
 
 
-_STEPS = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
-                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
-                        StepKind.REDUCE_SCATTER: _reduce_scatter,
-                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "native runtime")
+_STEPS = checked_table(
+    {
+        StepKind.SLICE: _slice,
+        StepKind.PARTIAL_ZERO: _partial_zero,
+        StepKind.ALL_REDUCE: _all_reduce,
+        StepKind.ALL_GATHER: _all_gather,
+        StepKind.REDUCE_SCATTER: _reduce_scatter,
+        StepKind.ALL_TO_ALL: _all_to_all,
+    },
+    StepKind,
+    "native runtime",
+)

@@ -23,6 +23,7 @@ ranks are handed to them, so its load skips that (about 0.4 s of CPU per rank: t
 start's 8 ranks on 2 cores load in 1.1-1.2 s instead of 3.3). Messages travel pickled over a
 socketpair only the caller and the server hold, descriptors beside them (SCM_RIGHTS).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,13 @@ import threading
 import time
 
 _KEEP = 2
-_POOL = 8          # warm children a server keeps at most
+_POOL = 8  # warm children a server keeps at most
 _HEADER = struct.Struct("<I")
 _MAX_FDS = 8
-_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from autopar.runtime import forkserver; forkserver._serve(int(sys.argv[2]))")
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from autopar.runtime import forkserver; forkserver._serve(int(sys.argv[2]))"
+)
 
 
 def _send(sock, msg, fds=()) -> None:
@@ -79,14 +82,17 @@ def _exactly(sock, n: int) -> bytes:
 class Forked:
     """A worker the server forked: Popen's view of it (the server reports its exit)."""
 
-    def __init__(self, server: "_Server", pid: int):
+    def __init__(self, server: _Server, pid: int):
         self.server, self.pid, self.returncode = server, pid, None
 
     def poll(self):
         if self.returncode is None:
             self.returncode = self.server.exits.get(self.pid)
-        if self.returncode is None and not self.server.alive and \
-                not os.path.exists(f"/proc/{self.pid}"):
+        if (
+            self.returncode is None
+            and not self.server.alive
+            and not os.path.exists(f"/proc/{self.pid}")
+        ):
             self.returncode = -1
         return self.returncode
 
@@ -113,13 +119,16 @@ class _Server:
 
     def __init__(self, path: list, env: dict):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(path),
-                                      str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                     env=env, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, json.dumps(path), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self.sock, self.exits, self.alive, self.idle = mine, {}, True, set()
         self.lock, self.changed, self.pids = threading.Lock(), threading.Condition(), []
-        self.stale = 0      # answers owed to requests whose caller stopped waiting (Ctrl-C)
+        self.stale = 0  # answers owed to requests whose caller stopped waiting (Ctrl-C)
         self.reader = threading.Thread(target=self._read, daemon=True, name="autopar-forkserver")
         self.reader.start()
 
@@ -150,9 +159,12 @@ class _Server:
         its worker, which no job will ever accept, is killed rather than taken for this one."""
         null = os.open(os.devnull, os.O_RDONLY)
         try:
-            with self.lock:                       # one request answered at a time
-                _send(self.sock, ("spawn", list(args), list(fd_args), cwd, token),
-                      [null, 1, 2] + [int(args[i]) for i in fd_args])
+            with self.lock:  # one request answered at a time
+                _send(
+                    self.sock,
+                    ("spawn", list(args), list(fd_args), cwd, token),
+                    [null, 1, 2] + [int(args[i]) for i in fd_args],
+                )
                 try:
                     with self.changed:
                         while len(self.pids) <= self.stale and self.alive:
@@ -164,7 +176,7 @@ class _Server:
                             raise OSError("the fork server exited before forking a worker")
                         return Forked(self, self.pids.pop(0))
                 except BaseException:
-                    self.stale += 1               # this request's answer is still to come
+                    self.stale += 1  # this request's answer is still to come
                     raise
         finally:
             os.close(null)
@@ -181,7 +193,7 @@ class _Server:
             self.proc.kill()
 
 
-_servers: dict = {}          # environment key -> _Server, least recently used first
+_servers: dict = {}  # environment key -> _Server, least recently used first
 _servers_lock = threading.Lock()
 
 
@@ -204,8 +216,10 @@ def kept_pids() -> set:
 
 
 def _key(path, env) -> tuple:
-    return (json.dumps(path), tuple(sorted((k, v) for k, v in env.items()
-                                           if k != "AUTOPAR_JOB_TOKEN")))
+    return (
+        json.dumps(path),
+        tuple(sorted((k, v) for k, v in env.items() if k != "AUTOPAR_JOB_TOKEN")),
+    )
 
 
 def keep_warm(path: list, env: dict, n: int) -> None:
@@ -242,15 +256,18 @@ def _serve(fd: int) -> None:
     requests to them; a request stops the warming until it is asked again (after the job's
     start), so warming children never compete with a job's start."""
     import select
+
     sock = socket.socket(fileno=fd)
     import jax  # noqa: F401 -- what the workers would import themselves
     import numpy  # noqa: F401
+
     from autopar import _native  # noqa: F401
     from autopar.runtime import native_backend, native_step, worker  # noqa: F401
+
     children, idle, target = set(), [], 0
     while True:
         ready, _, _ = select.select([sock] + [s for _, s in idle], [], [], 0.05)
-        for pid, s in [w for w in idle if w[1] in ready]:     # an idle child went away
+        for pid, s in [w for w in idle if w[1] in ready]:  # an idle child went away
             idle.remove((pid, s))
             s.close()
         while children:
@@ -269,7 +286,7 @@ def _serve(fd: int) -> None:
             if msg[0] == "warm":
                 target = min(msg[1], _POOL)
                 continue
-            job, target = msg[1:], 0          # no warming while a job starts
+            job, target = msg[1:], 0  # no warming while a job starts
             if idle:
                 pid, s = idle.pop(0)
                 _send(s, job, fds)
@@ -308,15 +325,18 @@ def _idle(conn) -> None:
     when the server goes. XLA is set for one single-threaded device first, as ``worker._pin``
     sets it for a pinned rank: flags are read once, at the backend's start."""
     from .worker import xla_flags
+
     xla_flags(single_threaded=True)
     import jax
     import jax.numpy as jnp
     from jax import export
+
     like = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     e = export.deserialize(export.export(jax.jit(lambda x: x @ x + 1.0))(like).serialize())
     jax.jit(e.call).lower(*e.in_avals).compile()
     from jax.experimental.compilation_cache import compilation_cache
-    compilation_cache.reset_cache()           # the job sets its own cache (compile_shared)
+
+    compilation_cache.reset_cache()  # the job sets its own cache (compile_shared)
     msg, fds = _recv(conn)
     if msg is None:
         os._exit(0)
@@ -340,9 +360,11 @@ def _child(args, fd_args, cwd, token, fds) -> None:
             os.close(f)
         os.chdir(cwd)
         from autopar.runtime import worker
+
         code = worker.main(args)
-    except BaseException:             # noqa: BLE001 -- reported as the exit code
+    except BaseException:  # noqa: BLE001 -- reported as the exit code
         import traceback
+
         traceback.print_exc()
     finally:
         sys.stdout.flush()

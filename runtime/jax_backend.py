@@ -7,6 +7,7 @@ params, every ``Collective``/``Slice`` runs as the ``jax.lax`` call of ``jax_col
 results leave in the Program's output layouts (``out_specs``). On CPU, fake devices
 (``--xla_force_host_platform_device_count``) make this the in-process numerical check of every plan.
 """
+
 from __future__ import annotations
 
 import jax
@@ -26,8 +27,9 @@ def jax_mesh(mesh, given=None) -> Mesh:
     has the mesh's shape and axis names, else its devices (in its order) or else the first
     ``mesh.size`` of ``jax.devices()``, row-major over the mesh's axes."""
     if isinstance(given, Mesh) and given.size == mesh.size:
-        if tuple(given.axis_sizes) == tuple(mesh.shape) and \
-                tuple(given.axis_names) == tuple(mesh.axis_names):
+        if tuple(given.axis_sizes) == tuple(mesh.shape) and tuple(given.axis_names) == tuple(
+            mesh.axis_names
+        ):
             return given
         return Mesh(given.devices.reshape(mesh.shape), mesh.axis_names)
     devices = jax.devices()
@@ -35,8 +37,9 @@ def jax_mesh(mesh, given=None) -> Mesh:
         raise ConfigError(
             f"{mesh} needs {mesh.size} devices but JAX sees {len(devices)} "
             f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count="
-            f"{mesh.size} before importing jax, or lower device_num.")
-    return Mesh(np.array(devices[:mesh.size]).reshape(mesh.shape), mesh.axis_names)
+            f"{mesh.size} before importing jax, or lower device_num."
+        )
+    return Mesh(np.array(devices[: mesh.size]).reshape(mesh.shape), mesh.axis_names)
 
 
 def _explicit(jm: Mesh) -> bool:
@@ -88,9 +91,12 @@ def _moved(x, sharding, host=False):
     in_specs say)."""
     if not isinstance(x, jax.Array):
         return jax.device_put(x, sharding) if host else x
-    s = x.sharding            # (a step's own results come back P() where it takes P(None, None))
-    if isinstance(s, NamedSharding) and s.mesh == sharding.mesh and \
-            s.is_equivalent_to(sharding, x.ndim):
+    s = x.sharding  # (a step's own results come back P() where it takes P(None, None))
+    if (
+        isinstance(s, NamedSharding)
+        and s.mesh == sharding.mesh
+        and s.is_equivalent_to(sharding, x.ndim)
+    ):
         return x
     return jax.device_put(x, sharding)
 
@@ -110,11 +116,21 @@ def sharded_function(program, step=apply_step, devices=None, donate=()):
     ``donate_argnums``)."""
     jm = jax_mesh(program.mesh, devices)
     in_specs = tuple(l.to_partition_spec() for l in program.in_layouts)
-    out_specs = tuple(l.to_partition_spec() for o, l in zip(program.outputs, program.out_layouts)
-                      if not isinstance(o, Const))
-    f = jax.jit(jax.shard_map(program_function(program, step), mesh=jm, in_specs=in_specs,
-                              out_specs=out_specs, check_vma=False),
-                donate_argnums=tuple(donate))
+    out_specs = tuple(
+        l.to_partition_spec()
+        for o, l in zip(program.outputs, program.out_layouts)
+        if not isinstance(o, Const)
+    )
+    f = jax.jit(
+        jax.shard_map(
+            program_function(program, step),
+            mesh=jm,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            check_vma=False,
+        ),
+        donate_argnums=tuple(donate),
+    )
     return f, jm, in_specs
 
 
@@ -128,10 +144,14 @@ def build(program, process_local=(), devices=None, donate=()):
     shardings = [NamedSharding(jm, s) for s in in_specs]
     if multi_process():
         local = set(process_local)
-        call = lambda flat: [fetch(r) for r in f(*[
-            place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))])]
-    else:       # a JAX array placed otherwise (another mesh, its axis names, other devices,
-        host = _explicit(jm)         # one) is moved; host arrays too on an Explicit mesh
+        call = lambda flat: [
+            fetch(r)
+            for r in f(
+                *[place(x, sh, i in local) for i, (x, sh) in enumerate(zip(flat, shardings))]
+            )
+        ]
+    else:  # a JAX array placed otherwise (another mesh, its axis names, other devices,
+        host = _explicit(jm)  # one) is moved; host arrays too on an Explicit mesh
         call = lambda flat: f(*[_moved(x, sh, host) for x, sh in zip(flat, shardings)])
 
     return lambda flat_args: _with_consts(program, call(flat_args))

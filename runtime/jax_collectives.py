@@ -22,6 +22,7 @@ Build the ``shard_map`` with ``check_vma=False``: JAX types an all_gather result
 varying over the gathered axis, so its replication check would reject correct out_specs.
 A partial-sum value is simply a different addend on each device of its partial axes.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,9 @@ from autopar.program import StepKind, checked_table
 def _axis_size(mesh, axis: str) -> int:
     if mesh is None:
         return lax.axis_size(axis)
-    if hasattr(mesh, "axis_size"):          # autopar LogicalMesh
+    if hasattr(mesh, "axis_size"):  # autopar LogicalMesh
         return mesh.axis_size(axis)
-    return int(mesh.shape[axis])            # jax.sharding.Mesh: shape is {name: size}
+    return int(mesh.shape[axis])  # jax.sharding.Mesh: shape is {name: size}
 
 
 def group_index(axes, mesh):
@@ -56,14 +57,17 @@ def apply_step(x, step, mesh):
         return x
     run = _STEPS.get(step.kind)
     if run is None:
-        raise CollectiveError(f"apply_step: unknown step kind {step.kind!r} in {step}; the jax "
-                              f"runtime runs {', '.join(k.value for k in StepKind)}.")
+        raise CollectiveError(
+            f"apply_step: unknown step kind {step.kind!r} in {step}; the jax "
+            f"runtime runs {', '.join(k.value for k in StepKind)}."
+        )
     return run(x, step, axes, axes[0] if len(axes) == 1 else axes, mesh)
 
 
 def _all_reduce(x, step, axes, name, mesh):
     return {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[getattr(step, "op", "sum")](
-        x, name)                      # a planner Step has no op: it sums
+        x, name
+    )  # a planner Step has no op: it sums
 
 
 def _all_gather(x, step, axes, name, mesh):
@@ -76,9 +80,8 @@ def _reduce_scatter(x, step, axes, name, mesh):
     auto_parallel's mlp-large step (its second matmul's partial sum scattered along the
     features) 7% slower than Megatron's all-reduce; this way 2% faster (/tmp probe)."""
     n, d = _check_divides(x, step.dim, axes, mesh, step.kind), step.dim
-    blocks = jnp.moveaxis(x.reshape(x.shape[:d] + (n, x.shape[d] // n) + x.shape[d + 1:]), d, 0)
-    return lax.psum_scatter(blocks, name, scatter_dimension=0, tiled=True).reshape(
-        blocks.shape[1:])
+    blocks = jnp.moveaxis(x.reshape(x.shape[:d] + (n, x.shape[d] // n) + x.shape[d + 1 :]), d, 0)
+    return lax.psum_scatter(blocks, name, scatter_dimension=0, tiled=True).reshape(blocks.shape[1:])
 
 
 def _all_to_all(x, step, axes, name, mesh):
@@ -95,10 +98,18 @@ def _partial_zero(x, step, axes, name, mesh):
     return jnp.where(group_index(axes, mesh) == 0, x, jnp.zeros_like(x))
 
 
-_STEPS = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
-                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
-                        StepKind.REDUCE_SCATTER: _reduce_scatter,
-                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "jax runtime")
+_STEPS = checked_table(
+    {
+        StepKind.SLICE: _slice,
+        StepKind.PARTIAL_ZERO: _partial_zero,
+        StepKind.ALL_REDUCE: _all_reduce,
+        StepKind.ALL_GATHER: _all_gather,
+        StepKind.REDUCE_SCATTER: _reduce_scatter,
+        StepKind.ALL_TO_ALL: _all_to_all,
+    },
+    StepKind,
+    "jax runtime",
+)
 
 
 def apply_steps(x, steps, mesh):
@@ -111,7 +122,9 @@ def apply_steps(x, steps, mesh):
 def _check_divides(x, dim, axes, mesh, kind) -> int:
     n = math.prod(_axis_size(mesh, a) for a in axes)
     if dim is None or not 0 <= dim < x.ndim or x.shape[dim] % n:
-        raise CollectiveError(f"{kind} over axes {axes} (group of {n}) cannot split dimension "
-                              f"{dim} of the local block of shape {tuple(x.shape)}; the split must "
-                              "divide that dimension. Re-plan with a layout that divides it.")
+        raise CollectiveError(
+            f"{kind} over axes {axes} (group of {n}) cannot split dimension "
+            f"{dim} of the local block of shape {tuple(x.shape)}; the split must "
+            "divide that dimension. Re-plan with a layout that divides it."
+        )
     return n

@@ -13,6 +13,7 @@ Each process finds its place in the environment ``ap.init_distributed`` reads:
 nprocs + local rank), ``AUTOPAR_LOCAL_RANK`` and ``AUTOPAR_DEVICES_PER_PROCESS``; the script
 calls ``ap.init_distributed()`` before any JAX computation.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,27 +23,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from autopar.errors import ConfigError
 
-GRACE = 5.0          # seconds the other processes get to stop after a failure, before SIGKILL
+GRACE = 5.0  # seconds the other processes get to stop after a failure, before SIGKILL
 
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    command: tuple                      # [script.py, args...] or ["-m", module, args...]
-    nprocs: int = 1                     # processes on this host
-    devices_per_process: Optional[int] = None   # CPU: host devices per process; GPU: per process
-    nnodes: int = 1                     # hosts in the job
-    node_rank: int = 0                  # this host's index, 0 .. nnodes - 1
-    coordinator: Optional[str] = None   # HOST:PORT of process 0's coordinator
+    command: tuple  # [script.py, args...] or ["-m", module, args...]
+    nprocs: int = 1  # processes on this host
+    devices_per_process: int | None = None  # CPU: host devices per process; GPU: per process
+    nnodes: int = 1  # hosts in the job
+    node_rank: int = 0  # this host's index, 0 .. nnodes - 1
+    coordinator: str | None = None  # HOST:PORT of process 0's coordinator
 
     def check(self) -> None:
         if not self.command:
-            raise ConfigError("autopar launch: give the script to run, e.g. autopar launch "
-                              "--nprocs 2 train.py.")
+            raise ConfigError(
+                "autopar launch: give the script to run, e.g. autopar launch --nprocs 2 train.py."
+            )
         if self.nprocs < 1 or self.nnodes < 1:
             raise ConfigError(f"--nprocs {self.nprocs} and --nnodes {self.nnodes} must be >= 1.")
         if not 0 <= self.node_rank < self.nnodes:
@@ -50,11 +52,14 @@ class LaunchOptions:
         if self.devices_per_process is not None and self.devices_per_process < 1:
             raise ConfigError(f"--devices-per-process {self.devices_per_process} must be >= 1.")
         if self.nnodes > 1 and not self.coordinator:
-            raise ConfigError("--nnodes > 1 needs --coordinator HOST:PORT, the address of node "
-                              "0 (where process 0 runs), the same on every node.")
+            raise ConfigError(
+                "--nnodes > 1 needs --coordinator HOST:PORT, the address of node "
+                "0 (where process 0 runs), the same on every node."
+            )
         if self.coordinator and not self.coordinator.rpartition(":")[2].isdigit():
-            raise ConfigError(f"--coordinator {self.coordinator!r}: write HOST:PORT, e.g. "
-                              "10.0.0.1:12345.")
+            raise ConfigError(
+                f"--coordinator {self.coordinator!r}: write HOST:PORT, e.g. 10.0.0.1:12345."
+            )
         script = self.command[0]
         if script != "-m" and not os.path.isfile(script):
             raise ConfigError(f"autopar launch: {script}: no such file.")
@@ -70,7 +75,8 @@ def _die_with_parent() -> None:
     """In the child: SIGTERM when the launcher exits (Linux ``PR_SET_PDEATHSIG``)."""
     if sys.platform.startswith("linux"):
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
@@ -93,23 +99,36 @@ def launch(opts: LaunchOptions) -> int:
     lock, procs, threads = threading.Lock(), [], []
     for local in range(opts.nprocs):
         rank = opts.node_rank * opts.nprocs + local
-        env = dict(os.environ, AUTOPAR_COORDINATOR=coordinator,
-                   AUTOPAR_NUM_PROCESSES=str(total), AUTOPAR_PROCESS_ID=str(rank),
-                   AUTOPAR_LOCAL_RANK=str(local), PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            AUTOPAR_COORDINATOR=coordinator,
+            AUTOPAR_NUM_PROCESSES=str(total),
+            AUTOPAR_PROCESS_ID=str(rank),
+            AUTOPAR_LOCAL_RANK=str(local),
+            PYTHONUNBUFFERED="1",
+        )
         if opts.devices_per_process is not None:
             env["AUTOPAR_DEVICES_PER_PROCESS"] = str(opts.devices_per_process)
         # its own session: a Ctrl-C reaches the launcher alone, which passes it on once; and
         # it gets SIGTERM if the launcher dies (preexec_fn runs before any thread is started)
-        procs.append(subprocess.Popen(
-            [sys.executable, *opts.command], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *opts.command],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        )
     width = len(str(total - 1))
     for local, p in enumerate(procs):
         rank = opts.node_rank * opts.nprocs + local
         for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-            t = threading.Thread(target=_forward, args=(stream, out, f"[{rank:>{width}}] ", lock),
-                                 daemon=True)
+            t = threading.Thread(
+                target=_forward, args=(stream, out, f"[{rank:>{width}}] ", lock), daemon=True
+            )
             t.start()
             threads.append(t)
     stopping = []
@@ -119,6 +138,7 @@ def launch(opts: LaunchOptions) -> int:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
+
     old = {s: signal.signal(s, passed_on) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _wait(procs, opts, stopping)
@@ -138,8 +158,12 @@ def _wait(procs, opts: LaunchOptions, stopping) -> int:
             i, c = bad[0] if bad else (None, 0)
             if i is not None and not stopping:
                 rank = opts.node_rank * opts.nprocs + i
-                print(f"autopar launch: process {rank} exited with status {_status(c)}; "
-                      "stopping the others.", file=sys.stderr, flush=True)
+                print(
+                    f"autopar launch: process {rank} exited with status {_status(c)}; "
+                    "stopping the others.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             _stop(procs)
             if stopping and not bad:
                 return 128 + stopping[0]

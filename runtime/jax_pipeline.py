@@ -14,6 +14,7 @@ gradients, a parameter both stages read) runs as one function per part (``_parts
 order the native runner's blocking receives give it. Accumulation (a sum or a concatenation
 over micro-batches) runs on the stage's devices between phases.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,12 +23,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from autopar.errors import ConfigError, PipelineError
 from autopar.graph import Const
-from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
-                                      Route, Transfer, TransferKind, schedule)
+from autopar.pipeline_program import (
+    Accumulate,
+    AccumulateKind,
+    MicroSlice,
+    MicroSliceKind,
+    Route,
+    Transfer,
+    TransferKind,
+    schedule,
+)
 from autopar.program import reads, writes
 
 from .jax_backend import const, execute
@@ -47,15 +57,16 @@ class _Phase:
             for r in reads(i):
                 if r not in made and r not in ins:
                     ins.append(r)
-            if not isinstance(i, Accumulate):      # its sum exists after the micro-batches
+            if not isinstance(i, Accumulate):  # its sum exists after the micro-batches
                 made.update(writes(i))
         transfers = [i for i in body if isinstance(i, Transfer)]
         self.recv_keys = {i.reg: i.key for i in transfers if i.kind == TransferKind.RECV}
         sent = [i.reg for i in transfers if i.kind == TransferKind.SEND]
         acc = [i.src for i in body if isinstance(i, Accumulate)]
         self.inputs = tuple(ins)
-        self.outputs = tuple(dict.fromkeys(
-            [r for r in sent + acc if r in made] + [r for r in exported if r in made]))
+        self.outputs = tuple(
+            dict.fromkeys([r for r in sent + acc if r in made] + [r for r in exported if r in made])
+        )
         self.accumulates = [i for i in body if isinstance(i, Accumulate)]
         self.sends = [i for i in body if isinstance(i, Transfer) and i.kind == TransferKind.SEND]
         steps = [i for i in body if not isinstance(i, (Transfer, Accumulate))]
@@ -77,8 +88,15 @@ class _Phase:
 
         if stage_mesh.size > 1:
             spec = P(tuple(stage_mesh.axis_names))
-            self.fn = jax.jit(jax.shard_map(local, mesh=jmesh, in_specs=(P(),) + (spec,) * len(ins),
-                                            out_specs=(spec,) * len(self.outputs), check_vma=False))
+            self.fn = jax.jit(
+                jax.shard_map(
+                    local,
+                    mesh=jmesh,
+                    in_specs=(P(),) + (spec,) * len(ins),
+                    out_specs=(spec,) * len(self.outputs),
+                    check_vma=False,
+                )
+            )
         else:
             self.fn = jax.jit(local)
 
@@ -101,6 +119,7 @@ class _Run:
     """The state of one call: ``store`` maps (stage, register or tag, micro-batch or None) to a
     stacked value; ``acc`` per stage, accumulation register -> its sum so far, or (dim, parts)
     for a concatenation; ``nxt`` per stage, the index of its next task."""
+
     store: dict
     acc: list
     nxt: list
@@ -117,12 +136,14 @@ class PipelineRunner:
             raise ConfigError(
                 f"{p.mesh} needs {p.mesh.size} devices but JAX sees {len(devices)} "
                 f"({devices[0].platform}); on CPU set XLA_FLAGS=--xla_force_host_platform_device_"
-                f"count={p.mesh.size} before importing jax, or lower device_num.")
+                f"count={p.mesh.size} before importing jax, or lower device_num."
+            )
         self.shardings, self.phases, self.tasks = [], [], []
-        self._done = []        # per stage, the part after which a micro-batch's values go
+        self._done = []  # per stage, the part after which a micro-batch's values go
         results = {o for o in p.outputs if isinstance(o, int)}
-        for st, order in zip(p.stages, schedule(p.scheduler, len(p.stages), p.micro_batches,
-                                                p.interleave)):
+        for st, order in zip(
+            p.stages, schedule(p.scheduler, len(p.stages), p.micro_batches, p.interleave)
+        ):
             devs = np.array([devices[d] for d in st.devices])
             jmesh = Mesh(devs.reshape(st.mesh.shape), st.mesh.axis_names)
             self.shardings.append(NamedSharding(jmesh, P(tuple(st.mesh.axis_names))))
@@ -136,15 +157,17 @@ class PipelineRunner:
                         elsewhere |= {r for i in b for r in reads(i)}
                 phases[name] = _Phase(body, elsewhere, st.mesh, jmesh, p.micro_batches)
             self.phases.append(phases)
-            self.tasks.append([(part, m) for name, m in list(order) + [("post", None)]
-                               for part, _ in named[name]])
+            self.tasks.append(
+                [(part, m) for name, m in list(order) + [("post", None)] for part, _ in named[name]]
+            )
             self._done.append(named["backward"][-1][0])
 
     def _stacked(self, x, i, m, s):
         st = self.p.stages[s]
         K, mm, lay = st.mesh.size, st.micro_mesh, st.in_layouts[i]
-        blocks = [np.asarray(x)[lay.block(np.shape(x), mm.coords((m or 0) * K + k), mm)]
-                  for k in range(K)]
+        blocks = [
+            np.asarray(x)[lay.block(np.shape(x), mm.coords((m or 0) * K + k), mm)] for k in range(K)
+        ]
         return jax.device_put(np.stack(blocks), self.shardings[s])
 
     def _sent(self, t, v, s):
@@ -161,10 +184,15 @@ class PipelineRunner:
         multi-process JAX runtime every process runs this same sweep; the positions of
         ``process_local`` hold each process's slice of the batch, put together first."""
         if self.process_local:
-            flat_args = [np.asarray(multihost_utils.process_allgather(x, tiled=True))
-                         if i in self.process_local else x for i, x in enumerate(flat_args)]
-        run = _Run(self._arguments(flat_args), [{} for _ in self.p.stages],
-                   [0] * len(self.p.stages))
+            flat_args = [
+                np.asarray(multihost_utils.process_allgather(x, tiled=True))
+                if i in self.process_local
+                else x
+                for i, x in enumerate(flat_args)
+            ]
+        run = _Run(
+            self._arguments(flat_args), [{} for _ in self.p.stages], [0] * len(self.p.stages)
+        )
         while any(n < len(t) for n, t in zip(run.nxt, self.tasks)):
             progressed = False
             for s in range(len(self.p.stages)):
@@ -181,7 +209,7 @@ class PipelineRunner:
         for st in p.stages:
             for i in st.inputs:
                 r = st.arg_regs[i]
-                for m in (range(p.micro_batches) if i in st.micro_inputs else [None]):
+                for m in range(p.micro_batches) if i in st.micro_inputs else [None]:
                     store.setdefault((st.index, r, m), self._stacked(flat_args[i], i, m, st.index))
         return store
 
@@ -194,14 +222,15 @@ class PipelineRunner:
         if vals is None:
             return False
         self._publish(run, s, ph, m, ph.fn(jnp.int32(m or 0), *vals))
-        if name == self._done[s]:      # micro-batch m is done on this stage
+        if name == self._done[s]:  # micro-batch m is done on this stage
             for key in [k for k in run.store if k[0] == s and k[2] == m]:
                 del run.store[key]
         run.nxt[s] += 1
-        if self.tasks[s][run.nxt[s]:run.nxt[s] + 1] == [("post", None)]:   # the sums post reads
+        if self.tasks[s][run.nxt[s] : run.nxt[s] + 1] == [("post", None)]:  # the sums post reads
             for a, v in run.acc[s].items():
-                run.store[(s, a, None)] = jnp.concatenate(v[1], axis=v[0] + 1) \
-                    if isinstance(v, tuple) else v
+                run.store[(s, a, None)] = (
+                    jnp.concatenate(v[1], axis=v[0] + 1) if isinstance(v, tuple) else v
+                )
         return True
 
     def _gather(self, store, s: int, ph: _Phase, m):
@@ -230,8 +259,9 @@ class PipelineRunner:
             else:
                 run.acc[s].setdefault(a.out, (a.dim, []))[1].append(v)
         for t in ph.sends:
-            run.store[(t.peer, t.key, m if t.micro else None)] = \
-                self._sent(t, run.store[(s, t.reg, m)], s)
+            run.store[(t.peer, t.key, m if t.micro else None)] = self._sent(
+                t, run.store[(s, t.reg, m)], s
+            )
 
     def _stuck(self, run: _Run) -> PipelineError:
         """A sweep where no stage could run -> the error naming what each stage waits for."""
@@ -240,12 +270,17 @@ class PipelineRunner:
             if run.nxt[s] < len(self.tasks[s]):
                 name, m = self.tasks[s][run.nxt[s]]
                 ph = self.phases[s][name]
-                miss = [r for r in ph.inputs
-                        if self._find(run.store, s, ph.recv_keys.get(r, r), m) is None]
+                miss = [
+                    r
+                    for r in ph.inputs
+                    if self._find(run.store, s, ph.recv_keys.get(r, r), m) is None
+                ]
                 waits.append(f"stage {s} {name} {m} for %r{miss[0]}")
-        return PipelineError("the pipeline's stages wait on each other: no stage can run "
-                             f"its next task ({'; '.join(waits)}; an autopar bug, please "
-                             "report it).")
+        return PipelineError(
+            "the pipeline's stages wait on each other: no stage can run "
+            f"its next task ({'; '.join(waits)}; an autopar bug, please "
+            "report it)."
+        )
 
     def _results(self, store) -> list:
         """The final store -> the flat global results, assembled from their stages' blocks."""

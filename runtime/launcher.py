@@ -42,6 +42,7 @@ failed. The start waits at most ``max(60 s, timeout)`` for every rank to report 
 ``close`` closes the sockets (a worker exits when its socket closes), waits 5 s and kills what
 is left.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,14 +64,14 @@ from autopar.errors import CollectiveError, ConfigError, WorkerError
 from . import wire
 from .liveness import CpuProgress
 
-START_SECONDS = 60.0   # the least a job's ranks get to connect and report their links up
-_GRACE = 1.0      # seconds the other ranks get to answer once a rank has failed, and again once
-                  # the job was aborted (each at most half the collective timeout); a rank in a
-                  # collective answers within milliseconds of an abort, one silent for longer is
-                  # stuck outside them
-_ORDER = {"exited": 1, "unresponsive": 1, "CollectiveError": 2}   # error kinds by how little
-                                               # they say about the cause; a worker's own
-                                               # exception (0) says most
+START_SECONDS = 60.0  # the least a job's ranks get to connect and report their links up
+_GRACE = 1.0  # seconds the other ranks get to answer once a rank has failed, and again once
+# the job was aborted (each at most half the collective timeout); a rank in a
+# collective answers within milliseconds of an abort, one silent for longer is
+# stuck outside them
+_ORDER = {"exited": 1, "unresponsive": 1, "CollectiveError": 2}  # error kinds by how little
+# they say about the cause; a worker's own
+# exception (0) says most
 
 
 def _deadline(conn, seconds: float) -> None:
@@ -78,7 +79,7 @@ def _deadline(conn, seconds: float) -> None:
     it has moved no byte for ``seconds``: a peer that is stopped, swapped out or stuck cannot
     hold the caller in a send that filled the socket's buffer or a half-read message."""
     tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
-    with socket.socket(fileno=os.dup(conn.fileno())) as s:     # options belong to the socket
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:  # options belong to the socket
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
 
@@ -101,12 +102,16 @@ def _free_port() -> int:
             except OSError:
                 continue
             return port
-    raise CollectiveError(f"no free port for the TCP rendezvous in [10000, {low}) after 100 "
-                          "tries; free some or widen net.ipv4.ip_local_port_range.")
+    raise CollectiveError(
+        f"no free port for the TCP rendezvous in [10000, {low}) after 100 "
+        "tries; free some or widen net.ipv4.ip_local_port_range."
+    )
 
 
-_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from autopar.runtime import worker; sys.exit(worker.main(sys.argv[2:]))")
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from autopar.runtime import worker; sys.exit(worker.main(sys.argv[2:]))"
+)
 
 
 def _worker_path() -> tuple[list, str]:
@@ -135,8 +140,10 @@ def _places(namespaces, hosts, tcp) -> dict:
     if namespaces is None:
         return out
     if not tcp:
-        raise ConfigError("namespaces place hosts in network namespaces, whose ranks can only "
-                          "talk over TCP: give inter_host='tcp' and ranks on several hosts.")
+        raise ConfigError(
+            "namespaces place hosts in network namespaces, whose ranks can only "
+            "talk over TCP: give inter_host='tcp' and ranks on several hosts."
+        )
     missing = sorted(set(hosts) - set(namespaces))
     if missing:
         raise ConfigError(f"namespaces names no (namespace, address) for host(s) {missing}.")
@@ -147,23 +154,42 @@ def _places(namespaces, hosts, tcp) -> dict:
 
 
 class Job:
-    @wire.needs_descriptors("starting a native job (a few per rank: its control socket, "
-                            "shared memory, pipes)")
-    def __init__(self, nranks: int, hosts=None, timeout: float = 10.0, inter_host: str = "shm",
-                 direct: bool = True, namespaces=None, tcp_streams: int = 1, fork: bool = True):
+    @wire.needs_descriptors(
+        "starting a native job (a few per rank: its control socket, shared memory, pipes)"
+    )
+    def __init__(
+        self,
+        nranks: int,
+        hosts=None,
+        timeout: float = 10.0,
+        inter_host: str = "shm",
+        direct: bool = True,
+        namespaces=None,
+        tcp_streams: int = 1,
+        fork: bool = True,
+    ):
         from autopar import _native
-        if isinstance(nranks, bool) or not isinstance(nranks, int) or \
-                not 1 <= nranks <= NATIVE_MAX_RANKS:
+
+        if (
+            isinstance(nranks, bool)
+            or not isinstance(nranks, int)
+            or not 1 <= nranks <= NATIVE_MAX_RANKS
+        ):
             raise ConfigError(f"a native job has 1 to {NATIVE_MAX_RANKS} ranks, not {nranks!r}.")
         hosts = list(hosts) if hosts is not None else [0] * nranks
         if len(hosts) != nranks:
             raise ConfigError(f"hosts names {len(hosts)} ranks' hosts; the job has {nranks}.")
         if inter_host not in ("shm", "tcp"):
             raise ConfigError(f"inter_host must be 'shm' or 'tcp', not {inter_host!r}.")
-        if isinstance(tcp_streams, bool) or not isinstance(tcp_streams, int) or \
-                not 1 <= tcp_streams <= 16:
-            raise ConfigError(f"tcp_streams (TCP connections per pair of ranks on different "
-                              f"hosts) must be an int in [1, 16], not {tcp_streams!r}.")
+        if (
+            isinstance(tcp_streams, bool)
+            or not isinstance(tcp_streams, int)
+            or not 1 <= tcp_streams <= 16
+        ):
+            raise ConfigError(
+                f"tcp_streams (TCP connections per pair of ranks on different "
+                f"hosts) must be an int in [1, 16], not {tcp_streams!r}."
+            )
         places = _places(namespaces, hosts, inter_host == "tcp" and len(set(hosts)) > 1)
         self.nranks, self.timeout = nranks, timeout
         self.token = secrets.token_hex(16)
@@ -174,15 +200,28 @@ class Job:
         tcp = inter_host == "tcp" and len(set(hosts)) > 1
         rendezvous = f"{places[hosts[0]][1]}:{_free_port()}" if tcp else ""
         env = dict(os.environ, AUTOPAR_JOB_TOKEN=self.token, JAX_PLATFORMS="cpu")
-        args = [[address, str(r), str(nranks), str(self.segment.fd), ",".join(map(str, hosts)),
-                 str(timeout), "1" if inter_host == "tcp" else "0", rendezvous,
-                 "1" if direct else "0", places[hosts[r]][1], str(tcp_streams)]
-                for r in range(nranks)]
-        self._warm = None                        # (path, env) of the fork server, if forked
+        args = [
+            [
+                address,
+                str(r),
+                str(nranks),
+                str(self.segment.fd),
+                ",".join(map(str, hosts)),
+                str(timeout),
+                "1" if inter_host == "tcp" else "0",
+                rendezvous,
+                "1" if direct else "0",
+                places[hosts[r]][1],
+                str(tcp_streams),
+            ]
+            for r in range(nranks)
+        ]
+        self._warm = None  # (path, env) of the fork server, if forked
         self.procs = []
         try:
-            if fork and namespaces is None:    # forked from a warm server (forkserver.py)
+            if fork and namespaces is None:  # forked from a warm server (forkserver.py)
                 from . import forkserver
+
                 path, package = _worker_path()
                 for a in args:
                     self.procs.append(forkserver.spawn(path, [package, *a], env, fd_args=(4,)))
@@ -190,10 +229,15 @@ class Job:
             else:
                 command = _worker_command()
                 for r in range(nranks):
-                    self.procs.append(subprocess.Popen(
-                        [*places[hosts[r]][0], *command, *args[r]],
-                        pass_fds=(self.segment.fd,), env=env, stdin=subprocess.DEVNULL))
-        except BaseException:                  # e.g. Ctrl-C: the ranks started so far go
+                    self.procs.append(
+                        subprocess.Popen(
+                            [*places[hosts[r]][0], *command, *args[r]],
+                            pass_fds=(self.segment.fd,),
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                        )
+                    )
+        except BaseException:  # e.g. Ctrl-C: the ranks started so far go
             listener.close()
             self._dir.cleanup()
             for p in self.procs:
@@ -201,21 +245,20 @@ class Job:
             raise
         self.failure: str | None = None
         self.closed = False
-        self._pid = os.getpid()          # a forked child's copy of the job is not its own
-        self._calls = threading.Lock()   # one call at a time: threads share a compiled step
-        self._took = 0.0                 # seconds the last call took (Job._collect)
-        self.conns = [None] * nranks                 # filled in by _accept
-        self._to = [wire.Box() for _ in range(nranks)]     # to rank r; and its answers', one
-        self._from = [{} for _ in range(nranks)]           # per answer still lent out, + 1
-        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns,
-                                           self._pid)
+        self._pid = os.getpid()  # a forked child's copy of the job is not its own
+        self._calls = threading.Lock()  # one call at a time: threads share a compiled step
+        self._took = 0.0  # seconds the last call took (Job._collect)
+        self.conns = [None] * nranks  # filled in by _accept
+        self._to = [wire.Box() for _ in range(nranks)]  # to rank r; and its answers', one
+        self._from = [{} for _ in range(nranks)]  # per answer still lent out, + 1
+        self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns, self._pid)
         try:
             try:
                 self._start(listener)
             finally:
-                listener.close()      # before the folder holding its socket goes
-                self._dir.cleanup()   # (the ranks are connected: nothing is left to a caller
-        except BaseException:         # killed later)
+                listener.close()  # before the folder holding its socket goes
+                self._dir.cleanup()  # (the ranks are connected: nothing is left to a caller
+        except BaseException:  # killed later)
             self.close()
             raise
         _JOBS.add(self)
@@ -230,19 +273,21 @@ class Job:
         while accept.is_alive() and time.monotonic() < deadline and not self._dead():
             accept.join(0.05)
         if any(c is None for c in self.conns):
-            accept.join(0.5)        # a rank that reported and exited may still be being accepted
-            late = [f"{r} (pid {self.procs[r].pid})" for r, c in enumerate(self.conns)
-                    if c is None]
+            accept.join(0.5)  # a rank that reported and exited may still be being accepted
+            late = [f"{r} (pid {self.procs[r].pid})" for r, c in enumerate(self.conns) if c is None]
             raise CollectiveError(
-                self._start_failure() or self._dead()
+                self._start_failure()
+                or self._dead()
                 or f"rank(s) {', '.join(late)} did not connect within "
-                   f"{max(START_SECONDS, self.timeout):.0f} s of the job's start (stopped, or the "
-                   "machine too busy to start them); nothing is left running, call again")
-        for r, c in enumerate(self.conns):       # each rank reports after connecting links
+                f"{max(START_SECONDS, self.timeout):.0f} s of the job's start (stopped, or the "
+                "machine too busy to start them); nothing is left running, call again"
+            )
+        for r, c in enumerate(self.conns):  # each rank reports after connecting links
             try:
                 if not c.poll(max(0.0, deadline - time.monotonic())):
-                    raise CollectiveError(f"rank {r} (pid {self.procs[r].pid}) did not report "
-                                          "its links up in time")
+                    raise CollectiveError(
+                        f"rank {r} (pid {self.procs[r].pid}) did not report its links up in time"
+                    )
                 reply = c.recv()
             except (EOFError, OSError):
                 raise CollectiveError(self._gone(r)) from None
@@ -296,7 +341,7 @@ class Job:
             if r is not None and not self.closed:
                 dead = self._death(r)
                 self.failure = self.failure or dead
-                self.segment.abort(r, dead)        # a rank >= 0: peers' errors carry the reason
+                self.segment.abort(r, dead)  # a rank >= 0: peers' errors carry the reason
                 return
             time.sleep(0.05)
 
@@ -319,36 +364,46 @@ class Job:
 
     def _call(self, fn, per_rank_args, borrow, loading=False):
         dead = None if self.closed or self.failure else self._dead()
-        if dead:                           # before the monitor has seen it
+        if dead:  # before the monitor has seen it
             self.failure = dead
             self.segment.abort(self._dead_rank(), dead)
         if self.closed or self.failure:
             raise CollectiveError(
                 f"this native job is {'closed' if self.closed else 'failed: ' + self.failure}; "
-                "start a new Job (a compiled step's runner does so on its next call).")
+                "start a new Job (a compiled step's runner does so on its next call)."
+            )
         name = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", ""))
         if not callable(fn) or not name[0] or "<" in name[1]:
-            raise ConfigError(f"{fn!r}: a job runs module-level functions the workers can "
-                              "import by name, not lambdas, closures or other objects.")
+            raise ConfigError(
+                f"{fn!r}: a job runs module-level functions the workers can "
+                "import by name, not lambdas, closures or other objects."
+            )
         if not isinstance(per_rank_args, (list, tuple)) or len(per_rank_args) != self.nranks:
-            raise ConfigError(f"per_rank_args must hold one argument tuple per rank "
-                              f"({self.nranks}); got {per_rank_args!r:.80}.")
-        results, errors = [None] * self.nranks, {}        # errors: rank -> (kind, message, tb)
+            raise ConfigError(
+                f"per_rank_args must hold one argument tuple per rank "
+                f"({self.nranks}); got {per_rank_args!r:.80}."
+            )
+        results, errors = [None] * self.nranks, {}  # errors: rank -> (kind, message, tb)
         pending, flat = {}, getattr(fn, "flat", False)
         for r, (c, args) in enumerate(zip(self.conns, per_rank_args)):
             if any(e[0] == "unresponsive" for e in errors.values()):
-                break                            # the job is failed: the rest get nothing to run
+                break  # the job is failed: the rest get nothing to run
             at, drop = self._answer_box(r)
             try:
                 if flat:
-                    wire.send(c, ("call", name, tuple(args[1:]), at, drop, args[0]),
-                              self._to[r], flat=True)
+                    wire.send(
+                        c,
+                        ("call", name, tuple(args[1:]), at, drop, args[0]),
+                        self._to[r],
+                        flat=True,
+                    )
                 else:
                     wire.send(c, ("call", name, tuple(args), at, drop), self._to[r])
                 pending[c] = (r, self._from[r][at])
             except BlockingIOError:
-                errors[r] = self._unresponsive(r, "took no byte of the call's arguments in "
-                                                  "the collective timeout")
+                errors[r] = self._unresponsive(
+                    r, "took no byte of the call's arguments in the collective timeout"
+                )
             except OSError:
                 errors[r] = ("exited", self._gone(r), "")
         try:
@@ -356,7 +411,8 @@ class Job:
         except BaseException:
             # e.g. KeyboardInterrupt: a reply still owed would answer the next call; the job is done
             self.failure = self.failure or (
-                f"a call of {name[0]}.{name[1]} was interrupted before every rank answered")
+                f"a call of {name[0]}.{name[1]} was interrupted before every rank answered"
+            )
             self.segment.abort(-1, self.failure)
             raise
         if hung:
@@ -364,7 +420,7 @@ class Job:
         if self.segment.aborted and not self.failure:
             self.failure = self.segment.abort_reason()
         gone = [r for r, e in sorted(errors.items()) if e[0] in ("exited", "unresponsive")]
-        if gone and not self.failure:      # a rank is gone: the job cannot run another call
+        if gone and not self.failure:  # a rank is gone: the job cannot run another call
             self.failure = errors[gone[0]][1]
         if errors or hung:
             raise self._error(fn, errors, hung)
@@ -385,23 +441,22 @@ class Job:
 
     def lent(self) -> int:
         """The most answers of one rank whose borrowed arrays are still held (``call``)."""
-        return max((sum(b.lent_out for b in boxes.values()) for boxes in self._from),
-                   default=0)
+        return max((sum(b.lent_out for b in boxes.values()) for boxes in self._from), default=0)
 
     def _collect(self, pending, results, errors, borrow=False, loading=False) -> list:
         """Read the replies of ``pending`` (conn -> (rank, the box it answers into)) into
         ``results`` / ``errors``; once something failed, abort the segment after a grace and
         give up on ranks that still do not answer after another. The ranks given up on."""
         grace = self._grace()
-        trouble = aborted = None          # when the first failure / the segment's abort was seen
+        trouble = aborted = None  # when the first failure / the segment's abort was seen
         # poll (wire.readable) from a little before the answers are due, as long as the last
         # call took, until a little after; block before, to leave the cores to the ranks
         start = time.perf_counter()
         spin_from = start + max(0.0, self._took - wire.SPIN_SECONDS)
         spin = max(start, spin_from) + 2 * wire.SPIN_SECONDS
-        cpu = None                        # loading: the late ranks' CPU time (liveness)
-        answered = first = late = None    # when and which rank answered first; whether the
-        while pending:                    # others were late
+        cpu = None  # loading: the late ranks' CPU time (liveness)
+        answered = first = late = None  # when and which rank answered first; whether the
+        while pending:  # others were late
             for c in wire.readable(list(pending), 0.05, spin, spin_from):
                 r, box = pending.pop(c)
                 if answered is None:
@@ -411,8 +466,9 @@ class Job:
                 try:
                     reply = wire.recv(c, box, borrow)
                 except BlockingIOError:
-                    errors[r] = self._unresponsive(r, "stopped sending its answer for the "
-                                                      "collective timeout")
+                    errors[r] = self._unresponsive(
+                        r, "stopped sending its answer for the collective timeout"
+                    )
                     continue
                 except (EOFError, OSError):
                     errors[r] = ("exited", self._gone(r), "")
@@ -420,7 +476,7 @@ class Job:
                 if reply[0] == "ok":
                     results[r] = reply[1] if len(reply) == 2 else reply[1:]  # flat: 2 items
                 else:
-                    errors[r] = tuple(reply[1:])              # (kind, message, traceback)
+                    errors[r] = tuple(reply[1:])  # (kind, message, traceback)
             now = time.monotonic()
             if trouble is None and (errors or self.failure or self.segment.aborted):
                 trouble = now
@@ -448,8 +504,10 @@ class Job:
                     return sorted(r for r, _ in pending.values())
                 for r in sorted(r for r, _ in pending.values()):
                     errors[r] = self._unresponsive(
-                        r, f"did not answer within the collective timeout of rank {first}'s "
-                           "answer" + (", using no core in that time" if loading else ""))
+                        r,
+                        f"did not answer within the collective timeout of rank {first}'s "
+                        "answer" + (", using no core in that time" if loading else ""),
+                    )
                 return []
         self._took = time.perf_counter() - start
         return []
@@ -458,9 +516,11 @@ class Job:
         """Rank r moved no byte on its control socket for the collective timeout: kill it (its
         control stream is out of step now) and fail the job; its error entry."""
         self.procs[r].kill()
-        why = (f"rank {r} (pid {self.procs[r].pid}) {what} (collective_timeout "
-               f"{self.timeout:g} s): stopped, swapped out or stuck; killed "
-               "(ParallelConfig.collective_timeout raises the limit)")
+        why = (
+            f"rank {r} (pid {self.procs[r].pid}) {what} (collective_timeout "
+            f"{self.timeout:g} s): stopped, swapped out or stuck; killed "
+            "(ParallelConfig.collective_timeout raises the limit)"
+        )
         self.failure = self.failure or why
         self.segment.abort(r, why)
         return ("unresponsive", why, "")
@@ -495,15 +555,23 @@ class Job:
         where = f"{fn.__module__}.{fn.__qualname__}"
         r = self._first(errors)
         kind = errors[r][0] if r is not None else None
-        stuck = (f"rank(s) {', '.join(map(str, hung))} did not answer within {self._grace():g} s "
-                 "after the job was aborted: stuck outside any collective (in Python code or a "
-                 "compute segment); killed") if hung else ""
+        stuck = (
+            (
+                f"rank(s) {', '.join(map(str, hung))} did not answer within {self._grace():g} s "
+                "after the job was aborted: stuck outside any collective (in Python code or a "
+                "compute segment); killed"
+            )
+            if hung
+            else ""
+        )
         if kind == "unresponsive":
             head = f"{where}: {errors[r][1]}; the job is failed"
         elif kind == "exited":
-            head = (f"{where}: {errors[r][1]} during the call; the job is failed. A worker "
-                    "process ended (killed, out of memory, or an exit in the step's code); its "
-                    "stderr is above")
+            head = (
+                f"{where}: {errors[r][1]} during the call; the job is failed. A worker "
+                "process ended (killed, out of memory, or an exit in the step's code); its "
+                "stderr is above"
+            )
         elif kind == "CollectiveError" and hung:
             head, r, stuck = f"{where}: {stuck}", None, ""
         elif kind == "CollectiveError":
@@ -513,13 +581,20 @@ class Job:
         else:
             head = f"rank {r} raised {kind} in {where}: {errors[r][1]}"
         others = [q for q in sorted(errors) if q != r]
-        text = head + "".join(
-            f"\nrank {q} failed too: {(errors[q][1] or errors[q][0]).splitlines()[0]}"
-            for q in others) + (f"\n{stuck}." if stuck else "")
+        text = (
+            head
+            + "".join(
+                f"\nrank {q} failed too: {(errors[q][1] or errors[q][0]).splitlines()[0]}"
+                for q in others
+            )
+            + (f"\n{stuck}." if stuck else "")
+        )
         if hung or any("stopped answering" in e[1] for e in errors.values()):
-            text += ("\nEvery rank must reach the same collectives; if a rank legitimately "
-                     f"computes for longer than collective_timeout ({self.timeout:g} s) before "
-                     "one, raise ParallelConfig.collective_timeout.")
+            text += (
+                "\nEvery rank must reach the same collectives; if a rank legitimately "
+                f"computes for longer than collective_timeout ({self.timeout:g} s) before "
+                "one, raise ParallelConfig.collective_timeout."
+            )
         if kind in _ORDER or kind is None:
             return CollectiveError(text)
         tb = errors[r][2]
@@ -536,6 +611,7 @@ class Job:
         (``WorkerRunner.close``), so their warming does not take cores from its steps."""
         if self._warm is not None:
             from . import forkserver
+
             forkserver.keep_warm(*self._warm, self.nranks)
 
     def close(self):
@@ -553,7 +629,7 @@ class Job:
         closes its copies of their sockets and marks the job closed without stopping them (its
         next call starts workers of its own)."""
         self.closed = True
-        self._calls = threading.Lock()   # a thread of the parent's may have held it
+        self._calls = threading.Lock()  # a thread of the parent's may have held it
         self._finalizer.detach()
         for c in self.conns:
             if c is not None:
@@ -563,8 +639,8 @@ class Job:
     def _stop(procs, conns, owner):
         if os.getpid() != owner:  # a forked child's copy: the parent's workers are not its own
             return
-        for c in conns:           # a worker exits when its control socket closes; sending it
-            if c is not None:     # anything could block on a stopped worker's full buffer
+        for c in conns:  # a worker exits when its control socket closes; sending it
+            if c is not None:  # anything could block on a stopped worker's full buffer
                 c.close()
         deadline = time.monotonic() + 5
         for p in procs:
@@ -581,7 +657,7 @@ class Job:
         self.close()
 
 
-_JOBS: "weakref.WeakSet[Job]" = weakref.WeakSet()     # this process's started jobs
+_JOBS: weakref.WeakSet[Job] = weakref.WeakSet()  # this process's started jobs
 
 
 def _forget_jobs() -> None:

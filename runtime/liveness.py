@@ -6,11 +6,12 @@ least ``CPU_PROGRESS`` seconds since the last reading (and reads again). A stopp
 swapped-out process uses none; a worker starting JAX and compiling uses one. Where /proc cannot
 tell (another OS, a process gone), nothing counts as having run.
 """
+
 from __future__ import annotations
 
 import os
 
-CPU_PROGRESS = 0.05     # seconds of CPU a process must have used since the last reading
+CPU_PROGRESS = 0.05  # seconds of CPU a process must have used since the last reading
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

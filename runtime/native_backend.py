@@ -34,10 +34,9 @@ topology has ``reducers``) gets that many more ranks after the devices' (hosts o
 they compute nothing and serve the step's Reduction Server all-reduces until the devices'
 ranks release them at the step's end.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
 import math
 import os
 import shutil
@@ -47,6 +46,8 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -57,18 +58,21 @@ from autopar.program import Collective, Segment, StepKind
 from . import resident
 from .comm_scheduler import CommScheduler
 from .options import RuntimeOptions
-from .peak_memory import PeakMeter
 from .packing import ArgPacker, Packing
+from .peak_memory import PeakMeter
 
 
 def _check_algorithm(name: str) -> None:
     """Raise unless ``name`` is a native all-reduce algorithm (checked once per program)."""
     from autopar import _native
+
     known = set(_native.ALLREDUCE_ALGORITHMS) | {"reduction_server"}
     if name not in known:
-        raise CollectiveError(f"the plan asks for all-reduce algorithm {name!r}, which the native "
-                              f"runtime does not have (it has {sorted(known)}); re-plan with this "
-                              "autopar version, whose cost table names only those.")
+        raise CollectiveError(
+            f"the plan asks for all-reduce algorithm {name!r}, which the native "
+            f"runtime does not have (it has {sorted(known)}); re-plan with this "
+            "autopar version, whose cost table names only those."
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +81,7 @@ class ProgramPayload:
     argument and result registers, who answers each of a rank's answer's places (``answer_by``:
     None, every rank its block of a split result; else the one rank that sends a replicated
     one), the all-reduce bucket size and the runtime options."""
+
     mesh: Any
     instructions: tuple
     inputs: tuple
@@ -84,13 +89,19 @@ class ProgramPayload:
     answer_by: tuple
     bucket_bytes: int
     options: RuntimeOptions
-    in_avals: tuple = ()          # (local shape, dtype) per argument register
-    packing: Optional[Packing] = None   # whole steps: small arguments and results packed
+    in_avals: tuple = ()  # (local shape, dtype) per argument register
+    packing: Packing | None = None  # whole steps: small arguments and results packed
 
 
 def _fresh_stats() -> dict:
-    return {"all_reduce_calls": 0, "buckets": [], "host": None, "input_bytes": [],
-            "step_peak_bytes": None, "measure": False}
+    return {
+        "all_reduce_calls": 0,
+        "buckets": [],
+        "host": None,
+        "input_bytes": [],
+        "step_peak_bytes": None,
+        "measure": False,
+    }
 
 
 @dataclass
@@ -99,15 +110,16 @@ class WorkerState:
     that job): the loaded program (``payload`` with its ``steps`` compiled and the registers
     ``frees`` after each step) or pipeline ``stage``, the thread every collective runs on, and
     the counters ``stats`` returns."""
-    payload: Optional[ProgramPayload] = None
+
+    payload: ProgramPayload | None = None
     steps: list = field(default_factory=list)
     frees: list = field(default_factory=list)
-    stage: Any = None                         # native_pipeline: the loaded StagePayload
-    whole: Any = None                         # native_step.WholeStep, when the options ask
-    reducers: list = field(default_factory=list)   # the job's Reduction Server ranks
+    stage: Any = None  # native_pipeline: the loaded StagePayload
+    whole: Any = None  # native_step.WholeStep, when the options ask
+    reducers: list = field(default_factory=list)  # the job's Reduction Server ranks
     stats: dict = field(default_factory=_fresh_stats)
-    thread: Optional[ThreadPoolExecutor] = None
-    cache: Optional[str] = None               # the job's XLA cache folder (compile_rounds)
+    thread: ThreadPoolExecutor | None = None
+    cache: str | None = None  # the job's XLA cache folder (compile_rounds)
 
     def comm_thread(self) -> ThreadPoolExecutor:
         """The one thread collectives run on, started with the first program loaded. The comm
@@ -119,7 +131,7 @@ class WorkerState:
         return self.thread
 
 
-WORKER = WorkerState()        # this process's, when it is a worker of a job
+WORKER = WorkerState()  # this process's, when it is a worker of a job
 # seconds a rank waits at a load's barrier for its peers' compiles (see compile_shared)
 COMPILE_TIMEOUT = 300.0
 
@@ -130,6 +142,7 @@ def shippable(instructions) -> tuple:
     ("segment", bytes, inputs, outputs); each all-reduce's algorithm checked."""
     import jax
     from jax import export
+
     out = []
     for ins in instructions:
         if isinstance(ins, Segment):
@@ -137,8 +150,11 @@ def shippable(instructions) -> tuple:
             exported = export.export(jax.jit(ins))(*avals)
             out.append(("segment", exported.serialize(), ins.inputs, ins.outputs))
             continue
-        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE and \
-                ins.algorithm != "local":        # (over size-1 axes only: nothing exchanged)
+        if (
+            isinstance(ins, Collective)
+            and ins.kind == StepKind.ALL_REDUCE
+            and ins.algorithm != "local"
+        ):  # (over size-1 axes only: nothing exchanged)
             _check_algorithm(ins.algorithm)
         out.append(ins)
     return tuple(out)
@@ -153,6 +169,7 @@ class WorkerRunner:
     call after a failure or ``close()``. Subclasses set ``mesh``, ``timeout``, ``options`` (a
     ``RuntimeOptions``; its ``direct`` goes to the job) and ``_loads()`` -> (worker function,
     per-rank arguments), and may set ``reducers`` (Reduction Server ranks after the mesh's)."""
+
     reducers = 0
 
     def _start(self):
@@ -164,25 +181,35 @@ class WorkerRunner:
         import jax
 
         from .launcher import Job
+
         places = dict(enumerate(self.options.hosts)) or None
         hosts = host_ids(self.mesh.topology)
-        hosts += [hosts[-1] + 1 + j for j in range(self.reducers)]   # a host per reducer
+        hosts += [hosts[-1] + 1 + j for j in range(self.reducers)]  # a host per reducer
         if places and len(places) != hosts[-1] + 1:
             raise ConfigError(
                 f"RuntimeOptions.hosts names {len(places)} hosts; this program runs on "
-                f"{hosts[-1] + 1 - self.reducers} hosts" + (f" and {self.reducers} reducer "
-                f"hosts after them" if self.reducers else "") + ": name one per host.")
-        self.job = Job(len(hosts), hosts=hosts, timeout=self.timeout,
-                       direct=self.options.direct, inter_host="tcp" if places else "shm",
-                       namespaces=places, tcp_streams=self.options.tcp_streams)
+                f"{hosts[-1] + 1 - self.reducers} hosts"
+                + (f" and {self.reducers} reducer hosts after them" if self.reducers else "")
+                + ": name one per host."
+            )
+        self.job = Job(
+            len(hosts),
+            hosts=hosts,
+            timeout=self.timeout,
+            direct=self.options.direct,
+            inter_host="tcp" if places else "shm",
+            namespaces=places,
+            tcp_streams=self.options.tcp_streams,
+        )
         users = jax.config.jax_compilation_cache_dir
         cache = users or tempfile.mkdtemp(prefix=PRIVATE_CACHE)
         job, owner = self.job, os.getpid()
 
         def stop():
             job.close()
-            if not users and os.getpid() == owner:    # not in a forked child: the parent's
+            if not users and os.getpid() == owner:  # not in a forked child: the parent's
                 shutil.rmtree(cache, ignore_errors=True)
+
         self._finalizer = weakref.finalize(self, stop)
         fn, per_rank = self._loads()
         self._call(fn, [args + (cache,) for args in per_rank], loading=True)
@@ -199,7 +226,7 @@ class WorkerRunner:
 
     def _ready(self):
         if self.job.closed or self.job.failure:
-            with _RESTART:              # threads sharing the runner start one new job
+            with _RESTART:  # threads sharing the runner start one new job
                 if self.job.closed or self.job.failure:
                     self._finalizer()
                     self._start()
@@ -216,63 +243,94 @@ class WorkerRunner:
 class NativeRunner(WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20,
-                 options: RuntimeOptions | None = None):
+    def __init__(
+        self,
+        program,
+        timeout: float = 10.0,
+        bucket_bytes: int = 25 << 20,
+        options: RuntimeOptions | None = None,
+    ):
         from .native_step import supported
+
         self.program, self.mesh, self.timeout = program, program.mesh, timeout
         self.options = options or RuntimeOptions.from_env()
         instructions = shippable(program.instructions)
-        results = [(o, l) for o, l in zip(program.outputs, program.out_layouts)
-                   if not isinstance(o, Const)]
+        results = [
+            (o, l) for o, l in zip(program.outputs, program.out_layouts) if not isinstance(o, Const)
+        ]
         split = tuple(not l.is_replicated() for _, l in results)
         # results of RESIDENT_BYTES or more may stay in the workers (runtime.resident); the
         # smaller ones, and arguments as small, travel packed to and from a whole step
-        large = [k for k, (o, l) in enumerate(results) if _global_bytes(program, o, l)
-                 >= resident.RESIDENT_BYTES]
+        large = [
+            k
+            for k, (o, l) in enumerate(results)
+            if _global_bytes(program, o, l) >= resident.RESIDENT_BYTES
+        ]
         self._kept = large if self.options.resident else []
         packing = None
         if self.options.whole_step and supported(instructions) is None:
-            small_args = sorted((i for i, (r, l) in enumerate(zip(program.inputs,
-                                                                   program.in_layouts))
-                                 if _global_bytes(program, r, l) < resident.RESIDENT_BYTES),
-                                key=lambda i: not program.in_layouts[i].is_replicated())
-            packing = Packing.plan([program.avals[r] for r in program.inputs], small_args,
-                                   sum(program.in_layouts[i].is_replicated() for i in small_args),
-                                   [program.avals[o] for o, _ in results], split,
-                                   [k for k in range(len(results)) if k not in large])
+            small_args = sorted(
+                (
+                    i
+                    for i, (r, l) in enumerate(zip(program.inputs, program.in_layouts))
+                    if _global_bytes(program, r, l) < resident.RESIDENT_BYTES
+                ),
+                key=lambda i: not program.in_layouts[i].is_replicated(),
+            )
+            packing = Packing.plan(
+                [program.avals[r] for r in program.inputs],
+                small_args,
+                sum(program.in_layouts[i].is_replicated() for i in small_args),
+                [program.avals[o] for o, _ in results],
+                split,
+                [k for k in range(len(results)) if k not in large],
+            )
         self._packing = packing
         packed = packing.args if packing else ()
         self._unpacked = [i for i in range(len(program.inputs)) if i not in packed]
         self._packed_rep = [i for i in packed if program.in_layouts[i].is_replicated()]
         self._packed_split = [i for i in packed if not program.in_layouts[i].is_replicated()]
         self._packer = packing and ArgPacker(packing, program.mesh.size)
-        self._lock = threading.Lock()     # the packer's buffers: one call at a time
+        self._lock = threading.Lock()  # the packer's buffers: one call at a time
         others = packing.other_results(len(results)) if packing else range(len(results))
-        first = 2 if packing else 0       # the two packs come first in a rank's answer
+        first = 2 if packing else 0  # the two packs come first in a rank's answer
         self._answer_at = {k: first + j for j, k in enumerate(others)}
         self._outs_in_order, k = [], 0  # per output: (it, result index (a Const's None),
-        for o, l in zip(program.outputs, program.out_layouts):    # place in an answer, layout,
+        for o, l in zip(program.outputs, program.out_layouts):  # place in an answer, layout,
             # whether replicated)
-            self._outs_in_order.append((o, None, None, l, True) if isinstance(o, Const) else
-                                       (o, k, self._answer_at.get(k), l, l.is_replicated()))
+            self._outs_in_order.append(
+                (o, None, None, l, True)
+                if isinstance(o, Const)
+                else (o, k, self._answer_at.get(k), l, l.is_replicated())
+            )
             k += not isinstance(o, Const)
         self._outs = [entry for entry in self._outs_in_order if entry[1] is not None]
         answer_split = ((False, True) if packing else ()) + tuple(split[k] for k in others)
         sizes = ((0, 0) if packing else ()) + tuple(
-            _global_bytes(program, *results[k]) for k in others)
+            _global_bytes(program, *results[k]) for k in others
+        )
         self._answer_by = _answerers(answer_split, sizes, program.mesh.size)
         self._payload = ProgramPayload(
-            mesh=program.mesh, instructions=instructions, inputs=program.inputs,
-            outputs=program.outputs, answer_by=self._answer_by, bucket_bytes=bucket_bytes,
-            options=self.options, in_avals=tuple(program.avals[r] for r in program.inputs),
-            packing=packing)
-        served = any(a == "reduction_server" for ins in instructions
-                     if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
-                     for a in (ins.algorithm, *(price[0] for price in ins.prices)))
+            mesh=program.mesh,
+            instructions=instructions,
+            inputs=program.inputs,
+            outputs=program.outputs,
+            answer_by=self._answer_by,
+            bucket_bytes=bucket_bytes,
+            options=self.options,
+            in_avals=tuple(program.avals[r] for r in program.inputs),
+            packing=packing,
+        )
+        served = any(
+            a == "reduction_server"
+            for ins in instructions
+            if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE
+            for a in (ins.algorithm, *(price[0] for price in ins.prices))
+        )
         self.reducers = program.mesh.topology.reducers if served else 0
         self._resident = resident.Residency() if self.options.resident else None
-        self._pack_key = None           # the key of the replicated results' pack kept last
-        self._slices = {}               # (argument index, shape) -> every rank's slices
+        self._pack_key = None  # the key of the replicated results' pack kept last
+        self._slices = {}  # (argument index, shape) -> every rank's slices
         self._start()
 
     def _loads(self):
@@ -308,7 +366,7 @@ class NativeRunner(WorkerRunner):
                 continue
             x = np.asarray(x)
             for blocks, where in zip(per_rank, self._blocks(i, l, x.shape)):
-                blocks.append(x[where])            # wire and ArgPacker copy any layout
+                blocks.append(x[where])  # wire and ArgPacker copy any layout
         keys = {} if res is None else self._resident_keys()
         drop = res.drops() if res else []
         # the replicated results' pack stays in the workers too, for a loop's next call
@@ -323,38 +381,44 @@ class NativeRunner(WorkerRunner):
             kept = {self._answer_at[k]: key for k, key in keys.items()}
             if pack_key is not None:
                 kept[0] = pack_key
-            ranks = self._call(run, [(b, refs, kept, drop) for b in per_rank]
-                               + [([], [], {}, drop)] * self.reducers, borrow=True)[:mesh.size]
+            ranks = self._call(
+                run,
+                [(b, refs, kept, drop) for b in per_rank] + [([], [], {}, drop)] * self.reducers,
+                borrow=True,
+            )[: mesh.size]
         except AutoparError:
-            if res and not self.job.failure:     # the workers may not have got to them
+            if res and not self.job.failure:  # the workers may not have got to them
                 res.dropped_later(drop + [k for k in (self._pack_key, pack_key) if k is not None])
             self._pack_key = None
             raise
-        if self._pack_key is not None:       # the last call's pack: not referred to again
+        if self._pack_key is not None:  # the last call's pack: not referred to again
             res.dropped_later([self._pack_key])
         self._pack_key = pack_key
         ranks = [self._places(r, got) for r, (_, got) in enumerate(ranks)]
         answers = {}
-        if pk is not None:        # the packed results: one rank's block, or every rank's, by k
+        if pk is not None:  # the packed results: one rank's block, or every rank's, by k
             # a loop passes them back: one block, or (kept in the workers, read-only) none
-            rep, own = pk.replicated_pack.copies(ranks[self._answer_by[0]][0],
-                                                 writeable=pack_key is None)
+            rep, own = pk.replicated_pack.copies(
+                ranks[self._answer_by[0]][0], writeable=pack_key is None
+            )
             self._packer.returned(rep, own, pack_key)
             answers = dict(zip(pk.replicated, rep))
             split = [pk.split_pack.views(got[1]) for got in ranks]
-            answers.update((k, self._outs[k][3].assemble([views[j] for views in split], mesh))
-                           for j, k in enumerate(pk.split))
+            answers.update(
+                (k, self._outs[k][3].assemble([views[j] for views in split], mesh))
+                for j, k in enumerate(pk.split)
+            )
         out = []
         for o, k, at, layout, replicated in self._outs_in_order:
             if k is None:
                 out.append(o.value)
                 continue
-            if at is None:                  # packed: copied or put together above
+            if at is None:  # packed: copied or put together above
                 x = answers[k]
             elif replicated:
                 x = ranks[self._answer_by[at]][at]
                 x = x if lend else np.array(x)
-            else:                           # each rank's block in its place
+            else:  # each rank's block in its place
                 x = layout.assemble([r[at] for r in ranks], mesh)
             out.append(res.kept(x, keys[k], job, layout) if k in keys else x)
         return out
@@ -370,8 +434,9 @@ class NativeRunner(WorkerRunner):
         got = self._slices.get((i, shape))
         if got is None:
             mesh = self.program.mesh
-            got = self._slices[i, shape] = [layout.block(shape, mesh.coords(r), mesh)
-                                            for r in range(mesh.size)]
+            got = self._slices[i, shape] = [
+                layout.block(shape, mesh.coords(r), mesh) for r in range(mesh.size)
+            ]
         return got
 
     def _resident_keys(self) -> dict:
@@ -379,7 +444,7 @@ class NativeRunner(WorkerRunner):
         return {k: self._resident.key() for k in self._kept}
 
 
-LENT_ANSWERS = 4      # a rank's answers whose results the caller may hold in place at once
+LENT_ANSWERS = 4  # a rank's answers whose results the caller may hold in place at once
 
 
 def _answerers(split, sizes, nranks) -> tuple:
@@ -411,14 +476,20 @@ def host_ids(topology) -> list[int]:
 
 # --- in the workers ---------------------------------------------------------------------------
 
+
 def compile_shared(comm, segments, ranks, cache):
     """The compiled executables of serialised segments that every rank of ``ranks`` runs
     (``compile_rounds``)."""
     import jax
     from jax import export
+
     exported = [export.deserialize(b) for b in segments]
-    return compile_rounds(comm, [lambda e=e: jax.jit(e.call).lower(*e.in_avals).compile()
-                                 for e in exported], ranks, cache)
+    return compile_rounds(
+        comm,
+        [lambda e=e: jax.jit(e.call).lower(*e.in_avals).compile() for e in exported],
+        ranks,
+        cache,
+    )
 
 
 def compile_rounds(comm, compiles, ranks, cache):
@@ -428,6 +499,7 @@ def compile_rounds(comm, compiles, ranks, cache):
     long, and its barrier waits up to ``COMPILE_TIMEOUT`` rather than the collective timeout:
     a compile on a loaded machine can take longer than a collective may wait)."""
     import jax
+
     WORKER.cache = cache
     if cache is None or len(ranks) == 1:
         return [c() for c in compiles]
@@ -453,21 +525,26 @@ def load(comm, payload, cache=None):
     WORKER.payload, WORKER.reducers = payload, list(range(len(devices), comm.size))
     # every call's argument blocks have these shapes (counted once: jax.Array.nbytes per call
     # took 0.07 ms of a 2-rank medium GPT step's critical path, its caches cold after the step)
-    WORKER.stats["input_bytes"] = [math.prod(s) * np.dtype(d).itemsize
-                                   for s, d in payload.in_avals]
+    WORKER.stats["input_bytes"] = [math.prod(s) * np.dtype(d).itemsize for s, d in payload.in_avals]
     if comm.rank not in devices:
         compiled_everywhere(comm)
         return True
     WORKER.whole = None
     if payload.options.whole_step:
         from .native_step import WholeStep, supported
+
         if supported(payload.instructions) is None:
             WORKER.payload, WORKER.whole = payload, WholeStep(comm, payload, devices, cache)
             return True
-    compiled = iter(compile_shared(comm, [ins[1] for ins in payload.instructions
-                                          if isinstance(ins, tuple)], devices, cache))
-    steps = [("segment", next(compiled), ins[2], ins[3])
-             if isinstance(ins, tuple) else ins for ins in payload.instructions]
+    compiled = iter(
+        compile_shared(
+            comm, [ins[1] for ins in payload.instructions if isinstance(ins, tuple)], devices, cache
+        )
+    )
+    steps = [
+        ("segment", next(compiled), ins[2], ins[3]) if isinstance(ins, tuple) else ins
+        for ins in payload.instructions
+    ]
     WORKER.payload, WORKER.steps = payload, steps
     WORKER.frees = _last_reads(steps, payload.outputs)
     WORKER.comm_thread()
@@ -493,7 +570,7 @@ def _last_reads(steps, outputs):
     worker holds what the planner's live intervals say, not every value of the step."""
     last = {}
     for k, st in enumerate(steps):
-        for r in (st[2] if isinstance(st, tuple) else (st.src,)):
+        for r in st[2] if isinstance(st, tuple) else (st.src,):
             if not isinstance(r, Const):
                 last[r] = k
     keep = {o for o in outputs if not isinstance(o, Const)}
@@ -526,13 +603,15 @@ def run(comm, arrays, refs, keys=None, drop=()):
     stats["kept_args"] = len(refs) - refs.count(None)
     it = iter(arrays)
     blocks = resident.take([next(it) if b is None else b for b in refs], drop)
-    if comm.rank >= p.mesh.size:           # a reducer: serve the step's Reduction Servers
-        stats["all_reduce_calls"] += comm.serve_reductions(list(range(p.mesh.size)),
-                                                           WORKER.reducers)
+    if comm.rank >= p.mesh.size:  # a reducer: serve the step's Reduction Servers
+        stats["all_reduce_calls"] += comm.serve_reductions(
+            list(range(p.mesh.size)), WORKER.reducers
+        )
         return None, []
     meter = PeakMeter(stats)
     if WORKER.whole is not None:
         from autopar._native import collective_seconds
+
         t0, c0 = time.perf_counter(), collective_seconds()
         results = WORKER.whole(blocks)
         stats["step_seconds"] = time.perf_counter() - t0
@@ -543,19 +622,28 @@ def run(comm, arrays, refs, keys=None, drop=()):
         results = _interpret(comm, blocks, list(range(p.mesh.size)))
     meter.stop(sum(stats["input_bytes"]))
     resident.keep(results, keys or {})
-    return None, [np.asarray(x) for x, by in zip(results, p.answer_by)   # a whole step's are
-                  if by is None or by == comm.rank]                     # JAX arrays
+    return None, [
+        np.asarray(x)
+        for x, by in zip(results, p.answer_by)  # a whole step's are
+        if by is None or by == comm.rank
+    ]  # JAX arrays
 
 
-run.flat = True     # its argument blocks are views of the call's message (worker.py)
+run.flat = True  # its argument blocks are views of the call's message (worker.py)
 
 
 def _interpret(comm, blocks, workers) -> list:
     """The loaded program's steps in turn (collectives on the comm thread): the results."""
     p, stats = WORKER.payload, WORKER.stats
     regs = dict(zip(p.inputs, blocks))
-    comms = CommScheduler(comm, p.mesh, p.bucket_bytes, p.options.overlap,
-                          thread=WORKER.comm_thread(), reducers=WORKER.reducers)
+    comms = CommScheduler(
+        comm,
+        p.mesh,
+        p.bucket_bytes,
+        p.options.overlap,
+        thread=WORKER.comm_thread(),
+        reducers=WORKER.reducers,
+    )
 
     def get(r):
         if isinstance(r, Const):

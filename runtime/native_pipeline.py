@@ -28,6 +28,7 @@ A worker's ``native_backend.stats()`` then also holds ``pipeline``: the step's s
 seconds its stage waited for a peer's transfer (the pipeline bubble, as this rank saw it; in
 the whole step, its time in the recv custom call).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,20 +44,28 @@ import numpy as np
 
 from autopar.errors import AutoparError
 from autopar.graph import Const
-from autopar.pipeline_program import (Accumulate, AccumulateKind, MicroSlice, MicroSliceKind,
-                                      Route, Transfer, TransferKind, schedule)
+from autopar.pipeline_program import (
+    Accumulate,
+    AccumulateKind,
+    MicroSlice,
+    MicroSliceKind,
+    Route,
+    Transfer,
+    TransferKind,
+    schedule,
+)
 
 from . import native_backend as nb
-from . import resident
+from . import resident, wire
 from .comm_scheduler import CommScheduler, contiguous
 from .native_step import Tracer
-from . import wire
 
 
 @dataclass(frozen=True)
 class StageGroups:
     """A stage's mesh seen from global ranks: ``group`` shifts the stage's ranks by
     ``offset`` (its first rank), so ``comm_scheduler._step`` runs unchanged."""
+
     mesh: object
     offset: int
 
@@ -81,7 +90,8 @@ def _inboxes(program, tasks):
                 for me, src in enumerate(st.devices):
                     for dst in _targets(t, st.devices, program.stages[t.peer].devices, me):
                         out[dst].setdefault(src, []).append(
-                            (t.key, m if t.micro else None, (t.shape, t.dtype)))
+                            (t.key, m if t.micro else None, (t.shape, t.dtype))
+                        )
     return out
 
 
@@ -106,27 +116,42 @@ class PipelineRunner(nb.WorkerRunner):
         devices = tuple(x.devices for x in p.stages)
         for st in p.stages:
             phases = {name: nb.shippable(body) for name, body in st.phases()}
-            outs = tuple((k, o, not lay.is_replicated()) for k, (o, lay, s) in
-                         enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
-                         if s == st.index and not isinstance(o, Const))
+            outs = tuple(
+                (k, o, not lay.is_replicated())
+                for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
+                if s == st.index and not isinstance(o, Const)
+            )
             base = StagePayload(
-                groups=StageGroups(st.mesh, st.devices[0]), stage=st.index, devices=devices,
-                phases=phases, tasks=tasks[st.index], keep=frozenset(st.keep), outputs=outs,
+                groups=StageGroups(st.mesh, st.devices[0]),
+                stage=st.index,
+                devices=devices,
+                phases=phases,
+                tasks=tasks[st.index],
+                keep=frozenset(st.keep),
+                outputs=outs,
                 inputs=tuple(st.arg_regs[i] for i in st.inputs),
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
-                micro=p.micro_batches, bucket_bytes=bucket_bytes, inbox={}, options=self.options,
-                in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs})
+                micro=p.micro_batches,
+                bucket_bytes=bucket_bytes,
+                inbox={},
+                options=self.options,
+                in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs},
+            )
             for r in st.devices:
                 self._payloads[r] = dataclasses.replace(base, inbox=inboxes[r])
         # kept results: every result (not a constant) the workers may hold between calls
         # (runtime.resident; kept when RESIDENT_BYTES or more), and per argument the number of
         # stages reading it (passed back by key only to one reading stage)
         self._resident = resident.Residency() if self.options.resident else None
-        self._kept = [k for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
-                      if not isinstance(o, Const) and _global_bytes(p.stages[s], o, lay)
-                      >= resident.RESIDENT_BYTES]
-        self._readers = [sum(i in st.inputs for st in p.stages)
-                         for i in range(len(p.stages[0].in_layouts))]
+        self._kept = [
+            k
+            for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages))
+            if not isinstance(o, Const)
+            and _global_bytes(p.stages[s], o, lay) >= resident.RESIDENT_BYTES
+        ]
+        self._readers = [
+            sum(i in st.inputs for st in p.stages) for i in range(len(p.stages[0].in_layouts))
+        ]
         self._start()
 
     def _loads(self):
@@ -143,25 +168,34 @@ class PipelineRunner(nb.WorkerRunner):
             for i in st.inputs:
                 x, lay, reg = flat_args[i], st.in_layouts[i], st.arg_regs[i]
                 micro = i in st.micro_inputs
-                ref = None if res is None or micro or self._readers[i] != 1 else \
-                    res.ref_for(x, job, _held(st, np.shape(x), lambda me: lay.block(
-                        np.shape(x), mm.coords(me), mm)))
+                ref = (
+                    None
+                    if res is None or micro or self._readers[i] != 1
+                    else res.ref_for(
+                        x,
+                        job,
+                        _held(
+                            st, np.shape(x), lambda me: lay.block(np.shape(x), mm.coords(me), mm)
+                        ),
+                    )
+                )
                 if ref is not None:
                     for r in st.devices:
                         per_rank[r][reg] = [ref]
                     continue
                 x = np.asarray(x)
                 for me, r in enumerate(st.devices):
-                    per_rank[r][reg] = [contiguous(x[lay.block(x.shape, mm.coords(m * K + me),
-                                                                   mm)])
-                                        for m in (range(M) if micro else [0])]
+                    per_rank[r][reg] = [
+                        contiguous(x[lay.block(x.shape, mm.coords(m * K + me), mm)])
+                        for m in (range(M) if micro else [0])
+                    ]
         keys = {} if res is None else {k: res.key() for k in self._kept}
         drop = res.drops() if res else []
         try:
             ranks = self._call(run_stage, [(b, keys, drop) for b in per_rank], borrow=True)
         except AutoparError:
             if res and not self.job.failure:
-                res.dropped_later(drop)          # the workers may not have got to them
+                res.dropped_later(drop)  # the workers may not have got to them
             raise
         out = []
         for k, (o, lay, s) in enumerate(zip(p.outputs, p.out_layouts, p.out_stages)):
@@ -172,8 +206,12 @@ class PipelineRunner(nb.WorkerRunner):
             got = [ranks[d][k] for d in st.devices]
             x = np.array(got[0]) if lay.is_replicated() else lay.assemble(got, st.mesh)
             if k in keys:
-                x = res.kept(x, keys[k], job, _held(st, x.shape, lambda me: lay.block(
-                    x.shape, st.mesh.coords(me), st.mesh)))
+                x = res.kept(
+                    x,
+                    keys[k],
+                    job,
+                    _held(st, x.shape, lambda me: lay.block(x.shape, st.mesh.coords(me), st.mesh)),
+                )
             out.append(x)
         return out
 
@@ -181,18 +219,24 @@ class PipelineRunner(nb.WorkerRunner):
 def _global_bytes(stage, reg, layout) -> int:
     """Bytes of the whole value of a stage's register ``reg`` in ``layout``."""
     shape, dtype = stage.avals[reg]
-    return math.prod(n * c for n, c in zip(shape, layout.splits(stage.mesh))) * \
-        np.dtype(dtype).itemsize
+    return (
+        math.prod(n * c for n, c in zip(shape, layout.splits(stage.mesh)))
+        * np.dtype(dtype).itemsize
+    )
 
 
 def _held(stage, shape, block) -> tuple:
     """What the ranks of ``stage`` hold of a ``shape`` tensor, each its ``block(position)``:
     a result kept so is passed back by key where an argument's blocks are the same."""
-    return (stage.index, tuple(shape), tuple(tuple((b.start, b.stop) for b in block(me))
-                                             for me in range(len(stage.devices))))
+    return (
+        stage.index,
+        tuple(shape),
+        tuple(tuple((b.start, b.stop) for b in block(me)) for me in range(len(stage.devices))),
+    )
 
 
 # --- in the workers ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, kw_only=True)
 class StagePayload:
@@ -202,6 +246,7 @@ class StagePayload:
     argument registers (all, and those with a block per micro-batch), the micro-batch count,
     the all-reduce bucket size, per peer rank the messages it sends this one, in order, the
     runtime options and the shape and dtype of each argument block."""
+
     groups: Any
     stage: int
     devices: tuple
@@ -215,7 +260,7 @@ class StagePayload:
     bucket_bytes: int
     inbox: dict
     options: nb.RuntimeOptions
-    in_avals: dict                # argument register -> (local shape, dtype) of one block
+    in_avals: dict  # argument register -> (local shape, dtype) of one block
 
 
 def load_stage(comm, payload: StagePayload, cache=None):
@@ -229,12 +274,18 @@ def load_stage(comm, payload: StagePayload, cache=None):
         nb.WORKER.stage = payload
         nb.WORKER.whole = WholeStage(comm, payload, cache)
     else:
-        segments = [s[1] for steps in payload.phases.values() for s in steps
-                    if isinstance(s, tuple)]
+        segments = [
+            s[1] for steps in payload.phases.values() for s in steps if isinstance(s, tuple)
+        ]
         ranks = list(payload.devices[payload.stage])
         compiled = iter(nb.compile_shared(comm, segments, ranks, cache))
-        phases = {name: [("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
-                         for s in steps] for name, steps in payload.phases.items()}
+        phases = {
+            name: [
+                ("segment", next(compiled), s[2], s[3]) if isinstance(s, tuple) else s
+                for s in steps
+            ]
+            for name, steps in payload.phases.items()
+        }
         nb.WORKER.stage = dataclasses.replace(payload, phases=phases)
         nb.WORKER.comm_thread()
     # stages compile different programs: a stage done early would otherwise answer at once and
@@ -252,14 +303,15 @@ class _Mailbox:
     def __init__(self, comm, inbox):
         self.comm = comm
         self.got, self.error = {}, None
-        self.waited = 0.0                      # seconds the stage waited for a peer
+        self.waited = 0.0  # seconds the stage waited for a peer
         self.cv = threading.Condition()
-        self.inbox, self.threads = inbox, {}   # source rank -> [(tag, micro-batch, aval)]
+        self.inbox, self.threads = inbox, {}  # source rank -> [(tag, micro-batch, aval)]
         self.source = {(tag, m): src for src, msgs in inbox.items() for tag, m, _ in msgs}
 
     def _start(self, src):
-        t = threading.Thread(target=self._receive, args=(self.comm, src, self.inbox[src]),
-                             daemon=True)
+        t = threading.Thread(
+            target=self._receive, args=(self.comm, src, self.inbox[src]), daemon=True
+        )
         t.start()
         self.threads[src] = t
 
@@ -271,7 +323,7 @@ class _Mailbox:
                 with self.cv:
                     self.got[(reg, m)] = buf
                     self.cv.notify_all()
-        except BaseException as e:             # noqa: BLE001  (handed to the main thread)
+        except BaseException as e:  # noqa: BLE001  (handed to the main thread)
             with self.cv:
                 self.error = e
                 self.cv.notify_all()
@@ -290,7 +342,7 @@ class _Mailbox:
             return self.got.pop((reg, m))
 
     def join(self):
-        for src in self.inbox:                 # messages sent but read by no step
+        for src in self.inbox:  # messages sent but read by no step
             if src not in self.threads:
                 self._start(src)
         for t in self.threads.values():
@@ -299,7 +351,7 @@ class _Mailbox:
             raise self.error
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sender(peer):
     return ThreadPoolExecutor(1, thread_name_prefix=f"autopar-send{peer}")
 
@@ -310,8 +362,7 @@ def run_stage(comm, blocks, keys=None, drop=()):
     blocks may be references (``resident.is_ref``) to blocks this rank kept; it keeps the
     results under ``keys`` (result position -> key) and forgets those under ``drop``."""
     payload = nb.WORKER.stage
-    nb.WORKER.stats["kept_args"] = sum(resident.is_ref(b)
-                                       for bs in blocks.values() for b in bs)
+    nb.WORKER.stats["kept_args"] = sum(resident.is_ref(b) for bs in blocks.values() for b in bs)
     blocks = {r: resident.take(bs, drop) for r, bs in blocks.items()}
     mine = {k for k, _, _ in payload.outputs}
     keys = {k: key for k, key in (keys or {}).items() if k in mine}
@@ -320,14 +371,18 @@ def run_stage(comm, blocks, keys=None, drop=()):
     if nb.WORKER.whole is not None:
         waited = comm.recv_seconds
         results = nb.WORKER.whole(blocks)
-        nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
-                                       "wait_s": comm.recv_seconds - waited}
+        nb.WORKER.stats["pipeline"] = {
+            "step_s": time.perf_counter() - start,
+            "wait_s": comm.recv_seconds - waited,
+        }
         nb.WORKER.stats["buckets"] = nb.WORKER.whole.buckets
         meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
         me = comm.rank - payload.groups.offset
         resident.keep({k: x for (k, _, _), x in zip(payload.outputs, results)}, keys)
-        return {k: np.asarray(x) if (split or me == 0) else None
-                for (k, _, split), x in zip(payload.outputs, results)}
+        return {
+            k: np.asarray(x) if (split or me == 0) else None
+            for (k, _, split), x in zip(payload.outputs, results)
+        }
     run = _StageStep(comm, payload, blocks)
     for name, m in list(payload.tasks) + [("post", None)]:
         run.task(name, m)
@@ -335,15 +390,19 @@ def run_stage(comm, blocks, keys=None, drop=()):
     for f in run.sends:
         f.result()
     run.mailbox.join()
-    nb.WORKER.stats["pipeline"] = {"step_s": time.perf_counter() - start,
-                                   "wait_s": run.mailbox.waited}
+    nb.WORKER.stats["pipeline"] = {
+        "step_s": time.perf_counter() - start,
+        "wait_s": run.mailbox.waited,
+    }
     meter.stop(sum(b.nbytes for bs in blocks.values() for b in bs))
     resident.keep({k: x for (k, _, _), x in zip(payload.outputs, results)}, keys)
-    return {k: x if (split or run.me == 0) else None
-            for (k, _, split), x in zip(payload.outputs, results)}
+    return {
+        k: x if (split or run.me == 0) else None
+        for (k, _, split), x in zip(payload.outputs, results)
+    }
 
 
-run_stage.borrows = True    # its argument blocks may be views of the call's message (worker.py)
+run_stage.borrows = True  # its argument blocks may be views of the call's message (worker.py)
 
 
 class _StageStep:
@@ -358,21 +417,26 @@ class _StageStep:
         self.mailbox = _Mailbox(comm, payload.inbox)
         self.sends = []
         self.step = {r: b[0] for r, b in blocks.items() if r not in payload.micro_inputs}
-        self.micro = [{r: blocks[r][m] for r in payload.micro_inputs}
-                      for m in range(payload.micro)]
+        self.micro = [{r: blocks[r][m] for r in payload.micro_inputs} for m in range(payload.micro)]
         self.acc = {}
 
     def task(self, name, m):
         """Run phase ``name`` on micro-batch ``m`` (None: ``post``, on the accumulated sums)."""
         step, keep = self.step, self.payload.keep
         regs = step if m is None else self.micro[m]
-        comms = CommScheduler(self.comm, self.payload.groups, self.payload.bucket_bytes,
-                              self.payload.options.overlap, thread=nb.WORKER.comm_thread(),
-                              reducers=nb.WORKER.reducers)
+        comms = CommScheduler(
+            self.comm,
+            self.payload.groups,
+            self.payload.bucket_bytes,
+            self.payload.options.overlap,
+            thread=nb.WORKER.comm_thread(),
+            reducers=nb.WORKER.reducers,
+        )
         if name == "post":
             for r, v in self.acc.items():
-                step[r] = (wire.aligned(np.concatenate(v[1], axis=v[0]))
-                           if isinstance(v, tuple) else v)
+                step[r] = (
+                    wire.aligned(np.concatenate(v[1], axis=v[0])) if isinstance(v, tuple) else v
+                )
 
         def get(r):
             if isinstance(r, Const):
@@ -410,7 +474,7 @@ class _StageStep:
 
     def _transfer(self, st, m, get, put):
         if st.kind == TransferKind.SEND:
-            x = wire.aligned(get(st.reg))    # as the receiver's: comm_scheduler._all_to_all
+            x = wire.aligned(get(st.reg))  # as the receiver's: comm_scheduler._all_to_all
             for dst in _targets(st, self.mine, self.payload.devices[st.peer], self.me):
                 self.sends.append(_sender(dst).submit(self.comm.send, x, dst))
         else:
@@ -436,6 +500,7 @@ class _StageStep:
 def supported(payload) -> str | None:
     """Why a stage cannot run as one executable (``WholeStage``), or None."""
     from .native_step import supported as step_supported
+
     why = step_supported([i for body in payload.phases.values() for i in body])
     if why is not None:
         return why
@@ -466,12 +531,17 @@ class WholeStage(Tracer):
     def __init__(self, comm, payload: StagePayload, cache=None):
         import jax
         from jax import export
-        self._setup(comm, payload.groups.mesh, payload.groups.offset, payload.options,
-                    payload.bucket_bytes)
+
+        self._setup(
+            comm, payload.groups.mesh, payload.groups.offset, payload.options, payload.bucket_bytes
+        )
         self.payload = p = payload
-        self.segments = {(name, k): export.deserialize(ins[1])
-                         for name, body in p.phases.items()
-                         for k, ins in enumerate(body) if isinstance(ins, tuple)}
+        self.segments = {
+            (name, k): export.deserialize(ins[1])
+            for name, body in p.phases.items()
+            for k, ins in enumerate(body)
+            if isinstance(ins, tuple)
+        }
         self.mine = p.devices[p.stage]
         # per sending stage: the messages it sends this stage, in its order (the same for
         # every rank here), and the (from, to) pairs their recv takes
@@ -479,13 +549,19 @@ class WholeStage(Tracer):
         for src, msgs in p.inbox.items():
             stage = next(s for s, d in enumerate(p.devices) if src in d)
             peers = p.devices[stage]
-            self.inbox[stage] = (msgs, {"from": tuple(peers[j % len(peers)]
-                                                      for j in range(len(self.mine))),
-                                        "to": tuple(self.mine)})
-        self.args = [(r, m) for r in p.inputs
-                     for m in (range(p.micro) if r in p.micro_inputs else [None])]
-        self.avals = [jax.ShapeDtypeStruct(*p.in_avals[r]) for r, _ in self.args] + \
-            [jax.ShapeDtypeStruct((), np.int32)]
+            self.inbox[stage] = (
+                msgs,
+                {
+                    "from": tuple(peers[j % len(peers)] for j in range(len(self.mine))),
+                    "to": tuple(self.mine),
+                },
+            )
+        self.args = [
+            (r, m) for r in p.inputs for m in (range(p.micro) if r in p.micro_inputs else [None])
+        ]
+        self.avals = [jax.ShapeDtypeStruct(*p.in_avals[r]) for r, _ in self.args] + [
+            jax.ShapeDtypeStruct((), np.int32)
+        ]
         lowered = jax.jit(self._step).lower(*self.avals)
         (self.fn,) = nb.compile_rounds(comm, [lowered.compile], list(self.mine), cache)
         self.position = np.int32(comm.rank - self.mine[0])
@@ -498,13 +574,14 @@ class WholeStage(Tracer):
         p = self.payload
         *flat, me = flat
         step = {r: x for (r, m), x in zip(self.args, flat) if m is None}
-        self.micro = [{r: x for (r, mm), x in zip(self.args, flat) if mm == m}
-                      for m in range(p.micro)]
+        self.micro = [
+            {r: x for (r, mm), x in zip(self.args, flat) if mm == m} for m in range(p.micro)
+        ]
         self._begin(me, {}, step, p.keep)
-        self.acc, self.got, self.taken = {}, {}, {s: 0 for s in self.inbox}
+        self.acc, self.got, self.taken = {}, {}, dict.fromkeys(self.inbox, 0)
         for name, m in list(p.tasks) + [("post", None)]:
             self._task(name, m)
-        for stage, (msgs, _) in self.inbox.items():      # messages sent but read by no step
+        for stage, (msgs, _) in self.inbox.items():  # messages sent but read by no step
             while self.taken[stage] < len(msgs):
                 self._receive(stage)
         (self.order,) = self.call("sends_done", (), self.order)
@@ -512,6 +589,7 @@ class WholeStage(Tracer):
 
     def _task(self, name, m):
         import jax.numpy as jnp
+
         if name == "post":
             for r, v in self.acc.items():
                 self.step[r] = jnp.concatenate(v[1], axis=v[0]) if isinstance(v, tuple) else v
@@ -531,11 +609,19 @@ class WholeStage(Tracer):
 
     def _transfer(self, t, m):
         if t.kind == TransferKind.SEND:
-            pairs = [(src, dst) for me, src in enumerate(self.mine)
-                     for dst in _targets(t, self.mine, self.payload.devices[t.peer], me)]
-            self.order, = self.call("send", (), self.get(t.reg), self.order,
-                                    **{"from": tuple(a for a, _ in pairs)},
-                                    to=tuple(b for _, b in pairs))
+            pairs = [
+                (src, dst)
+                for me, src in enumerate(self.mine)
+                for dst in _targets(t, self.mine, self.payload.devices[t.peer], me)
+            ]
+            (self.order,) = self.call(
+                "send",
+                (),
+                self.get(t.reg),
+                self.order,
+                **{"from": tuple(a for a, _ in pairs)},
+                to=tuple(b for _, b in pairs),
+            )
             return
         key = (t.key, m if t.micro else None)
         while key not in self.got:
@@ -545,11 +631,13 @@ class WholeStage(Tracer):
     def _receive(self, stage):
         """The next message of ``stage``'s, into ``self.got``."""
         from jax import ShapeDtypeStruct
+
         msgs, pairs = self.inbox[stage]
         tag, m, (shape, dtype) = msgs[self.taken[stage]]
         self.taken[stage] += 1
         self.got[(tag, m)], self.order = self.call(
-            "recv", (ShapeDtypeStruct(tuple(shape), dtype),), self.after(), self.order, **pairs)
+            "recv", (ShapeDtypeStruct(tuple(shape), dtype),), self.after(), self.order, **pairs
+        )
 
     def _accumulate(self, st, x):
         if st.kind == AccumulateKind.SUM:
@@ -560,6 +648,7 @@ class WholeStage(Tracer):
     def _micro_slice(self, st, x, m):
         import jax.numpy as jnp
         from jax import lax
+
         if st.kind == MicroSliceKind.ZERO:
             return x if m == 0 else jnp.zeros_like(x)
         n = x.shape[st.dim] // self.payload.micro

@@ -29,6 +29,7 @@ them. A collective that fails raises ``CollectiveError`` as the interpreted runn
 here (``supported`` says why): the Reduction Server, whose reducer ranks serve a step from
 Python.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,9 +38,15 @@ import numpy as np
 
 from autopar.errors import CollectiveError
 from autopar.graph import Const
-from autopar.program import (REDUCING, WIDENED, Collective, StepKind, bucket_key, checked_table,
-                             reduced_bytes)
-
+from autopar.program import (
+    REDUCING,
+    WIDENED,
+    Collective,
+    StepKind,
+    bucket_key,
+    checked_table,
+    reduced_bytes,
+)
 
 _MARK = "autopar CollectiveError:"
 _registered = []
@@ -52,7 +59,9 @@ def register_targets():
         import jax
         from jax.extend.core import Primitive
         from jax.interpreters import mlir
+
         from autopar import _native
+
         for name, capsule in _native.ffi_targets().items():
             jax.ffi.register_ffi_target(f"autopar_{name}", capsule, platform="cpu")
         prim = Primitive("autopar_collective")
@@ -67,18 +76,33 @@ def _lower(ctx, *operands, target, results, aliases, attrs):
     """``autopar_<target>`` as an XLA FFI custom call with a side effect; ``attrs``' tuples
     become int64 arrays, their ints int64 scalars."""
     import jax
+
     del results
-    rule = jax.ffi.ffi_lowering(target, has_side_effect=True,
-                                operand_output_aliases=dict(aliases) if aliases else None)
-    return rule(ctx, *operands, **{k: np.asarray(v, np.int64) if isinstance(v, tuple) else
-                                   np.int64(v) if isinstance(v, int) else v for k, v in attrs})
+    rule = jax.ffi.ffi_lowering(
+        target, has_side_effect=True, operand_output_aliases=dict(aliases) if aliases else None
+    )
+    return rule(
+        ctx,
+        *operands,
+        **{
+            k: np.asarray(v, np.int64)
+            if isinstance(v, tuple)
+            else np.int64(v)
+            if isinstance(v, int)
+            else v
+            for k, v in attrs
+        },
+    )
 
 
 def supported(instructions) -> str | None:
     """Why a program of ``instructions`` cannot run as one executable, or None."""
     for ins in instructions:
-        if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE and (
-                "reduction_server" in (ins.algorithm, *(p[0] for p in ins.prices))):
+        if (
+            isinstance(ins, Collective)
+            and ins.kind == StepKind.ALL_REDUCE
+            and ("reduction_server" in (ins.algorithm, *(p[0] for p in ins.prices)))
+        ):
             return "its all-reduces may go through a Reduction Server"
     return None
 
@@ -93,24 +117,32 @@ class Tracer:
 
     def _setup(self, comm, mesh, offset, options, bucket_bytes):
         from autopar.jax_frames import hide_autopar_frames
-        hide_autopar_frames()            # the HLO's metadata names the caller's lines, not ours
+
+        hide_autopar_frames()  # the HLO's metadata names the caller's lines, not ours
         self.primitive = register_targets()
         self.comm, self.handle = comm, np.int64(comm.ffi_handle)
-        self.mesh, self.offset, self.options, self.bucket_limit = mesh, offset, options, bucket_bytes
+        self.mesh, self.offset, self.options, self.bucket_limit = (
+            mesh,
+            offset,
+            options,
+            bucket_bytes,
+        )
 
     def _begin(self, me, regs, step=None, keep=frozenset()):
         import jax.numpy as jnp
+
         self.me, self.regs, self.step, self.keep = me, regs, {} if step is None else step, keep
         self.order, self.bucket, self.bucket_bytes = jnp.zeros((), jnp.int32), [], 0
-        self.buckets = []          # (tensors, bytes, algorithm) per all-reduce the step makes
+        self.buckets = []  # (tensors, bytes, algorithm) per all-reduce the step makes
         self.started, self.fence, self.latest = {}, None, None
-        self.complex = set()       # collectives' results carried as (real, imaginary) pairs
-        self.narrowed = {}         # reductions' results carried widened -> their own dtype
+        self.complex = set()  # collectives' results carried as (real, imaginary) pairs
+        self.narrowed = {}  # reductions' results carried widened -> their own dtype
 
     def get(self, r):
         """Register ``r``'s value; a started bucket holding it is awaited here, a bucket not
         issued yet is issued."""
         import jax.numpy as jnp
+
         if isinstance(r, Const):
             return jnp.asarray(r.value, r.dtype)
         if r in self.started:
@@ -120,8 +152,9 @@ class Tracer:
         return self.regs[r] if r in self.regs else self.step[r]
 
     def put(self, r, value):
-        if r in self.complex:                  # back from a collective's real pairs
+        if r in self.complex:  # back from a collective's real pairs
             from jax import lax
+
             value = lax.complex(value[..., 0], value[..., 1])
         elif r in self.narrowed:
             value = value.astype(self.narrowed[r])
@@ -136,9 +169,10 @@ class Tracer:
     def run(self, ins, segment=None):
         """One instruction: a segment (``segment``, its deserialised export) or a collective."""
         from jax import lax
+
         if isinstance(ins, tuple):
             args = [self.get(i) for i in ins[2]]
-            if self.fence is not None and args:   # the segment runs after the start
+            if self.fence is not None and args:  # the segment runs after the start
                 _, *args = lax.optimization_barrier((self.fence, *args))
                 self.fence = None
             outs = segment.call(*args)
@@ -151,17 +185,18 @@ class Tracer:
         if not axes:
             self.put(ins.out, x)
             return
-        if np.issubdtype(x.dtype, np.complexfloating):   # the collectives move and sum real
-            import jax.numpy as jnp                       # numbers: a complex value goes as
+        if np.issubdtype(x.dtype, np.complexfloating):  # the collectives move and sum real
+            import jax.numpy as jnp  # numbers: a complex value goes as
+
             x = jnp.stack([jnp.real(x), jnp.imag(x)], -1)  # pairs (a trailing dimension)
             self.complex.add(ins.out)
-        elif ins.kind in REDUCING and np.dtype(x.dtype) in WIDENED:   # (comm_scheduler)
+        elif ins.kind in REDUCING and np.dtype(x.dtype) in WIDENED:  # (comm_scheduler)
             self.narrowed[ins.out] = x.dtype
             x = x.astype(WIDENED[np.dtype(x.dtype)])
         if ins.kind == StepKind.ALL_REDUCE:
             self.put_all(self._defer(ins, x, axes))
         else:
-            self.put_all(self._flush())           # every rank issues in program order
+            self.put_all(self._flush())  # every rank issues in program order
             groups, me = self._groups(axes)
             out, self.order = _LOWER[ins.kind](self, ins, x, groups, me, self.order)
             self.put(ins.out, out)
@@ -176,7 +211,7 @@ class Tracer:
         """All-reduces fused as the interpreted runner's buckets: consecutive ones over the
         same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
         one of them (``get``) issues it; the results that issuing made, by register."""
-        key = bucket_key(st, self.mesh)            # (program.py: the one bucket rule)
+        key = bucket_key(st, self.mesh)  # (program.py: the one bucket rule)
         overlap = self.options.overlap
         done = self._flush(overlap) if self.bucket and key != self.bucket[0][0] else {}
         self.bucket.append((key, st, x))
@@ -189,7 +224,9 @@ class Tracer:
         """Issue the bucket: awaited here (its results, by register), or with ``start``
         handed to the communicator's thread (nothing yet: ``get`` finishes it when read)."""
         import jax.numpy as jnp
+
         from .comm_scheduler import for_bucket
+
         if not self.bucket:
             return {}
         items, self.bucket, nbytes, self.bucket_bytes = self.bucket, [], self.bucket_bytes, 0
@@ -201,8 +238,15 @@ class Tracer:
         if not start:
             flat, self.order = _all_reduce(self, st, flat, groups, me, self.order)
             return _split(items, flat)
-        key, self.order = self.call("all_reduce_start", (_like(np.int32(0)),), flat, self.order,
-                                    **groups.attrs(), op=st.op, algorithm=st.algorithm)
+        key, self.order = self.call(
+            "all_reduce_start",
+            (_like(np.int32(0)),),
+            flat,
+            self.order,
+            **groups.attrs(),
+            op=st.op,
+            algorithm=st.algorithm,
+        )
         self.fence = self.order
         started = (key, _like(flat), items)
         self.started.update((s.out, started) for _, s, _ in items)
@@ -226,31 +270,40 @@ class Tracer:
         rank's), as the job's ranks, and this rank's position in its group (traced, from its
         position on the mesh)."""
         import jax.numpy as jnp
+
         mesh = self.mesh
         groups = sorted({mesh.group(r, axes)[0] for r in range(mesh.size)})
         where = np.zeros(mesh.size, np.int32)
         for g in groups:
             where[list(g)] = np.arange(len(g))
-        return _Groups(tuple(r + self.offset for g in groups for r in g), len(groups[0])), \
-            jnp.asarray(where)[self.me]
+        return _Groups(
+            tuple(r + self.offset for g in groups for r in g), len(groups[0])
+        ), jnp.asarray(where)[self.me]
 
     def call(self, name, results, *operands, aliases=None, **attrs):
         """Custom call ``autopar_<name>``: ``results`` (ShapeDtypeStructs) and the order token
         out, ``operands`` and the order token in."""
         from jax import core
+
         results = tuple(core.ShapedArray(r.shape, r.dtype) for r in (*results, _TOKEN))
         attrs = tuple(sorted(dict(attrs, comm=self.handle).items()))
-        return self.primitive.bind(*operands, target=f"autopar_{name}", results=results,
-                                   aliases=tuple(sorted((aliases or {}).items())), attrs=attrs)
+        return self.primitive.bind(
+            *operands,
+            target=f"autopar_{name}",
+            results=results,
+            aliases=tuple(sorted((aliases or {}).items())),
+            attrs=attrs,
+        )
 
     def results(self, out):
         """Run the compiled step's ``out`` (its results, then the order token): the results
         computed, a failed collective raised as ``CollectiveError``."""
         import jax
+
         try:
             *out, _ = out()
             return jax.block_until_ready(out)
-        except Exception as e:        # noqa: BLE001 - XLA's error type varies by jaxlib version
+        except Exception as e:  # noqa: BLE001 - XLA's error type varies by jaxlib version
             text = str(e)
             if _MARK in text:
                 raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
@@ -269,17 +322,24 @@ class WholeStep(Tracer):
         cache ``cache``): every rank's executable is the same, its rank an argument."""
         import jax
         from jax import export
+
         from .native_backend import compile_rounds
+
         self._setup(comm, payload.mesh, 0, payload.options, payload.bucket_bytes)
         self.payload = payload
-        self.segments = {k: export.deserialize(ins[1])
-                         for k, ins in enumerate(payload.instructions) if isinstance(ins, tuple)}
+        self.segments = {
+            k: export.deserialize(ins[1])
+            for k, ins in enumerate(payload.instructions)
+            if isinstance(ins, tuple)
+        }
         pk, avals = payload.packing, list(payload.in_avals)
-        if pk is not None:           # the small arguments in one array (runtime.packing)
-            avals = [((pk.head.nbytes,), np.uint8), ((pk.tail.nbytes,), np.uint8)] + \
-                [avals[i] for i in pk.other_args(len(avals))]
-        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals] + \
-            [jax.ShapeDtypeStruct((), np.int32)]
+        if pk is not None:  # the small arguments in one array (runtime.packing)
+            avals = [((pk.head.nbytes,), np.uint8), ((pk.tail.nbytes,), np.uint8)] + [
+                avals[i] for i in pk.other_args(len(avals))
+            ]
+        self.avals = [jax.ShapeDtypeStruct(s, d) for s, d in avals] + [
+            jax.ShapeDtypeStruct((), np.int32)
+        ]
         lowered = jax.jit(self._step).lower(*self.avals)
         (self.fn,) = compile_rounds(comm, [lowered.compile], list(ranks or [comm.rank]), cache)
         self.rank = np.int32(comm.rank)
@@ -292,7 +352,7 @@ class WholeStep(Tracer):
 
     def _step(self, *blocks):
         p, pk = self.payload, self.payload.packing
-        *blocks, me = blocks                       # this rank, traced: one executable for all
+        *blocks, me = blocks  # this rank, traced: one executable for all
         if pk is not None:
             head, tail, *others = blocks
             blocks = [None] * len(p.inputs)
@@ -306,9 +366,10 @@ class WholeStep(Tracer):
         self.settle()
         out = [self.get(o) for o in p.outputs if not isinstance(o, Const)]
         if pk is not None:
-            out = [pk.replicated_pack.pack_traced([out[k] for k in pk.replicated]),
-                   pk.split_pack.pack_traced([out[k] for k in pk.split])] + \
-                [out[k] for k in pk.other_results(len(out))]
+            out = [
+                pk.replicated_pack.pack_traced([out[k] for k in pk.replicated]),
+                pk.split_pack.pack_traced([out[k] for k in pk.split]),
+            ] + [out[k] for k in pk.other_results(len(out))]
         return out + [self.order]
 
 
@@ -319,7 +380,7 @@ def _split(items, flat) -> dict:
     """A bucket's reduced values, by register, out of its flat result."""
     out, at = {}, 0
     for _, s, x in items:
-        out[s.out] = flat[at:at + x.size].reshape(x.shape)
+        out[s.out] = flat[at : at + x.size].reshape(x.shape)
         at += x.size
     return out
 
@@ -328,25 +389,36 @@ def _split(items, flat) -> dict:
 class _Groups:
     """A collective's groups: ``table``, every group's ranks one after another, each ``size``
     long (the custom call picks the one holding its rank)."""
+
     table: tuple
     size: int
 
     def attrs(self) -> dict:
-        return dict(ranks=self.table, group=self.size)
+        return {"ranks": self.table, "group": self.size}
 
 
 def _like(x, shape=None):
     import jax
+
     return jax.ShapeDtypeStruct(x.shape if shape is None else shape, x.dtype)
 
 
 def _all_reduce(step, st, x, groups, me, order):
-    return step.call("all_reduce", (_like(x),), x, order, aliases={0: 0}, **groups.attrs(),
-                     op=st.op, algorithm=st.algorithm)
+    return step.call(
+        "all_reduce",
+        (_like(x),),
+        x,
+        order,
+        aliases={0: 0},
+        **groups.attrs(),
+        op=st.op,
+        algorithm=st.algorithm,
+    )
 
 
 def _all_gather(step, st, x, groups, me, order):
     import jax.numpy as jnp
+
     n = groups.size
     out, order = step.call("all_gather", (_like(x, (n,) + x.shape),), x, order, **groups.attrs())
     if st.dim == 0:
@@ -356,38 +428,56 @@ def _all_gather(step, st, x, groups, me, order):
 
 def _reduce_scatter(step, st, x, groups, me, order):
     import jax.numpy as jnp
+
     n, d = groups.size, st.dim
-    blocks = x.reshape(x.shape[:d] + (n, x.shape[d] // n) + x.shape[d + 1:])
+    blocks = x.reshape(x.shape[:d] + (n, x.shape[d] // n) + x.shape[d + 1 :])
     # rank j's block j-th, each in x's own order: the result needs no transposing back (moving
     # ``dim`` to the front and back made auto_parallel's mlp-large step, a reduce-scatter along
     # the features, 7 ms slower than Megatron's all-reduce; this way they take the same)
     front = jnp.moveaxis(blocks, d, 0)
     shape = front.shape[1:]
-    out, order = step.call("reduce_scatter", (_like(x, shape),),
-                           front.reshape((-1,) + shape[1:]), order, **groups.attrs(), op=st.op)
+    out, order = step.call(
+        "reduce_scatter",
+        (_like(x, shape),),
+        front.reshape((-1,) + shape[1:]),
+        order,
+        **groups.attrs(),
+        op=st.op,
+    )
     return out, order
 
 
 def _all_to_all(step, st, x, groups, me, order):
     import jax.numpy as jnp
+
     n = groups.size
-    parts = jnp.stack(jnp.split(x, n, axis=st.dst_dim))       # block j goes to rank j
+    parts = jnp.stack(jnp.split(x, n, axis=st.dst_dim))  # block j goes to rank j
     out, order = step.call("all_to_all", (_like(parts),), parts, order, **groups.attrs())
     return jnp.concatenate([out[i] for i in range(n)], axis=st.dim), order
 
 
 def _slice(step, st, x, groups, me, order):
     from jax import lax
+
     c = x.shape[st.dim] // groups.size
     return lax.dynamic_slice_in_dim(x, me * c, c, axis=st.dim), order
 
 
 def _partial_zero(step, st, x, groups, me, order):
     import jax.numpy as jnp
+
     return jnp.where(me == 0, x, jnp.zeros_like(x)), order
 
 
-_LOWER = checked_table({StepKind.SLICE: _slice, StepKind.PARTIAL_ZERO: _partial_zero,
-                        StepKind.ALL_REDUCE: _all_reduce, StepKind.ALL_GATHER: _all_gather,
-                        StepKind.REDUCE_SCATTER: _reduce_scatter,
-                        StepKind.ALL_TO_ALL: _all_to_all}, StepKind, "whole-step executable")
+_LOWER = checked_table(
+    {
+        StepKind.SLICE: _slice,
+        StepKind.PARTIAL_ZERO: _partial_zero,
+        StepKind.ALL_REDUCE: _all_reduce,
+        StepKind.ALL_GATHER: _all_gather,
+        StepKind.REDUCE_SCATTER: _reduce_scatter,
+        StepKind.ALL_TO_ALL: _all_to_all,
+    },
+    StepKind,
+    "whole-step executable",
+)

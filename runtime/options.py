@@ -1,6 +1,7 @@
 """How the native runtime runs a program (``RuntimeOptions``): overlap, single-copy transfers,
 namespace hosts, TCP streams per pair of ranks, whole-step executables. In: the fields, or the
 caller's environment (``from_env``). Out: a frozen value the runner ships with the program."""
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ from autopar.errors import ConfigError
 
 def _caller_x64() -> bool:
     import jax
+
     return bool(jax.config.jax_enable_x64)
 
 
@@ -21,6 +23,7 @@ class RuntimeOptions:
     ``from_env`` reads ``AUTOPAR_OVERLAP=0``, ``AUTOPAR_DIRECT=0``, ``AUTOPAR_TCP_STREAMS=S``,
     ``AUTOPAR_WHOLE_STEP=0`` and ``AUTOPAR_RESIDENT=0`` in the caller, so a benchmark may still
     set them; nothing below reads the environment."""
+
     # all-reduce buckets run while the compute after them does (False: each is awaited as
     # issued, to measure what the overlap gains)
     overlap: bool = True
@@ -57,20 +60,25 @@ class RuntimeOptions:
     def apply_x64(self) -> None:
         """Set this process's jax_enable_x64 as the caller had it (a worker, on loading)."""
         import jax
+
         if bool(jax.config.jax_enable_x64) != self.x64:
             jax.config.update("jax_enable_x64", self.x64)
 
     @classmethod
-    def from_env(cls) -> "RuntimeOptions":
-        return cls(overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
-                   direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
-                   tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
-                   whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "1") != "0",
-                   resident=os.environ.get("AUTOPAR_RESIDENT", "1") != "0")
+    def from_env(cls) -> RuntimeOptions:
+        return cls(
+            overlap=os.environ.get("AUTOPAR_OVERLAP", "1") != "0",
+            direct=os.environ.get("AUTOPAR_DIRECT", "1") != "0",
+            tcp_streams=_streams(os.environ.get("AUTOPAR_TCP_STREAMS", "1")),
+            whole_step=os.environ.get("AUTOPAR_WHOLE_STEP", "1") != "0",
+            resident=os.environ.get("AUTOPAR_RESIDENT", "1") != "0",
+        )
 
 
 def _streams(text: str) -> int:
     if not text.strip().isdigit():
-        raise ConfigError(f"AUTOPAR_TCP_STREAMS={text!r}: give a whole number of TCP connections "
-                          "per pair of ranks, 1 to 16.")
+        raise ConfigError(
+            f"AUTOPAR_TCP_STREAMS={text!r}: give a whole number of TCP connections "
+            "per pair of ranks, 1 to 16."
+        )
     return int(text)

@@ -14,6 +14,7 @@ holding each array's bytes at an ALIGN-byte offset, and the arrays back as views
 or traced values.
 ``Packing`` says which of a step's arguments and results travel packed and where the rest go.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,13 +29,14 @@ from . import wire
 @dataclass(frozen=True)
 class Pack:
     """The layout of a pack: per array its local shape and dtype and its byte offset."""
-    items: tuple                 # (shape, numpy dtype) per array
+
+    items: tuple  # (shape, numpy dtype) per array
     offsets: tuple
-    sizes: tuple                 # bytes per array
+    sizes: tuple  # bytes per array
     nbytes: int
 
     @classmethod
-    def of(cls, avals) -> "Pack":
+    def of(cls, avals) -> Pack:
         items = tuple((tuple(s), np.dtype(d)) for s, d in avals)
         sizes = tuple(math.prod(s) * d.itemsize for s, d in items)
         offsets, total = wire._packing(sizes)
@@ -42,39 +44,50 @@ class Pack:
 
     def views(self, buffer: np.ndarray) -> list:
         """The arrays in ``buffer`` (a pack's bytes), as views of it."""
-        return [buffer[at:at + n].view(dtype).reshape(shape)
-                for (shape, dtype), at, n in zip(self.items, self.offsets, self.sizes)]
+        return [
+            buffer[at : at + n].view(dtype).reshape(shape)
+            for (shape, dtype), at, n in zip(self.items, self.offsets, self.sizes)
+        ]
 
     def copies(self, buffer: np.ndarray, writeable: bool = True) -> tuple:
         """The arrays in ``buffer`` (a pack's bytes), views of one copy of it that is theirs
         alone (one copy, not one per array; read-only unless ``writeable``), and that copy."""
         own = buffer.copy()
         own.flags.writeable = writeable
-        return [np.ndarray(shape, dtype, own, at)
-                for (shape, dtype), at in zip(self.items, self.offsets)], own
+        return [
+            np.ndarray(shape, dtype, own, at)
+            for (shape, dtype), at in zip(self.items, self.offsets)
+        ], own
 
-    def run_of(self, arrays: "Pack"):
+    def run_of(self, arrays: Pack):
         """Where in this pack the arrays of ``arrays`` first lie in a row (the same shapes and
         dtypes, so at the same offsets from the first): its first index, or None."""
         n = len(arrays.items)
-        return next((j for j in range(len(self.items) - n + 1)
-                     if n and self.items[j:j + n] == arrays.items), None)
+        return next(
+            (
+                j
+                for j in range(len(self.items) - n + 1)
+                if n and self.items[j : j + n] == arrays.items
+            ),
+            None,
+        )
 
-    def placed_as(self, arrays: "Pack", j: int) -> "Pack":
+    def placed_as(self, arrays: Pack, j: int) -> Pack:
         """``arrays`` (``run_of`` this pack is ``j``) laid out in a buffer of this pack's size
         at the offsets its arrays ``j``... have here."""
         n = len(arrays.items)
-        return Pack(arrays.items, self.offsets[j:j + n], arrays.sizes, self.nbytes)
+        return Pack(arrays.items, self.offsets[j : j + n], arrays.sizes, self.nbytes)
 
     def unpack(self, buffer) -> list:
         """The arrays in ``buffer``, a traced uint8 value (inside a jitted function)."""
         from jax import lax
+
         out = []
         for (shape, dtype), at in zip(self.items, self.offsets):
             raw = lax.slice(buffer, (at,), (at + math.prod(shape) * dtype.itemsize,))
             if dtype == np.bool_:
                 x = raw != 0
-            elif dtype.kind == "c":            # XLA bitcasts no complex: two real parts
+            elif dtype.kind == "c":  # XLA bitcasts no complex: two real parts
                 part = np.dtype(f"f{dtype.itemsize // 2}")
                 pair = lax.bitcast_convert_type(raw.reshape(-1, 2, part.itemsize), part)
                 x = lax.complex(pair[:, 0], pair[:, 1])
@@ -90,14 +103,16 @@ class Pack:
         buffer of ``nbytes``."""
         import jax.numpy as jnp
         from jax import lax
+
         parts, end = [], 0
-        for (shape, dtype), at, v in zip(self.items, self.offsets, values):
+        for (_shape, dtype), at, v in zip(self.items, self.offsets, values):
             if at > end:
                 parts.append(jnp.zeros((at - end,), jnp.uint8))
             if dtype.kind == "c":
                 v = jnp.stack([jnp.real(v), jnp.imag(v)], -1)
-            raw = (v.astype(jnp.uint8) if dtype == np.bool_ else
-                   lax.bitcast_convert_type(v, jnp.uint8)).reshape(-1)
+            raw = (
+                v.astype(jnp.uint8) if dtype == np.bool_ else lax.bitcast_convert_type(v, jnp.uint8)
+            ).reshape(-1)
             parts.append(raw)
             end = at + raw.size
         if self.nbytes > end:
@@ -119,7 +134,7 @@ class ArgPacker:
     and when the workers kept that pack (its ``key``; the arrays then read-only views of the
     caller's copy, so unchanged), nothing is: each rank's head is its own kept pack."""
 
-    def __init__(self, packing: "Packing", nranks: int):
+    def __init__(self, packing: Packing, nranks: int):
         self.heads = [wire.zeros((packing.head.nbytes,), np.uint8) for _ in range(nranks)]
         self.tails = [wire.zeros((packing.tail.nbytes,), np.uint8) for _ in range(nranks)]
         self._head = packing.head.views(self.heads[0])
@@ -137,12 +152,12 @@ class ArgPacker:
         scalar) and ``split`` (per rank, its blocks of the split arguments) -> (per rank
         ``[head, tail]``, None), or (per rank ``[tail]``, key) when each rank's head is the
         pack it kept under key."""
-        found, self._returned = self._find_returned(replicated), None   # a failed call
-        buffer, key = found or (None, None)                 # leaves the next one to copy
+        found, self._returned = self._find_returned(replicated), None  # a failed call
+        buffer, key = found or (None, None)  # leaves the next one to copy
         if key is None:
             if buffer is None:
                 for dst, x in zip(self._head, replicated):
-                    np.copyto(dst, x, casting="unsafe")       # as ``dst[...] = x`` casts
+                    np.copyto(dst, x, casting="unsafe")  # as ``dst[...] = x`` casts
             else:
                 np.copyto(self.heads[0], buffer)
             for head in self.heads[1:]:
@@ -162,7 +177,7 @@ class ArgPacker:
             return None
         arrays, buffer, key = self._returned
         j = self._run
-        if all(map(operator.is_, arrays[j:j + len(replicated)], replicated)):
+        if all(map(operator.is_, arrays[j : j + len(replicated)], replicated)):
             return buffer, key
         return None
 
@@ -174,18 +189,20 @@ class Packing:
     the replicated results' pack when those lie in a row there from result ``run`` on, a
     training loop's parameters; the tail: the split ones) and answers ``[replicated results'
     pack, split results' pack, *the other results]`` (the others in their order)."""
-    args: tuple                  # argument indices in the head, then in the tail, in order
+
+    args: tuple  # argument indices in the head, then in the tail, in order
     head: Pack
     tail: Pack
-    run: int | None              # the replicated results' pack's index of the head's first
-    replicated: tuple            # result indices in the replicated results' pack
+    run: int | None  # the replicated results' pack's index of the head's first
+    replicated: tuple  # result indices in the replicated results' pack
     replicated_pack: Pack
-    split: tuple                 # result indices in the split results' pack
+    split: tuple  # result indices in the split results' pack
     split_pack: Pack
 
     @classmethod
-    def plan(cls, arg_avals, packed_args, replicated_args, result_avals, result_split,
-             packed_results):
+    def plan(
+        cls, arg_avals, packed_args, replicated_args, result_avals, result_split, packed_results
+    ):
         """The packing of the arguments ``packed_args`` and the results ``packed_results``
         (indices, the arguments in the order they are to be packed: the ``replicated_args``
         replicated ones first) of a step with those local (shape, dtype)s; ``result_split``:
@@ -195,9 +212,16 @@ class Packing:
         rep_pack = Pack.of([result_avals[k] for k in rep])
         head = Pack.of([arg_avals[i] for i in packed_args[:replicated_args]])
         run = rep_pack.run_of(head)
-        return cls(tuple(packed_args), head if run is None else rep_pack.placed_as(head, run),
-                   Pack.of([arg_avals[i] for i in packed_args[replicated_args:]]), run,
-                   rep, rep_pack, split, Pack.of([result_avals[k] for k in split]))
+        return cls(
+            tuple(packed_args),
+            head if run is None else rep_pack.placed_as(head, run),
+            Pack.of([arg_avals[i] for i in packed_args[replicated_args:]]),
+            run,
+            rep,
+            rep_pack,
+            split,
+            Pack.of([result_avals[k] for k in split]),
+        )
 
     def other_args(self, n: int) -> list:
         packed = set(self.args)

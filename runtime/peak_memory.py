@@ -6,6 +6,7 @@ Out: ``stats['step_peak_bytes']``, the step's peak resident bytes above its star
 argument blocks; read from /proc/self/status (VmRSS, VmHWM; the peak reset through
 /proc/self/clear_refs).
 """
+
 from __future__ import annotations
 
 import gc
@@ -28,6 +29,7 @@ def measure_memory(comm) -> bool:
     follows what is live (without it the workers keep freed memory for reuse,
     ``worker.tune_malloc``)."""
     from .native_backend import WORKER
+
     WORKER.stats["measure"] = _reset_peak()
     return WORKER.stats["measure"]
 
@@ -65,7 +67,7 @@ class PeakMeter:
 
 def _reset_peak() -> bool:
     try:
-        with open("/proc/self/clear_refs", "w") as f:     # resets VmHWM (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM (Linux >= 4.0)
             f.write("5")
         return True
     except OSError:

@@ -20,6 +20,7 @@ Without a box the arrays' bytes travel through the socket instead (two kernel co
 more in ``multiprocessing``'s reader): a worker's 4 MB of results took about 5 ms of the
 caller's time per call that way.
 """
+
 from __future__ import annotations
 
 import errno
@@ -47,7 +48,7 @@ def empty(shape, dtype) -> np.ndarray:
     nbytes = int(math.prod(shape)) * dtype.itemsize
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def zeros(shape, dtype) -> np.ndarray:
@@ -70,7 +71,7 @@ def aligned(x) -> np.ndarray:
     return out
 
 
-PACK = 64 << 10    # arrays smaller than this travel together in one message
+PACK = 64 << 10  # arrays smaller than this travel together in one message
 
 
 class _Array:
@@ -82,7 +83,7 @@ class _Array:
 
 
 ARRAY = _Array()
-_BY_NAME = frozenset("biufcmM")    # dtype kinds whose ``dtype.str`` names them fully
+_BY_NAME = frozenset("biufcmM")  # dtype kinds whose ``dtype.str`` names them fully
 
 
 def _rebuilt(obj, leaf):
@@ -106,9 +107,11 @@ def _take(obj, arrays: list):
     """``obj`` with each numpy array (not of objects) in its tuples, lists and dict values
     replaced by ``ARRAY`` and appended to ``arrays`` in order. Arrays inside other objects stay
     in them (pickled with them)."""
+
     def leaf(a):
         arrays.append(a)
         return ARRAY
+
     return _rebuilt(obj, leaf)
 
 
@@ -127,8 +130,7 @@ def _put(obj, arrays):
     return obj
 
 
-def send(conn, obj, box: "Box | None" = None, any_size: bool = False,
-         flat: bool = False) -> None:
+def send(conn, obj, box: Box | None = None, any_size: bool = False, flat: bool = False) -> None:
     """Send ``obj`` over a ``multiprocessing`` connection: the pickle of ``obj`` with its arrays
     taken out (``_take``; pickling an array costs ~5 us more each than its place, dtype and
     shape: a small model's step has dozens), with each array's (dtype, shape, bytes), then the
@@ -149,17 +151,19 @@ def send(conn, obj, box: "Box | None" = None, any_size: bool = False,
     else:
         arrays = []
         skeleton = _take(obj, arrays)
-    meta = [(a.dtype.str if a.dtype.kind in _BY_NAME else a.dtype, a.shape, a.nbytes)
-            for a in arrays]
+    meta = [
+        (a.dtype.str if a.dtype.kind in _BY_NAME else a.dtype, a.shape, a.nbytes) for a in arrays
+    ]
     sizes = [m[2] for m in meta]
     offsets, total = _packing(sizes)
     if box is not None and (any_size or total <= BOX_BYTES):
         fd = box.reserve(total)
         for a, at in zip(arrays, offsets):
-            if a.nbytes:                 # an empty one needs no box (there may be none yet)
+            if a.nbytes:  # an empty one needs no box (there may be none yet)
                 _write(box, at, a)
-        conn.send_bytes(pickle.dumps((skeleton, meta, box.size if fd is not None else 0,
-                                      flat), protocol=5))
+        conn.send_bytes(
+            pickle.dumps((skeleton, meta, box.size if fd is not None else 0, flat), protocol=5)
+        )
         if fd is not None:
             with socket.socket(fileno=os.dup(conn.fileno())) as s:
                 socket.send_fds(s, [b"B"], [fd])
@@ -174,16 +178,16 @@ def send(conn, obj, box: "Box | None" = None, any_size: bool = False,
         offsets, packed = _packing([a.nbytes for a in small])
         pack = np.empty(packed, np.uint8)
         for a, at in zip(small, offsets):
-            pack[at:at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+            pack[at : at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         conn.send_bytes(pack)
 
 
 def _write(box, at: int, a: np.ndarray) -> None:
     """``a``'s bytes into ``box`` at offset ``at``, in C order."""
     if a.flags.c_contiguous:
-        box.mm[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        box.mm[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
     else:
-        box.array[at:at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+        box.array[at : at + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
 
 
 def _packing(sizes) -> tuple:
@@ -197,7 +201,7 @@ def _packing(sizes) -> tuple:
 
 def _view(buffer: np.ndarray, at: int, meta) -> np.ndarray:
     dtype, shape, n = meta
-    return buffer[at:at + n].view(dtype).reshape(shape)
+    return buffer[at : at + n].view(dtype).reshape(shape)
 
 
 def _flat(skeleton, arrays):
@@ -215,7 +219,7 @@ def _recv_fd(conn) -> int:
         if e.errno not in (errno.EMFILE, errno.ENFILE):
             raise
         fds = []
-    if not fds:                 # the kernel dropped it (MSG_CTRUNC): no descriptor was free
+    if not fds:  # the kernel dropped it (MSG_CTRUNC): no descriptor was free
         raise no_descriptors(f"pid {os.getpid()} taking in the shared memory of a message")
     return fds[0]
 
@@ -226,12 +230,14 @@ def no_descriptors(what: str) -> CollectiveError:
     return CollectiveError(
         f"no file descriptor left for {what}: the open-files limit (RLIMIT_NOFILE) is {soft}, "
         "and a job's workers inherit it from the process that starts it; raise it (ulimit -n) "
-        "or close files that process holds open.")
+        "or close files that process holds open."
+    )
 
 
 def needs_descriptors(what: str):
     """Decorator: the function's OSError for want of a file descriptor (EMFILE, ENFILE) as
     ``no_descriptors(what)``."""
+
     def wrap(fn):
         @functools.wraps(fn)
         def run(*args, **kw):
@@ -241,11 +247,13 @@ def needs_descriptors(what: str):
                 if e.errno in (errno.EMFILE, errno.ENFILE):
                     raise no_descriptors(what) from e
                 raise
+
         return run
+
     return wrap
 
 
-def recv(conn, box: "Box | None" = None, borrow: bool = False):
+def recv(conn, box: Box | None = None, borrow: bool = False):
     """The object ``send`` sent (with the same ``box`` on the other side, or none); its arrays
     are writable and aligned, and their own memory (copied out of the box); with ``borrow``,
     those that came through the box are views of it instead, valid until the next message into
@@ -254,21 +262,23 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
     put = _flat if flat else _put
     sizes = [m[2] for m in meta]
     offsets, _ = _packing(sizes)
-    if grown is not None:               # through the box
+    if grown is not None:  # through the box
         if grown:
             box.attach(_recv_fd(conn), grown)
-        if borrow:          # the views' base: an array of their own, so the box knows
-            held = np.frombuffer(box.mm, np.uint8) if box.mm is not None else \
-                np.empty(0, np.uint8)                       # (all empty)
-            box.lent = weakref.ref(held)                    # when they are gone
+        if borrow:  # the views' base: an array of their own, so the box knows
+            held = (
+                np.frombuffer(box.mm, np.uint8) if box.mm is not None else np.empty(0, np.uint8)
+            )  # (all empty)
+            box.lent = weakref.ref(held)  # when they are gone
             box.span = (box.start, box.start + held.size)
             _LENDING.add(box)
-            return put(skeleton, iter([np.ndarray(m[1], m[0], held, at)
-                                       for at, m in zip(offsets, meta)]))
+            return put(
+                skeleton, iter([np.ndarray(m[1], m[0], held, at) for at, m in zip(offsets, meta)])
+            )
     small = [i for i, n in enumerate(sizes) if n < PACK]
     views = [None] * len(sizes)
     if grown is not None:
-        held = box.array if box.array is not None else np.empty(0, np.uint8)   # all empty
+        held = box.array if box.array is not None else np.empty(0, np.uint8)  # all empty
         for i, n in enumerate(sizes):
             if n >= PACK:
                 views[i] = empty(meta[i][1], meta[i][0])
@@ -277,7 +287,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
             packed_at, packed = _packing([sizes[i] for i in small])
             pack = empty((max(packed, 1),), np.uint8)
             for i, at in zip(small, packed_at):
-                pack[at:at + sizes[i]] = held[offsets[i]:offsets[i] + sizes[i]]
+                pack[at : at + sizes[i]] = held[offsets[i] : offsets[i] + sizes[i]]
                 views[i] = _view(pack, at, meta[i])
         return put(skeleton, iter(views))
     for i, n in enumerate(sizes):
@@ -294,7 +304,7 @@ def recv(conn, box: "Box | None" = None, borrow: bool = False):
     return put(skeleton, iter(views))
 
 
-_LENDING = weakref.WeakSet()     # the boxes ``recv`` lent views of
+_LENDING = weakref.WeakSet()  # the boxes ``recv`` lent views of
 
 
 def _address(x) -> int | None:
@@ -304,7 +314,7 @@ def _address(x) -> int | None:
     pointer = getattr(x, "unsafe_buffer_pointer", None)
     try:
         return pointer() if pointer is not None else None
-    except Exception:                 # noqa: BLE001 - e.g. an array over several devices
+    except Exception:  # noqa: BLE001 - e.g. an array over several devices
         return None
 
 
@@ -324,6 +334,7 @@ def owned(x):
                 np.copyto(out, x)
                 return out
             import jax.numpy as jnp
+
             return jnp.array(x, copy=True)
     return x
 
@@ -335,11 +346,10 @@ def unborrowed(obj):
     return _rebuilt(obj, owned)
 
 
-SPIN_SECONDS = 2e-3     # how long ``readable`` polls before it blocks
+SPIN_SECONDS = 2e-3  # how long ``readable`` polls before it blocks
 
 
-def readable(conns, timeout: float | None, spin_until: float = 0.0,
-             spin_from: float = 0.0) -> list:
+def readable(conns, timeout: float | None, spin_until: float = 0.0, spin_from: float = 0.0) -> list:
     """The connections of ``conns`` with something to read (or closed), within ``timeout``
     seconds (None: until one has). From ``spin_from`` until ``spin_until`` (by
     ``time.perf_counter()``; before ``spin_from`` it blocks) it polls, yielding the core between
@@ -356,7 +366,7 @@ def readable(conns, timeout: float | None, spin_until: float = 0.0,
     if wait > 0:
         events = poller.poll(math.ceil(1e3 * (wait if timeout is None else min(wait, timeout))))
         if events or time.perf_counter() < spin_from:
-            return [by_fd[fd] for fd, _ in events]      # came, or ``timeout`` passed first
+            return [by_fd[fd] for fd, _ in events]  # came, or ``timeout`` passed first
     events = poller.poll(0)
     while not events and time.perf_counter() < spin_until:
         os.sched_yield()
@@ -366,7 +376,7 @@ def readable(conns, timeout: float | None, spin_until: float = 0.0,
     return [by_fd[fd] for fd, _ in events]
 
 
-BOX_BYTES = 64 << 20    # messages up to this go through a Box, larger ones the socket
+BOX_BYTES = 64 << 20  # messages up to this go through a Box, larger ones the socket
 
 
 class Box:
@@ -378,9 +388,9 @@ class Box:
 
     def __init__(self):
         self.mm, self.size, self.array = None, 0, None
-        self.start = 0              # the mapping's address
-        self.lent = None            # a weak reference to the base of the views recv lent
-        self.span = (0, 0)          # the addresses of the memory it lent
+        self.start = 0  # the mapping's address
+        self.lent = None  # a weak reference to the base of the views recv lent
+        self.span = (0, 0)  # the addresses of the memory it lent
 
     @property
     def lent_out(self) -> bool:
@@ -414,6 +424,6 @@ class Box:
             self.array = None
             try:
                 self.mm.close()
-            except BufferError:          # borrowed views still held: unmapped when they go
+            except BufferError:  # borrowed views still held: unmapped when they go
                 pass
             self.mm, self.size = None, 0

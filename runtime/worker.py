@@ -21,6 +21,7 @@ the socket or goes away.
 Before anything else a rank is set up for speed: pinned to a core of its own when the job has
 no more ranks than cores (``_pin``), and malloc told to keep freed memory (``tune_malloc``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,10 +35,10 @@ from multiprocessing.connection import Client
 from autopar.errors import CollectiveError
 from autopar.runtime import wire
 
+ANSWERS: dict = {}  # the boxes this rank answers into, by the index calls name
 
-ANSWERS: dict = {}      # the boxes this rank answers into, by the index calls name
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolve(name: tuple):
     """The function a call names: (module, qualified name)."""
     module, qualname = name
@@ -58,12 +59,13 @@ def tune_malloc() -> bool:
     environment sets ``MALLOC_MMAP_THRESHOLD_`` (memory measurements set it so freed memory
     leaves the resident count). False where the C library has no mallopt."""
     import ctypes
+
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt(_M_ARENA_MAX, 1)
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)          # glibc's largest
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest
     mallopt(_M_TRIM_THRESHOLD, 1 << 40)
     mallopt(_M_TOP_PAD, 64 << 20)
     return True
@@ -75,8 +77,8 @@ def _pin(rank: int, size: int) -> None:
     and XLA runs it on one thread (more would only take turns on that core)."""
     cores = sorted(os.sched_getaffinity(0))
     if size <= len(cores):
-        for tid in os.listdir("/proc/self/task"):   # every thread: a warm worker (forkserver)
-            os.sched_setaffinity(int(tid), {cores[rank]})   # has XLA's already
+        for tid in os.listdir("/proc/self/task"):  # every thread: a warm worker (forkserver)
+            os.sched_setaffinity(int(tid), {cores[rank]})  # has XLA's already
         xla_flags(single_threaded=True)
 
 
@@ -87,8 +89,11 @@ def xla_flags(single_threaded: bool) -> None:
     with one device against 43-57 with four), and, when ``single_threaded``, Eigen on one
     thread (a pinned rank's other threads would only take turns on its core) and XLA's
     sequential schedule (``ONE_THREAD_FLAGS``)."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     if single_threaded:
         flags.append("--xla_cpu_multi_thread_eigen=false")
         flags += ONE_THREAD_FLAGS if _jaxlib_minor() == (0, 10) else []
@@ -109,6 +114,7 @@ def _jaxlib_minor() -> tuple:
     (a worker's start: 5 ms here, where the package metadata took 40)."""
     try:
         from jaxlib.version import __version__
+
         return tuple(int(p) for p in __version__.split(".")[:2])
     except (ImportError, ValueError):
         return ()
@@ -119,8 +125,10 @@ def _imported_elsewhere(package: str) -> str | None:
     mine = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
     if os.path.realpath(mine) == os.path.realpath(package):
         return None
-    return (f"the worker imported autopar from {mine}, the caller from {package}; start the "
-            "job from the process that imported the package you mean to run")
+    return (
+        f"the worker imported autopar from {mine}, the caller from {package}; start the "
+        "job from the process that imported the package you mean to run"
+    )
 
 
 def main(argv):
@@ -134,19 +142,27 @@ def main(argv):
     try:
         conn = Client(address, family="AF_UNIX", authkey=token.encode())
     except (FileNotFoundError, ConnectionRefusedError):
-        return 1                      # the caller gave the job up before this rank connected
+        return 1  # the caller gave the job up before this rank connected
     conn.send(rank)
     try:
         elsewhere = _imported_elsewhere(package)
         if elsewhere:
             raise ImportError(elsewhere)
         from autopar import _native
-        comm = _native.Comm(rank, size, fd, [int(h) for h in hosts.split(",")], float(timeout),
-                            tcp == "1", direct == "1")
+
+        comm = _native.Comm(
+            rank,
+            size,
+            fd,
+            [int(h) for h in hosts.split(",")],
+            float(timeout),
+            tcp == "1",
+            direct == "1",
+        )
         os.close(fd)
         if rendezvous:
             comm.connect_tcp(rendezvous, token, ip, int(streams))
-    except Exception as e:            # noqa: BLE001 - reported to the caller
+    except Exception as e:  # noqa: BLE001 - reported to the caller
         conn.send(("failed", rank, f"{type(e).__name__}: {e}"))
         return 1
     conn.send(("ready",))
@@ -159,15 +175,15 @@ def main(argv):
             msg = wire.recv(conn, incoming, borrow=True)
         except CollectiveError as e:  # the call's memory could not be taken in: the job fails
             print(f"autopar worker: {e}", file=sys.stderr, flush=True)
-            try:                      # (the caller may have failed the job already)
+            try:  # (the caller may have failed the job already)
                 wire.send(conn, _error(e), box=None, any_size=True)
             except OSError:
                 pass
             return 1
-        except (EOFError, OSError):   # the caller closed the job or is gone
+        except (EOFError, OSError):  # the caller closed the job or is gone
             return _caller_gone()
-        _, name, args, at, drop, *arrays = msg     # a flat call's arrays: [the list]
-        for i in drop:                # boxes the caller holds no views of and no longer uses
+        _, name, args, at, drop, *arrays = msg  # a flat call's arrays: [the list]
+        for i in drop:  # boxes the caller holds no views of and no longer uses
             ANSWERS.pop(i).close()
         box = ANSWERS.setdefault(at, wire.Box())
         flat = False
@@ -181,15 +197,17 @@ def main(argv):
                 head, out = fn(comm, *arrays, *args)
                 reply = ("ok", head, out)
             else:
-                reply = ("ok", fn(comm, *(args if getattr(fn, "borrows", False)
-                                          else wire.unborrowed(args))))
-        except Exception as e:        # noqa: BLE001 - reported to the caller
+                reply = (
+                    "ok",
+                    fn(comm, *(args if getattr(fn, "borrows", False) else wire.unborrowed(args))),
+                )
+        except Exception as e:  # noqa: BLE001 - reported to the caller
             flat, reply = False, _error(e)
         try:
             wire.send(conn, reply, box, any_size=True, flat=flat)  # one rank's answer, any size
         except (BrokenPipeError, ConnectionResetError):
-            return _caller_gone()     # (interrupted or killed mid-call: nothing to print)
-        except Exception as e:        # noqa: BLE001 - e.g. a result pickle cannot carry
+            return _caller_gone()  # (interrupted or killed mid-call: nothing to print)
+        except Exception as e:  # noqa: BLE001 - e.g. a result pickle cannot carry
             wire.send(conn, _error(e), box, any_size=True)
 
 
@@ -202,7 +220,6 @@ def _caller_gone() -> int:
     """The caller closed the job, or went away without closing it: its own XLA cache folder
     goes with this rank (the caller removes it on close)."""
     from .native_backend import remove_private_cache
+
     remove_private_cache()
     return 0
-
-

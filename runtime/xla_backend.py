@@ -9,6 +9,7 @@ partial sum is left to XLA, which has no sharding for it). XLA (GSPMD / Shardy) 
 itself, with its own scheduler, async collectives and fusions, as Alpa ran its plans;
 ``collectives`` reads what it inserted from the compiled module's text.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,6 +30,7 @@ def step_function(graph, op_layouts, mesh):
     first operand's left XLA free to gather elsewhere: on the test GPT planned by
     auto_parallel on 2 devices it then moved 38 all-gathers (4.1 MB per device) for the plan's
     11 (2.75 MB), against 16 (3.0 MB) with every output constrained."""
+
     def run(*flat):
         env = {v.id: x for v, x in zip(graph.inputs, flat)}
         get = lambda a: const(a) if isinstance(a, Const) else env[a.id]
@@ -36,9 +38,15 @@ def step_function(graph, op_layouts, mesh):
             out = node.primitive.bind(*[get(a) for a in node.inputs], **node.params)
             outs = out if node.primitive.multiple_results else [out]
             for v, o, l in zip(node.outputs, outs, layouts):
-                env[v.id] = o if l.partial else jax.lax.with_sharding_constraint(
-                    o, NamedSharding(mesh, l.to_partition_spec()))
+                env[v.id] = (
+                    o
+                    if l.partial
+                    else jax.lax.with_sharding_constraint(
+                        o, NamedSharding(mesh, l.to_partition_spec())
+                    )
+                )
         return [get(o) for o in graph.outputs]
+
     return run
 
 
@@ -48,18 +56,22 @@ def build(graph, in_layouts, out_layouts, op_layouts, mesh, donate=()):
     A mesh with Explicit axes (``jax.make_mesh``'s default) runs as its Auto twin: the plan's
     constraints, not sharding-in-types rules, say where each value lives."""
     if _explicit(mesh):
-        mesh = Mesh(mesh.devices, mesh.axis_names,
-                    axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+        mesh = Mesh(
+            mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names)
+        )
     ins = [NamedSharding(mesh, l.to_partition_spec()) for l in in_layouts]
-    outs = [NamedSharding(mesh, l.to_partition_spec()) for o, l in zip(graph.outputs,
-                                                                        out_layouts)
-            if not isinstance(o, Const)]
+    outs = [
+        NamedSharding(mesh, l.to_partition_spec())
+        for o, l in zip(graph.outputs, out_layouts)
+        if not isinstance(o, Const)
+    ]
     body = step_function(graph, op_layouts, mesh)
     live = [k for k, o in enumerate(graph.outputs) if not isinstance(o, Const)]
 
     def traced(*flat):
         got = body(*flat)
         return [got[k] for k in live]
+
     jitted = jax.jit(traced, in_shardings=ins, out_shardings=outs, donate_argnums=tuple(donate))
 
     call = lambda flat: _with_consts(graph, jitted(*[_moved(x, s) for x, s in zip(flat, ins)]))
@@ -67,11 +79,24 @@ def build(graph, in_layouts, out_layouts, op_layouts, mesh, donate=()):
 
 
 # an HLO instruction line: "%name = type[shape]{layout} kind(...)", kind maybe -start
-_OP = re.compile(r"=\s*(?:\(([^)]*)\)|(\S+))\s+(all-reduce|all-gather|reduce-scatter|"
-                 r"all-to-all|collective-permute)(?:-start)?\(")
+_OP = re.compile(
+    r"=\s*(?:\(([^)]*)\)|(\S+))\s+(all-reduce|all-gather|reduce-scatter|"
+    r"all-to-all|collective-permute)(?:-start)?\("
+)
 _TYPE = re.compile(r"([a-z]+\d*)\[([0-9,]*)\]")
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "s32": 4, "u32": 4, "s8": 1, "u8": 1,
-          "pred": 1, "s64": 8, "u64": 8}
+_BYTES = {
+    "f32": 4,
+    "f16": 2,
+    "bf16": 2,
+    "f64": 8,
+    "s32": 4,
+    "u32": 4,
+    "s8": 1,
+    "u8": 1,
+    "pred": 1,
+    "s64": 8,
+    "u64": 8,
+}
 
 
 def collectives(hlo_text: str) -> Counter:
@@ -110,10 +135,13 @@ def differences(planned, inserted: Counter) -> list:
         if a == b and na == nb:
             continue
         if a == b:
-            out.append(f"{kind}: XLA combined the plan's {na} into {nb} ({a} bytes per device, "
-                       "the same)")
+            out.append(
+                f"{kind}: XLA combined the plan's {na} into {nb} ({a} bytes per device, the same)"
+            )
         else:
-            out.append(f"{kind}: the plan moves {a} bytes per device in {na}, XLA {b} in {nb} "
-                       f"({'more' if b > a else 'less'}: XLA placed the reduction or gather "
-                       "elsewhere than the plan)")
+            out.append(
+                f"{kind}: the plan moves {a} bytes per device in {na}, XLA {b} in {nb} "
+                f"({'more' if b > a else 'less'}: XLA placed the reduction or gather "
+                "elsewhere than the plan)"
+            )
     return out

@@ -25,6 +25,7 @@ counted that way. Last, per state argument priced at its real cost when returned
 its new value as the step returns it (``add_returned``): at the last step, the bytes of the copy
 gathered into the argument's layout, or none when the update already made it there.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,7 +40,6 @@ from autopar.layout import Layout
 
 from .cost_model import compute_time, fused, local_bytes, output_bytes
 from .problem import SearchProblem
-
 
 # Seconds charged when a returned state leaf (a new parameter, new optimizer state) is produced
 # in a layout other than its argument's (the next step would have to reshard it), and when an
@@ -60,6 +60,7 @@ class StatePricing:
     instead of ``STATE_PENALTY``: ``returned``: producing the new value in another layout than
     the argument's (it is redistributed to the argument's layout as the step returns it);
     ``read``: reading the argument through a collective."""
+
     returned: frozenset = frozenset()
     read: frozenset = frozenset()
 
@@ -97,7 +98,9 @@ def arg_layouts(value, mesh, picks=None) -> list[Layout]:
         picks = itertools.product([None, *range(len(value.shape))], repeat=len(axes))
     out = []
     for pick in picks:
-        dims = tuple(tuple(a for a, d in zip(axes, pick) if d == i) for i in range(len(value.shape)))
+        dims = tuple(
+            tuple(a for a, d in zip(axes, pick) if d == i) for i in range(len(value.shape))
+        )
         lay = Layout(dims)
         if all(s % c == 0 for s, c in zip(value.shape, lay.splits(mesh))):
             out.append(lay)
@@ -110,11 +113,13 @@ def default_arg_options(graph, mesh, fixed_args) -> tuple:
     as ``candidates_of`` shares a list per signature: build.py prices per shared list, so the
     parameters of a deep model's layers are priced once."""
     memo = {}
+
     def options(i, v):
         key = (v.shape, str(v.dtype), fixed_args.get(i))
         if key not in memo:
             memo[key] = [fixed_args[i]] if i in fixed_args else arg_layouts(v, mesh)
         return memo[key]
+
     return tuple(options(i, v) for i, v in enumerate(graph.inputs))
 
 
@@ -122,18 +127,21 @@ def default_arg_options(graph, mesh, fixed_args) -> tuple:
 class Built:
     problem: SearchProblem
     graph: object
-    arg_options: tuple        # per graph input: its candidate layouts
-    cands: dict               # node id -> candidate list
-    groups: tuple = ()        # per operator problem node: ((node id, per head choice: index), ...)
-    hubs: tuple = ()          # per hub problem node (after the operators): (value id, layouts)
-    returned: tuple = ()      # per returned-state node (after the hubs): (input, value id)
+    arg_options: tuple  # per graph input: its candidate layouts
+    cands: dict  # node id -> candidate list
+    groups: tuple = ()  # per operator problem node: ((node id, per head choice: index), ...)
+    hubs: tuple = ()  # per hub problem node (after the operators): (value id, layouts)
+    returned: tuple = ()  # per returned-state node (after the hubs): (input, value id)
 
     def assignment(self, choice):
         """(node id -> Candidate, input layouts) for a Solution's choice."""
         n_in = len(self.graph.inputs)
         inputs = tuple(opts[c] for opts, c in zip(self.arg_options, choice[:n_in]))
-        nodes = {nid: self.cands[nid][idx[c]] for group, c in zip(self.groups, choice[n_in:])
-                 for nid, idx in group}
+        nodes = {
+            nid: self.cands[nid][idx[c]]
+            for group, c in zip(self.groups, choice[n_in:])
+            for nid, idx in group
+        }
         return nodes, inputs
 
     def choice_of(self, nodes, inputs, held):
@@ -149,14 +157,20 @@ class Built:
             choice.append(opts.index(l))
         for group in self.groups:
             (hid, hidx), n = group[0], len(group[0][1])
-            c = next((c for c in range(n)
-                      if all(self.cands[nid][idx[c]] == nodes[nid] for nid, idx in group)),
-                     next((c for c in range(n) if self.cands[hid][hidx[c]] == nodes[hid]), None))
+            c = next(
+                (
+                    c
+                    for c in range(n)
+                    if all(self.cands[nid][idx[c]] == nodes[nid] for nid, idx in group)
+                ),
+                next((c for c in range(n) if self.cands[hid][hidx[c]] == nodes[hid]), None),
+            )
             if c is None:
                 return None
             choice.append(c)
         made = lambda vid: nodes[self.graph.producer[vid].id].out_layouts[
-            [v.id for v in self.graph.producer[vid].outputs].index(vid)]
+            [v.id for v in self.graph.producer[vid].outputs].index(vid)
+        ]
         for vid, layouts in self.hubs:
             lay = held.get(vid) or made(vid)
             if lay not in layouts:
@@ -201,7 +215,7 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
         for x in n.inputs:
             if isinstance(x, Value):
                 readers.setdefault(x.id, set()).add(n.id)
-    memo: dict = {}                           # per shared candidate list (and operand positions)
+    memo: dict = {}  # per shared candidate list (and operand positions)
 
     def written(cs):
         key = ("writes", id(cs))
@@ -215,19 +229,24 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
             memo[key] = all(c.in_layouts[i] == c.out_layouts[0] for c in cs for i in pos)
         return memo[key]
 
-    chain_of, chains = {}, []                 # value id -> chain index
-    writes = []                               # per chain: the layouts its head may write
+    chain_of, chains = {}, []  # value id -> chain index
+    writes = []  # per chain: the layouts its head may write
     for k, n in enumerate(graph.nodes):
         c, cs = None, cands[n.id]
         if len(n.outputs) == 1 and n.prim != shard_p.name:
             xs = {x.id: x for x in n.inputs if isinstance(x, Value)}
             if len(xs) == 1:
-                (xid, x), = xs.items()
+                ((xid, x),) = xs.items()
                 pos = tuple(i for i, y in enumerate(n.inputs) if isinstance(y, Value))
-                if (xid in chain_of and readers[xid] == {n.id} and xid not in result_ids
-                        and intervals[k][1] - intervals[k][0] <= SPAN
-                        and x.shape == n.outputs[0].shape and keeps_layout(cs, pos)
-                        and writes[chain_of[xid]] <= written(cs)):
+                if (
+                    xid in chain_of
+                    and readers[xid] == {n.id}
+                    and xid not in result_ids
+                    and intervals[k][1] - intervals[k][0] <= SPAN
+                    and x.shape == n.outputs[0].shape
+                    and keeps_layout(cs, pos)
+                    and writes[chain_of[xid]] <= written(cs)
+                ):
                     c = chain_of.pop(xid)
         if c is None:
             c = len(chains)
@@ -239,10 +258,22 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
     return chains
 
 
-def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None,
-                  name="autopar", arg_names=None, arg_options=None, state_pairs=(),
-                  merge=True, state_pricing=StatePricing(), repeat=1,
-                  batch_inputs=frozenset()) -> Built:
+def build_problem(
+    graph,
+    mesh,
+    cands,
+    fixed_args,
+    reshard_cost,
+    usage_limit=None,
+    name="autopar",
+    arg_names=None,
+    arg_options=None,
+    state_pairs=(),
+    merge=True,
+    state_pricing=StatePricing(),
+    repeat=1,
+    batch_inputs=frozenset(),
+) -> Built:
     """The SearchProblem of ``graph`` (see the module docstring). ``arg_options`` (per graph
     input, its candidate layouts) overrides the fixed/every-layout default. ``state_pairs``:
     (graph input, graph output) positions of state the step threads through (new parameters,
@@ -256,8 +287,7 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
     edge that repeats them (the layers of a deep model)."""
     if arg_options is None:
         arg_options = default_arg_options(graph, mesh, fixed_args)
-    b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
-                 state_pricing)
+    b = _Builder(graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge, state_pricing)
     if repeat > 1:
         b.repeat, b.varies = repeat, graph.dependents(batch_inputs)
         b.accumulate(state_pairs)
@@ -269,12 +299,21 @@ def build_problem(graph, mesh, cands, fixed_args, reshard_cost, usage_limit=None
         b.add_reads(len(graph.inputs) + g, graph.nodes[chain[0]])
     for i, j in state_pairs:
         b.add_state_edge(i, graph.outputs[j])
-    returned = tuple(b.add_returned(i, graph.outputs[j]) for i, j in state_pairs
-                     if i in state_pricing.returned and b.updated(i, graph.outputs[j]))
-    problem = SearchProblem(tuple(b.costs), tuple(b.usages),
-                            np.array(b.intervals, np.int64).reshape(-1, 2),
-                            np.array(b.edges, np.int64).reshape(-1, 2), tuple(b.ecosts),
-                            usage_limit, name, tuple(b.names))
+    returned = tuple(
+        b.add_returned(i, graph.outputs[j])
+        for i, j in state_pairs
+        if i in state_pricing.returned and b.updated(i, graph.outputs[j])
+    )
+    problem = SearchProblem(
+        tuple(b.costs),
+        tuple(b.usages),
+        np.array(b.intervals, np.int64).reshape(-1, 2),
+        np.array(b.edges, np.int64).reshape(-1, 2),
+        tuple(b.ecosts),
+        usage_limit,
+        name,
+        tuple(b.names),
+    )
     return Built(problem, graph, arg_options, dict(cands), groups, hubs, returned)
 
 
@@ -284,34 +323,39 @@ class _Builder:
     and choice) and edges (``edges``, ``ecosts``), filled by ``add_argument``, ``add_chain``,
     ``add_reads`` and ``add_state_edge``; ``shared`` computes each distinct array once."""
 
-    def __init__(self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge,
-                 state_pricing):
+    def __init__(
+        self, graph, mesh, cands, reshard_cost, arg_options, state_pairs, merge, state_pricing
+    ):
         self.graph, self.mesh, self.cands = graph, mesh, cands
-        self.touch = fused(graph, mesh)          # node id -> what its fused kernel moves
+        self.touch = fused(graph, mesh)  # node id -> what its fused kernel moves
         self.pricing = state_pricing
         self.reshard_cost, self.arg_options = reshard_cost, arg_options
         self.in_iv, self.node_iv = live_intervals(graph)
         result_ids = {o.id for o in graph.outputs if isinstance(o, Value)}
-        state_out = {graph.outputs[j].id for _, j in state_pairs
-                     if isinstance(graph.outputs[j], Value)}
-        self.gathered = result_ids - state_out          # results returned replicated
-        self.chains = (followers(graph, cands, result_ids, self.node_iv) if merge
-                       else [[k] for k in range(len(graph.nodes))])
+        state_out = {
+            graph.outputs[j].id for _, j in state_pairs if isinstance(graph.outputs[j], Value)
+        }
+        self.gathered = result_ids - state_out  # results returned replicated
+        self.chains = (
+            followers(graph, cands, result_ids, self.node_iv)
+            if merge
+            else [[k] for k in range(len(graph.nodes))]
+        )
         n_in = len(graph.inputs)
         self.where = {v.id: (i, 0, 0) for i, v in enumerate(graph.inputs)}  # value ->
-        for g, chain in enumerate(self.chains):                            # (problem node,
-            for m, k in enumerate(chain):                                  # member, output)
+        for g, chain in enumerate(self.chains):  # (problem node,
+            for m, k in enumerate(chain):  # member, output)
                 for j, v in enumerate(graph.nodes[k].outputs):
                     self.where[v.id] = (n_in + g, m, j)
         self.state_args = {i for i, _ in state_pairs}
         self.step = {n.id: k for k, n in enumerate(graph.nodes)}
         self.hub_reads = _hub_reads(graph, self.chains, result_ids)
-        for vid in self.hub_reads:       # the value lives on in its hub: its maker holds it
-            k = self.step[graph.producer[vid].id]        # only while it is converted
+        for vid in self.hub_reads:  # the value lives on in its hub: its maker holds it
+            k = self.step[graph.producer[vid].id]  # only while it is converted
             self.node_iv[k] = (k + 1, k + 2)
         self.memo: dict = {}
         self.pair_costs: dict = {}
-        self.repeat, self.varies = 1, frozenset()     # see build_problem
+        self.repeat, self.varies = 1, frozenset()  # see build_problem
         self.costs, self.usages, self.intervals, self.names = [], [], [], []
         self.src_keys, self.out_layouts = [], []
         self.edges, self.ecosts = [], []
@@ -334,14 +378,18 @@ class _Builder:
         sizes = {math.prod(self.graph.inputs[i].shape) for i, _ in state_pairs}
         end = len(self.graph.nodes) + 1
         for k, n in enumerate(self.graph.nodes):
-            if n.backward and any(isinstance(x, Value) and x.id in self.varies
-                                  for x in n.inputs) \
-                    and any(math.prod(v.shape) in sizes for v in n.outputs):
+            if (
+                n.backward
+                and any(isinstance(x, Value) and x.id in self.varies for x in n.inputs)
+                and any(math.prod(v.shape) in sizes for v in n.outputs)
+            ):
                 self.node_iv[k] = (self.node_iv[k][0], end)
 
     def to_replicated(self, layouts, v):
-        return _by_layout(layouts, lambda l: self.reshard_cost(l, Layout.replicated(len(v.shape)),
-                                                               v.shape, v.dtype))
+        return _by_layout(
+            layouts,
+            lambda l: self.reshard_cost(l, Layout.replicated(len(v.shape)), v.shape, v.dtype),
+        )
 
     def _node(self, cost, usage, interval, name, key, outs):
         self.costs.append(cost)
@@ -355,24 +403,44 @@ class _Builder:
         opts = self.arg_options[i]
         key = ("arg", type_str(v.shape, v.dtype), id(opts))
         res = v.id in self.gathered
-        self._node(self.shared(key + ("cost", res), lambda: self.to_replicated(opts, v) if res
-                               else np.zeros(len(opts))),
-                   self.shared(key + ("usage",), lambda: np.array(
-                       [local_bytes(l, v, self.mesh) for l in opts], np.int64)),
-                   self.in_iv[i], name, key, [[opts]])
+        self._node(
+            self.shared(
+                key + ("cost", res),
+                lambda: self.to_replicated(opts, v) if res else np.zeros(len(opts)),
+            ),
+            self.shared(
+                key + ("usage",),
+                lambda: np.array([local_bytes(l, v, self.mesh) for l in opts], np.int64),
+            ),
+            self.in_iv[i],
+            name,
+            key,
+            [[opts]],
+        )
 
     def add_chain(self, chain) -> tuple:
         """One problem node for a chain of operators; its ((node id, index per choice), ...)."""
         nodes = [self.graph.nodes[k] for k in chain]
         res = tuple(v.id in self.gathered for n in nodes for v in n.outputs)
-        key = tuple((n.signature, id(self.cands[n.id]), self.touch.get(n.id))
-                    for n in nodes) + (res,)
-        idx, cost, usage, outs = self.shared(key + ("chain",), lambda: _chain(
-            nodes, self.cands, self.mesh, self.gathered, self.to_replicated, self.touch))
+        key = tuple((n.signature, id(self.cands[n.id]), self.touch.get(n.id)) for n in nodes) + (
+            res,
+        )
+        idx, cost, usage, outs = self.shared(
+            key + ("chain",),
+            lambda: _chain(
+                nodes, self.cands, self.mesh, self.gathered, self.to_replicated, self.touch
+            ),
+        )
         head = nodes[0]
-        self._node(cost, usage, (self.node_iv[chain[0]][0], self.node_iv[chain[-1]][1]),
-                   (f"{head.name} ({head.source})" if head.source else head.name)
-                   + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""), key, outs)
+        self._node(
+            cost,
+            usage,
+            (self.node_iv[chain[0]][0], self.node_iv[chain[-1]][1]),
+            (f"{head.name} ({head.source})" if head.source else head.name)
+            + (f" +{len(nodes) - 1} elementwise" if len(nodes) > 1 else ""),
+            key,
+            outs,
+        )
         return tuple((n.id, i) for n, i in zip(nodes, idx))
 
     def add_hub(self, vid, reads) -> tuple:
@@ -386,25 +454,57 @@ class _Builder:
         u_idx, m, j = self.where[vid]
         v = graph.nodes[self.chains[u_idx - n_in][m]].outputs[j]
         made = self.out_layouts[u_idx][m][j]
-        key = ("hub", self.src_keys[u_idx], m, j,
-               tuple((r.signature, id(self.cands[r.id]), pos) for r, pos in reads))
-        layouts = self.shared(key + ("layouts",), lambda: tuple(sorted(
-            set(made) | {c.in_layouts[pos] for r, pos in reads for c in self.cands[r.id]},
-            key=str)))
+        key = (
+            "hub",
+            self.src_keys[u_idx],
+            m,
+            j,
+            tuple((r.signature, id(self.cands[r.id]), pos) for r, pos in reads),
+        )
+        layouts = self.shared(
+            key + ("layouts",),
+            lambda: tuple(
+                sorted(
+                    set(made) | {c.in_layouts[pos] for r, pos in reads for c in self.cands[r.id]},
+                    key=str,
+                )
+            ),
+        )
         k = self.step[graph.producer[vid].id]
         last = max(self.step[r.id] for r, _ in reads) + 1
-        self._node(self.shared(key + ("cost",), lambda: np.zeros(len(layouts))),
-                   self.shared(key + ("usage",), lambda: np.array(
-                       [local_bytes(l, v, self.mesh) for l in layouts], np.int64)),
-                   (k + 2, last + 1), f"{v} (converted once for {len(reads)} readers)", key,
-                   [[layouts]])
+        self._node(
+            self.shared(key + ("cost",), lambda: np.zeros(len(layouts))),
+            self.shared(
+                key + ("usage",),
+                lambda: np.array([local_bytes(l, v, self.mesh) for l in layouts], np.int64),
+            ),
+            (k + 2, last + 1),
+            f"{v} (converted once for {len(reads)} readers)",
+            key,
+            [[layouts]],
+        )
         hub = len(self.costs) - 1
-        times = self.repeat if (self.repeat > 1 and vid not in self.varies and any(
-            o.id in self.varies for r, _ in reads for o in r.outputs)) else 1
+        times = (
+            self.repeat
+            if (
+                self.repeat > 1
+                and vid not in self.varies
+                and any(o.id in self.varies for r, _ in reads for o in r.outputs)
+            )
+            else 1
+        )
         self.edges.append((u_idx, hub))
-        self.ecosts.append(self.shared(key + ("made", times), lambda: self.matrix(
-            made, layouts, ("read", v.shape, v.dtype, False, times),
-            lambda a, b: times * self.reshard_cost(a, b, v.shape, v.dtype))))
+        self.ecosts.append(
+            self.shared(
+                key + ("made", times),
+                lambda: self.matrix(
+                    made,
+                    layouts,
+                    ("read", v.shape, v.dtype, False, times),
+                    lambda a, b: times * self.reshard_cost(a, b, v.shape, v.dtype),
+                ),
+            )
+        )
         self.where[vid] = (hub, 0, 0)
         return vid, layouts
 
@@ -416,15 +516,28 @@ class _Builder:
             u_idx, m, j = self.where[x.id]
             src, dst = self.out_layouts[u_idx][m][j], self.cands[n.id]
             state = u_idx in self.state_args and u_idx not in self.pricing.read
-            times = self.repeat if (self.repeat > 1 and x.id not in self.varies and any(
-                o.id in self.varies for o in n.outputs)) else 1
+            times = (
+                self.repeat
+                if (
+                    self.repeat > 1
+                    and x.id not in self.varies
+                    and any(o.id in self.varies for o in n.outputs)
+                )
+                else 1
+            )
             price = lambda s, d: times * self.reshard_cost(s, d, x.shape, x.dtype)
             self.edges.append((u_idx, v_idx))
-            self.ecosts.append(self.shared(
-                ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state, times),
-                lambda: self.matrix(src, [cand.in_layouts[pos] for cand in dst],
-                                    ("read", x.shape, x.dtype, state, times),
-                                    (lambda s, d: _state_read(price(s, d))) if state else price)))
+            self.ecosts.append(
+                self.shared(
+                    ("edge", self.src_keys[u_idx], m, j, self.src_keys[v_idx], pos, state, times),
+                    lambda: self.matrix(
+                        src,
+                        [cand.in_layouts[pos] for cand in dst],
+                        ("read", x.shape, x.dtype, state, times),
+                        (lambda s, d: _state_read(price(s, d))) if state else price,
+                    ),
+                )
+            )
 
     def updated(self, i, o) -> bool:
         """Whether argument ``i``'s new value ``o`` is made by an operator (not a constant, not
@@ -441,45 +554,82 @@ class _Builder:
         opts, (v_idx, m, k) = self.arg_options[i], self.where[o.id]
         key = ("returned", self.src_keys[i], self.src_keys[v_idx], m, k)
         steps = len(self.graph.nodes) + 1
-        self._node(self.shared(key + ("cost",), lambda: np.zeros(2 * len(opts))),
-                   self.shared(key + ("usage",), lambda: np.array(
-                       [g * local_bytes(l, o, self.mesh) for l in opts for g in (0, 1)],
-                       np.int64)),
-                   (steps - 1, steps), f"{o} (returned)", key,
-                   [[[l for l in opts for _ in (0, 1)]]])
+        self._node(
+            self.shared(key + ("cost",), lambda: np.zeros(2 * len(opts))),
+            self.shared(
+                key + ("usage",),
+                lambda: np.array(
+                    [g * local_bytes(l, o, self.mesh) for l in opts for g in (0, 1)], np.int64
+                ),
+            ),
+            (steps - 1, steps),
+            f"{o} (returned)",
+            key,
+            [[[l for l in opts for _ in (0, 1)]]],
+        )
         node = len(self.costs) - 1
         made = self.out_layouts[v_idx][m][k]
         self.edges += [(i, node), (v_idx, node)]
         self.ecosts += [
-            self.shared(key + ("argument",), lambda: np.array(
-                [[0.0 if a == b // 2 else STATE_PENALTY for b in range(2 * len(opts))]
-                 for a in range(len(opts))])),
-            self.shared(key + ("update",), lambda: np.array(
-                [[STATE_PENALTY if b % 2 == 0 and u != opts[b // 2] else 0.0
-                  for b in range(2 * len(opts))] for u in made]))]
+            self.shared(
+                key + ("argument",),
+                lambda: np.array(
+                    [
+                        [0.0 if a == b // 2 else STATE_PENALTY for b in range(2 * len(opts))]
+                        for a in range(len(opts))
+                    ]
+                ),
+            ),
+            self.shared(
+                key + ("update",),
+                lambda: np.array(
+                    [
+                        [
+                            STATE_PENALTY if b % 2 == 0 and u != opts[b // 2] else 0.0
+                            for b in range(2 * len(opts))
+                        ]
+                        for u in made
+                    ]
+                ),
+            ),
+        ]
         return i, o.id
 
     def add_state_edge(self, i, o):
         """Argument ``i``'s new value ``o`` should keep its layout (``STATE_PENALTY``), or pays
         its redistribution to it (``state_pricing.returned``)."""
         if not self.updated(i, o):
-            return                         # a constant, or the argument returned unchanged
+            return  # a constant, or the argument returned unchanged
         v_idx, m, k = self.where[o.id]
         priced = i in self.pricing.returned
-        price = ((lambda a, b: self.reshard_cost(b, a, o.shape, o.dtype)) if priced else
-                 (lambda a, b: 0.0 if a == b else STATE_PENALTY))
+        price = (
+            (lambda a, b: self.reshard_cost(b, a, o.shape, o.dtype))
+            if priced
+            else (lambda a, b: 0.0 if a == b else STATE_PENALTY)
+        )
         self.edges.append((i, v_idx))
-        self.ecosts.append(self.shared(
-            ("state", self.src_keys[i], self.src_keys[v_idx], m, k, priced),
-            lambda: self.matrix(self.arg_options[i], self.out_layouts[v_idx][m][k],
-                                ("state", o.shape, o.dtype, priced), price)))
+        self.ecosts.append(
+            self.shared(
+                ("state", self.src_keys[i], self.src_keys[v_idx], m, k, priced),
+                lambda: self.matrix(
+                    self.arg_options[i],
+                    self.out_layouts[v_idx][m][k],
+                    ("state", o.shape, o.dtype, priced),
+                    price,
+                ),
+            )
+        )
 
     def matrix(self, src, dst, kind, f) -> np.ndarray:
         """``_matrix(src, dst, f)``, the cost of each distinct layout pair computed once per
         ``kind`` (what ``f`` depends on besides the layouts: shape, dtype, pricing): on a
         3-axis mesh the values of one shape meet the same layout sets on hundreds of edges."""
-        return _matrix(src, dst, f, self.pair_costs.setdefault(
-            (tuple(kind[1]), str(kind[2])) + kind[:1] + kind[3:], {}))
+        return _matrix(
+            src,
+            dst,
+            f,
+            self.pair_costs.setdefault((tuple(kind[1]), str(kind[2])) + kind[:1] + kind[3:], {}),
+        )
 
 
 def _hub_reads(graph, chains, result_ids) -> dict:
@@ -494,9 +644,14 @@ def _hub_reads(graph, chains, result_ids) -> dict:
         for pos, x in enumerate(n.inputs):
             if isinstance(x, Value):
                 reads.setdefault(x.id, []).append((n, pos))
-    return {vid: tuple(r) for vid, r in reads.items()
-            if len(r) > 1 and vid in graph.producer and vid not in result_ids
-            and len(graph.producer[vid].outputs) == 1}
+    return {
+        vid: tuple(r)
+        for vid, r in reads.items()
+        if len(r) > 1
+        and vid in graph.producer
+        and vid not in result_ids
+        and len(graph.producer[vid].outputs) == 1
+    }
 
 
 def _chain(nodes, cands, mesh, result_ids, to_replicated, touch):
@@ -507,28 +662,35 @@ def _chain(nodes, cands, mesh, result_ids, to_replicated, touch):
     cost_model.fused) counting none."""
     head = nodes[0]
     idx = [np.arange(len(cands[head.id]))]
-    cost = np.array([compute_time(head, c, mesh, touch.get(head.id)) for c in cands[head.id]],
-                    dtype=float)
-    sizes = [np.array([output_bytes(head, c, mesh, touch.get(head.id)) for c in cands[head.id]],
-                      np.int64)]
+    cost = np.array(
+        [compute_time(head, c, mesh, touch.get(head.id)) for c in cands[head.id]], dtype=float
+    )
+    sizes = [
+        np.array(
+            [output_bytes(head, c, mesh, touch.get(head.id)) for c in cands[head.id]], np.int64
+        )
+    ]
     outs = [[[c.out_layouts[j] for c in cands[head.id]] for j in range(len(head.outputs))]]
     for n in nodes[1:]:
         cs = cands[n.id]
         pos = next(i for i, y in enumerate(n.inputs) if isinstance(y, Value))
-        pick = {}                  # ``followers`` guarantees a candidate reading each layout
+        pick = {}  # ``followers`` guarantees a candidate reading each layout
         for l in set(outs[-1][0]):
             i = next(i for i, c in enumerate(cs) if c.in_layouts[pos] == l)
             pick[l] = (i, compute_time(n, cs[i], mesh, touch.get(n.id)))
         idx.append(np.array([pick[l][0] for l in outs[-1][0]]))
         cost += [pick[l][1] for l in outs[-1][0]]
         outs.append([[cs[i].out_layouts[0] for i in idx[-1]]])
-        sizes.append(np.array([output_bytes(n, cs[i], mesh, touch.get(n.id)) for i in idx[-1]],
-                              np.int64))
-    for n, o, i in zip(nodes, outs, idx):
+        sizes.append(
+            np.array([output_bytes(n, cs[i], mesh, touch.get(n.id)) for i in idx[-1]], np.int64)
+        )
+    for n, o, _i in zip(nodes, outs, idx):
         for j, v in enumerate(n.outputs):
             if v.id in result_ids:
                 cost += to_replicated(o[j], v)
-    usage = sizes[0] if len(sizes) == 1 else np.max([a + b for a, b in zip(sizes, sizes[1:])], axis=0)
+    usage = (
+        sizes[0] if len(sizes) == 1 else np.max([a + b for a, b in zip(sizes, sizes[1:])], axis=0)
+    )
     for a in [cost, usage, *idx]:
         a.setflags(write=False)
     return idx, cost, usage, outs
@@ -547,7 +709,13 @@ def _matrix(src, dst, f, memo=None) -> np.ndarray:
     first_s = {s: src[i] for i, s in reversed(list(enumerate(str(l) for l in src)))}
     first_d = {d: dst[i] for i, d in reversed(list(enumerate(str(l) for l in dst)))}
     memo = {} if memo is None else memo
-    small = np.array([[memo[s, d] if (s, d) in memo else
-                       memo.setdefault((s, d), f(first_s[s], first_d[d])) for d in ds]
-                      for s in us]).reshape(len(us), len(ds))
+    small = np.array(
+        [
+            [
+                memo[s, d] if (s, d) in memo else memo.setdefault((s, d), f(first_s[s], first_d[d]))
+                for d in ds
+            ]
+            for s in us
+        ]
+    ).reshape(len(us), len(ds))
     return small[np.ix_(ui, di)]

@@ -7,6 +7,7 @@ with the remaining axes turned into pending partial sums fed to one linear input
 input and output ``Layout``s it implies. Enumeration order is deterministic; index 0 is always
 the fully replicated candidate.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,9 +28,9 @@ from .rules.spec import OpSpec
 @cached_hash
 @dataclass(frozen=True)
 class Candidate:
-    assign: tuple            # ((letter, (axis, ...)), ...) for split letters only
-    partial: frozenset       # axes over which linear group ``group`` receives partial sums
-    group: int               # index into OpSpec.linear, or -1
+    assign: tuple  # ((letter, (axis, ...)), ...) for split letters only
+    partial: frozenset  # axes over which linear group ``group`` receives partial sums
+    group: int  # index into OpSpec.linear, or -1
     in_layouts: tuple[Layout, ...]
     out_layouts: tuple[Layout, ...]
 
@@ -47,20 +48,24 @@ def _is_float(dtype) -> bool:
     return np.issubdtype(np.dtype(dtype), np.inexact)
 
 
-def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh, picks=None,
-                         group=None) -> list[Candidate]:
+def enumerate_candidates(
+    node, spec: OpSpec, mesh: LogicalMesh, picks=None, group=None
+) -> list[Candidate]:
     """Every candidate (see the module docstring). ``picks`` restricts the enumeration to the
     given per-axis choices (one tuple per combination, over the mesh axes of size > 1: None,
     a letter of the spec, or "+" for a partial input) and ``group`` to one linear group; the
     recursive search enumerates one axis at a time this way instead of the whole product."""
     letters = spec.letters
     axes = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1]
-    groups = [g for g in spec.linear
-              if all(not isinstance(node.inputs[i], Const) for i in g)
-              and all(_is_float(v.dtype) for v in node.outputs)]
+    groups = [
+        g
+        for g in spec.linear
+        if all(not isinstance(node.inputs[i], Const) for i in g)
+        and all(_is_float(v.dtype) for v in node.outputs)
+    ]
     in_shapes = [x.shape for x in node.inputs]
     out_shapes = [v.shape for v in node.outputs]
-    if picks is None:      # each axis: None (unused), a letter, or "+" (partial input)
+    if picks is None:  # each axis: None (unused), a letter, or "+" (partial input)
         picks = itertools.product([None, *letters] + (["+"] if groups else []), repeat=len(axes))
     out: list[Candidate] = []
     for pick in picks:
@@ -71,7 +76,7 @@ def enumerate_candidates(node, spec: OpSpec, mesh: LogicalMesh, picks=None,
             if c not in (None, "+"):
                 assign.setdefault(c, []).append(a)
         partial = frozenset(a for a, c in zip(axes, pick) if c == "+")
-        for gi in (range(len(spec.linear)) if partial else [-1]):
+        for gi in range(len(spec.linear)) if partial else [-1]:
             if partial and (spec.linear[gi] not in groups or group not in (None, gi)):
                 continue
             cand = _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh)
@@ -84,7 +89,7 @@ def axis_choices(cand: Candidate, axes) -> tuple:
     """Per axis of ``axes``: the letter ``cand`` splits over it, "+" if it leaves a partial sum
     over it, or None (the inverse of enumeration's picks)."""
     use = {a: letter for letter, group in cand.assign for a in group}
-    use.update({a: "+" for a in cand.partial})
+    use.update(dict.fromkeys(cand.partial, "+"))
     return tuple(use.get(a) for a in axes)
 
 
@@ -118,9 +123,15 @@ def _build(spec, assign, partial, gi, in_shapes, out_shapes, mesh):
             return None
     group = set(spec.linear[gi]) if gi >= 0 else set()
     reduced = frozenset(a for l in spec.reduce for a in assign.get(l, ()))
-    ins = tuple(_layout(d, assign, (partial if i in group else frozenset())
-                        | (reduced if i in spec.reduce_partial else frozenset()))
-                for i, d in enumerate(spec.inputs))
+    ins = tuple(
+        _layout(
+            d,
+            assign,
+            (partial if i in group else frozenset())
+            | (reduced if i in spec.reduce_partial else frozenset()),
+        )
+        for i, d in enumerate(spec.inputs)
+    )
     outs = tuple(_layout(d, assign, partial | reduced) for d in spec.outputs)
     order = {l: i for i, l in enumerate(spec.letters)}
     key = tuple(sorted(((l, tuple(a)) for l, a in assign.items()), key=lambda t: order[t[0]]))
@@ -138,8 +149,15 @@ def candidate_for(node, spec: OpSpec, layout: Layout, mesh: LogicalMesh) -> Cand
         for letter, axes in zip(dims, layout.dims):
             if axes and (not letter or assign.setdefault(letter, list(axes)) != list(axes)):
                 return None
-    cand = _build(spec, assign, frozenset(), -1, [x.shape for x in node.inputs],
-                  [v.shape for v in node.outputs], mesh)
+    cand = _build(
+        spec,
+        assign,
+        frozenset(),
+        -1,
+        [x.shape for x in node.inputs],
+        [v.shape for v in node.outputs],
+        mesh,
+    )
     return cand if cand is not None and all(l == layout for l in cand.out_layouts) else None
 
 
@@ -156,9 +174,13 @@ def batch_candidate(node, cands: list, mesh: LogicalMesh) -> Candidate:
         at = next(i for i, v in enumerate(node.inputs) if v is lead) if ranked else None
         for c in cands:
             layout = c.in_layouts[at] if at is not None else c.out_layouts[0]
-            if layout.dims[0] == axes and len(layout.axes) == len(axes) and not c.partial \
-                    and not any(l.partial for l in c.in_layouts) and \
-                    sum(len(a) for _, a in c.assign) == len(axes):
+            if (
+                layout.dims[0] == axes
+                and len(layout.axes) == len(axes)
+                and not c.partial
+                and not any(l.partial for l in c.in_layouts)
+                and sum(len(a) for _, a in c.assign) == len(axes)
+            ):
                 return c
     return cands[0]
 
@@ -178,10 +200,13 @@ def batch_defaults(graph, cands: dict, mesh: LogicalMesh, annotated, batch: set)
     for n in graph.nodes:
         if n.id in annotated:
             keep |= {u.id for v in n.outputs for u, _ in graph.users[v.id]}
-            keep |= {graph.producer[x.id].id for x in n.inputs
-                     if isinstance(x, Value) and x.id in graph.producer}
+            keep |= {
+                graph.producer[x.id].id
+                for x in n.inputs
+                if isinstance(x, Value) and x.id in graph.producer
+            }
     axes = tuple(a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1)
-    rows = {graph.inputs[j].id for j in batch}          # values with the batch's rows in dim 0
+    rows = {graph.inputs[j].id for j in batch}  # values with the batch's rows in dim 0
     out = dict(cands)
     for n in graph.nodes:
         lead = next((x for x in n.inputs if getattr(x, "shape", ())), None)
@@ -192,8 +217,11 @@ def batch_defaults(graph, cands: dict, mesh: LogicalMesh, annotated, batch: set)
             continue
         c = batch_candidate(n, cands[n.id], mesh)
         out[n.id] = [c]
-        rows |= {v.id for v, l in zip(n.outputs, c.out_layouts)
-                 if l.dims and l.dims[0] == axes and not l.partial}
+        rows |= {
+            v.id
+            for v, l in zip(n.outputs, c.out_layouts)
+            if l.dims and l.dims[0] == axes and not l.partial
+        }
     return out
 
 

@@ -61,16 +61,35 @@ memory direct takes over from the ring or halving-doubling above 80 KB (2 ranks)
 direct``) it is ahead from 16 KB at 2 ranks and from between 64 KB and 1 MB at 3 to 8, with
 1.2-1.8x the ring's bus bandwidth from 1 MB.
 """
+
 from __future__ import annotations
 
 # the native all-reduces (``_native.ALLREDUCE_ALGORITHMS`` and the Reduction Server's), in the
 # order that breaks price ties
-ALL_REDUCE = ("ring", "halving_doubling", "recursive_doubling", "tree", "direct", "2d_torus",
-              "2d_mesh", "2d_ring", "reduction_server")
+ALL_REDUCE = (
+    "ring",
+    "halving_doubling",
+    "recursive_doubling",
+    "tree",
+    "direct",
+    "2d_torus",
+    "2d_mesh",
+    "2d_ring",
+    "reduction_server",
+)
 
 
-def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                    gamma: float = 0.0, shared: bool = False, reducers: int = 0):
+def collective_time(
+    kind: str,
+    nbytes: int,
+    n: int,
+    alpha: float,
+    beta: float,
+    inner=None,
+    gamma: float = 0.0,
+    shared: bool = False,
+    reducers: int = 0,
+):
     """``(seconds, algorithm)`` of the cheapest algorithm for ``kind`` (see the module table);
     ``inner = (L, alpha_in, beta_in)`` adds the 2D all-reduces for a group of n/L hosts of L;
     ``gamma``: seconds per byte a rank reduces (the table's bandwidth terms plus ``R B gamma``);
@@ -96,8 +115,16 @@ def collective_time(kind: str, nbytes: int, n: int, alpha: float, beta: float, i
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
-def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
-                     gamma: float = 0.0, shared: bool = False, reducers: int = 0) -> dict:
+def all_reduce_times(
+    nbytes: int,
+    n: int,
+    alpha: float,
+    beta: float,
+    inner=None,
+    gamma: float = 0.0,
+    shared: bool = False,
+    reducers: int = 0,
+) -> dict:
     """Seconds of every native all-reduce (name -> seconds) over ``n >= 2`` ranks, as in the
     module table; the 2D ones only when ``inner = (L, alpha_in, beta_in)`` has 1 < L < n, L | n,
     direct only when ``shared``, reduction_server only with ``reducers`` and not ``shared``."""
@@ -107,32 +134,42 @@ def all_reduce_times(nbytes: int, n: int, alpha: float, beta: float, inner=None,
     k = n.bit_length() - 1
     p, e = 1 << k, int(n & (n - 1) != 0)
     D, f = k, min(2, n - 1)
-    if two and not e and L & (L - 1) == 0:       # halving-doubling, step by step
+    if two and not e and L & (L - 1) == 0:  # halving-doubling, step by step
         hd = 0.0
-        for j in range(1, k + 1):                   # partner p/2^j away, B/2^j bytes, twice
+        for j in range(1, k + 1):  # partner p/2^j away, B/2^j bytes, twice
             a, b = (alpha, beta) if p >> j >= L else (ai, bi)
             hd += 2 * (a + B / (1 << j) * b)
     else:
         hd = 2 * (k + e) * alpha + 2 * ((p - 1) / p + e) * B * beta
-    G = B * gamma                                  # reducing the whole buffer once
-    out = {"ring": 2 * (n - 1) * alpha + 2 * (n - 1) / n * B * beta + (n - 1) / n * G,
-           "halving_doubling": hd + ((p - 1) / p + e) * G,
-           "recursive_doubling": (k + 2 * e) * (alpha + B * beta) + (k + e) * G,
-           "tree": 4 * f * D * alpha + f * (D + 1) * B * beta + f * D / 2 * G}
+    G = B * gamma  # reducing the whole buffer once
+    out = {
+        "ring": 2 * (n - 1) * alpha + 2 * (n - 1) / n * B * beta + (n - 1) / n * G,
+        "halving_doubling": hd + ((p - 1) / p + e) * G,
+        "recursive_doubling": (k + 2 * e) * (alpha + B * beta) + (k + e) * G,
+        "tree": 4 * f * D * alpha + f * (D + 1) * B * beta + f * D / 2 * G,
+    }
     if shared:
-        out["direct"] = ((n + (n - 1).bit_length()) * alpha + 1.5 * (n - 1) / n * B * beta
-                         + (n - 1) / n * G)
+        out["direct"] = (
+            (n + (n - 1).bit_length()) * alpha + 1.5 * (n - 1) / n * B * beta + (n - 1) / n * G
+        )
     if two:
         H = n // L
-        torus = (2 * (L - 1) * ai + 2 * (L - 1) / L * B * bi
-                 + 2 * (H - 1) * alpha + 2 * (H - 1) / (H * L) * B * beta)
+        torus = (
+            2 * (L - 1) * ai
+            + 2 * (L - 1) / L * B * bi
+            + 2 * (H - 1) * alpha
+            + 2 * (H - 1) / (H * L) * B * beta
+        )
         torus += ((L - 1) / L + (H - 1) / (H * L)) * G
         out["2d_torus"] = out["2d_mesh"] = torus
-        out["2d_ring"] = (3 * (L - 1) * ai + (3 * L - 2) / L * B * bi
-                          + 2 * (H - 1) * alpha + 2 * (H - 1) / H * B * beta
-                          + ((L - 1) / L + (H - 1) / H) * G)
+        out["2d_ring"] = (
+            3 * (L - 1) * ai
+            + (3 * L - 2) / L * B * bi
+            + 2 * (H - 1) * alpha
+            + 2 * (H - 1) / H * B * beta
+            + ((L - 1) / L + (H - 1) / H) * G
+        )
     if reducers and not shared:
         R, Lh = reducers, (L if two else 1)
-        out["reduction_server"] = (2 * alpha + max(Lh, n / R) * B * beta
-                                   + (n - 1) / R * G)
+        out["reduction_server"] = 2 * alpha + max(Lh, n / R) * B * beta + (n - 1) / R * G
     return out

@@ -26,6 +26,7 @@ Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard)
   collective was priced as a call of its own).
 Communication time between candidates comes from the redistribution planner.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,8 @@ def local_bytes(layout, value, mesh) -> int:
 FREE = primitives("autopar_shard", "reshape", "squeeze", "stop_gradient")
 
 
-_TIMES: dict = {}           # (node signature, candidate, mesh, touch) -> seconds
-_TIMES_MAX = 1 << 18       # entries (about 50 MB at most)
+_TIMES: dict = {}  # (node signature, candidate, mesh, touch) -> seconds
+_TIMES_MAX = 1 << 18  # entries (about 50 MB at most)
 
 
 def fused(graph, mesh) -> dict:
@@ -87,8 +88,10 @@ def _compute_time(node, cand, mesh, touch) -> float:
     if node.primitive in FREE:
         return 0.0
     topo = mesh.topology
-    ins = [0 if isinstance(x, Const) else local_bytes(l, x, mesh)
-           for x, l in zip(node.inputs, cand.in_layouts)]
+    ins = [
+        0 if isinstance(x, Const) else local_bytes(l, x, mesh)
+        for x, l in zip(node.inputs, cand.in_layouts)
+    ]
     outs = [local_bytes(l, v, mesh) for v, l in zip(node.outputs, cand.out_layouts)]
     if touch is not None:
         ins = [b for b, r in zip(ins, touch.reads) if r]
@@ -99,7 +102,7 @@ def _compute_time(node, cand, mesh, touch) -> float:
     if node.prim in CONTRACTIONS and chip is not None:
         m, n, k, batch = _gemm_shape(node, cand, mesh, work)
         return chip.matmul_seconds(m, n, k, batch, node.inputs[0].dtype, moved)
-    if chip is None:              # this machine's CPU, at its calibrated rates
+    if chip is None:  # this machine's CPU, at its calibrated rates
         rate, stream, launch = topo.flops, topo.mem_bandwidth, 0.0
         if node.prim in CONTRACTIONS:
             return max(work / topo.matmul_rate(work), moved / stream)
@@ -142,8 +145,11 @@ def _gemm_shape(node, cand, mesh, work) -> tuple:
 def output_bytes(node, cand, mesh, touch=None) -> int:
     """Local bytes of ``node``'s outputs as ``cand``; with its fusion ``touch``, of those its
     kernel writes to memory only."""
-    return sum(local_bytes(l, v, mesh) for j, (v, l) in enumerate(zip(node.outputs, cand.out_layouts))
-               if touch is None or touch.writes[j])
+    return sum(
+        local_bytes(l, v, mesh)
+        for j, (v, l) in enumerate(zip(node.outputs, cand.out_layouts))
+        if touch is None or touch.writes[j]
+    )
 
 
 # ---------------------------------------------------------------- memory of a lowered Program
@@ -155,8 +161,16 @@ def output_bytes(node, cand, mesh, touch=None) -> int:
 # 48.5 MB, planned 30 with threefry fused, 60 with its bits in buffers of their own, 44 now)
 LOOPS = primitives("threefry2x32")
 FUSIBLE = primitives(*ELEMENTWISE, "broadcast_in_dim", "reshape", "squeeze", "transpose") - LOOPS
-ABSORBS = FUSIBLE | primitives("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                               "argmin", "reduce_and", "reduce_or")
+ABSORBS = FUSIBLE | primitives(
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "reduce_prod",
+    "argmax",
+    "argmin",
+    "reduce_and",
+    "reduce_or",
+)
 # on an accelerator (``Topology.chip``) random bits are elementwise too: their counters and
 # rounds fuse into the operators reading the bits
 ON_CHIP = primitives("threefry2x32", "iota", "iota_2x32_shape")
@@ -176,8 +190,9 @@ def program_memory(program, timeline) -> tuple:
 
 
 def _register_bytes(program) -> dict:
-    return {r: int(np.prod(shape)) * np.dtype(dt).itemsize
-            for r, (shape, dt) in program.avals.items()}
+    return {
+        r: int(np.prod(shape)) * np.dtype(dt).itemsize for r, (shape, dt) in program.avals.items()
+    }
 
 
 def memory_timeline(program) -> list:
@@ -192,8 +207,9 @@ def memory_timeline(program) -> list:
     (``LOOPS``) its results over its dying operands."""
     size = _register_bytes(program)
     chip = program.mesh.topology.chip is not None
-    fusible, absorbs, loops = (CHIP_FUSIBLE, CHIP_ABSORBS, frozenset()) if chip else (
-        FUSIBLE, ABSORBS, LOOPS)
+    fusible, absorbs, loops = (
+        (CHIP_FUSIBLE, CHIP_ABSORBS, frozenset()) if chip else (FUSIBLE, ABSORBS, LOOPS)
+    )
     last = {}
     for k, ins in enumerate(program.instructions):
         for r in reads(ins):
@@ -211,36 +227,52 @@ def memory_timeline(program) -> list:
                 for r in reads(c):
                     inner_last[r] = i
                     readers.setdefault(r, set()).add(c.node.primitive)
-            buffer = {r for c in ins.computes for r in writes(c) if r not in outs and not (
-                c.node.primitive in fusible and readers.get(r, set()) <= absorbs)}
-            temps = 0                     # buffers made and dropped inside the segment
+            buffer = {
+                r
+                for c in ins.computes
+                for r in writes(c)
+                if r not in outs
+                and not (c.node.primitive in fusible and readers.get(r, set()) <= absorbs)
+            }
+            temps = 0  # buffers made and dropped inside the segment
             for i, c in enumerate(ins.computes):
                 new = sum(size[r] for r in writes(c) if r in buffer)
-                dying = {r for r in reads(c) + writes(c)
-                         if r in buffer and inner_last.get(r, i) <= i}
-                reused = new if c.node.primitive in fusible and any(
-                    size[r] == new for r in dying & set(reads(c))) else 0
-                if c.node.primitive in loops:      # its results over its dying state
+                dying = {
+                    r for r in reads(c) + writes(c) if r in buffer and inner_last.get(r, i) <= i
+                }
+                reused = (
+                    new
+                    if c.node.primitive in fusible
+                    and any(size[r] == new for r in dying & set(reads(c)))
+                    else 0
+                )
+                if c.node.primitive in loops:  # its results over its dying state
                     reused = min(new, sum(size[r] for r in dying & set(reads(c))))
                 timeline.append((c, cur + made + temps + new - reused))
                 temps += new - sum(size[r] for r in dying)
         else:
             timeline.append((ins, cur + made))
-        cur += made - sum(size[r] for r in set(reads(ins)) | set(writes(ins))
-                          if last.get(r, k) <= k)
+        cur += made - sum(
+            size[r] for r in set(reads(ins)) | set(writes(ins)) if last.get(r, k) <= k
+        )
     return timeline
 
 
 # ---------------------------------------------------------------- per-call costs of a Program
+
 
 def fused_all_reduces(program, bucket_bytes: int) -> list:
     """The all-reduces of ``program`` that ride in an earlier one's call: every bucket's but
     its first (``program.all_reduce_buckets``, the rule the native runtime fuses by)."""
     if not bucket_bytes:
         return []
-    return [ins for bucket in all_reduce_buckets(getattr(program, "instructions", ()),
-                                                 program.mesh, bucket_bytes)
-            for ins in bucket[1:]]
+    return [
+        ins
+        for bucket in all_reduce_buckets(
+            getattr(program, "instructions", ()), program.mesh, bucket_bytes
+        )
+        for ins in bucket[1:]
+    ]
 
 
 def call_overhead(program, host_bytes: int, bucket_bytes: int, host_arrays: int = 0) -> float:
@@ -248,7 +280,10 @@ def call_overhead(program, host_bytes: int, bucket_bytes: int, host_arrays: int 
     module docstring); ``host_bytes``, ``host_arrays``: the bytes and the number of its
     arguments and results."""
     topo = program.mesh.topology
-    saved = sum(max(program.mesh.level(a).launch for a in ins.axes)
-                for ins in fused_all_reduces(program, bucket_bytes))
-    return topo.step_overhead + topo.host_beta * host_bytes + topo.arg_overhead * host_arrays \
-        - saved
+    saved = sum(
+        max(program.mesh.level(a).launch for a in ins.axes)
+        for ins in fused_all_reduces(program, bucket_bytes)
+    )
+    return (
+        topo.step_overhead + topo.host_beta * host_bytes + topo.arg_overhead * host_arrays - saved
+    )

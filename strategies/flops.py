@@ -7,6 +7,7 @@ reduction one op per input element, a factorisation, solve or FFT its usual coun
 bits: its 20 rounds of add, rotate and xor and 5 key injections, ~58 integer ops per output
 word). ``CONTRACTIONS``: the operators priced at a matmul's rate.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ def flops(node) -> float:
         return 2.0 * _size(out.shape) * k
     if node.prim == lax.conv_general_dilated_p.name:
         _, rhs_spec, _ = node.params["dimension_numbers"]
-        kernel = node.inputs[1].shape     # an output element: its output feature's slice
+        kernel = node.inputs[1].shape  # an output element: its output feature's slice
         return 2.0 * _size(out.shape) * (_size(kernel) // kernel[rhs_spec[0]])
     if node.prim.startswith("reduce_") or node.prim in (lax.argmax_p.name, lax.argmin_p.name):
         return float(_size(node.inputs[0].shape))
@@ -36,7 +37,7 @@ def flops(node) -> float:
     return float(sum(_size(v.shape) for v in node.outputs)) * _OPS_PER_ELEMENT.get(node.prim, 1)
 
 
-_OPS_PER_ELEMENT = {"threefry2x32": 58}     # see the module docstring
+_OPS_PER_ELEMENT = {"threefry2x32": 58}  # see the module docstring
 
 
 def _size(shape) -> int:

@@ -31,6 +31,7 @@ Per member: ``reads[i]``: operand i is taken from outside the group and this is 
 member (in program order) to take it; ``writes[j]``: result j is read outside the group or
 returned; ``launch``: the group's first member (the kernel's fixed cost is charged once).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -41,16 +42,60 @@ from autopar.graph import Value
 from .flops import flops
 from .rules.elementwise import RULES as ELEMENTWISE
 
-LAYOUT = frozenset({"autopar_shard", "reshape", "squeeze", "expand_dims", "broadcast_in_dim",
-                    "transpose", "stop_gradient"})
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                        "reduce_or", "reduce_xor", "argmax", "argmin"})
-FUSIBLE = (frozenset(ELEMENTWISE) | LAYOUT | REDUCTIONS |
-           frozenset({"slice", "concatenate", "pad", "rev", "iota", "iota_2x32_shape",
-                      "random_bits", "random_wrap", "random_unwrap", "random_fold_in",
-                      "random_split", "random_seed", "dynamic_slice",
-                      "convert_element_type", "select_n", "clamp", "copy", "copy_p",
-                      "reduce_precision", "integer_pow", "square"}))
+LAYOUT = frozenset(
+    {
+        "autopar_shard",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "broadcast_in_dim",
+        "transpose",
+        "stop_gradient",
+    }
+)
+REDUCTIONS = frozenset(
+    {
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "reduce_and",
+        "reduce_or",
+        "reduce_xor",
+        "argmax",
+        "argmin",
+    }
+)
+FUSIBLE = (
+    frozenset(ELEMENTWISE)
+    | LAYOUT
+    | REDUCTIONS
+    | frozenset(
+        {
+            "slice",
+            "concatenate",
+            "pad",
+            "rev",
+            "iota",
+            "iota_2x32_shape",
+            "random_bits",
+            "random_wrap",
+            "random_unwrap",
+            "random_fold_in",
+            "random_split",
+            "random_seed",
+            "dynamic_slice",
+            "convert_element_type",
+            "select_n",
+            "clamp",
+            "copy",
+            "copy_p",
+            "reduce_precision",
+            "integer_pow",
+            "square",
+        }
+    )
+)
 # JAX's random bits (threefry2x32 on iota_2x32_shape counters) are elementwise on an
 # accelerator; on XLA's CPU backend threefry2x32 is a loop of its own
 LOOPS_ON_CPU = frozenset({"threefry2x32"})
@@ -61,6 +106,7 @@ class Touch:
     """What one fused operator moves through device memory (module docstring), and its kernel's
     whole FLOPs and bytes (``group_flops``, ``group_bytes``: on the unsplit shapes, the groups
     fused into it included), by which its arithmetic hides behind its memory traffic."""
+
     reads: tuple[bool, ...]
     writes: tuple[bool, ...]
     launch: bool
@@ -72,7 +118,7 @@ class Touch:
         return f"r{bits(self.reads)}w{bits(self.writes)}{'+' if self.launch else ''}"
 
 
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def touches(graph, chip: bool) -> dict:
@@ -99,7 +145,7 @@ def groups(graph, chip: bool) -> tuple[dict, dict]:
             i = parent[i]
         return i
 
-    made_at = {}           # value id -> (depth of its readers' side, producing node id or None)
+    made_at = {}  # value id -> (depth of its readers' side, producing node id or None)
     for n in graph.nodes:
         ins = [x for x in n.inputs if isinstance(x, Value)]
         d = max((made_at[x.id][0] for x in ins if x.id in made_at), default=0)
@@ -113,7 +159,7 @@ def groups(graph, chip: bool) -> tuple[dict, dict]:
                     a, b = find(src[1]), find(n.id)
                     if a != b:
                         parent[b] = a
-        for v in n.outputs:      # a boundary's readers are one deeper; a member's, as deep
+        for v in n.outputs:  # a boundary's readers are one deeper; a member's, as deep
             made_at[v.id] = (d, n.id) if fuse else (d + 1, None)
     return {i: find(i) for i in parent}, depth
 
@@ -125,20 +171,25 @@ def _touches(graph, chip: bool) -> dict:
     for n in graph.nodes:
         if n.id in group:
             members.setdefault(group[n.id], []).append(n)
-    readers = lambda nodes: [u for n in nodes for v in n.outputs
-                             for u, _ in graph.users.get(v.id, ())]
+    readers = lambda nodes: [
+        u for n in nodes for v in n.outputs for u, _ in graph.users.get(v.id, ())
+    ]
     # groups computed from the arguments alone (depth 0: no boundary before them) whose every
     # reader is another group's member: XLA fuses them into those readers (a broadcast
     # parameter, an iota mask, random bits), so their values are never in memory
-    folded = {g for g, nodes in members.items()
-              if depth[g] == 0 and not any(v.id in results for n in nodes for v in n.outputs)
-              and all(u.id in group for u in readers(nodes))}
+    folded = {
+        g
+        for g, nodes in members.items()
+        if depth[g] == 0
+        and not any(v.id in results for n in nodes for v in n.outputs)
+        and all(u.id in group for u in readers(nodes))
+    }
     totals = _totals(graph, group, members, folded, results)
     out = {}
     for g, nodes in members.items():
         inside = {v.id for n in nodes for v in n.outputs}
         layout = all(n.prim in LAYOUT for n in nodes)
-        if layout and g not in folded:          # no kernel: folded into its readers' layouts
+        if layout and g not in folded:  # no kernel: folded into its readers' layouts
             for n in nodes:
                 out[n.id] = Touch((False,) * len(n.inputs), (False,) * len(n.outputs), False)
             continue
@@ -146,14 +197,23 @@ def _touches(graph, chip: bool) -> dict:
         for k, n in enumerate(nodes):
             reads = []
             for x in n.inputs:
-                first = isinstance(x, Value) and x.id not in taken and x.id not in inside \
+                first = (
+                    isinstance(x, Value)
+                    and x.id not in taken
+                    and x.id not in inside
                     and not _folded_value(graph, group, folded, x)
+                )
                 if isinstance(x, Value):
                     taken.add(x.id)
                 reads.append(first)
-            writes = tuple(g not in folded and (v.id in results or any(
-                group.get(u.id) != g for u, _ in graph.users.get(v.id, ())))
-                for v in n.outputs)
+            writes = tuple(
+                g not in folded
+                and (
+                    v.id in results
+                    or any(group.get(u.id) != g for u, _ in graph.users.get(v.id, ()))
+                )
+                for v in n.outputs
+            )
             out[n.id] = Touch(tuple(reads), writes, k == 0 and g not in folded, *totals[g])
     return out
 
@@ -170,10 +230,20 @@ def _totals(graph, group, members, folded, results) -> dict:
     own = {}
     for g, nodes in members.items():
         inside = {v.id for n in nodes for v in n.outputs}
-        read = {x.id: x.nbytes for n in nodes for x in n.inputs if isinstance(x, Value)
-                and x.id not in inside and not _folded_value(graph, group, folded, x)}
-        wrote = sum(v.nbytes for n in nodes for v in n.outputs if v.id in results or any(
-            group.get(u.id) != g for u, _ in graph.users.get(v.id, ())))
+        read = {
+            x.id: x.nbytes
+            for n in nodes
+            for x in n.inputs
+            if isinstance(x, Value)
+            and x.id not in inside
+            and not _folded_value(graph, group, folded, x)
+        }
+        wrote = sum(
+            v.nbytes
+            for n in nodes
+            for v in n.outputs
+            if v.id in results or any(group.get(u.id) != g for u, _ in graph.users.get(v.id, ()))
+        )
         own[g] = (sum(flops(n) for n in nodes), float(sum(read.values()) + wrote))
     total = {}
     for g, nodes in members.items():
@@ -181,7 +251,7 @@ def _totals(graph, group, members, folded, results) -> dict:
             continue
         f, b = own[g]
         seen, todo = set(), [x for n in nodes for x in n.inputs]
-        while todo:                                 # the folded groups it recomputes
+        while todo:  # the folded groups it recomputes
             x = todo.pop()
             if not _folded_value(graph, group, folded, x):
                 continue
@@ -193,6 +263,6 @@ def _totals(graph, group, members, folded, results) -> dict:
         total[g] = (f, b)
         for src in seen:
             total.setdefault(src, (f, b))
-    for g in members:                 # a folded group read by no kernel (only by layouts)
+    for g in members:  # a folded group read by no kernel (only by layouts)
         total.setdefault(g, own[g])
     return total

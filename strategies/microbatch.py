@@ -20,6 +20,7 @@ accumulation (``redistribution.stage_split``). A backward pass then computes spl
 the same for every micro-batch that all their readers read split (``_backward``). Lowered on
 this mesh, a rank's local shapes are those of one micro-batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -39,9 +40,9 @@ MB = "mb"
 
 @dataclass(frozen=True)
 class MicroPlan:
-    mesh: LogicalMesh             # (MB, *stage mesh axes)
-    choice: dict                  # node id -> Candidate on ``mesh``
-    in_layouts: tuple             # per graph input, on ``mesh``
+    mesh: LogicalMesh  # (MB, *stage mesh axes)
+    choice: dict  # node id -> Candidate on ``mesh``
+    in_layouts: tuple  # per graph input, on ``mesh``
 
 
 def strip(layout: Layout) -> Layout:
@@ -55,8 +56,11 @@ def micro_mesh(stage_mesh: LogicalMesh, micro_batches: int) -> LogicalMesh:
     topo = stage_mesh.topology
     inner = topo.levels[-1]
     level = Level("micro", micro_batches, alpha=inner.alpha, beta=inner.beta)
-    return LogicalMesh((MB,) + stage_mesh.axis_names, (micro_batches,) + stage_mesh.shape,
-                       replace(topo, levels=(level,) + topo.levels, reducers=0))
+    return LogicalMesh(
+        (MB,) + stage_mesh.axis_names,
+        (micro_batches,) + stage_mesh.shape,
+        replace(topo, levels=(level,) + topo.levels, reducers=0),
+    )
 
 
 def batch_dims(graph, batch_inputs) -> dict:
@@ -65,8 +69,9 @@ def batch_dims(graph, batch_inputs) -> dict:
     has in the operator's spec (a contraction over the batch, a weight gradient, carries none)."""
     dims = {graph.inputs[i].id: frozenset({0}) for i in batch_inputs if graph.inputs[i].shape}
     for n in graph.nodes:
-        held = [(j, dims[x.id]) for j, x in enumerate(n.inputs)
-                if isinstance(x, Value) and x.id in dims]
+        held = [
+            (j, dims[x.id]) for j, x in enumerate(n.inputs) if isinstance(x, Value) and x.id in dims
+        ]
         if not held:
             continue
         if n.prim == shard_p.name:
@@ -98,20 +103,26 @@ class MicroFit:
 
     def _keep(self, key, options, fits):
         hit = self._memo.get(key)
-        if hit is None:            # the list is kept in the memo, so its id stays unique
+        if hit is None:  # the list is kept in the memo, so its id stays unique
             hit = self._memo[key] = (options, [o for o in options if fits(o)] or options)
         return hit[1]
 
     def node(self, node, options) -> list:
         """A node's candidate list -> those every batch dimension of which splits (all of them
         when none does: the micro-batch plan then says why)."""
-        values = [x for x in node.inputs] + list(node.outputs)
+        values = list(node.inputs) + list(node.outputs)
         dims = tuple(self.dims.get(x.id, ()) if isinstance(x, Value) else () for x in values)
         if not any(dims) or self.micro == 1:
             return options
-        return self._keep((id(options), dims), options, lambda c: all(
-            self._fits(l, x.shape, d) for l, x, d in zip(c.in_layouts + c.out_layouts, values, dims)
-            if d))
+        return self._keep(
+            (id(options), dims),
+            options,
+            lambda c: all(
+                self._fits(l, x.shape, d)
+                for l, x, d in zip(c.in_layouts + c.out_layouts, values, dims)
+                if d
+            ),
+        )
 
     def nodes(self, graph, cands: dict) -> dict:
         return {n.id: self.node(n, cands[n.id]) for n in graph.nodes}
@@ -121,18 +132,23 @@ class MicroFit:
         dims = self.dims.get(value.id, ())
         if not dims or self.micro == 1:
             return options
-        return self._keep((id(options), dims), options,
-                          lambda l: self._fits(l, value.shape, dims))
+        return self._keep((id(options), dims), options, lambda l: self._fits(l, value.shape, dims))
 
 
 def _options(node, cand, mesh):
     """``cand`` first, then the candidates of ``node`` on ``mesh`` that equal it off ``MB``."""
-    if node.prim == shard_p.name:          # identity layouts: MB in front of any dimension
+    if node.prim == shard_p.name:  # identity layouts: MB in front of any dimension
         (layout,) = cand.out_layouts
-        extra = [identity_candidate(Layout(layout.dims[:d] + ((MB,) + layout.dims[d],)
-                                           + layout.dims[d + 1:], layout.partial))
-                 for d, s in enumerate(node.outputs[0].shape)
-                 if s % (mesh.axis_size(MB) * layout.splits(mesh)[d]) == 0]
+        extra = [
+            identity_candidate(
+                Layout(
+                    layout.dims[:d] + ((MB,) + layout.dims[d],) + layout.dims[d + 1 :],
+                    layout.partial,
+                )
+            )
+            for d, s in enumerate(node.outputs[0].shape)
+            if s % (mesh.axis_size(MB) * layout.splits(mesh)[d]) == 0
+        ]
         return [cand] + extra
     spec = rule_for(node).spec(node)
     real = axis_choices(cand, mesh.axis_names[1:])
@@ -141,8 +157,10 @@ def _options(node, cand, mesh):
     for c in enumerate_candidates(node, spec, mesh, picks):
         if c in out:
             continue
-        if tuple(map(strip, c.in_layouts)) == cand.in_layouts and \
-                tuple(map(strip, c.out_layouts)) == cand.out_layouts:
+        if (
+            tuple(map(strip, c.in_layouts)) == cand.in_layouts
+            and tuple(map(strip, c.out_layouts)) == cand.out_layouts
+        ):
             out.append(c)
     return out
 
@@ -150,21 +168,26 @@ def _options(node, cand, mesh):
 class _Pass(NamedTuple):
     """One pass's result: the chosen candidate per node id and the layout of every value id
     (graph inputs included) on the micro-batch mesh."""
+
     choice: dict
     layout: dict
 
 
-def add_micro_axis(graph, choice, in_layouts, batch_inputs, micro_batches, stage_mesh,
-                   reshard_cost) -> MicroPlan:
+def add_micro_axis(
+    graph, choice, in_layouts, batch_inputs, micro_batches, stage_mesh, reshard_cost
+) -> MicroPlan:
     """See the module docstring. ``batch_inputs``: graph input positions split over micro-
     batches; ``reshard_cost(src, dst, shape, dtype) -> (seconds, collectives)`` on the result's
     mesh (``micro_mesh(stage_mesh, micro_batches)``)."""
     mesh = micro_mesh(stage_mesh, micro_batches)
-    args = tuple(Layout(((MB,) + l.dims[0],) + l.dims[1:], l.partial) if i in batch_inputs else l
-                 for i, (_, l) in enumerate(zip(graph.inputs, in_layouts)))
+    args = tuple(
+        Layout(((MB,) + l.dims[0],) + l.dims[1:], l.partial) if i in batch_inputs else l
+        for i, (_, l) in enumerate(zip(graph.inputs, in_layouts))
+    )
     cands = _all_options(graph, choice, mesh)
-    forward = _forward(graph, cands, {v.id: args[i] for i, v in enumerate(graph.inputs)},
-                       reshard_cost)
+    forward = _forward(
+        graph, cands, {v.id: args[i] for i, v in enumerate(graph.inputs)}, reshard_cost
+    )
     return MicroPlan(mesh, _backward(graph, cands, forward, reshard_cost), args)
 
 
@@ -196,11 +219,12 @@ def _forward(graph, cands, in_layout: dict, reshard_cost) -> _Pass:
     for n in graph.nodes:
         opts = cands[n.id]
         have = tuple(_held(x, layout) for x in n.inputs)
-        key = (n.signature, id(opts), have)      # a repeated layer's node: the same choice
+        key = (n.signature, id(opts), have)  # a repeated layer's node: the same choice
         if key not in memo:
             spec = None if n.prim == shard_p.name else rule_for(n).spec(n)
-            ok = [c for c in opts
-                  if c is opts[0] or (_follows(c, spec, have) and _summand(c, have))]
+            ok = [
+                c for c in opts if c is opts[0] or (_follows(c, spec, have) and _summand(c, have))
+            ]
             ok = [c for c in ok if _keeps_micro(c, have)] or ok
             memo[key] = min(ok, key=lambda c: _option_key(n, c, have, reshard_cost))
         best = choice[n.id] = memo[key]
@@ -221,8 +245,14 @@ def _follows(c, spec, have) -> bool:
         mb = {d for d, axes in enumerate(c.out_layouts[0].dims) if MB in axes}
     else:
         mb = {letter for letter, axes in c.assign if MB in axes}
-    return all(any(MB in h.dims[e] and _letter(spec, j, e) == letter
-                   for j, h in enumerate(have) for e in range(h.rank)) for letter in mb)
+    return all(
+        any(
+            MB in h.dims[e] and _letter(spec, j, e) == letter
+            for j, h in enumerate(have)
+            for e in range(h.rank)
+        )
+        for letter in mb
+    )
 
 
 def _summand(c, have) -> bool:
@@ -230,8 +260,9 @@ def _summand(c, have) -> bool:
     partial sum over MB is one the same for every micro-batch (the zeros a scatter-add starts
     from: micro-batch 0 reads it, the others zeros), beside an input split over MB."""
     zeros = [h for h, w in zip(have, c.in_layouts) if MB in w.partial]
-    return not zeros or (all(MB not in h.axes | h.partial for h in zeros) and
-                         any(MB in h.axes for h in have))
+    return not zeros or (
+        all(MB not in h.axes | h.partial for h in zeros) and any(MB in h.axes for h in have)
+    )
 
 
 def _option_key(n, c, have, reshard_cost) -> tuple:
@@ -243,7 +274,8 @@ def _option_key(n, c, have, reshard_cost) -> tuple:
         s_, k_ = reshard_cost(h, want, x.shape, x.dtype)
         secs, count = secs + s_, count + k_
     splits = sum(MB in d for l in c.out_layouts for d in l.dims) + sum(
-        MB in l.partial for l in c.out_layouts)
+        MB in l.partial for l in c.out_layouts
+    )
     return round(secs, 12), count, -splits
 
 
@@ -269,10 +301,12 @@ def _read_seconds(graph, plan: _Pass, reshard_cost) -> float:
     total, memo = 0.0, {}
     for n in graph.nodes:
         have, c = tuple(_held(x, plan.layout) for x in n.inputs), plan.choice[n.id]
-        key = (n.signature, c, have)              # a repeated layer's node: the same reads
+        key = (n.signature, c, have)  # a repeated layer's node: the same reads
         if key not in memo:
-            memo[key] = sum(reshard_cost(h, want, x.shape, x.dtype)[0]
-                            for x, h, want in zip(n.inputs, have, c.in_layouts))
+            memo[key] = sum(
+                reshard_cost(h, want, x.shape, x.dtype)[0]
+                for x, h, want in zip(n.inputs, have, c.in_layouts)
+            )
         total += memo[key]
     return total
 
@@ -293,8 +327,9 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
     while changed:
         changed = False
         for n in reversed(graph.nodes):
-            if any(MB in l.axes for l in choice[n.id].out_layouts) or \
-                    any(v.id in results for v in n.outputs):
+            if any(MB in l.axes for l in choice[n.id].out_layouts) or any(
+                v.id in results for v in n.outputs
+            ):
                 continue
             wants = []
             for v in n.outputs:
@@ -305,17 +340,23 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
 
             def ok(x, want):
                 if isinstance(x, Const):
-                    return reshard_cost(Layout.replicated(len(x.shape)), want, x.shape,
-                                        x.dtype) == (0, 0)
+                    return reshard_cost(
+                        Layout.replicated(len(x.shape)), want, x.shape, x.dtype
+                    ) == (0, 0)
                 if reshard_cost(layout[x.id], want, x.shape, x.dtype) == (0, 0):
                     return True
                 p = graph.producer.get(x.id)
-                return relaxed and p is not None and not any(
-                    MB in l.axes for l in choice[p.id].out_layouts) and \
-                    not any(v.id in results for v in p.outputs)
+                return (
+                    relaxed
+                    and p is not None
+                    and not any(MB in l.axes for l in choice[p.id].out_layouts)
+                    and not any(v.id in results for v in p.outputs)
+                )
+
             for c in cands[n.id]:
                 if list(c.out_layouts) == wants and all(
-                        ok(x, want) for x, want in zip(n.inputs, c.in_layouts)):
+                    ok(x, want) for x, want in zip(n.inputs, c.in_layouts)
+                ):
                     choice[n.id] = c
                     for v, l in zip(n.outputs, c.out_layouts):
                         layout[v.id] = l

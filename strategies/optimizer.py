@@ -35,6 +35,7 @@ accumulated gradient sharded); autopar accumulates micro-batch gradients whole a
 Groups whose parameter is below ``threshold`` bytes, or with no dimension the free axes
 divide, keep their replicated update (MindSpore does the same).
 """
+
 from __future__ import annotations
 
 import math
@@ -51,14 +52,14 @@ from .rules.primitives import primitives
 
 @dataclass(frozen=True)
 class ShardedUpdate:
-    choice: dict                  # node id -> Candidate
-    in_layouts: tuple             # per graph input
-    updates: dict = None          # parameter input position -> Layout of its sharded update
+    choice: dict  # node id -> Candidate
+    in_layouts: tuple  # per graph input
+    updates: dict = None  # parameter input position -> Layout of its sharded update
 
 
 def update_region(graph, state_pairs) -> list[set]:
     """Connected groups of update nodes (node ids), see the module docstring."""
-    region = {}                                   # node id -> the state shape it updates
+    region = {}  # node id -> the state shape it updates
     for _, j in state_pairs:
         out = graph.outputs[j]
         if not isinstance(out, Value) or not out.shape:
@@ -67,24 +68,31 @@ def update_region(graph, state_pairs) -> list[set]:
         while stack:
             v = stack.pop()
             n = graph.producer.get(v.id)
-            if n is None or n.id in region or n.prim not in ELEMENTWISE \
-                    or any(o.shape != out.shape for o in n.outputs):
+            if (
+                n is None
+                or n.id in region
+                or n.prim not in ELEMENTWISE
+                or any(o.shape != out.shape for o in n.outputs)
+            ):
                 continue
             region[n.id] = out.shape
             stack += [x for x in n.inputs if isinstance(x, Value)]
     outputs = {o.id for o in graph.outputs if isinstance(o, Value)}
     changed = True
-    while changed:                                # drop nodes read outside the region
+    while changed:  # drop nodes read outside the region
         changed = False
         for n in graph.nodes:
             if n.id in region and any(
-                    u.id not in region for v in n.outputs if v.id not in outputs
-                    for u, _ in graph.users.get(v.id, ())):
+                u.id not in region
+                for v in n.outputs
+                if v.id not in outputs
+                for u, _ in graph.users.get(v.id, ())
+            ):
                 del region[n.id]
                 changed = True
     groups, seen = [], set()
     by_id = {n.id: n for n in graph.nodes}
-    for nid in region:                            # connected components through region edges
+    for nid in region:  # connected components through region edges
         if nid in seen:
             continue
         group, stack = set(), [nid]
@@ -106,8 +114,11 @@ def _shard_layout(base: Layout, shape, mesh, dim0_only: bool = False) -> Layout 
     """MindSpore's rule: the free axes (mesh order) split dimension 0 of the tensor-parallel
     slice further, inside its own axes. Where they do not divide dimension 0, autopar (not
     MindSpore, nor ``dim0_only``) takes the first other dimension they divide."""
-    free = tuple(a for a, s in zip(mesh.axis_names, mesh.shape)
-                 if s > 1 and a not in base.axes and a not in base.partial)
+    free = tuple(
+        a
+        for a, s in zip(mesh.axis_names, mesh.shape)
+        if s > 1 and a not in base.axes and a not in base.partial
+    )
     k = math.prod(mesh.axis_size(a) for a in free)
     if k == 1 or not shape:
         return None
@@ -132,16 +143,23 @@ def mindspore_fields(layout: Layout, update: Layout | None, mesh) -> dict | None
         return {"opt_weight_shard_step": 0, "opt_weight_shard_size": 0}
     free = [a for a, s in zip(mesh.axis_names, mesh.shape) if s > 1 and a not in layout.axes]
     head = layout.dims[0] if layout.dims else ()
-    extra = update.dims[0][len(head):] if update.dims else ()
-    if (update.partial or layout.partial or update.dims[1:] != layout.dims[1:]
-            or update.dims[0][:len(head)] != head or not extra
-            or list(extra) != free[len(free) - len(extra):]):
+    extra = update.dims[0][len(head) :] if update.dims else ()
+    if (
+        update.partial
+        or layout.partial
+        or update.dims[1:] != layout.dims[1:]
+        or update.dims[0][: len(head)] != head
+        or not extra
+        or list(extra) != free[len(free) - len(extra) :]
+    ):
         return None
-    stride = {a: math.prod(mesh.shape[mesh.axis_names.index(a) + 1:]) for a in free}
+    stride = {a: math.prod(mesh.shape[mesh.axis_names.index(a) + 1 :]) for a in free}
     span = sum((mesh.axis_size(a) - 1) * stride[a] for a in free)
     n = math.prod(mesh.axis_size(a) for a in free)
-    return {"opt_weight_shard_step": span // (n - 1),
-            "opt_weight_shard_size": math.prod(mesh.axis_size(a) for a in extra)}
+    return {
+        "opt_weight_shard_step": span // (n - 1),
+        "opt_weight_shard_size": math.prod(mesh.axis_size(a) for a in extra),
+    }
 
 
 _PASS = primitives("transpose", "reshape", "convert_element_type", "copy", "squeeze", "neg")
@@ -153,8 +171,11 @@ def _push_partial(graph, choice, value, region, mesh):
     partial and reduce-scatters it, instead of an all-reduce before the first of them."""
     chain = []
     n = graph.producer.get(value.id)
-    while n is not None and n.primitive in _PASS and all(
-            u.id in region for u, _ in graph.users.get(n.outputs[0].id, ())):
+    while (
+        n is not None
+        and n.primitive in _PASS
+        and all(u.id in region for u, _ in graph.users.get(n.outputs[0].id, ()))
+    ):
         chain.append(n)
         region = {n.id}
         x = n.inputs[0]
@@ -167,18 +188,31 @@ def _push_partial(graph, choice, value, region, mesh):
         n = src
     else:
         return
-    for n in reversed(chain):                     # from the partial producer downwards
+    for n in reversed(chain):  # from the partial producer downwards
         want_in = have
-        picked = [c for c in enumerate_candidates(n, rule_for(n).spec(n), mesh)
-                  if c.in_layouts[0] == want_in and c.out_layouts[0].partial == want_in.partial]
+        picked = [
+            c
+            for c in enumerate_candidates(n, rule_for(n).spec(n), mesh)
+            if c.in_layouts[0] == want_in and c.out_layouts[0].partial == want_in.partial
+        ]
         if not picked:
             return
         choice[n.id] = picked[0]
         have = picked[0].out_layouts[0]
 
 
-def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: str,
-                 threshold: int, dim0_only: bool = False, only=None) -> ShardedUpdate:
+def shard_update(
+    graph,
+    choice,
+    in_layouts,
+    state_pairs,
+    is_param,
+    mesh,
+    level: str,
+    threshold: int,
+    dim0_only: bool = False,
+    only=None,
+) -> ShardedUpdate:
     """The sharded update (module docstring); ``is_param`` per graph input, ``threshold`` in
     bytes, ``level`` one of "level1", "level2", "level3"; ``dim0_only``: MindSpore's rule
     alone (a parameter whose dimension 0 the free axes do not divide keeps its replicated
@@ -199,7 +233,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
         if graph.inputs[p_in].nbytes < threshold or (only is not None and p_in not in only):
             continue
         t = _shard_layout(in_layouts[p_in], shape, mesh, dim0_only)
-        if t is None and only is not None:       # re-planned: MindSpore leaves it replicated
+        if t is None and only is not None:  # re-planned: MindSpore leaves it replicated
             t = in_layouts[p_in]
         picked = {n.id: candidate_for(n, rule_for(n).spec(n), t, mesh) for n in nodes} if t else {}
         if not t or not all(picked.values()):
@@ -212,7 +246,7 @@ def shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh, level: 
             if vid not in made and vid not in pair_of:
                 _push_partial(graph, choice, x, group, mesh)
         for i, _ in states:
-            if level == "level3" or not is_param[i]:   # optimizer state always kept sharded
+            if level == "level3" or not is_param[i]:  # optimizer state always kept sharded
                 in_layouts[i] = t
     return ShardedUpdate(choice, tuple(in_layouts), updates)
 
@@ -230,30 +264,56 @@ def sharded_updates(graph, choice, in_layouts, state_pairs, is_param) -> dict:
             continue
         n = graph.producer[new.id]
         made = choice[n.id].out_layouts[n.outputs.index(new)]
-        read = [choice[u.id].in_layouts[k] for u, k in graph.users[graph.inputs[i].id]
-                if u.id not in region]
+        read = [
+            choice[u.id].in_layouts[k]
+            for u, k in graph.users[graph.inputs[i].id]
+            if u.id not in region
+        ]
         if made not in read and all(len(made.axes) > len(l.axes) for l in read):
             out[i] = made
     return out
 
 
-def optimizer_updates(graph, choice, in_layouts, state_pairs, is_param, mesh, config,
-                      searched: bool) -> ShardedUpdate:
+def optimizer_updates(
+    graph, choice, in_layouts, state_pairs, is_param, mesh, config, searched: bool
+) -> ShardedUpdate:
     """The parallel optimizer's updates under ``config`` (a ParallelConfig): those a search
     chose (``searched``: auto_parallel) or ``shard_update``'s. When the plan is to be saved as
     a MindSpore strategy file (``strategy_ckpt_save_file`` not ending in .json), every update
     follows MindSpore's rule, re-planned where a search chose another."""
     for_mindspore = not str(config.strategy_ckpt_save_file or ".json").endswith(".json")
     if not searched:
-        return shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh,
-                            config.optimizer_level.value,
-                            config.parallel_optimizer_threshold * 1024, dim0_only=for_mindspore)
+        return shard_update(
+            graph,
+            choice,
+            in_layouts,
+            state_pairs,
+            is_param,
+            mesh,
+            config.optimizer_level.value,
+            config.parallel_optimizer_threshold * 1024,
+            dim0_only=for_mindspore,
+        )
     updates = sharded_updates(graph, choice, in_layouts, state_pairs, is_param)
-    redo = {i for i, u in updates.items()
-            if for_mindspore and mindspore_fields(in_layouts[i], u, mesh) is None}
+    redo = {
+        i
+        for i, u in updates.items()
+        if for_mindspore and mindspore_fields(in_layouts[i], u, mesh) is None
+    }
     if not redo:
         return ShardedUpdate(choice, tuple(in_layouts), updates)
-    su = shard_update(graph, choice, in_layouts, state_pairs, is_param, mesh,
-                      config.optimizer_level.value, 0, dim0_only=True, only=redo)
-    return ShardedUpdate(su.choice, su.in_layouts,
-                         {i: u for i, u in updates.items() if i not in redo} | su.updates)
+    su = shard_update(
+        graph,
+        choice,
+        in_layouts,
+        state_pairs,
+        is_param,
+        mesh,
+        config.optimizer_level.value,
+        0,
+        dim0_only=True,
+        only=redo,
+    )
+    return ShardedUpdate(
+        su.choice, su.in_layouts, {i: u for i, u in updates.items() if i not in redo} | su.updates
+    )

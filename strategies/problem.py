@@ -14,13 +14,13 @@ Format (``../shared/iopddl/README.md``): ``problem.nodes.intervals[i] = [start, 
 time step the usages of the live nodes' chosen strategies sum to at most the limit.
 Total cost = chosen node costs + chosen edge costs.
 """
+
 from __future__ import annotations
 
 import gzip
-import math
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import orjson
@@ -52,49 +52,68 @@ def _short(x) -> str:
 
 @dataclass(frozen=True, eq=False)
 class SearchProblem:
-    node_costs: tuple              # np.ndarray float64 per node, one entry per strategy
-    node_usages: tuple             # np.ndarray int64 per node
-    intervals: np.ndarray          # (nodes, 2) int64, [start, end)
-    edges: np.ndarray              # (edges, 2) int64, (u, v)
-    edge_costs: tuple              # np.ndarray float64 (len(costs[u]), len(costs[v])) per edge
-    usage_limit: Optional[int] = None
+    node_costs: tuple  # np.ndarray float64 per node, one entry per strategy
+    node_usages: tuple  # np.ndarray int64 per node
+    intervals: np.ndarray  # (nodes, 2) int64, [start, end)
+    edges: np.ndarray  # (edges, 2) int64, (u, v)
+    edge_costs: tuple  # np.ndarray float64 (len(costs[u]), len(costs[v])) per edge
+    usage_limit: int | None = None
     name: str = "problem"
-    node_names: tuple = field(default=(), repr=False)   # optional labels (autopar operator names)
+    node_names: tuple = field(default=(), repr=False)  # optional labels (autopar operator names)
 
     def __post_init__(self):
         n, where = len(self.node_costs), f"problem {self.name!r}"
         if len(self.node_usages) != n or self.intervals.shape != (n, 2):
-            raise ConfigError(f"{where}: {n} nodes but {len(self.node_usages)} usage "
-                              f"lists and intervals of shape {self.intervals.shape}.")
+            raise ConfigError(
+                f"{where}: {n} nodes but {len(self.node_usages)} usage "
+                f"lists and intervals of shape {self.intervals.shape}."
+            )
         for i, (c, u) in enumerate(zip(self.node_costs, self.node_usages)):
             if c.ndim != 1 or len(c) == 0 or c.shape != u.shape:
-                raise ConfigError(f"{where}: node {i} has costs of shape {c.shape} and usages of "
-                                  f"shape {u.shape}; every node needs >= 1 strategy, one cost "
-                                  "and one usage each.")
+                raise ConfigError(
+                    f"{where}: node {i} has costs of shape {c.shape} and usages of "
+                    f"shape {u.shape}; every node needs >= 1 strategy, one cost "
+                    "and one usage each."
+                )
         _check_values(where, "node", "cost", self.node_costs)
         _check_values(where, "node", "usage", self.node_usages)
-        if n and ((self.intervals < 0).any() or (self.intervals[:, 1] < self.intervals[:, 0]).any()):
-            i = int(np.flatnonzero((self.intervals < 0).any(1)
-                                   | (self.intervals[:, 1] < self.intervals[:, 0]))[0])
-            raise ConfigError(f"{where}: node {i} lives in {self.intervals[i].tolist()}; an "
-                              "interval is [start, end) with 0 <= start <= end.")
+        if n and (
+            (self.intervals < 0).any() or (self.intervals[:, 1] < self.intervals[:, 0]).any()
+        ):
+            i = int(
+                np.flatnonzero(
+                    (self.intervals < 0).any(1) | (self.intervals[:, 1] < self.intervals[:, 0])
+                )[0]
+            )
+            raise ConfigError(
+                f"{where}: node {i} lives in {self.intervals[i].tolist()}; an "
+                "interval is [start, end) with 0 <= start <= end."
+            )
         if self.edges.shape != (len(self.edge_costs), 2):
-            raise ConfigError(f"{where}: edges of shape {self.edges.shape} for "
-                              f"{len(self.edge_costs)} edge cost matrices; one [u, v] per edge.")
+            raise ConfigError(
+                f"{where}: edges of shape {self.edges.shape} for "
+                f"{len(self.edge_costs)} edge cost matrices; one [u, v] per edge."
+            )
         bad = ((self.edges < 0) | (self.edges >= n)).any(1)
         if bad.any():
             e = int(np.flatnonzero(bad)[0])
-            raise ConfigError(f"{where}: edge {e} joins {self.edges[e].tolist()}, not nodes of "
-                              f"this problem (0 .. {n - 1}).")
+            raise ConfigError(
+                f"{where}: edge {e} joins {self.edges[e].tolist()}, not nodes of "
+                f"this problem (0 .. {n - 1})."
+            )
         for e, ((u, v), m) in enumerate(zip(self.edges, self.edge_costs)):
             if m.shape != (len(self.node_costs[u]), len(self.node_costs[v])):
-                raise ConfigError(f"{where}: edge {e} ({u}, {v}) has a cost matrix "
-                                  f"of shape {m.shape}, expected "
-                                  f"{(len(self.node_costs[u]), len(self.node_costs[v]))}.")
+                raise ConfigError(
+                    f"{where}: edge {e} ({u}, {v}) has a cost matrix "
+                    f"of shape {m.shape}, expected "
+                    f"{(len(self.node_costs[u]), len(self.node_costs[v]))}."
+                )
         _check_values(where, "edge", "cost", self.edge_costs)
-        if self.usage_limit is not None and (isinstance(self.usage_limit, bool) or
-                                             not isinstance(self.usage_limit, (int, np.integer))
-                                             or self.usage_limit < 0):
+        if self.usage_limit is not None and (
+            isinstance(self.usage_limit, bool)
+            or not isinstance(self.usage_limit, (int, np.integer))
+            or self.usage_limit < 0
+        ):
             raise ConfigError(f"{where}: usage_limit {self.usage_limit!r} is not an integer >= 0.")
 
     # ------------------------------------------------------------------ queries
@@ -107,10 +126,11 @@ class SearchProblem:
         return len(self.edge_costs)
 
     def cost(self, choice) -> float:
-        c = np.asarray(choice).tolist()           # Python ints index fastest
+        c = np.asarray(choice).tolist()  # Python ints index fastest
         total = sum(float(nc[s]) for nc, s in zip(self.node_costs, c))
-        total += sum(float(m[c[u], c[v]])
-                     for (u, v), m in zip(self.edges.tolist(), self.edge_costs))
+        total += sum(
+            float(m[c[u], c[v]]) for (u, v), m in zip(self.edges.tolist(), self.edge_costs)
+        )
         return total
 
     def usage_profile(self, choice) -> np.ndarray:
@@ -134,7 +154,7 @@ class SearchProblem:
 
     # ------------------------------------------------------------------ IOPDDL JSON
     @staticmethod
-    def from_dict(d: dict) -> "SearchProblem":
+    def from_dict(d: dict) -> SearchProblem:
         """The problem in IOPDDL's JSON shape; ConfigError naming the first part that is
         missing or malformed."""
         p = d.get("problem", d) if isinstance(d, dict) else d
@@ -157,9 +177,14 @@ class SearchProblem:
             if len(edges["costs"]) != len(ends):
                 raise ValueError(f"{len(edges['costs'])} matrices for {len(ends)} edges")
             ecosts = tuple(_array(m, np.float64) for m in edges["costs"])
-            ecosts = tuple(m.reshape(len(costs[u]), len(costs[v])) if 0 <= u < len(costs) and
-                           0 <= v < len(costs) and m.size == len(costs[u]) * len(costs[v]) else m
-                           for (u, v), m in zip(ends.tolist(), ecosts))
+            ecosts = tuple(
+                m.reshape(len(costs[u]), len(costs[v]))
+                if 0 <= u < len(costs)
+                and 0 <= v < len(costs)
+                and m.size == len(costs[u]) * len(costs[v])
+                else m
+                for (u, v), m in zip(ends.tolist(), ecosts)
+            )
             part = "problem.usage_limit"
             limit = p.get("usage_limit")
             limit = None if limit is None else _integer(limit)
@@ -168,24 +193,30 @@ class SearchProblem:
                 part, what = part.rsplit(".", 1)[0], f"has no {e}"
             else:
                 what = f"is malformed ({e})"
-            raise ConfigError(f"{where}: {part} {what}; see the IOPDDL format in "
-                              "strategies/problem.py.") from None
+            raise ConfigError(
+                f"{where}: {part} {what}; see the IOPDDL format in strategies/problem.py."
+            ) from None
         return SearchProblem(costs, usages, intervals, ends, ecosts, limit, str(name))
 
     def to_dict(self) -> dict:
         def num(a):
             return [int(x) if float(x).is_integer() else float(x) for x in np.ravel(a)]
-        p = {"name": self.name,
-             "nodes": {"intervals": self.intervals.tolist(),
-                       "costs": [num(c) for c in self.node_costs],
-                       "usages": [num(u) for u in self.node_usages]},
-             "edges": {"nodes": self.edges.tolist(), "costs": [num(m) for m in self.edge_costs]}}
+
+        p = {
+            "name": self.name,
+            "nodes": {
+                "intervals": self.intervals.tolist(),
+                "costs": [num(c) for c in self.node_costs],
+                "usages": [num(u) for u in self.node_usages],
+            },
+            "edges": {"nodes": self.edges.tolist(), "costs": [num(m) for m in self.edge_costs]},
+        }
         if self.usage_limit is not None:
             p["usage_limit"] = int(self.usage_limit)
         return {"problem": p}
 
     @staticmethod
-    def from_json(text) -> "SearchProblem":
+    def from_json(text) -> SearchProblem:
         """The problem in ``text`` (str or UTF-8 bytes), parsed by orjson (3x the standard
         library's speed on the contest's 300 MB files); text orjson refuses (``NaN`` or
         ``Infinity``, which Python's json writes) goes to the standard library's parser."""
@@ -202,15 +233,16 @@ class SearchProblem:
         return json.dumps(self.to_dict())
 
     @staticmethod
-    def load(path) -> "SearchProblem":
+    def load(path) -> SearchProblem:
         path = str(path)
         opener = gzip.open if path.endswith(".gz") else open
         try:
             with opener(path, "rb") as f:
                 text = f.read()
         except (OSError, EOFError) as e:
-            raise ConfigError(f"cannot read the problem file {path}: "
-                              f"{getattr(e, 'strerror', None) or e}.") from None
+            raise ConfigError(
+                f"cannot read the problem file {path}: {getattr(e, 'strerror', None) or e}."
+            ) from None
         return SearchProblem.from_json(text)
 
     def save(self, path) -> None:
@@ -223,21 +255,22 @@ class SearchProblem:
 @dataclass(frozen=True)
 class Solution:
     """One strategy index per node, with its total cost and peak memory."""
+
     choice: tuple
     cost: float
     peak: int
     solver: str
     seconds: float = 0.0
-    optimal: bool = False         # proven optimal by an exact solver
-    bound: Optional[float] = None  # the best lower bound on any feasible cost the solver proved
+    optimal: bool = False  # proven optimal by an exact solver
+    bound: float | None = None  # the best lower bound on any feasible cost the solver proved
 
     @property
-    def lower_bound(self) -> Optional[float]:
+    def lower_bound(self) -> float | None:
         """The proven lower bound (the cost itself when optimal), or None when none is known."""
         return self.cost if self.optimal else self.bound
 
     @property
-    def gap(self) -> Optional[float]:
+    def gap(self) -> float | None:
         """(cost - lower bound) / cost, 0 when optimal; None without a bound."""
         lb = self.lower_bound
         if lb is None:
@@ -250,12 +283,25 @@ class Solution:
         return "[" + ", ".join(map(str, self.choice)) + "]"
 
     @staticmethod
-    def of(problem: SearchProblem, choice, solver: str, seconds: float = 0.0,
-           optimal: bool = False, bound: Optional[float] = None) -> "Solution":
+    def of(
+        problem: SearchProblem,
+        choice,
+        solver: str,
+        seconds: float = 0.0,
+        optimal: bool = False,
+        bound: float | None = None,
+    ) -> Solution:
         choice = tuple(int(c) for c in choice)
         cost = problem.cost(choice)
-        return Solution(choice, cost, problem.peak(choice), solver, seconds, optimal,
-                        None if bound is None else min(float(bound), cost))
+        return Solution(
+            choice,
+            cost,
+            problem.peak(choice),
+            solver,
+            seconds,
+            optimal,
+            None if bound is None else min(float(bound), cost),
+        )
 
 
 def _check_values(where, kind, what, arrays) -> None:
@@ -273,9 +319,11 @@ def _check_values(where, kind, what, arrays) -> None:
     j = k - (int(sizes[i - 1]) if i else 0)
     entry = [int(x) for x in np.unravel_index(j, np.shape(arrays[i]))]
     at = f"strategy {entry[0]}" if kind == "node" else f"strategy pair {entry}"
-    raise ConfigError(f"{where}: {kind} {i}, {at}: {what} {float(flat[k])!r}; "
-                      f"{what}s must be finite and >= 0 (mark an impossible strategy or pair "
-                      "with a large finite cost, e.g. 1e18).")
+    raise ConfigError(
+        f"{where}: {kind} {i}, {at}: {what} {float(flat[k])!r}; "
+        f"{what}s must be finite and >= 0 (mark an impossible strategy or pair "
+        "with a large finite cost, e.g. 1e18)."
+    )
 
 
 def check_fits(problem: SearchProblem) -> None:
@@ -290,6 +338,7 @@ def check_fits(problem: SearchProblem) -> None:
     if prof[t] <= problem.usage_limit:
         return
     from autopar.errors import InfeasibleError
+
     live = [i for i, (s, e) in enumerate(problem.intervals) if s <= t < e]
     live.sort(key=lambda i: -int(problem.node_usages[i][smallest[i]]))
     names = problem.node_names or tuple(f"node {i}" for i in range(problem.num_nodes))
@@ -297,4 +346,5 @@ def check_fits(problem: SearchProblem) -> None:
     raise InfeasibleError(
         f"no strategy fits the memory limit of {problem.usage_limit} bytes per device: at step {t} "
         f"the smallest strategies still need {int(prof[t])} bytes (largest live: {top}). Raise "
-        "max_device_memory, use more devices, or shrink the model or batch there.")
+        "max_device_memory, use more devices, or shrink the model or batch there."
+    )

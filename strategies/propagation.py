@@ -31,13 +31,14 @@ reduced again for each non-linear one further on. A last pass (``carry_shared_pa
 carrying each such value and keeps it only where that is cheaper with every value counted
 once per layout it is moved into.
 """
+
 from __future__ import annotations
 
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from autopar.errors import LayoutError
 from autopar.graph import Const, Value
@@ -50,18 +51,18 @@ from .rules import rule_for
 
 @dataclass(frozen=True, eq=False)
 class Assignment:
-    choice: dict          # node id -> Candidate
-    inputs: tuple         # Layout per graph input
-    cost: float           # total resharding seconds counted by the search
-    held: dict = field(default_factory=dict)   # value id -> the layout it is converted to
-                                               # once, before its readers read it (hubs)
-    bound: Optional[float] = None   # proven lower bound on ``cost`` over every choice the
-                                    # search could have made (None: none proved) ...
-    prove: Optional[Callable[[], Optional[float]]] = field(default=None, repr=False)
-                                    # ... or a function proving one, run only when asked
-    peak: Optional[int] = None      # bytes per device at the peak in the search's memory
-                                    # model (None: not searched)
-    label: str = ""                 # which plan it is, when several are compared
+    choice: dict  # node id -> Candidate
+    inputs: tuple  # Layout per graph input
+    cost: float  # total resharding seconds counted by the search
+    held: dict = field(default_factory=dict)  # value id -> the layout it is converted to
+    # once, before its readers read it (hubs)
+    bound: float | None = None  # proven lower bound on ``cost`` over every choice the
+    # search could have made (None: none proved) ...
+    prove: Callable[[], float | None] | None = field(default=None, repr=False)
+    # ... or a function proving one, run only when asked
+    peak: int | None = None  # bytes per device at the peak in the search's memory
+    # model (None: not searched)
+    label: str = ""  # which plan it is, when several are compared
 
 
 _ZERO = (0.0, 0)
@@ -80,13 +81,13 @@ def _quantize(seconds: float) -> float:
     return float(round(seconds * 1e12)) if math.isfinite(seconds) else math.inf
 
 
-def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None,
-              pairs=()) -> Assignment:
+def propagate(graph, mesh, fixed, arg_layouts, reshard_cost, cands=None, pairs=()) -> Assignment:
     """The module's algorithm, pass by pass (see ``_Propagation``); ``pairs``: the
     (graph input, graph output) positions of the state the step threads through
     (``arguments.state_pairs``)."""
-    run = _Propagation(graph, mesh, arg_layouts, reshard_cost, cands or candidates_of(graph, mesh),
-                       pairs)
+    run = _Propagation(
+        graph, mesh, arg_layouts, reshard_cost, cands or candidates_of(graph, mesh), pairs
+    )
     run.fix(fixed)
     run.flood(fixed)
     run.fill_unreached()
@@ -112,28 +113,40 @@ class _Propagation:
         # results returned whole, and new state (value id -> its argument's value id), which
         # stays on the devices in its argument's layout
         state = {j: graph.inputs[i].id for i, j in pairs}
-        self.out_ids = {o.id for j, o in enumerate(graph.outputs)
-                        if isinstance(o, Value) and j not in state}
-        self.state_of = {o.id: state[j] for j, o in enumerate(graph.outputs)
-                         if isinstance(o, Value) and j in state and o.id not in self.arg_ids}
-        self.new_state = {state[j]: o for j, o in enumerate(graph.outputs)
-                          if isinstance(o, Value) and o.id in self.state_of}
+        self.out_ids = {
+            o.id for j, o in enumerate(graph.outputs) if isinstance(o, Value) and j not in state
+        }
+        self.state_of = {
+            o.id: state[j]
+            for j, o in enumerate(graph.outputs)
+            if isinstance(o, Value) and j in state and o.id not in self.arg_ids
+        }
+        self.new_state = {
+            state[j]: o
+            for j, o in enumerate(graph.outputs)
+            if isinstance(o, Value) and o.id in self.state_of
+        }
         self.specs: dict = {}
         self.avail: dict = {}
-        self.informed: set = set()      # nodes next to a split or partial decided neighbour
-        self.heap: list = []            # (undecided inputs, node id) of informed nodes
-        self.carried: set = set()       # shared partial sums let through their readers
+        self.informed: set = set()  # nodes next to a split or partial decided neighbour
+        self.heap: list = []  # (undecided inputs, node id) of informed nodes
+        self.carried: set = set()  # shared partial sums let through their readers
 
     # ---------------------------------------------------------------- passes
     def fix(self, fixed):
         """The annotated nodes take the candidate reading and producing their layout."""
         for nid, layout in fixed.items():
             node = self.graph.nodes[nid]
-            ok = [c for c in self.cands[nid]
-                  if c.out_layouts[0] == layout and c.in_layouts[0] == layout]
+            ok = [
+                c
+                for c in self.cands[nid]
+                if c.out_layouts[0] == layout and c.in_layouts[0] == layout
+            ]
             if not ok:
-                raise LayoutError(f"annotation {layout} on {node.name} ({node.source}) is not a "
-                                  f"valid layout of shape {node.outputs[0].shape} on {self.mesh}.")
+                raise LayoutError(
+                    f"annotation {layout} on {node.name} ({node.source}) is not a "
+                    f"valid layout of shape {node.outputs[0].shape} on {self.mesh}."
+                )
             self.choice[nid] = ok[0]
 
     def flood(self, fixed):
@@ -192,8 +205,11 @@ class _Propagation:
         if not isinstance(x, Value) or x.id in self.carried:
             return False
         have = self.produced(x)
-        return (have is not None and bool(have.partial)
-                and len({u.id for u, _ in self.graph.users[x.id]}) > 1)
+        return (
+            have is not None
+            and bool(have.partial)
+            and len({u.id for u, _ in self.graph.users[x.id]}) > 1
+        )
 
     def _try_carry(self, v, fixed):
         """One trial of ``carry_shared_partials`` for value ``v``; kept only if cheaper."""
@@ -203,7 +219,7 @@ class _Propagation:
         heap = [(index[u.id], u.id) for u, _ in self.graph.users[v.id] if u.id not in fixed]
         heapq.heapify(heap)
         changed, seen = set(), set()
-        while heap:                       # downstream, in program order, until layouts settle
+        while heap:  # downstream, in program order, until layouts settle
             _, nid = heapq.heappop(heap)
             if nid in seen:
                 continue
@@ -217,11 +233,19 @@ class _Propagation:
             changed.add(nid)
             if self.choice[nid].out_layouts != before.out_layouts:
                 for out in node.outputs:
-                    heap += [(index[w.id], w.id) for w, _ in self.graph.users[out.id]
-                             if w.id not in fixed and w.id not in seen]
+                    heap += [
+                        (index[w.id], w.id)
+                        for w, _ in self.graph.users[out.id]
+                        if w.id not in fixed and w.id not in seen
+                    ]
                 heapq.heapify(heap)
-        values = {x.id: x for nid in changed for n in [self.graph.nodes[index[nid]]]
-                  for x in list(n.inputs) + list(n.outputs) if isinstance(x, Value)}
+        values = {
+            x.id: x
+            for nid in changed
+            for n in [self.graph.nodes[index[nid]]]
+            for x in list(n.inputs) + list(n.outputs)
+            if isinstance(x, Value)
+        }
         after = sum(self.value_cost(x) for x in values.values())
         new = (self.choice, self.avail)
         self.choice, self.avail = old
@@ -259,15 +283,22 @@ class _Propagation:
             wants = {w for w in wants if not w.partial}
             new = self.new_state.get(v.id)
             if len(wants) != 1 and new is not None and not self.produced(new).partial:
-                wants = {self.produced(new)}     # the layout its new version is made in
-            inputs.append(wants.pop() if len(wants) == 1 and v.id not in self.out_ids
-                          else Layout.replicated(len(v.shape)))
+                wants = {self.produced(new)}  # the layout its new version is made in
+            inputs.append(
+                wants.pop()
+                if len(wants) == 1 and v.id not in self.out_ids
+                else Layout.replicated(len(v.shape))
+            )
             self.in_layout[v.id] = inputs[-1]
-        total = _sum([self.in_cost(n, choice[n.id]) for n in graph.nodes] +
-                     [self.reshard_cost(self.produced(o), want, o.shape, o.dtype)
-                      for o in {o.id: o for o in graph.outputs if isinstance(o, Value)}.values()
-                      for want in self.kept(o, self.produced(o)) |
-                      ({Layout.replicated(len(o.shape))} if o.id in self.out_ids else set())])[0]
+        total = _sum(
+            [self.in_cost(n, choice[n.id]) for n in graph.nodes]
+            + [
+                self.reshard_cost(self.produced(o), want, o.shape, o.dtype)
+                for o in {o.id: o for o in graph.outputs if isinstance(o, Value)}.values()
+                for want in self.kept(o, self.produced(o))
+                | ({Layout.replicated(len(o.shape))} if o.id in self.out_ids else set())
+            ]
+        )[0]
         return Assignment(choice, tuple(inputs), total)
 
     # ---------------------------------------------------------------- one node
@@ -300,16 +331,24 @@ class _Propagation:
 
     def wanted(self, v):
         """Distinct layouts decided consumers (and the graph output) read ``v`` in."""
-        w = {self.choice[u.id].in_layouts[k] for u, k in self.graph.users[v.id]
-             if u.id in self.choice}
+        w = {
+            self.choice[u.id].in_layouts[k]
+            for u, k in self.graph.users[v.id]
+            if u.id in self.choice
+        }
         if v.id in self.out_ids:
             w.add(Layout.replicated(len(v.shape)))
         return w
 
     def score(self, node, c):
-        return _sum([self.in_cost(node, c)] + [self.reshard_cost(have, want, v.shape, v.dtype)
-                                               for v, have in zip(node.outputs, c.out_layouts)
-                                               for want in self.wanted(v) | self.kept(v, have)])
+        return _sum(
+            [self.in_cost(node, c)]
+            + [
+                self.reshard_cost(have, want, v.shape, v.dtype)
+                for v, have in zip(node.outputs, c.out_layouts)
+                for want in self.wanted(v) | self.kept(v, have)
+            ]
+        )
 
     def kept(self, v, have) -> set:
         """The layout new state ``v`` is kept in (a set: empty for any other value) when made
@@ -328,7 +367,7 @@ class _Propagation:
             fixed_in = isinstance(x, Value) and (x.id not in self.arg_ids or x.id in self.in_layout)
             out.append([have] if have is not None and fixed_in else [])
         for v in node.outputs:
-            arg = self.state_of.get(v.id)          # new state of a laid-out argument
+            arg = self.state_of.get(v.id)  # new state of a laid-out argument
             kept = [self.in_layout[arg]] if arg in self.in_layout else []
             out.append(list(self.wanted(v)) + kept)
         return out
@@ -342,8 +381,13 @@ class _Propagation:
         dims_of = list(spec.inputs) + list(spec.outputs)
         for letter, axes in c.assign:
             for a in axes:
-                if not any(a in lay.dims[d] for op, lays in enumerate(near) for lay in lays
-                           for d, l in enumerate(dims_of[op]) if l == letter):
+                if not any(
+                    a in lay.dims[d]
+                    for op, lays in enumerate(near)
+                    for lay in lays
+                    for d, l in enumerate(dims_of[op])
+                    if l == letter
+                ):
                     return False
         if c.partial:
             group = spec.linear[c.group]
@@ -355,15 +399,19 @@ class _Propagation:
         """Take the best-scoring supported candidate; a shared partial sum (``shared_partial``)
         is read reduced."""
         shared = [k for k, x in enumerate(node.inputs) if self.shared_partial(x)]
-        opts = [(i, c) for i, c in enumerate(self.cands[node.id])
-                if (i == 0 or self.supported(node, c))
-                and not any(c.in_layouts[k].partial for k in shared)]
+        opts = [
+            (i, c)
+            for i, c in enumerate(self.cands[node.id])
+            if (i == 0 or self.supported(node, c))
+            and not any(c.in_layouts[k].partial for k in shared)
+        ]
 
         def key(ic):
             i, c = ic
             seconds, count = self.score(node, c)
             seconds += compute_time(node, c, self.mesh, self.touch.get(node.id))
             return _quantize(seconds), count, -(c.num_splits - len(c.partial)), len(c.partial), i
+
         best = min(opts, key=key)[1]
         self.choice[node.id] = best
         self._count_reads(node, best)

@@ -15,6 +15,7 @@ value is made and held (a 32 MB broadcast of a scalar on each of 4 devices where
 an 8 MB block). Made split, it costs no communication (its operands read for free), a block of
 the work, and a block of the memory.
 """
+
 from __future__ import annotations
 
 from autopar.annotate import shard_p
@@ -36,6 +37,7 @@ def slice_early(graph, choice: dict, in_layouts, mesh, reshard_cost) -> dict:
         if n.signature not in memo:
             memo[n.signature] = enumerate_candidates(n, rule_for(n).spec(n), mesh)
         return memo[n.signature]
+
     results = {o.id for o in graph.outputs if isinstance(o, Value)}
     arg = {v.id: l for v, l in zip(graph.inputs, in_layouts)}
 
@@ -63,7 +65,8 @@ def slice_early(graph, choice: dict, in_layouts, mesh, reshard_cost) -> dict:
                 continue
             for c in cands(n):
                 if list(c.out_layouts) == wants and all(
-                        free(made(x), w, x) for x, w in zip(n.inputs, c.in_layouts)):
+                    free(made(x), w, x) for x, w in zip(n.inputs, c.in_layouts)
+                ):
                     choice[n.id] = c
                     changed = True
                     break

@@ -21,6 +21,7 @@ an earlier stage (either would make the stages wait on each other in a cycle). N
 no annotated node (a shared parameter's gradient sum, the updates) run after the micro-batches
 and are not checked.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,11 +37,11 @@ _MARK = re.compile(re.escape(STAGE_SCOPE) + r"(\d+)")
 @dataclass(frozen=True)
 class Stages:
     count: int
-    of_node: tuple            # stage per graph node, in graph order
-    inputs: tuple             # per stage: the graph input positions it reads
+    of_node: tuple  # stage per graph node, in graph order
+    inputs: tuple  # per stage: the graph input positions it reads
 
     @staticmethod
-    def of(graph, count: int, of_node) -> "Stages":
+    def of(graph, count: int, of_node) -> Stages:
         """The Stages of a stage per node, each stage reading the graph inputs its nodes read."""
         reads = [set() for _ in range(count)]
         pos = {v.id: i for i, v in enumerate(graph.inputs)}
@@ -60,55 +61,75 @@ def assign_stages(graph, count: int) -> Stages:
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     marked = [_MARK.findall(n.scope) for n in graph.nodes]
     if not any(marked):
-        raise PipelineError(f"pipeline_stages={count} needs the step's blocks wrapped in "
-                            "`with ap.pipeline_stage(i):` (stages 0..pipeline_stages-1) inside "
-                            "the loss function.")
+        raise PipelineError(
+            f"pipeline_stages={count} needs the step's blocks wrapped in "
+            "`with ap.pipeline_stage(i):` (stages 0..pipeline_stages-1) inside "
+            "the loss function."
+        )
     stage: list = [None] * len(graph.nodes)
-    for k, (n, marks) in enumerate(zip(graph.nodes, marked)):     # rules 1 and 2
+    for k, (n, marks) in enumerate(zip(graph.nodes, marked)):  # rules 1 and 2
         if marks:
             stage[k] = int(marks[-1])
             if stage[k] >= count:
-                raise PipelineError(f"{n.name} at {n.source or 'an unknown line'} is in "
-                                    f"ap.pipeline_stage({stage[k]}) but pipeline_stages={count}; "
-                                    f"number the stages 0..{count - 1}.")
+                raise PipelineError(
+                    f"{n.name} at {n.source or 'an unknown line'} is in "
+                    f"ap.pipeline_stage({stage[k]}) but pipeline_stages={count}; "
+                    f"number the stages 0..{count - 1}."
+                )
             continue
-        prods = [stage[index[p.id]] for x in n.inputs if isinstance(x, Value)
-                 for p in [graph.producer.get(x.id)] if p is not None]
+        prods = [
+            stage[index[p.id]]
+            for x in n.inputs
+            if isinstance(x, Value)
+            for p in [graph.producer.get(x.id)]
+            if p is not None
+        ]
         prods = [s for s in prods if s is not None]
         stage[k] = max(prods) if prods else None
-    for k in reversed(range(len(graph.nodes))):             # rule 3
+    for k in reversed(range(len(graph.nodes))):  # rule 3
         if stage[k] is None:
             n = graph.nodes[k]
             users = [stage[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())]
             users = [s for s in users if s is not None]
             stage[k] = min(users) if users else 0
-    forward_only = [False] * len(graph.nodes)                # rule 4
+    forward_only = [False] * len(graph.nodes)  # rule 4
     for k, n in enumerate(graph.nodes):
         if n.backward and not marked[k]:
             prods = [graph.producer.get(x.id) for x in n.inputs if isinstance(x, Value)]
-            forward_only[k] = all(p is None or not p.backward or forward_only[index[p.id]]
-                                  for p in prods)
+            forward_only[k] = all(
+                p is None or not p.backward or forward_only[index[p.id]] for p in prods
+            )
     for k in reversed(range(len(graph.nodes))):
         if forward_only[k]:
-            users = [stage[index[u.id]] for v in graph.nodes[k].outputs
-                     for u, _ in graph.users.get(v.id, ())]
+            users = [
+                stage[index[u.id]]
+                for v in graph.nodes[k].outputs
+                for u, _ in graph.users.get(v.id, ())
+            ]
             stage[k] = max(users, default=stage[k])
     missing = sorted(set(range(count)) - set(stage))
     if missing:
-        raise PipelineError(f"pipeline stages {missing} have no operator; wrap a block of the "
-                            f"step in `with ap.pipeline_stage(i):` for each of 0..{count - 1}.")
+        raise PipelineError(
+            f"pipeline stages {missing} have no operator; wrap a block of the "
+            f"step in `with ap.pipeline_stage(i):` for each of 0..{count - 1}."
+        )
     # nodes after the last annotated derivative they feed (shared parameters' gradient sums,
     # updates) run once per step after every micro-batch, so any stage order is fine there
     feeds_marked = [False] * len(graph.nodes)
     for k in reversed(range(len(graph.nodes))):
         n = graph.nodes[k]
         feeds_marked[k] = bool(marked[k]) or any(
-            feeds_marked[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ()))
+            feeds_marked[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())
+        )
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
             p = graph.producer.get(x.id) if isinstance(x, Value) else None
-            if p is None or p.backward != n.backward or not feeds_marked[k] or \
-                    forward_only[index[p.id]]:
+            if (
+                p is None
+                or p.backward != n.backward
+                or not feeds_marked[k]
+                or forward_only[index[p.id]]
+            ):
                 continue
             a, b = stage[index[p.id]], stage[k]
             if (b < a) if not n.backward else (b > a):
@@ -116,5 +137,6 @@ def assign_stages(graph, count: int) -> Stages:
                 raise PipelineError(
                     f"{n.name} at {n.source or 'an unknown line'} (stage {b}) is a {what} reading "
                     f"{p.name} of stage {a}: stages must follow the forward order. Put the block "
-                    f"that computes it in stage {min(a, b)} or later blocks in later stages.")
+                    f"that computes it in stage {min(a, b)} or later blocks in later stages."
+                )
     return Stages.of(graph, count, stage)

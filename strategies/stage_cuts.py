@@ -48,12 +48,13 @@ seconds per micro-batch and peak bytes per device, the estimated step time and t
    (``_plan_interleaved``); the estimate is ``pipeline_program.pipeline_seconds``.
 Stage s holds the next ``k_s`` devices in order.
 """
+
 from __future__ import annotations
 
 import bisect
 import dataclasses
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,31 +66,32 @@ from .cost_model import compute_time, fused, local_bytes, output_bytes
 from .microbatch import MB
 from .stage_assign import Stages
 
-BOUNDS = 400          # candidate bounds beyond which they are thinned to 0.5% bands
+BOUNDS = 400  # candidate bounds beyond which they are thinned to 0.5% bands
 
 
 @dataclass(frozen=True)
 class StageOption:
     """What a stage on one mesh runs: the layouts the search chose there."""
-    mesh: object          # the stage LogicalMesh
-    choice: dict          # node id -> Candidate on ``mesh``
-    in_layouts: tuple     # per graph input, on ``mesh``
-    comm: dict            # node id -> seconds of the redistributions feeding it on ``mesh``
-    plan: object          # MicroPlan on micro_mesh(mesh)
-    micro_comm: dict = field(default_factory=dict)   # node id -> seconds of the
-                          # redistributions feeding it for one micro-batch, on the micro-batch
-                          # mesh (a parameter gathered in the forward is gathered per micro-batch)
+
+    mesh: object  # the stage LogicalMesh
+    choice: dict  # node id -> Candidate on ``mesh``
+    in_layouts: tuple  # per graph input, on ``mesh``
+    comm: dict  # node id -> seconds of the redistributions feeding it on ``mesh``
+    plan: object  # MicroPlan on micro_mesh(mesh)
+    micro_comm: dict = field(default_factory=dict)  # node id -> seconds of the
+    # redistributions feeding it for one micro-batch, on the micro-batch
+    # mesh (a parameter gathered in the forward is gathered per micro-batch)
 
 
 @dataclass(frozen=True)
 class StagePlan:
     stages: Stages
-    sizes: tuple          # devices per stage
-    seconds: tuple        # per stage: one micro-batch, forward and backward (no transfers)
-    memory: tuple         # per stage: peak bytes per device
-    step_time: float      # pipeline_seconds(seconds, M, interleave), the objective
-    cuts: tuple           # forward positions after which a stage ends (empty: fixed stages)
-    interleave: int = 1   # stages per device group (stage j on group j mod groups)
+    sizes: tuple  # devices per stage
+    seconds: tuple  # per stage: one micro-batch, forward and backward (no transfers)
+    memory: tuple  # per stage: peak bytes per device
+    step_time: float  # pipeline_seconds(seconds, M, interleave), the objective
+    cuts: tuple  # forward positions after which a stage ends (empty: fixed stages)
+    interleave: int = 1  # stages per device group (stage j on group j mod groups)
 
 
 class _Forward(NamedTuple):
@@ -97,6 +99,7 @@ class _Forward(NamedTuple):
     cut positions among them (``cuts``: i = a cut before forward node i), each node's anchor
     (the forward position its cost goes to) and which nodes are derivatives or read one
     (``back``)."""
+
     fwd: list
     cuts: list
     anchor: list
@@ -109,8 +112,11 @@ def _layers(graph, batch_inputs) -> _Forward:
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     back = _derivatives(graph, index)
     varies = graph.dependents(batch_inputs)
-    fwd = [k for k, n in enumerate(graph.nodes)
-           if not back[k] and any(o.id in varies for o in n.outputs)]
+    fwd = [
+        k
+        for k, n in enumerate(graph.nodes)
+        if not back[k] and any(o.id in varies for o in n.outputs)
+    ]
     pos = {k: i for i, k in enumerate(fwd)}
     last_use = _last_use(graph, fwd, pos, back)
     anchor = _anchors(graph, index, pos, back, last_use)
@@ -126,18 +132,21 @@ def _derivatives(graph, index) -> list:
     for k, n in enumerate(graph.nodes):
         back[k] = n.backward or any(
             isinstance(x, Value) and x.id in graph.producer and back[index[graph.producer[x.id].id]]
-            for x in n.inputs)
+            for x in n.inputs
+        )
     return back
 
 
 def _cuts(graph, index, fwd, pos) -> list:
     """The forward node indices ``fwd`` (``pos``: index -> forward position) -> the positions i
     such that exactly one batch value crosses a cut before forward node i."""
-    crossing = np.zeros(len(fwd) + 1, np.int64)   # batch values alive across each cut
+    crossing = np.zeros(len(fwd) + 1, np.int64)  # batch values alive across each cut
     for i, k in enumerate(fwd):
         for o in graph.nodes[k].outputs:
-            last = max([pos[index[u.id]] for u, _ in graph.users.get(o.id, ())
-                        if index[u.id] in pos], default=i)
+            last = max(
+                [pos[index[u.id]] for u, _ in graph.users.get(o.id, ()) if index[u.id] in pos],
+                default=i,
+            )
             if last > i:
                 crossing[i + 1] += 1
                 crossing[last + 1] -= 1
@@ -169,8 +178,9 @@ def _last_use(graph, fwd, pos, back) -> dict:
     reader (a tied embedding: the LM head; the activation crossing a cut: the layer after it),
     else its producer; through invariant operators (a broadcast bias), where their results
     are used."""
-    last_use = {x.id: i for i, k in enumerate(fwd) for x in graph.nodes[k].inputs
-                if isinstance(x, Value)}
+    last_use = {
+        x.id: i for i, k in enumerate(fwd) for x in graph.nodes[k].inputs if isinstance(x, Value)
+    }
     for k in fwd:
         for o in graph.nodes[k].outputs:
             last_use.setdefault(o.id, pos[k])
@@ -197,18 +207,26 @@ def _anchors(graph, index, pos, back, last_use) -> list:
             # layer's operator reads that layer's residuals); one reading only derivatives (a
             # cotangent sum), or an update, goes to the earliest place among its inputs
             res = [last_use[x.id] for x in n.inputs if isinstance(x, Value) and x.id in last_use]
-            got = [anchor[index[graph.producer[x.id].id]] for x in n.inputs
-                   if isinstance(x, Value) and x.id in graph.producer
-                   and back[index[graph.producer[x.id].id]]]
+            got = [
+                anchor[index[graph.producer[x.id].id]]
+                for x in n.inputs
+                if isinstance(x, Value)
+                and x.id in graph.producer
+                and back[index[graph.producer[x.id].id]]
+            ]
             got = [a for a in got if a is not None]
             if res and n.backward:
                 anchor[k] = max(res)
             elif res or got:
                 anchor[k] = min(res + got)
-    for k in reversed(range(len(graph.nodes))):   # invariant or unplaced: where it is read
+    for k in reversed(range(len(graph.nodes))):  # invariant or unplaced: where it is read
         if anchor[k] is None:
-            users = [anchor[index[u.id]] for v in graph.nodes[k].outputs
-                     for u, _ in graph.users.get(v.id, ()) if anchor[index[u.id]] is not None]
+            users = [
+                anchor[index[u.id]]
+                for v in graph.nodes[k].outputs
+                for u, _ in graph.users.get(v.id, ())
+                if anchor[index[u.id]] is not None
+            ]
             anchor[k] = min(users) if users else 0
     return anchor
 
@@ -216,18 +234,19 @@ def _anchors(graph, index, pos, back, last_use) -> list:
 @dataclass(frozen=True, kw_only=True)
 class StageRequest:
     """What the stage DP plans (see the module docstring)."""
+
     graph: object
-    count: int                    # pipeline stages S
-    micro: int                    # micro-batches M
-    scheduler: object             # PipelineScheduler
-    options: dict                 # stage size k -> StageOption
-    batch_inputs: frozenset       # graph input positions split over micro-batches
-    link: object                  # the topology Level between stages
-    devices: int                  # how many devices the stages share
-    cap: Optional[int] = None     # bytes per device (None: no cap)
-    sizes: Optional[tuple] = None  # fixed devices per stage (None: choose among ``options``)
-    stages: Optional[Stages] = None  # fixed Stages (None: cut the forward pass)
-    interleave: int = 1           # model parts per stage's devices (point 5)
+    count: int  # pipeline stages S
+    micro: int  # micro-batches M
+    scheduler: object  # PipelineScheduler
+    options: dict  # stage size k -> StageOption
+    batch_inputs: frozenset  # graph input positions split over micro-batches
+    link: object  # the topology Level between stages
+    devices: int  # how many devices the stages share
+    cap: int | None = None  # bytes per device (None: no cap)
+    sizes: tuple | None = None  # fixed devices per stage (None: choose among ``options``)
+    stages: Stages | None = None  # fixed Stages (None: cut the forward pass)
+    interleave: int = 1  # model parts per stage's devices (point 5)
 
 
 def plan_stages(req: StageRequest) -> StagePlan:
@@ -248,28 +267,41 @@ def plan_stages(req: StageRequest) -> StagePlan:
     for s in range(count):
         reach = {r + k for r in reach for k in allowed[s] if r + k <= total}
     if total not in reach:
-        raise PipelineError(f"{count} pipeline stages of {sorted(options)} devices each cannot "
-                            f"use exactly {total} devices; change pipeline_stages, device_num or "
-                            "the batch size (a stage size whose layouts cannot split the batch "
-                            "into micro-batches is left out).")
-    tables = {k: _tables(graph, layers, o, micro, batch_inputs, link, back, fwd, stages is None)
-              for k, o in options.items()}
-    fits = {}                                     # (stage, size) -> stage [j, i) fits the cap
+        raise PipelineError(
+            f"{count} pipeline stages of {sorted(options)} devices each cannot "
+            f"use exactly {total} devices; change pipeline_stages, device_num or "
+            "the batch size (a stage size whose layouts cannot split the batch "
+            "into micro-batches is left out)."
+        )
+    tables = {
+        k: _tables(graph, layers, o, micro, batch_inputs, link, back, fwd, stages is None)
+        for k, o in options.items()
+    }
+    fits = {}  # (stage, size) -> stage [j, i) fits the cap
     for s in range(count):
         for k in allowed[s]:
             t = tables[k]
-            fits[s, k] = np.isfinite(t.sec) if cap is None else np.isfinite(t.sec) & (
-                t.fixed + in_flight(scheduler, count, micro, s) * t.act <= cap)
+            fits[s, k] = (
+                np.isfinite(t.sec)
+                if cap is None
+                else np.isfinite(t.sec)
+                & (t.fixed + in_flight(scheduler, count, micro, s) * t.act <= cap)
+            )
     dp = _StageDP(count, layers.count, total, micro, allowed, tables, fits)
-    bounds = sorted({float(x) for s in range(count) for k in allowed[s]
-                     for x in tables[k].sec[fits[s, k]]})
+    bounds = sorted(
+        {float(x) for s in range(count) for k in allowed[s] for x in tables[k].sec[fits[s, k]]}
+    )
     if not bounds or dp.solve(bounds[-1]) is None:
-        what = (f"no split of the step into {count} pipeline stages" if stages is None else
-                f"the {count} stages given by ap.pipeline_stage")
+        what = (
+            f"no split of the step into {count} pipeline stages"
+            if stages is None
+            else f"the {count} stages given by ap.pipeline_stage"
+        )
         on = "" if sizes is None else f" on {list(sizes)} devices"
         raise InfeasibleError(
             f"{what}{on} fits max_device_memory={cap} bytes per device; raise the cap, use more "
-            "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer.")
+            "stages, devices or micro-batches, the 1f1b scheduler, or enable_parallel_optimizer."
+        )
     floor = np.min([np.diff(tables[k].per_layer) for k in options], axis=0).sum()
     value, picked = _best_split(dp, bounds, floor, micro)
     return _stage_plan(req, back, layers, value, picked)
@@ -285,21 +317,31 @@ def _plan_interleaved(req: StageRequest) -> StagePlan:
     S, v, micro = req.count, req.interleave, req.micro
     V = S * v
     k = req.devices // S
-    if req.stages is not None or (req.sizes is not None and set(req.sizes) != {k}) or \
-            k not in req.options or k * S != req.devices:
+    if (
+        req.stages is not None
+        or (req.sizes is not None and set(req.sizes) != {k})
+        or k not in req.options
+        or k * S != req.devices
+    ):
         raise PipelineError(
             f"pipeline_interleave={v} cuts the layers into {V} parts of equal devices itself: "
             "give pipeline_stage_devices 'equal' (or leave it unset) and no ap.pipeline_stage "
-            "annotations.")
+            "annotations."
+        )
     if micro % S:
-        raise PipelineError(f"pipeline_interleave={v} needs micro_batches divisible by "
-                            f"pipeline_stages={S} (Megatron-LM's interleaved schedule); "
-                            f"micro_batches={micro}.")
+        raise PipelineError(
+            f"pipeline_interleave={v} needs micro_batches divisible by "
+            f"pipeline_stages={S} (Megatron-LM's interleaved schedule); "
+            f"micro_batches={micro}."
+        )
     graph = req.graph
     fwd, cuts, anchor, back = _layers(graph, req.batch_inputs)
     layers = _layer_groups(graph, V, None, fwd, cuts, anchor)
-    tables = {k: _tables(graph, layers, req.options[k], micro, req.batch_inputs, req.link,
-                         back, fwd, True)}
+    tables = {
+        k: _tables(
+            graph, layers, req.options[k], micro, req.batch_inputs, req.link, back, fwd, True
+        )
+    }
     fits = {(s, k): np.isfinite(tables[k].sec) for s in range(V)}
     dp = _StageDP(V, layers.count, V * k, micro, [(k,)] * V, tables, fits)
     bounds = sorted({float(x) for x in tables[k].sec[fits[0, k]]})
@@ -312,7 +354,8 @@ def _plan_interleaved(req: StageRequest) -> StagePlan:
         raise InfeasibleError(
             f"interleaving {V} parts over {S} stages' devices needs {plan.memory[top]} bytes "
             f"per device on stage {top % S}'s, more than max_device_memory={req.cap}; raise "
-            "the cap, lower pipeline_interleave, or use more stages or micro-batches.")
+            "the cap, lower pipeline_interleave, or use more stages or micro-batches."
+        )
     return plan
 
 
@@ -322,6 +365,7 @@ class _Layers:
     points, ``bounds[l]`` to ``bounds[l + 1]``; or, for fixed stages, the stages themselves),
     the layer of every node (``group``) and the layers reading every graph input
     (``in_groups``)."""
+
     count: int
     group: list
     in_groups: list
@@ -330,25 +374,32 @@ class _Layers:
 
 def _layer_groups(graph, count, stages, fwd, cuts, anchor) -> _Layers:
     if stages is not None:
-        return _Layers(count, list(stages.of_node),
-                       [[s for s in range(count) if i in stages.inputs[s]]
-                        for i in range(len(graph.inputs))], [])
-    bounds = [0] + cuts + [len(fwd)]              # layer l = forward positions [b[l], b[l+1])
+        return _Layers(
+            count,
+            list(stages.of_node),
+            [[s for s in range(count) if i in stages.inputs[s]] for i in range(len(graph.inputs))],
+            [],
+        )
+    bounds = [0] + cuts + [len(fwd)]  # layer l = forward positions [b[l], b[l+1])
     n_layers = len(bounds) - 1
     if n_layers < count:
         raise PipelineError(
             f"pipeline_stages={count} but the step has only {n_layers} layer(s) (forward cut "
             "points where one activation crosses); use fewer stages or wrap blocks in "
-            "ap.pipeline_stage(i) to choose the stages.")
+            "ap.pipeline_stage(i) to choose the stages."
+        )
     layer_of = lambda a: bisect.bisect_right(bounds, a) - 1
     first_read = {}
     for k, n in enumerate(graph.nodes):
         for x in n.inputs:
             if isinstance(x, Value) and x.id not in first_read:
                 first_read[x.id] = anchor[k]
-    return _Layers(n_layers, [layer_of(a) for a in anchor],
-                   [[layer_of(first_read[v.id])] if v.id in first_read else []
-                    for v in graph.inputs], bounds)
+    return _Layers(
+        n_layers,
+        [layer_of(a) for a in anchor],
+        [[layer_of(first_read[v.id])] if v.id in first_read else [] for v in graph.inputs],
+        bounds,
+    )
 
 
 @dataclass(frozen=True)
@@ -357,6 +408,7 @@ class _Tables:
     seconds with the activations sent across its two cuts; inf where j >= i), ``fixed``
     (bytes held through the step, plus the largest value), ``act`` (one micro-batch's
     activations kept for the backward) and ``per_layer`` (cumulative seconds per micro-batch)."""
+
     sec: np.ndarray
     fixed: np.ndarray
     act: np.ndarray
@@ -365,20 +417,33 @@ class _Tables:
 
 def _tables(graph, layers, option, micro, batch_inputs, link, back, fwd, cut) -> _Tables:
     o, n = option, layers.count
-    t, act, big, state = _tally(graph, layers.group, layers.in_groups, n, o.choice,
-                                o.in_layouts, o.comm, batch_inputs, o.mesh, o.plan, back,
-                                o.micro_comm)
+    t, act, big, state = _tally(
+        graph,
+        layers.group,
+        layers.in_groups,
+        n,
+        o.choice,
+        o.in_layouts,
+        o.comm,
+        batch_inputs,
+        o.mesh,
+        o.plan,
+        back,
+        o.micro_comm,
+    )
     send = np.zeros(n + 1)
-    for c in range(1, n) if cut else ():          # the activation crossing each cut
+    for c in range(1, n) if cut else ():  # the activation crossing each cut
         node = graph.nodes[fwd[layers.bounds[c] - 1]]
-        send[c] = 2 * (link.alpha + link.beta_for("send") * output_bytes(node, o.plan.choice[node.id],
-                                                             o.plan.mesh))
+        send[c] = 2 * (
+            link.alpha
+            + link.beta_for("send") * output_bytes(node, o.plan.choice[node.id], o.plan.mesh)
+        )
     T, A, W = (np.concatenate([[0], np.cumsum(x)]) for x in (t, act, state))
     sec = np.full((n + 1, n + 1), np.inf)
     fixed = np.zeros((n + 1, n + 1))
     for j in range(n):
-        sec[j, j + 1:] = (T[j + 1:] - T[j]) / micro + send[j] + send[j + 1:]
-        fixed[j, j + 1:] = W[j + 1:] - W[j] + np.maximum.accumulate(big[j:])
+        sec[j, j + 1 :] = (T[j + 1 :] - T[j]) / micro + send[j] + send[j + 1 :]
+        fixed[j, j + 1 :] = W[j + 1 :] - W[j] + np.maximum.accumulate(big[j:])
     return _Tables(sec, fixed, A[None, :] - A[:, None], T / micro)
 
 
@@ -392,10 +457,10 @@ class _StageDP:
     def __init__(self, count, n_layers, devices, micro, allowed, tables, fits):
         self.count, self.n_layers, self.devices, self.micro = count, n_layers, devices, micro
         self.allowed, self.tables, self.fits = allowed, tables, fits
-        ahead = [{0}]                           # device counts the first s stages can use
+        ahead = [{0}]  # device counts the first s stages can use
         for s in range(count):
             ahead.append({d + k for d in ahead[-1] for k in allowed[s] if d + k <= devices})
-        behind = {devices}                      # ... from which the rest can use every device
+        behind = {devices}  # ... from which the rest can use every device
         self.ends = [None] * count
         for s in reversed(range(count)):
             self.ends[s] = ahead[s + 1] & behind
@@ -481,22 +546,45 @@ def _stage_plan(req: StageRequest, back, layers, value, picked, interleave=1) ->
     for s, (_, _, k) in enumerate(picked):
         o = req.options[k]
         if k not in memo:
-            memo[k] = _tally(graph, stages.of_node, readers, count, o.choice, o.in_layouts,
-                             o.comm, req.batch_inputs, o.mesh, o.plan, back, o.micro_comm)
+            memo[k] = _tally(
+                graph,
+                stages.of_node,
+                readers,
+                count,
+                o.choice,
+                o.in_layouts,
+                o.comm,
+                req.batch_inputs,
+                o.mesh,
+                o.plan,
+                back,
+                o.micro_comm,
+            )
         t, act, big, state = memo[k]
         secs.append(float(t[s] / micro))
         mems.append(int(state[s] + in_flight(req.scheduler, count, micro, s) * act[s] + big[s]))
     if interleave > 1:
         groups = count // interleave
         t, act, big, state = memo[picked[0][2]]
-        per_group = [int(sum(state[j] for j in range(d, count, groups))
-                         + max(big[j] for j in range(d, count, groups))
-                         + _held_activations(groups, interleave, micro, d, act))
-                     for d in range(groups)]
+        per_group = [
+            int(
+                sum(state[j] for j in range(d, count, groups))
+                + max(big[j] for j in range(d, count, groups))
+                + _held_activations(groups, interleave, micro, d, act)
+            )
+            for d in range(groups)
+        ]
         mems = [per_group[j % groups] for j in range(count)]
         value = pipeline_seconds(secs, micro, interleave)
-    return StagePlan(stages, tuple(k for _, _, k in picked), tuple(secs), tuple(mems),
-                     float(value), cut_at, interleave)
+    return StagePlan(
+        stages,
+        tuple(k for _, _, k in picked),
+        tuple(secs),
+        tuple(mems),
+        float(value),
+        cut_at,
+        interleave,
+    )
 
 
 def _held_activations(groups, interleave, micro, d, act) -> float:
@@ -510,8 +598,20 @@ def _held_activations(groups, interleave, micro, d, act) -> float:
     return peak
 
 
-def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, comm, batch_inputs,
-           stage_mesh, plan, back, micro_comm=None):
+def _tally(
+    graph,
+    group_of_node,
+    groups_of_input,
+    count,
+    choice,
+    in_layouts,
+    comm,
+    batch_inputs,
+    stage_mesh,
+    plan,
+    back,
+    micro_comm=None,
+):
     """Per group (a layer or a stage): seconds of its operators for the whole batch, bytes of
     one micro-batch's activations its backward reads, its largest value (sizes of one
     micro-batch, from the ``MicroPlan``), and what it holds through the step: parameters and
@@ -522,7 +622,7 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
     micro = plan.mesh.axis_size(MB)
     topo = stage_mesh.topology
     stream = topo.chip.stream_rate if topo.chip is not None else topo.mem_bandwidth
-    memo = {}                     # (signature, candidates) -> what the node costs and makes
+    memo = {}  # (signature, candidates) -> what the node costs and makes
     for k, (n, g) in enumerate(zip(graph.nodes, group_of_node)):
         cand = plan.choice[n.id]
         key = (n.signature, choice[n.id], cand, touch.get(n.id))
@@ -530,28 +630,31 @@ def _tally(graph, group_of_node, groups_of_input, count, choice, in_layouts, com
             # an operator run per micro-batch is priced on one micro-batch's shapes (a GEMM of
             # a micro-batch's rows fills the device less than one of the whole batch's), times M
             per_micro = any(MB in axes for _, axes in cand.assign)
-            memo[key] = (compute_time(n, cand, plan.mesh, touch.get(n.id)) * micro
-                         if per_micro else compute_time(n, choice[n.id], stage_mesh,
-                                                        touch.get(n.id)),
-                         output_bytes(n, cand, plan.mesh),
-                         any(MB in d for lay in cand.out_layouts for d in lay.dims),
-                         any(MB in lay.partial for lay in cand.out_layouts))
+            memo[key] = (
+                compute_time(n, cand, plan.mesh, touch.get(n.id)) * micro
+                if per_micro
+                else compute_time(n, choice[n.id], stage_mesh, touch.get(n.id)),
+                output_bytes(n, cand, plan.mesh),
+                any(MB in d for lay in cand.out_layouts for d in lay.dims),
+                any(MB in lay.partial for lay in cand.out_layouts),
+            )
         seconds, b, split, summed = memo[key]
         per_micro = micro_comm is not None and n.id in micro_comm
         t[g] += seconds + (micro * micro_comm[n.id] if per_micro else comm.get(n.id, 0.0))
         big[g] = max(big[g], b)
         # an activation the backward reads, one per micro-batch in flight (what is the same
         # for every micro-batch, a transposed weight, is recomputed where it is read)
-        if not back[k] and split and any(
-                back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ())):
+        if (
+            not back[k]
+            and split
+            and any(back[index[u.id]] for v in n.outputs for u, _ in graph.users.get(v.id, ()))
+        ):
             act[g] += b
         if summed:
-            state[g] += b         # a sum over micro-batches (a gradient), held until the last
-            t[g] += micro * 3 * b / stream   # added into the sum after each: read both, write
+            state[g] += b  # a sum over micro-batches (a gradient), held until the last
+            t[g] += micro * 3 * b / stream  # added into the sum after each: read both, write
     for i, (v, lay, gs) in enumerate(zip(graph.inputs, in_layouts, groups_of_input)):
         if i not in batch_inputs:
             for g in gs:
                 state[g] += 2 * local_bytes(lay, v, stage_mesh)
     return t, act, big, state
-
-

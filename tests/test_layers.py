@@ -1,7 +1,8 @@
 """The layering contract (pyproject.toml's [tool.importlinter]): entry > runtime >
 redistribution > strategies > core, and a runtime that imports no planning, checked by
 import-linter on the source tree (lazy imports inside functions count); and the package's
-init, which imports each public name on first use."""
+init, which imports each public name on first use; and the packages' lint and format
+(ruff, pyproject.toml's [tool.ruff])."""
 import shutil
 import subprocess
 import sys
@@ -10,12 +11,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _tool(name):
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or name
+
+
 def test_import_linter_contracts_are_kept():
-    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or "lint-imports"
-    r = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
+    r = subprocess.run([_tool("lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "2 kept, 0 broken" in r.stdout, r.stdout[-2000:]
+
+
+def test_ruff_lint_and_format_are_clean():
+    """pyproject.toml's [tool.ruff]: the packages pass ``ruff check`` and are as
+    ``ruff format`` writes them (run ``ruff format`` and ``ruff check --fix`` to make them so)."""
+    for args in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
+        r = subprocess.run([_tool("ruff"), *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
 
 
 def test_the_package_imports_a_public_name_when_first_asked():

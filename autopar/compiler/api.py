@@ -10,6 +10,7 @@ its inserted collectives.
 The entry layer (autopar.compiler, with search, hybrid_plan, pipeline_plan and dump) imports
 every layer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,41 +21,67 @@ import warnings
 
 import jax
 
+from ..arguments import (
+    arg_layouts,
+    check_call,
+    default_batch,
+    fixed_layouts,
+    leaf_names,
+    leaf_type,
+    state_pairs,
+)
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
+from ..progress import logger
+from ..recompute import recomputes, selective_recompute, without_recompute
+from ..redistribution.lower import lower, lower_steps
+from ..redistribution.planner import Planner
+from ..runtime.jax_distributed import multi_process
 from ..strategies.build import StatePricing
-from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.candidates import batch_defaults, candidates_of
-from ..strategies.optimizer import optimizer_updates
+from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.microbatch import MicroFit
+from ..strategies.optimizer import optimizer_updates
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.slices import slice_early
 from ..strategies.strategy import Alternative, Strategy
 from ..strategies.strategy_file import check_fits
-from ..redistribution.lower import lower, lower_steps
-from ..redistribution.planner import Planner
-from ..recompute import recomputes, selective_recompute, without_recompute
-from ..trace import trace
-from ..arguments import (arg_layouts, check_call, default_batch, fixed_layouts, leaf_names,
-                         leaf_type, state_pairs)
-from .compiled import Compiled
-from .key_args import split_keys
-from .dump import (assemble_strategy, bucket_bytes, estimate_terms, host_arrays, host_bytes,
-                   input_strategies, peak_of, plan_op_strategies)
-from .hybrid_plan import plan_hybrid
-from .lost_split import lost_split
-from .multiprocess import plan_for_processes
-from .checks import check_backend, check_request, config_of, pipelined
-from .operator_specs import (mesh_for_device_matrices, mindspore_constraints,
-                             tuples_on_device_matrices, with_operator_letters, with_tuples)
-from .call_args import split_static
-from .search import default_search_mode, recursive_search, search, with_fixed
-from .pipeline_plan import (Staged, auto_pipeline, batch_inputs, pipeline_program, plan_pipeline,
-                            reshard_cost)
 from ..tools.calibrate import machine_topology, reference_program
 from ..tools.profile import compute_seconds
-from ..runtime.jax_distributed import multi_process
-from ..progress import logger
+from ..trace import trace
+from .call_args import split_static
+from .checks import check_backend, check_request, config_of, pipelined
+from .compiled import Compiled
+from .dump import (
+    assemble_strategy,
+    bucket_bytes,
+    estimate_terms,
+    host_arrays,
+    host_bytes,
+    input_strategies,
+    peak_of,
+    plan_op_strategies,
+)
+from .hybrid_plan import plan_hybrid
+from .key_args import split_keys
+from .lost_split import lost_split
+from .multiprocess import plan_for_processes
+from .operator_specs import (
+    mesh_for_device_matrices,
+    mindspore_constraints,
+    tuples_on_device_matrices,
+    with_operator_letters,
+    with_tuples,
+)
+from .pipeline_plan import (
+    Staged,
+    auto_pipeline,
+    batch_inputs,
+    pipeline_program,
+    plan_pipeline,
+    reshard_cost,
+)
+from .search import default_search_mode, recursive_search, search, with_fixed
 
 
 def _search_name(config) -> str:
@@ -68,19 +95,20 @@ def _search_name(config) -> str:
 class CompileRequest:
     """What one compile plans, fixed before any mesh is chosen: the traced step and how the
     user called it."""
+
     config: ParallelConfig
-    graph: object             # the traced Graph
-    args: tuple               # the example arguments (arrays or ShapeDtypeStructs)
+    graph: object  # the traced Graph
+    args: tuple  # the example arguments (arrays or ShapeDtypeStructs)
     batch_argnums: tuple
-    in_strategy: object       # the user's in_strategy, or None
-    strategy: object          # a Strategy to load instead of searching, or None
-    names: tuple              # (leaf name, is a parameter) per argument leaf
-    name: str                 # the step function's name, for progress and messages
-    pairs: tuple              # (argument, result) positions of the carried state
+    in_strategy: object  # the user's in_strategy, or None
+    strategy: object  # a Strategy to load instead of searching, or None
+    names: tuple  # (leaf name, is a parameter) per argument leaf
+    name: str  # the step function's name, for progress and messages
+    pairs: tuple  # (argument, result) positions of the carried state
     pipelined: bool
-    micro: int = 1            # micro-batches every layout must leave the batch rows for
-    op_tuples: dict = dataclasses.field(default_factory=dict)   # operator name -> the split
-                              # tuples a loaded MindSpore file gives it
+    micro: int = 1  # micro-batches every layout must leave the batch rows for
+    op_tuples: dict = dataclasses.field(default_factory=dict)  # operator name -> the split
+    # tuples a loaded MindSpore file gives it
 
     def micro_fit(self, mesh):
         """The MicroFit of ``micro`` on ``mesh`` (strategies.microbatch), or None without
@@ -91,8 +119,15 @@ class CompileRequest:
         return MicroFit(self.graph, batch, self.micro, mesh)
 
     def arg_layouts(self, mesh) -> dict:
-        return arg_layouts(self.config, mesh, self.graph, self.args, self.batch_argnums,
-                           self.in_strategy, self.names)
+        return arg_layouts(
+            self.config,
+            mesh,
+            self.graph,
+            self.args,
+            self.batch_argnums,
+            self.in_strategy,
+            self.names,
+        )
 
     def state_pricing(self) -> StatePricing:
         """ZeRO inside auto_parallel's search: with the parallel optimizer on, state leaves of
@@ -102,47 +137,71 @@ class CompileRequest:
         config = self.config
         if not config.enable_parallel_optimizer:
             return StatePricing()
-        big = frozenset(i for i, _ in self.pairs
-                        if self.graph.inputs[i].nbytes >= config.parallel_optimizer_threshold * 1024)
+        big = frozenset(
+            i
+            for i, _ in self.pairs
+            if self.graph.inputs[i].nbytes >= config.parallel_optimizer_threshold * 1024
+        )
         if config.optimizer_level is OptimizerLevel.LEVEL3:
             return StatePricing(returned=big, read=big)
         return StatePricing(returned=big, read=frozenset(i for i in big if not self.names[i][1]))
 
 
-
 def _from_strategy(strategy, graph, mesh, cands, names) -> Assignment:
     if not strategy.mesh_matches(mesh):
-        raise LayoutError(f"the strategy was made for mesh {strategy.mesh_shape} "
-                          f"{strategy.axis_names}, not {mesh}; use the same mesh_shape.")
+        raise LayoutError(
+            f"the strategy was made for mesh {strategy.mesh_shape} "
+            f"{strategy.axis_names}, not {mesh}; use the same mesh_shape."
+        )
     check_fits(strategy, graph, mesh, [n for n, _ in names])
     choice = {}
     for node, op in zip(graph.nodes, strategy.ops):
-        match = [c for c in cands[node.id]
-                 if c.in_layouts == op.in_layouts and c.out_layouts == op.out_layouts]
+        match = [
+            c
+            for c in cands[node.id]
+            if c.in_layouts == op.in_layouts and c.out_layouts == op.out_layouts
+        ]
         if op.prim != node.prim:
-            raise LayoutError(f"strategy entry {op.name} ({op.prim}) does not fit {node.name} "
-                              f"({node.prim}) of this function; it was saved for a different "
-                              "function or shapes.")
+            raise LayoutError(
+                f"strategy entry {op.name} ({op.prim}) does not fit {node.name} "
+                f"({node.prim}) of this function; it was saved for a different "
+                "function or shapes."
+            )
         if not match:
             for j, (l, x) in enumerate(zip(op.in_layouts, node.inputs)):
                 l.check(x.shape, mesh, f"strategy entry {op.name} input {j}")
             for j, (l, v) in enumerate(zip(op.out_layouts, node.outputs)):
                 l.check(v.shape, mesh, f"strategy entry {op.name} output {j}")
-            layouts = (f"{', '.join(map(str, op.in_layouts))} -> "
-                       f"{', '.join(map(str, op.out_layouts))}")
-            raise LayoutError(f"strategy entry {op.name}: {node.prim} cannot run as {layouts} on "
-                              f"{mesh} (autopar has no rule for those layouts); write the file "
-                              "again with autopar, or give that operator layouts it can run.")
+            layouts = (
+                f"{', '.join(map(str, op.in_layouts))} -> {', '.join(map(str, op.out_layouts))}"
+            )
+            raise LayoutError(
+                f"strategy entry {op.name}: {node.prim} cannot run as {layouts} on "
+                f"{mesh} (autopar has no rule for those layouts); write the file "
+                "again with autopar, or give that operator layouts it can run."
+            )
         choice[node.id] = match[0]
-    held = {v.id: l for node, op in zip(graph.nodes, strategy.ops)
-            for v, l in zip(node.outputs, op.converted) if l is not None}
+    held = {
+        v.id: l
+        for node, op in zip(graph.nodes, strategy.ops)
+        for v, l in zip(node.outputs, op.converted)
+        if l is not None
+    }
     return Assignment(choice, tuple(i.layout for i in strategy.inputs), 0.0, held)
 
 
-def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
-            in_strategy=None, strategy: Strategy | None = None,
-            batch_is_process_local: bool = False, static_argnums=None, static_argnames=None,
-            donate_argnums=None) -> Compiled:
+def compile(
+    fn,
+    *args,
+    config: ParallelConfig | None = None,
+    batch_argnums=None,
+    in_strategy=None,
+    strategy: Strategy | None = None,
+    batch_is_process_local: bool = False,
+    static_argnums=None,
+    static_argnames=None,
+    donate_argnums=None,
+) -> Compiled:
     """Trace ``fn(*args)``, choose layouts per ``config`` and build a runnable ``Compiled``.
 
     ``batch_argnums``: arguments holding the batch (default: every argument after the first
@@ -168,7 +227,7 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     fn, args, call = split_static(fn, args, static_argnums, static_argnames, donate_argnums)
     batch_argnums, in_strategy = call.over_dynamic(batch_argnums, in_strategy)
     keys = None
-    keyed = split_keys(fn, args)            # typed PRNG keys go in and out as their data
+    keyed = split_keys(fn, args)  # typed PRNG keys go in and out as their data
     if keyed is not None:
         fn, args, keys = keyed
     if strategy is None and config.strategy_ckpt_load_file:
@@ -177,23 +236,48 @@ def compile(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
     local = ()
     if config.backend is Backend.JAX and multi_process():
         (graph, strat, program), local = plan_for_processes(
-            _plan, fn, args, config, batch_argnums, in_strategy, strategy, batch_is_process_local)
+            _plan, fn, args, config, batch_argnums, in_strategy, strategy, batch_is_process_local
+        )
     else:
-        graph, strat, program = _plan(fn, args, config, batch_argnums, in_strategy, strategy,
-                                      measure=True)
-    logger.info("compiled %s (%s, %s): %d operators, %d collectives; %s",
-                getattr(fn, "__name__", "step"), strat.mode, strat.search, len(graph.nodes),
-                len(program.collectives()),
-                ", ".join(f"{k} {v:.2f} s" for k, v in strat.phase_seconds))
+        graph, strat, program = _plan(
+            fn, args, config, batch_argnums, in_strategy, strategy, measure=True
+        )
+    logger.info(
+        "compiled %s (%s, %s): %d operators, %d collectives; %s",
+        getattr(fn, "__name__", "step"),
+        strat.mode,
+        strat.search,
+        len(graph.nodes),
+        len(program.collectives()),
+        ", ".join(f"{k} {v:.2f} s" for k, v in strat.phase_seconds),
+    )
     if config.strategy_ckpt_save_file and (not multi_process() or jax.process_index() == 0):
-        strat.save(config.strategy_ckpt_save_file)       # one writer: the plan is everyone's
+        strat.save(config.strategy_ckpt_save_file)  # one writer: the plan is everyone's
     leaf_types = [leaf_type(x) for x in jax.tree.leaves(args)]
-    return Compiled(user_fn, graph, config, strat, program, graph.in_tree, leaf_types, local,
-                    keys, call, call.donated_leaves(args))
+    return Compiled(
+        user_fn,
+        graph,
+        config,
+        strat,
+        program,
+        graph.in_tree,
+        leaf_types,
+        local,
+        keys,
+        call,
+        call.donated_leaves(args),
+    )
 
 
-def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
-         in_strategy=None, static_argnums=None, static_argnames=None) -> Strategy:
+def plan(
+    fn,
+    *args,
+    config: ParallelConfig | None = None,
+    batch_argnums=None,
+    in_strategy=None,
+    static_argnums=None,
+    static_argnames=None,
+) -> Strategy:
     """The Strategy ``compile`` would choose (with its estimated step time and per-device
     memory), without building anything runnable. Arguments may be ``jax.ShapeDtypeStruct``s,
     so a model far larger than this machine's memory is planned without allocating it;
@@ -209,15 +293,16 @@ def plan(fn, *args, config: ParallelConfig | None = None, batch_argnums=None,
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
     """The layouts of the whole step on one mesh and what lowering them costs."""
+
     mesh: object
     planner: object
     assignment: Assignment
-    updates: dict             # argument position -> layout its update runs in
-    out_layouts: tuple        # per result: state keeps its argument's layout, else None
-    comm: dict                # node id -> seconds of the redistributions feeding it
-    program: object = None    # the lowered Program (without a pipeline)
+    updates: dict  # argument position -> layout its update runs in
+    out_layouts: tuple  # per result: state keeps its argument's layout, else None
+    comm: dict  # node id -> seconds of the redistributions feeding it
+    program: object = None  # the lowered Program (without a pipeline)
     out_comm: float = 0.0
-    measured: float | None = None       # profile_plans: one rank's compute, measured
+    measured: float | None = None  # profile_plans: one rank's compute, measured
     alternatives: tuple = ()  # auto_parallel: the Alternative of each plan compared
 
 
@@ -232,15 +317,20 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     # a pipeline's stages hold parts of the step: the stage planner applies the memory cap
     search_config = config.replace(max_device_memory=None) if pipelined else config
     fit = req.micro_fit(mesh) if req.strategy is None else None
-    if req.strategy is None and mode is ParallelMode.AUTO_PARALLEL and \
-            config.search_mode is SearchMode.RECURSIVE_PROGRAMMING:   # never the full product
-        return _cheapest(req, mesh, planner,
-                         recursive_search(req, search_config, mesh, planner, fixed, fit))
-    cands = with_fixed(candidates_of(graph, mesh), fixed)    # annotated values keep theirs
+    if (
+        req.strategy is None
+        and mode is ParallelMode.AUTO_PARALLEL
+        and config.search_mode is SearchMode.RECURSIVE_PROGRAMMING
+    ):  # never the full product
+        return _cheapest(
+            req, mesh, planner, recursive_search(req, search_config, mesh, planner, fixed, fit)
+        )
+    cands = with_fixed(candidates_of(graph, mesh), fixed)  # annotated values keep theirs
     cands = with_tuples(graph, cands, req.op_tuples, mesh)
     if config.unannotated == "batch" and req.strategy is None:
-        cands = batch_defaults(graph, cands, mesh, fixed, batch_inputs(
-            graph, req.args, req.batch_argnums, pairs))
+        cands = batch_defaults(
+            graph, cands, mesh, fixed, batch_inputs(graph, req.args, req.batch_argnums, pairs)
+        )
     if fit is not None:
         cands = fit.nodes(graph, cands)
     if req.strategy is not None:
@@ -248,20 +338,28 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     elif mode is ParallelMode.AUTO_PARALLEL:
         return _searched(req, config if pipelined else search_config, mesh, planner, cands, fit)
     else:
-        assignment = propagate(graph, mesh, fixed, req.arg_layouts(mesh),
-                               reshard_cost(planner), cands, pairs)
-        if mode in (ParallelMode.DATA_PARALLEL, ParallelMode.SEMI_AUTO_PARALLEL) and \
-                mesh.size > 1 and not pipelined:
-            lost = lost_split(graph, assignment,
-                              batch_inputs(graph, req.args, req.batch_argnums, pairs), cands,
-                              mode.value)
+        assignment = propagate(
+            graph, mesh, fixed, req.arg_layouts(mesh), reshard_cost(planner), cands, pairs
+        )
+        if (
+            mode in (ParallelMode.DATA_PARALLEL, ParallelMode.SEMI_AUTO_PARALLEL)
+            and mesh.size > 1
+            and not pipelined
+        ):
+            lost = lost_split(
+                graph,
+                assignment,
+                batch_inputs(graph, req.args, req.batch_argnums, pairs),
+                cands,
+                mode.value,
+            )
             if lost:
-                warnings.warn(lost)
+                warnings.warn(lost, stacklevel=3)
     return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]
 
 
-SEARCH_RETRIES = 3    # searches under a tighter cap when the lowered plan overruns the real one
-RETRY_STEP = 0.1      # ... each at least this share tighter than the last
+SEARCH_RETRIES = 3  # searches under a tighter cap when the lowered plan overruns the real one
+RETRY_STEP = 0.1  # ... each at least this share tighter than the last
 
 
 def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPlan:
@@ -284,11 +382,18 @@ def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPla
     if not req.pipelined or cap is None:
         return _searched_within(req, config, mesh, planner, cands, fit)
     try:
-        return _searched_within(req, config.replace(
-            max_device_memory=cap * config.pipeline_stages), mesh, planner, cands, fit)
+        return _searched_within(
+            req,
+            config.replace(max_device_memory=cap * config.pipeline_stages),
+            mesh,
+            planner,
+            cands,
+            fit,
+        )
     except InfeasibleError:
-        return _searched_within(req, config.replace(max_device_memory=None), mesh, planner,
-                                cands, fit)
+        return _searched_within(
+            req, config.replace(max_device_memory=None), mesh, planner, cands, fit
+        )
 
 
 def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPlan:
@@ -299,15 +404,14 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> 
     best = peak = None
     for _ in range(SEARCH_RETRIES + 1):
         try:
-            found = search(req, config.replace(max_device_memory=limit), mesh, planner, cands,
-                           fit)
+            found = search(req, config.replace(max_device_memory=limit), mesh, planner, cands, fit)
         except InfeasibleError as e:
             if best is None:
                 raise
             raise InfeasibleError(
                 f"no plan fits max_device_memory={cap}: the search's plan within it lowers to "
-                f"{peak} bytes per device, and searched again within {limit} bytes: {e}") \
-                from None
+                f"{peak} bytes per device, and searched again within {limit} bytes: {e}"
+            ) from None
         best = _cheapest(req, mesh, planner, found)
         if cap is None or req.pipelined:
             return best
@@ -334,16 +438,24 @@ def _cheapest(req: CompileRequest, mesh, planner, found) -> MeshPlan:
     cap = req.config.max_device_memory
     peaks = [program_memory(p.program, memory_timeline(p.program))[0] for p in plans]
     within = [k for k, peak in enumerate(peaks) if cap is None or peak <= cap] or [0]
-    priced = list(plans)                        # measured (profile_plans): the ones it may keep
+    priced = list(plans)  # measured (profile_plans): the ones it may keep
     for k, p in zip(within, _profiled(req, [plans[k] for k in within])):
         priced[k] = p
     terms = [estimate_terms(req.graph, req.names, p, req.config, req.pairs) for p in priced]
-    best = min(within, key=lambda k: sum(terms[k]))     # the first on a tie
-    alternatives = tuple(Alternative(
-        label=p.assignment.label or f"plan {k + 1}", seconds=sum(t), compute=t[0], comm=t[1],
-        overhead=t[2], peak_memory=peaks[k], chosen=k == best,
-        fits=cap is None or peaks[k] <= cap)
-        for k, (p, t) in enumerate(zip(priced, terms)))
+    best = min(within, key=lambda k: sum(terms[k]))  # the first on a tie
+    alternatives = tuple(
+        Alternative(
+            label=p.assignment.label or f"plan {k + 1}",
+            seconds=sum(t),
+            compute=t[0],
+            comm=t[1],
+            overhead=t[2],
+            peak_memory=peaks[k],
+            chosen=k == best,
+            fits=cap is None or peaks[k] <= cap,
+        )
+        for k, (p, t) in enumerate(zip(priced, terms))
+    )
     return dataclasses.replace(priced[best], alternatives=alternatives)
 
 
@@ -377,8 +489,16 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
     updates = {}
     is_param = [p for _, p in req.names]
     if config.enable_parallel_optimizer and mesh.size > 1:
-        su = optimizer_updates(graph, assignment.choice, assignment.inputs, pairs, is_param,
-                               mesh, config, searched=mode is ParallelMode.AUTO_PARALLEL)
+        su = optimizer_updates(
+            graph,
+            assignment.choice,
+            assignment.inputs,
+            pairs,
+            is_param,
+            mesh,
+            config,
+            searched=mode is ParallelMode.AUTO_PARALLEL,
+        )
         assignment = Assignment(su.choice, su.in_layouts, assignment.cost, assignment.held)
         updates = su.updates
     # state (new parameters, optimizer state) stays in its argument's layout from step to step,
@@ -386,16 +506,21 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
     out_layouts = [None] * len(graph.outputs)
     for i, j in pairs:
         out_layouts[j] = assignment.inputs[i]
-    assignment = dataclasses.replace(assignment, choice=slice_early(
-        graph, assignment.choice, assignment.inputs, mesh, reshard_cost(planner)))
+    assignment = dataclasses.replace(
+        assignment,
+        choice=slice_early(
+            graph, assignment.choice, assignment.inputs, mesh, reshard_cost(planner)
+        ),
+    )
     if pipelined:
-        comm = lower_steps(graph, assignment.choice, assignment.inputs, mesh, planner,
-                           out_layouts).comm
+        comm = lower_steps(
+            graph, assignment.choice, assignment.inputs, mesh, planner, out_layouts
+        ).comm
         return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm)
-    program, comm, out_comm = lower(graph, assignment.choice, assignment.inputs, mesh, planner,
-                                    out_layouts, assignment.held)
-    return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm, program,
-                    out_comm)
+    program, comm, out_comm = lower(
+        graph, assignment.choice, assignment.inputs, mesh, planner, out_layouts, assignment.held
+    )
+    return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm, program, out_comm)
 
 
 def _gc_paused(f):
@@ -404,6 +529,7 @@ def _gc_paused(f):
     objects while its caches keep millions alive, and each collection rescans them: on the
     175B plan collection took a quarter of the time (68.8 -> 50.2 s) and freed almost nothing
     (the same peak resident memory with and without)."""
+
     @functools.wraps(f)
     def paused(*args, **kwargs):
         if not gc.isenabled():
@@ -413,6 +539,7 @@ def _gc_paused(f):
             return f(*args, **kwargs)
         finally:
             gc.enable()
+
     return paused
 
 
@@ -424,28 +551,35 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     topology in the config, this machine's (``tools.calibrate.machine_topology``: cached, or
     measured first when ``measure``, as ``compile`` does before running here)."""
     config = config_of(config)
-    given = (batch_argnums, in_strategy)          # as the caller gave them (recompute="auto")
+    given = (batch_argnums, in_strategy)  # as the caller gave them (recompute="auto")
     named = batch_argnums is not None
     batch_argnums = check_call(fn, args, batch_argnums)
-    in_strategy, ops, strategy, config = mindspore_constraints(strategy, config, args,
-                                                               in_strategy)
+    in_strategy, ops, strategy, config = mindspore_constraints(strategy, config, args, in_strategy)
     if strategy is not None and not isinstance(strategy, Strategy):
-        raise ConfigError(f"strategy={strategy!r} must be an ap.Strategy (ap.Strategy.load(path) "
-                          "reads a file; or set strategy_ckpt_load_file in the config).")
+        raise ConfigError(
+            f"strategy={strategy!r} must be an ap.Strategy (ap.Strategy.load(path) "
+            "reads a file; or set strategy_ckpt_load_file in the config)."
+        )
     if config.topology is None:
-        config = config.replace(topology=machine_topology(config.backend.value,
-                                                          config.devices.device_num, measure))
+        config = config.replace(
+            topology=machine_topology(config.backend.value, config.devices.device_num, measure)
+        )
     mode = config.parallel_mode
-    if strategy is not None and config.pipeline.auto:          # the loaded plan's pipeline
-        config = config.replace(pipeline_stages=max(len(strategy.stages), 1),
-                                micro_batches=strategy.micro_batches)
+    if strategy is not None and config.pipeline.auto:  # the loaded plan's pipeline
+        config = config.replace(
+            pipeline_stages=max(len(strategy.stages), 1), micro_batches=strategy.micro_batches
+        )
     check_request(config, strategy, pipelined(config))
     if mode is ParallelMode.HYBRID_PARALLEL:
         return plan_hybrid(fn, args, config, batch_argnums, in_strategy)
     t0 = time.monotonic()
     traced = with_operator_letters(trace(fn, *args))
-    if config.recompute == "auto" and mode is ParallelMode.AUTO_PARALLEL and \
-            strategy is None and recomputes(traced):
+    if (
+        config.recompute == "auto"
+        and mode is ParallelMode.AUTO_PARALLEL
+        and strategy is None
+        and recomputes(traced)
+    ):
         return _recompute_or_not(fn, args, config, *given, measure)
     how = strategy.recompute if strategy is not None else config.recompute
     if how in RECOMPUTE_OF:
@@ -459,22 +593,37 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
     if mode is ParallelMode.AUTO_PARALLEL and config.search_mode is None:
         config = config.replace(search_mode=default_search_mode(full))
     names = leaf_names(args)
-    req = CompileRequest(config=config, graph=graph, args=args, batch_argnums=batch_argnums,
-                         in_strategy=in_strategy, strategy=strategy, names=tuple(names),
-                         name=getattr(fn, "__name__", "step"), pairs=tuple(state_pairs(graph)),
-                         pipelined=pipelined(config), op_tuples=ops,
-                         micro=config.micro_batches if isinstance(config.micro_batches, int) else 1)
+    req = CompileRequest(
+        config=config,
+        graph=graph,
+        args=args,
+        batch_argnums=batch_argnums,
+        in_strategy=in_strategy,
+        strategy=strategy,
+        names=tuple(names),
+        name=getattr(fn, "__name__", "step"),
+        pairs=tuple(state_pairs(graph)),
+        pipelined=pipelined(config),
+        op_tuples=ops,
+        micro=config.micro_batches if isinstance(config.micro_batches, int) else 1,
+    )
     if config.pipeline.auto:
         graph, strat, program = auto_pipeline(
-            req, full, lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
-            lambda r, cache: _staged(r, full, cache))
+            req,
+            full,
+            lambda r, cache: _plan_traced(r, full, t0, t_trace, cache),
+            lambda r, cache: _staged(r, full, cache),
+        )
     else:
         graph, strat, program = _plan_traced(req, full, t0, t_trace)
-    return graph, dataclasses.replace(strat, recompute=how) if how in RECOMPUTE_OF else strat, \
-        program
+    return (
+        graph,
+        dataclasses.replace(strat, recompute=how) if how in RECOMPUTE_OF else strat,
+        program,
+    )
 
 
-RECOMPUTE_OF = {"none": without_recompute, "selective": selective_recompute}   # the rewrites
+RECOMPUTE_OF = {"none": without_recompute, "selective": selective_recompute}  # the rewrites
 
 
 def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
@@ -489,13 +638,13 @@ def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
 
     def one(cfg):
         try:
-            graph, strat, program = _plan(fn, args, cfg, batch_argnums, in_strategy, None,
-                                          measure)
+            graph, strat, program = _plan(fn, args, cfg, batch_argnums, in_strategy, None, measure)
         except (ConfigError, LayoutError, PipelineError, InfeasibleError) as e:
             errors.append(e)
             return
         seconds = strat.pipeline_time if strat.stages else strat.step_time
         plans.append((seconds, len(plans), (graph, strat, program)))
+
     for how in ("as_written", "none"):
         one(config.replace(recompute=how))
     selective = config.replace(recompute="selective")
@@ -503,10 +652,13 @@ def _recompute_or_not(fn, args, config, batch_argnums, in_strategy, measure):
         strat = min(plans)[2][1]
         stages = len(strat.stages) // strat.pipeline_interleave if strat.stages else 1
         selective = selective.replace(
-            pipeline_stages=stages, micro_batches=strat.micro_batches,
+            pipeline_stages=stages,
+            micro_batches=strat.micro_batches,
             pipeline_interleave=strat.pipeline_interleave,
-            pipeline_stage_devices=None if stages == 1 else
-            (config.devices.device_num // stages,) * stages)
+            pipeline_stage_devices=None
+            if stages == 1
+            else (config.devices.device_num // stages,) * stages,
+        )
     one(selective)
     if not plans:
         raise errors[0]
@@ -530,46 +682,71 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         node_plan = [mesh_plan] * len(graph.nodes)
     first = per_stage[0]
     inputs = input_strategies(graph, names, program, per_stage, pipelined)
-    ops = plan_op_strategies(graph, names, node_plan,
-                             program.node_stages if pipelined else (0,) * len(graph.nodes),
-                             converts=not pipelined)
+    ops = plan_op_strategies(
+        graph,
+        names,
+        node_plan,
+        program.node_stages if pipelined else (0,) * len(graph.nodes),
+        converts=not pipelined,
+    )
     timeline = () if pipelined else memory_timeline(program)
     peak, peak_op, peak_where = peak_of(program, graph, pipelined, timeline)
     cap = config.max_device_memory
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
     if cap is not None and peak > cap:
-        hint = "" if config.enable_parallel_optimizer else (
-            ", or set enable_parallel_optimizer=True to shard the optimizer state and update")
+        hint = (
+            ""
+            if config.enable_parallel_optimizer
+            else (", or set enable_parallel_optimizer=True to shard the optimizer state and update")
+        )
         raise InfeasibleError(
             f"{config.parallel_mode.value} needs {peak} bytes per device at {peak_op} "
             f"({peak_where}), more than max_device_memory={cap}. Raise max_device_memory, use "
             f"more devices{', pipeline stages or micro-batches' if pipelined else ''} or a "
-            f"smaller batch{hint}.")
+            f"smaller batch{hint}."
+        )
     t_lower = time.monotonic()
-    certified = _search_result(config, req, per_stage, pipelined)     # part of the search
+    certified = _search_result(config, req, per_stage, pipelined)  # part of the search
     t_bound = time.monotonic() - t_lower
     strat = assemble_strategy(
         mode=config.parallel_mode.value,
         search="loaded" if req.strategy is not None else _search_name(config),
-        mesh=first.mesh, inputs=inputs, ops=ops, program=program, planner=first.planner,
-        peak=peak, peak_op=peak_op, cap=cap, timeline=timeline, output_comm=out_comm,
-        host_bytes=host_bytes(graph, program, req.pairs), host_arrays=host_arrays(graph),
+        mesh=first.mesh,
+        inputs=inputs,
+        ops=ops,
+        program=program,
+        planner=first.planner,
+        peak=peak,
+        peak_op=peak_op,
+        cap=cap,
+        timeline=timeline,
+        output_comm=out_comm,
+        host_bytes=host_bytes(graph, program, req.pairs),
+        host_arrays=host_arrays(graph),
         bucket_bytes=bucket_bytes(config),
         measured_compute=None if pipelined else first.measured,
         alternatives=() if pipelined else first.alternatives,
-        micro_batches=config.micro_batches, scheduler=config.pipeline_scheduler.value,
-        phase_seconds=(("trace", t_trace - t0), ("search", t_search - t_trace + t_bound),
-                       ("lower", time.monotonic() - t_search - t_bound)),
-        **certified)
+        micro_batches=config.micro_batches,
+        scheduler=config.pipeline_scheduler.value,
+        phase_seconds=(
+            ("trace", t_trace - t0),
+            ("search", t_search - t_trace + t_bound),
+            ("lower", time.monotonic() - t_search - t_bound),
+        ),
+        **certified,
+    )
     return graph, strat, program
 
 
 def _search_result(config, req, per_stage, pipelined) -> dict:
     """``search_cost`` and ``search_bound`` for the Strategy: auto_parallel's searched plan
     without a pipeline (a pipeline's stage searches each have their own model); else none."""
-    if pipelined or req.strategy is not None or \
-            config.parallel_mode is not ParallelMode.AUTO_PARALLEL:
+    if (
+        pipelined
+        or req.strategy is not None
+        or config.parallel_mode is not ParallelMode.AUTO_PARALLEL
+    ):
         return {}
     a = per_stage[0].assignment
     return {"search_cost": a.cost, "search_bound": a.bound if a.prove is None else a.prove()}
@@ -578,11 +755,13 @@ def _search_result(config, req, per_stage, pipelined) -> dict:
 def _mesh_plans(req: CompileRequest, cache):
     """``mesh -> MeshPlan`` of ``req`` (``_on_mesh``), kept in ``cache`` by (mesh, pipelined,
     micro)."""
+
     def on_mesh(mesh):
         key = (mesh, req.pipelined, req.micro)
         if key not in cache:
             cache[key] = _on_mesh(req, mesh)
         return cache[key]
+
     return on_mesh
 
 
@@ -593,6 +772,15 @@ def _staged(req: CompileRequest, full, cache) -> Staged:
     config = req.config
     key = ("staged", config.pipeline_stages, config.micro_batches, config.pipeline_interleave)
     if key not in cache:
-        cache[key] = plan_pipeline(config, req.graph, full, _mesh_plans(req, cache), req.args,
-                                   req.batch_argnums, req.names, req.pairs, cache)
+        cache[key] = plan_pipeline(
+            config,
+            req.graph,
+            full,
+            _mesh_plans(req, cache),
+            req.args,
+            req.batch_argnums,
+            req.names,
+            req.pairs,
+            cache,
+        )
     return cache[key]

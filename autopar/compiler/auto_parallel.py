@@ -17,6 +17,7 @@ sets it with ``nn.PipelineCell``; ``backend``, ``max_device_memory``, ...). Deli
 differences: ``gradients_mean`` is True (the single-device step's mathematics; MindSpore's
 wrapper defaults to False, which autopar refuses, ``enable_gradients_mean`` sets it).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,31 +27,42 @@ from ..config import ParallelConfig
 from ..context import mindspore_fields
 from ..errors import AutoparWarning, ConfigError
 
-MODES = {"semi_auto": {"parallel_mode": "semi_auto_parallel"},
-         "sharding_propagation": {"parallel_mode": "auto_parallel",
-                                  "search_mode": "sharding_propagation"},
-         "recursive_programming": {"parallel_mode": "auto_parallel",
-                                   "search_mode": "recursive_programming"}}
+MODES = {
+    "semi_auto": {"parallel_mode": "semi_auto_parallel"},
+    "sharding_propagation": {
+        "parallel_mode": "auto_parallel",
+        "search_mode": "sharding_propagation",
+    },
+    "recursive_programming": {
+        "parallel_mode": "auto_parallel",
+        "search_mode": "recursive_programming",
+    },
+}
 
 
 class AutoParallel:
     """``AutoParallel(step, parallel_mode="semi_auto", *, device_num=None, **config_fields)``:
     see the module docstring."""
 
-    def __init__(self, network, parallel_mode: str = "semi_auto", *, device_num=None,
-                 **config_fields):
+    def __init__(
+        self, network, parallel_mode: str = "semi_auto", *, device_num=None, **config_fields
+    ):
         if not callable(network):
             raise ConfigError(f"AutoParallel({network!r}): give the step function to wrap.")
         if parallel_mode not in MODES:
-            raise ConfigError(f"AutoParallel parallel_mode={parallel_mode!r}: MindSpore's are "
-                              f"{', '.join(map(repr, MODES))}.")
+            raise ConfigError(
+                f"AutoParallel parallel_mode={parallel_mode!r}: MindSpore's are "
+                f"{', '.join(map(repr, MODES))}."
+            )
         if device_num is None:
             import jax
+
             device_num = jax.device_count()
         self.network, self.parallel_mode = network, parallel_mode
         self._kept: dict = {}
-        self._fields = mindspore_fields({**MODES[parallel_mode], "device_num": device_num,
-                                         **config_fields}, self._kept)
+        self._fields = mindspore_fields(
+            {**MODES[parallel_mode], "device_num": device_num, **config_fields}, self._kept
+        )
         self._load_operator_file = self._save_operator_file = None
         self._compiled = {}
 
@@ -91,8 +103,10 @@ class AutoParallel:
 
     def dataset_strategy(self, config):
         if config is None:
-            raise ConfigError("AutoParallel.dataset_strategy: give 'data_parallel', "
-                              "'full_batch' or a tuple of split tuples.")
+            raise ConfigError(
+                "AutoParallel.dataset_strategy: give 'data_parallel', "
+                "'full_batch' or a tuple of split tuples."
+            )
         self._set({"dataset_strategy": config})
 
     def hsdp(self, shard_size=-1, threshold=64, optimizer_level="level1"):
@@ -100,16 +114,30 @@ class AutoParallel:
         shard size, threshold (KB) and level."""
         if not isinstance(shard_size, int) or (shard_size <= 0 and shard_size != -1):
             raise ConfigError(f"hsdp shard_size={shard_size!r}: a positive integer or -1.")
-        self._set({"enable_parallel_optimizer": True, "parallel_optimizer_config": {
-            "optimizer_weight_shard_size": shard_size, "parallel_optimizer_threshold": threshold,
-            "optimizer_level": optimizer_level}})
+        self._set(
+            {
+                "enable_parallel_optimizer": True,
+                "parallel_optimizer_config": {
+                    "optimizer_weight_shard_size": shard_size,
+                    "parallel_optimizer_threshold": threshold,
+                    "optimizer_level": optimizer_level,
+                },
+            }
+        )
 
     def pipeline(self, stages=1, output_broadcast=False, interleave=False, scheduler="1f1b"):
         if isinstance(stages, bool) or not isinstance(stages, int) or stages <= 0:
             raise ConfigError(f"AutoParallel.pipeline stages={stages!r}: an int above 0.")
-        self._set({"pipeline_stages": stages, "pipeline_result_broadcast": output_broadcast,
-                   "pipeline_config": {"pipeline_interleave": interleave,
-                                       "pipeline_scheduler": scheduler}})
+        self._set(
+            {
+                "pipeline_stages": stages,
+                "pipeline_result_broadcast": output_broadcast,
+                "pipeline_config": {
+                    "pipeline_interleave": interleave,
+                    "pipeline_scheduler": scheduler,
+                },
+            }
+        )
 
     def comm_fusion(self, config):
         if config is not None and not isinstance(config, dict):
@@ -145,10 +173,14 @@ class AutoParallel:
 
     def transformer_opt(self, file_path):
         if file_path:
-            warnings.warn(f"AutoParallel.transformer_opt({file_path!r}): in MindSpore, Ascend's "
-                          "parallel speed-up switches (communication overlaps and fusions); "
-                          "autopar ignores them: its runtime fuses all-reduces into buckets "
-                          "itself.", AutoparWarning, stacklevel=2)
+            warnings.warn(
+                f"AutoParallel.transformer_opt({file_path!r}): in MindSpore, Ascend's "
+                "parallel speed-up switches (communication overlaps and fusions); "
+                "autopar ignores them: its runtime fuses all-reduces into buckets "
+                "itself.",
+                AutoparWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------ what it makes
     def config(self) -> ParallelConfig:
@@ -157,18 +189,24 @@ class AutoParallel:
 
     def plan(self, *args):
         from .api import plan
+
         return plan(self.network, *args, config=self.config())
 
     def compile(self, *args):
         """The step compiled for ``args`` (once per argument types)."""
         import jax
+
         from ..strategies.strategy import Strategy
         from .api import compile as compile_
-        key = str(jax.tree.map(lambda x: (getattr(x, "shape", ()), str(getattr(
-            x, "dtype", type(x).__name__))), args))
+
+        key = str(
+            jax.tree.map(
+                lambda x: (getattr(x, "shape", ()), str(getattr(x, "dtype", type(x).__name__))),
+                args,
+            )
+        )
         if key not in self._compiled:
-            strategy = (Strategy.load(self._load_operator_file)
-                        if self._load_operator_file else None)
+            strategy = Strategy.load(self._load_operator_file) if self._load_operator_file else None
             compiled = compile_(self.network, *args, config=self.config(), strategy=strategy)
             if self._save_operator_file:
                 compiled.strategy.save(self._save_operator_file)
@@ -184,8 +222,10 @@ class AutoParallel:
         self._compiled.clear()
 
     def __repr__(self) -> str:
-        return (f"AutoParallel({getattr(self.network, '__name__', self.network)!r}, "
-                f"parallel_mode={self.parallel_mode!r})")
+        return (
+            f"AutoParallel({getattr(self.network, '__name__', self.network)!r}, "
+            f"parallel_mode={self.parallel_mode!r})"
+        )
 
 
 def _path(file_path) -> str:
@@ -198,11 +238,14 @@ def _json_path(file_path) -> str:
     """MindSpore's rule for operator strategy files: an absolute path ending in .json."""
     _path(file_path)
     if not os.path.isabs(file_path):
-        raise ConfigError(f"{file_path!r}: the operator strategy file must be an absolute path "
-                          "(MindSpore's rule).")
+        raise ConfigError(
+            f"{file_path!r}: the operator strategy file must be an absolute path "
+            "(MindSpore's rule)."
+        )
     if not file_path.endswith(".json"):
-        raise ConfigError(f"{file_path!r}: the operator strategy file must end in .json "
-                          "(MindSpore's rule).")
+        raise ConfigError(
+            f"{file_path!r}: the operator strategy file must end in .json (MindSpore's rule)."
+        )
     return file_path
 
 
@@ -212,17 +255,27 @@ def _json_path(file_path) -> str:
 # autopar already behaves as any value asks, else why a value other than the default is ignored)
 ALGO = {
     "fully_use_devices": (True, "only consider strategies that use every device", None),
-    "elementwise_op_strategy_follow": (False, "elementwise operators take their producer's "
-                                       "strategy", "auto_parallel's search prices each "
-                                       "elementwise operator's layouts like any other's"),
-    "enable_algo_approxi": (False, "prune the dynamic-programming search approximately",
-                            "autopar's searches are exact where they can be and bound their "
-                            "gap otherwise (search_time)"),
-    "algo_approxi_epsilon": (0.1, "the approximation's tolerance", "there is no approximate "
-                             "search to tune"),
-    "tensor_slice_align_enable": (False, "align MatMul slice shapes to tensor_slice_align_size",
-                                  "autopar prices each slice's shape (matmul efficiency) "
-                                  "instead"),
+    "elementwise_op_strategy_follow": (
+        False,
+        "elementwise operators take their producer's strategy",
+        "auto_parallel's search prices each elementwise operator's layouts like any other's",
+    ),
+    "enable_algo_approxi": (
+        False,
+        "prune the dynamic-programming search approximately",
+        "autopar's searches are exact where they can be and bound their "
+        "gap otherwise (search_time)",
+    ),
+    "algo_approxi_epsilon": (
+        0.1,
+        "the approximation's tolerance",
+        "there is no approximate search to tune",
+    ),
+    "tensor_slice_align_enable": (
+        False,
+        "align MatMul slice shapes to tensor_slice_align_size",
+        "autopar prices each slice's shape (matmul efficiency) instead",
+    ),
     "tensor_slice_align_size": (16, "the alignment", "there is no alignment to tune"),
 }
 _algo: dict = {}
@@ -233,22 +286,29 @@ def set_algo_parameters(**kw) -> None:
     MindSpore's default that asks for what autopar does not do warns, saying why."""
     for key, value in kw.items():
         if key not in ALGO:
-            raise ConfigError(f"unknown algorithm parameter {key!r}; MindSpore's are "
-                              f"{', '.join(ALGO)}.")
+            raise ConfigError(
+                f"unknown algorithm parameter {key!r}; MindSpore's are {', '.join(ALGO)}."
+            )
         default, meaning, why = ALGO[key]
-        if type(value) is not type(default) and not (isinstance(default, float) and
-                                                     isinstance(value, int)):
+        if type(value) is not type(default) and not (
+            isinstance(default, float) and isinstance(value, int)
+        ):
             raise ConfigError(f"{key} takes a {type(default).__name__}, not {value!r}.")
         if why and value != default:
-            warnings.warn(f"set_algo_parameters({key}={value!r}): in MindSpore, {meaning}; "
-                          f"autopar ignores it: {why}.", AutoparWarning, stacklevel=2)
+            warnings.warn(
+                f"set_algo_parameters({key}={value!r}): in MindSpore, {meaning}; "
+                f"autopar ignores it: {why}.",
+                AutoparWarning,
+                stacklevel=2,
+            )
         _algo[key] = value
 
 
 def get_algo_parameters(key: str):
     if key not in ALGO:
-        raise ConfigError(f"unknown algorithm parameter {key!r}; MindSpore's are "
-                          f"{', '.join(ALGO)}.")
+        raise ConfigError(
+            f"unknown algorithm parameter {key!r}; MindSpore's are {', '.join(ALGO)}."
+        )
     return _algo.get(key, ALGO[key][0])
 
 

@@ -7,6 +7,7 @@ was compiled for (``dynamic``), maps the step's argument positions to the dynami
 (``position``; ``over_dynamic`` for batch_argnums and in_strategy) and names the flattened leaves that are donated (``donated_leaves``). Static
 arguments must be hashable, as jax.jit requires: they are compared by ``==``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -20,8 +21,10 @@ from ..errors import ConfigError, LayoutError
 def _positions(value, what: str, n: int) -> tuple:
     given = (value,) if isinstance(value, int) else tuple(value or ())
     if not all(isinstance(k, int) and not isinstance(k, bool) and -n <= k < n for k in given):
-        raise ConfigError(f"{what}={value!r} must be argument positions, integers in "
-                          f"0 .. {n - 1} (the step takes {n} arguments).")
+        raise ConfigError(
+            f"{what}={value!r} must be argument positions, integers in "
+            f"0 .. {n - 1} (the step takes {n} arguments)."
+        )
     return tuple(sorted({k % n for k in given}))
 
 
@@ -29,10 +32,11 @@ def _positions(value, what: str, n: int) -> tuple:
 class CallArgs:
     """The static positions with their compiled values, and the donated positions, of a
     step of ``count`` arguments."""
+
     count: int
-    static: tuple = ()            # positions
-    values: tuple = ()            # their values, as compiled
-    donate: tuple = ()            # positions (of the step's arguments)
+    static: tuple = ()  # positions
+    values: tuple = ()  # their values, as compiled
+    donate: tuple = ()  # positions (of the step's arguments)
     name: str = "step"
 
     def dynamic(self, args) -> tuple:
@@ -40,14 +44,17 @@ class CallArgs:
         if not self.static:
             return tuple(args)
         if len(args) != self.count:
-            raise ConfigError(f"the compiled {self.name} takes {self.count} arguments, "
-                              f"{len(self.static)} of them static; it was given {len(args)}.")
+            raise ConfigError(
+                f"the compiled {self.name} takes {self.count} arguments, "
+                f"{len(self.static)} of them static; it was given {len(args)}."
+            )
         for k, want in zip(self.static, self.values):
             if not (args[k] is want or args[k] == want):
                 raise ConfigError(
                     f"{self.name} was compiled for static argument {k} = {want!r}, called "
                     f"with {args[k]!r}; compile again for the new value (@ap.parallel compiles "
-                    "once per value, as jax.jit does).")
+                    "once per value, as jax.jit does)."
+                )
         return tuple(a for k, a in enumerate(args) if k not in self.static)
 
     def position(self, k: int) -> int:
@@ -62,19 +69,26 @@ class CallArgs:
         if batch_argnums is not None:
             given = (batch_argnums,) if isinstance(batch_argnums, int) else tuple(batch_argnums)
             if any(k % self.count in self.static for k in given if isinstance(k, int)):
-                raise ConfigError(f"batch_argnums={batch_argnums!r} names a static argument "
-                                  f"(static: {self.static}); name the batch arrays.")
-            batch_argnums = tuple(self.position(k % self.count) if isinstance(k, int) else k
-                                  for k in given)
+                raise ConfigError(
+                    f"batch_argnums={batch_argnums!r} names a static argument "
+                    f"(static: {self.static}); name the batch arrays."
+                )
+            batch_argnums = tuple(
+                self.position(k % self.count) if isinstance(k, int) else k for k in given
+            )
         if in_strategy is not None:
             if len(in_strategy) != self.count:
-                raise LayoutError(f"in_strategy has {len(in_strategy)} entries for "
-                                  f"{self.count} arguments; give one per argument, None for "
-                                  "the static ones.")
+                raise LayoutError(
+                    f"in_strategy has {len(in_strategy)} entries for "
+                    f"{self.count} arguments; give one per argument, None for "
+                    "the static ones."
+                )
             if any(in_strategy[k] is not None for k in self.static):
-                raise LayoutError(f"in_strategy gives a layout for static argument(s) "
-                                  f"{self.static}; a static argument is a Python value, not "
-                                  "laid out: give None there.")
+                raise LayoutError(
+                    f"in_strategy gives a layout for static argument(s) "
+                    f"{self.static}; a static argument is a Python value, not "
+                    "laid out: give None there."
+                )
             in_strategy = tuple(s for k, s in enumerate(in_strategy) if k not in self.static)
         return batch_argnums, in_strategy
 
@@ -104,22 +118,28 @@ def split_static(fn, args, static_argnums=None, static_argnames=None, donate_arg
             params = []
         for nm in names:
             if nm not in params[:n]:
-                raise ConfigError(f"static_argnames names {nm!r}, not a positional parameter "
-                                  f"of {name} among its {n} arguments ({params[:n]}).")
+                raise ConfigError(
+                    f"static_argnames names {nm!r}, not a positional parameter "
+                    f"of {name} among its {n} arguments ({params[:n]})."
+                )
             static.add(params.index(nm))
     static = tuple(sorted(static))
     donate = _positions(donate_argnums, "donate_argnums", n)
     if set(donate) & set(static):
-        raise ConfigError(f"donate_argnums={donate_argnums!r} names a static argument; only "
-                          "arrays can be donated.")
+        raise ConfigError(
+            f"donate_argnums={donate_argnums!r} names a static argument; only "
+            "arrays can be donated."
+        )
     values = tuple(args[k] for k in static)
     for k, v in zip(static, values):
         try:
             hash(v)
         except TypeError:
-            raise ConfigError(f"static argument {k} of {name} ({type(v).__name__}) is not "
-                              "hashable; jax.jit requires static arguments to be hashable: pass "
-                              "a tuple or a frozen dataclass.") from None
+            raise ConfigError(
+                f"static argument {k} of {name} ({type(v).__name__}) is not "
+                "hashable; jax.jit requires static arguments to be hashable: pass "
+                "a tuple or a frozen dataclass."
+            ) from None
     call = CallArgs(n, static, values, donate, name)
     if not static:
         return fn, tuple(args), call
@@ -127,5 +147,6 @@ def split_static(fn, args, static_argnums=None, static_argnames=None, donate_arg
     def dynamic_step(*dyn):
         it = iter(dyn)
         return fn(*[values[static.index(k)] if k in static else next(it) for k in range(n)])
+
     dynamic_step.__name__ = name
     return dynamic_step, call.dynamic(args), call

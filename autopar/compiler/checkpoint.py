@@ -11,6 +11,7 @@ level 3: orbax reads each device's block of the saved arrays, whatever blocks th
 in). On the native backend the values go to and from the caller as host arrays, whole, as the
 native runtime hands them back.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,10 @@ STRATEGY_FILE = "autopar_strategy.json"
 def _checkpointer():
     try:
         import orbax.checkpoint as ocp
-    except ImportError:                                    # pragma: no cover - a dependency
-        raise ConfigError("checkpoints need orbax-checkpoint: pip install orbax-checkpoint") \
-            from None
+    except ImportError:  # pragma: no cover - a dependency
+        raise ConfigError(
+            "checkpoints need orbax-checkpoint: pip install orbax-checkpoint"
+        ) from None
     return ocp.StandardCheckpointer()
 
 
@@ -38,9 +40,11 @@ def save(compiled, path, state, argnums=None) -> str:
     ``path`` (a new directory); returns the absolute path."""
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path):
-        raise ConfigError(f"save: {path} exists; give a new directory (orbax writes one per "
-                          "checkpoint; a step number in the name keeps several).")
-    compiled._matching(state, argnums, "save's state")         # the step's own arguments
+        raise ConfigError(
+            f"save: {path} exists; give a new directory (orbax writes one per "
+            "checkpoint; a step number in the name keeps several)."
+        )
+    compiled._matching(state, argnums, "save's state")  # the step's own arguments
     native = compiled.config.backend is Backend.NATIVE
     tree = jax.tree.map(np.asarray, state) if native else state
     ckpt = _checkpointer()
@@ -64,7 +68,11 @@ def restore(compiled, path, argnums):
     if native:
         target = jax.tree.map(lambda t: jax.ShapeDtypeStruct(*t), types, is_leaf=leaf)
     else:
-        target = jax.tree.map(lambda t, s: jax.ShapeDtypeStruct(*t, sharding=s), types,
-                              compiled._argument_shardings(argnums), is_leaf=leaf)
+        target = jax.tree.map(
+            lambda t, s: jax.ShapeDtypeStruct(*t, sharding=s),
+            types,
+            compiled._argument_shardings(argnums),
+            is_leaf=leaf,
+        )
     got = _checkpointer().restore(path, target)
     return jax.tree.map(np.asarray, got) if native else got

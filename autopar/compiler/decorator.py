@@ -5,6 +5,7 @@ In: the step and ``compile``'s keyword options (a config, or none: the MindSpore
 at each call). Out: a ``ParallelFunction`` that carries the step's name, doc and signature,
 ``.compile(*args)`` gives the ``Compiled`` for those arguments, and calling it runs that.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,11 +27,12 @@ class ParallelFunction:
     def __init__(self, fn, config, **kw):
         self.fn, self.config, self.kw = fn, config, kw
         self._cache = {}
-        functools.update_wrapper(self, fn)       # the step's name, doc, signature, module
+        functools.update_wrapper(self, fn)  # the step's name, doc, signature, module
 
     def compile(self, *args) -> Compiled:
-        _, dynamic, call = split_static(self.fn, args, self.kw.get("static_argnums"),
-                                        self.kw.get("static_argnames"))
+        _, dynamic, call = split_static(
+            self.fn, args, self.kw.get("static_argnums"), self.kw.get("static_argnames")
+        )
         flat, tree = jax.tree.flatten(dynamic)
         config = self.config or context_config()
         key = (tree, tuple(leaf_type(x) for x in flat), config, call.values)
@@ -39,7 +41,7 @@ class ParallelFunction:
         return self._cache[key]
 
     def __call__(self, *args, **kwargs):
-        if kwargs:             # by the step's signature, as a compiled step takes them
+        if kwargs:  # by the step's signature, as a compiled step takes them
             args = positional(self.fn, args, kwargs)
         return self.compile(*args)(*args)
 

@@ -11,6 +11,7 @@ arguments, and the ``KeyData`` that converts a call's arguments (``args_in``) an
 (``results_out``) the same way, so the compiled step takes and returns typed keys as the
 function does. Inside the step a key is its data anyway (``autopar.trace_keys``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,20 +35,26 @@ def _data(x):
 class KeyData:
     """Per flattened argument / result position, the key implementation of a typed-key leaf
     (the results' filled in when the step is traced)."""
+
     args: dict
     results: dict = field(default_factory=dict)
 
     def args_in(self, args) -> tuple:
         """``args`` with their typed-key leaves as key data."""
         flat, tree = jax.tree.flatten(args)
-        return tree.unflatten([_data(x) if i in self.args and _is_key(x) else x
-                               for i, x in enumerate(flat)])
+        return tree.unflatten(
+            [_data(x) if i in self.args and _is_key(x) else x for i, x in enumerate(flat)]
+        )
 
     def results_out(self, results):
         """A call's results with the typed keys the step returns wrapped again."""
         flat, tree = jax.tree.flatten(results)
-        return tree.unflatten([jax.random.wrap_key_data(x, impl=self.results[i])
-                               if i in self.results else x for i, x in enumerate(flat)])
+        return tree.unflatten(
+            [
+                jax.random.wrap_key_data(x, impl=self.results[i]) if i in self.results else x
+                for i, x in enumerate(flat)
+            ]
+        )
 
 
 def split_keys(fn, args):
@@ -60,11 +67,19 @@ def split_keys(fn, args):
 
     def step(*data):
         leaves, tree = jax.tree.flatten(data)
-        out = fn(*tree.unflatten([jax.random.wrap_key_data(x, impl=impls[i]) if i in impls
-                                  else x for i, x in enumerate(leaves)]))
+        out = fn(
+            *tree.unflatten(
+                [
+                    jax.random.wrap_key_data(x, impl=impls[i]) if i in impls else x
+                    for i, x in enumerate(leaves)
+                ]
+            )
+        )
         leaves, tree = jax.tree.flatten(out)
         keys.results = {i: y.dtype._impl for i, y in enumerate(leaves) if _is_key(y)}
-        return tree.unflatten([jax.random.key_data(y) if i in keys.results else y
-                               for i, y in enumerate(leaves)])
+        return tree.unflatten(
+            [jax.random.key_data(y) if i in keys.results else y for i, y in enumerate(leaves)]
+        )
+
     step.__name__ = getattr(fn, "__name__", "step")
     return step, keys.args_in(args), keys

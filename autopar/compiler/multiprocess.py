@@ -15,6 +15,7 @@ ConfigError on every process instead of a hang in the first collective.
 With ``batch_is_process_local`` each process passes its slice of the batch arguments (dimension
 0, processes in order), so the step is planned for ``process_count`` times that batch.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,13 +26,13 @@ import jax
 from ..arguments import check_call, default_batch
 from ..config import ParallelMode
 from ..errors import AutoparError, ConfigError
-from ..strategies.strategy import Strategy
-from ..topology import Topology
 from ..runtime.jax_distributed import broadcast_text, check_same
+from ..strategies.strategy import Strategy
 from ..tools.calibrate import machine_topology
+from ..topology import Topology
 from ..trace import trace
 
-PROVENANCE = ("search", "search_cost", "search_bound")   # how process 0 found the plan
+PROVENANCE = ("search", "search_cost", "search_bound")  # how process 0 found the plan
 
 
 def process_local_positions(args, batch_argnums) -> tuple:
@@ -53,8 +54,10 @@ def global_arguments(args, batch_argnums) -> tuple:
     def whole(x):
         shape = tuple(getattr(x, "shape", ()))
         if not shape:
-            raise ConfigError("batch_is_process_local=True: a batch argument is a scalar; each "
-                              "process passes its rows of every batch array.")
+            raise ConfigError(
+                "batch_is_process_local=True: a batch argument is a scalar; each "
+                "process passes its rows of every batch array."
+            )
         return jax.ShapeDtypeStruct((shape[0] * p,) + shape[1:], x.dtype)
 
     return tuple(jax.tree.map(whole, a) if i in batch_argnums else a for i, a in enumerate(args))
@@ -73,27 +76,29 @@ def plan_everywhere(plan, fn, args, config, batch_argnums, in_strategy, strategy
     topo = config.topology
     if topo is None and first:
         topo = machine_topology("jax", config.devices.device_num, False)
-    topo = Topology.from_dict(json.loads(broadcast_text(json.dumps(topo.to_dict()) if first
-                                                        else "")), "process 0's topology")
+    topo = Topology.from_dict(
+        json.loads(broadcast_text(json.dumps(topo.to_dict()) if first else "")),
+        "process 0's topology",
+    )
     config = config.replace(topology=topo)
     everyone = config.parallel_mode is ParallelMode.HYBRID_PARALLEL
     made, error = None, None
     if first or everyone:
         try:
             made = plan(fn, args, config, batch_argnums, in_strategy, strategy)
-        except Exception as e:      # noqa: BLE001 -- raised below, after the others are told
+        except Exception as e:  # noqa: BLE001 -- raised below, after the others are told
             error = e
     if not everyone:
         text = broadcast_text(made[1].to_json() if made is not None else "")
-        if not text:                     # every process knows: none waits for another
+        if not text:  # every process knows: none waits for another
             raise error or ConfigError("process 0 could not plan the step (see its error).")
         if not first:
             try:
-                made = plan(fn, args, config, batch_argnums, in_strategy,
-                            Strategy.from_json(text))
+                made = plan(fn, args, config, batch_argnums, in_strategy, Strategy.from_json(text))
             except AutoparError as e:
-                error = ConfigError(f"process {jax.process_index()} cannot run process 0's plan: "
-                                    f"{e}")
+                error = ConfigError(
+                    f"process {jax.process_index()} cannot run process 0's plan: {e}"
+                )
             except Exception as e:  # noqa: BLE001 -- raised below, after the others are told
                 error = e
     check_same(None if made is None else digest(made[1], made[2]), "the plan")
@@ -102,17 +107,28 @@ def plan_everywhere(plan, fn, args, config, batch_argnums, in_strategy, strategy
     return made
 
 
-def plan_for_processes(plan, fn, args, config, batch_argnums, in_strategy, strategy,
-                       batch_is_process_local):
+def plan_for_processes(
+    plan, fn, args, config, batch_argnums, in_strategy, strategy, batch_is_process_local
+):
     """``compile``'s planning under a multi-process runtime -> ``((graph, Strategy, Program),
     positions)``: the plan every process shares (``plan_everywhere``), for the global batch
     when ``batch_is_process_local``, and the flat leaf positions of the process-local batch
     leaves (empty when the batch is global)."""
     batch = check_call(fn, args, batch_argnums)
-    if batch_argnums is None and batch_is_process_local and \
-            config.parallel_mode is not ParallelMode.HYBRID_PARALLEL:
-        batch = default_batch(trace(fn, *args))     # the state the step returns is no batch
+    if (
+        batch_argnums is None
+        and batch_is_process_local
+        and config.parallel_mode is not ParallelMode.HYBRID_PARALLEL
+    ):
+        batch = default_batch(trace(fn, *args))  # the state the step returns is no batch
     local = process_local_positions(args, batch) if batch_is_process_local else ()
-    made = plan_everywhere(plan, fn, global_arguments(args, batch) if local else args, config,
-                           batch if local else batch_argnums, in_strategy, strategy)
+    made = plan_everywhere(
+        plan,
+        fn,
+        global_arguments(args, batch) if local else args,
+        config,
+        batch if local else batch_argnums,
+        in_strategy,
+        strategy,
+    )
     return made, local

@@ -19,6 +19,7 @@ aliases)(...)``), the ParallelConfig and the user's ``in_strategy``. Out:
   file (``MindSporeLayouts``) as ``(in_strategy, operator name -> split tuples)``, and
   ``with_tuples``: an operator's candidates held to its tuples.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,22 +62,26 @@ def with_operator_letters(graph: Graph) -> Graph:
         for n, r in zip(ins, readers):
             _, i, dims = r[op.id]
             letters[n.params["spec"].operand] = tuple(
-                (spec.inputs[i][d] or "") if d is not None else "" for d in dims)
+                (spec.inputs[i][d] or "") if d is not None else "" for d in dims
+            )
         out_letters = tuple(l or "" for l in spec.outputs[0]) if spec.outputs else ()
-        left = _gather_repeat_left(op, first, {r[op.id][1]: n.params["spec"].operand
-                                               for n, r in zip(ins, readers)})
-        left = left and all(r[op.id][2] == tuple(range(len(n.outputs[0].shape)))
-                            for n, r in zip(ins, readers))
+        left = _gather_repeat_left(
+            op, first, {r[op.id][1]: n.params["spec"].operand for n, r in zip(ins, readers)}
+        )
+        left = left and all(
+            r[op.id][2] == tuple(range(len(n.outputs[0].shape))) for n, r in zip(ins, readers)
+        )
         for n in nodes:
             s = n.params["spec"]
             if s.operand < 0 and graph.producer.get(n.inputs[0].id) is not op:
-                continue                          # the result of something else: its own
-            new[n.id] = dataclasses.replace(n, params={**n.params, "spec": s.with_letters(
-                letters, out_letters, left)})
+                continue  # the result of something else: its own
+            new[n.id] = dataclasses.replace(
+                n, params={**n.params, "spec": s.with_letters(letters, out_letters, left)}
+            )
     return _replaced(graph, new)
 
 
-_PASS = {"broadcast_in_dim", "convert_element_type"}    # a value's layout goes through them
+_PASS = {"broadcast_in_dim", "convert_element_type"}  # a value's layout goes through them
 
 
 def _readers(graph: Graph, v) -> dict:
@@ -109,10 +114,16 @@ def _gather_table(graph: Graph, nodes, ins, first: OperatorSpec) -> dict:
         op = gathers[0][0]
         idx = first.counts[1 - s.operand]
         if _gather_repeat_left(op, first, {0: s.operand}):
-            return {n.id: dataclasses.replace(n, params={**n.params, "spec": dataclasses.replace(
-                s, repeat_left=True)})}
-        return {n.id: dataclasses.replace(n, params={**n.params, "spec": dataclasses.replace(
-            s, lead=tuple(idx or ()))})}
+            return {
+                n.id: dataclasses.replace(
+                    n, params={**n.params, "spec": dataclasses.replace(s, repeat_left=True)}
+                )
+            }
+        return {
+            n.id: dataclasses.replace(
+                n, params={**n.params, "spec": dataclasses.replace(s, lead=tuple(idx or ()))}
+            )
+        }
     return {}
 
 
@@ -133,8 +144,13 @@ def _replaced(graph: Graph, new: dict) -> Graph:
     """``graph`` with the nodes of ``new`` (node id -> Node) in their places."""
     if not new:
         return graph
-    return Graph.build(graph.inputs, graph.outputs, [new.get(n.id, n) for n in graph.nodes],
-                       graph.in_tree, graph.out_tree)
+    return Graph.build(
+        graph.inputs,
+        graph.outputs,
+        [new.get(n.id, n) for n in graph.nodes],
+        graph.in_tree,
+        graph.out_tree,
+    )
 
 
 def tuples_on_device_matrices(config, graph: Graph, args, in_strategy):
@@ -150,23 +166,45 @@ def tuples_on_device_matrices(config, graph: Graph, args, in_strategy):
     own = lambda s, shape, what: DeviceSpec.of_tuple(check_counts(s, shape, n, what), n, what)
     if in_strategy is not None and len(in_strategy) == len(args):
         is_leaf = lambda s: s is None or plain(s) or isinstance(s, (str, DeviceSpec, Layout))
-        try:            # a tuple covering a subtree: one layout per leaf under it
-            in_strategy = tuple(jax.tree.map(
-                lambda s, sub: jax.tree.map(lambda x: own(s, x.shape, f"in_strategy {s}"), sub)
-                if plain(s) else s, spec, a, is_leaf=is_leaf)
-                for spec, a in zip(in_strategy, args))
+        try:  # a tuple covering a subtree: one layout per leaf under it
+            in_strategy = tuple(
+                jax.tree.map(
+                    lambda s, sub: (
+                        jax.tree.map(lambda x: own(s, x.shape, f"in_strategy {s}"), sub)
+                        if plain(s)
+                        else s
+                    ),
+                    spec,
+                    a,
+                    is_leaf=is_leaf,
+                )
+                for spec, a in zip(in_strategy, args)
+            )
         except ValueError:
-            pass        # not the arguments' structure: arg_layouts says so
-    new = {v.id: dataclasses.replace(v, params={**v.params, "spec": own(
-               v.params["spec"], v.outputs[0].shape, f"ap.shard at {v.source or v.name}")})
-           for v in graph.nodes if v.prim == shard_p.name and plain(v.params["spec"])}
+            pass  # not the arguments' structure: arg_layouts says so
+    new = {
+        v.id: dataclasses.replace(
+            v,
+            params={
+                **v.params,
+                "spec": own(
+                    v.params["spec"], v.outputs[0].shape, f"ap.shard at {v.source or v.name}"
+                ),
+            },
+        )
+        for v in graph.nodes
+        if v.prim == shard_p.name and plain(v.params["spec"])
+    }
     return _replaced(graph, new), in_strategy
 
 
 def _one_axis(config) -> bool:
-    return len(config.mesh_shape) == 1 and config.devices.device_num > 1 and \
-        config.parallel_mode in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL) \
+    return (
+        len(config.mesh_shape) == 1
+        and config.devices.device_num > 1
+        and config.parallel_mode in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL)
         and config.pipeline_stages == 1
+    )
 
 
 def mesh_for_device_matrices(config, graph: Graph, in_strategy):
@@ -174,26 +212,39 @@ def mesh_for_device_matrices(config, graph: Graph, in_strategy):
         return config
     n = config.devices.device_num
     specs = [v.params["spec"] for v in graph.nodes if v.prim == shard_p.name]
-    specs += [s for s in jax.tree.leaves(in_strategy, is_leaf=lambda x: isinstance(
-        x, DeviceSpec)) if isinstance(s, DeviceSpec)]
-    specs = [s.resolve(n, f"ap.shard {s}") if isinstance(s, OperatorSpec) else s
-             for s in specs if isinstance(s, (OperatorSpec, DeviceSpec))]
+    specs += [
+        s
+        for s in jax.tree.leaves(in_strategy, is_leaf=lambda x: isinstance(x, DeviceSpec))
+        if isinstance(s, DeviceSpec)
+    ]
+    specs = [
+        s.resolve(n, f"ap.shard {s}") if isinstance(s, OperatorSpec) else s
+        for s in specs
+        if isinstance(s, (OperatorSpec, DeviceSpec))
+    ]
     # a dataset_strategy's tuples as MindSpore lays them out: the devices a tuple does not
     # split repeat it, first ((2, 1) on 4 devices: device matrix (2, 2, 1))
     ds = config.dataset_strategy if isinstance(config.dataset_strategy, tuple) else ()
-    data = [(n // math.prod(t),) + tuple(t) for t in ds if isinstance(t, tuple)
-            and all(isinstance(c, int) and c >= 1 for c in t) and n % math.prod(t) == 0
-            and 1 < math.prod(t) < n]
+    data = [
+        (n // math.prod(t),) + tuple(t)
+        for t in ds
+        if isinstance(t, tuple)
+        and all(isinstance(c, int) and c >= 1 for c in t)
+        and n % math.prod(t) == 0
+        and 1 < math.prod(t) < n
+    ]
     if not specs and not data:
         return config
     shape = refining_mesh([s.dev_matrix for s in specs] + data, n)
-    if len(shape) <= 1:                            # every device matrix fits the one axis
+    if len(shape) <= 1:  # every device matrix fits the one axis
         return config
-    named = {tuple(a for a, d in zip(s.names, s.dev_matrix) if d > 1)
-             for s in specs if s.names}
+    named = {tuple(a for a, d in zip(s.names, s.dev_matrix) if d > 1) for s in specs if s.names}
     matrices = {tuple(d for d in s.dev_matrix if d > 1) for s in specs}
-    names = (next(iter(named)) if len(named) == 1 and matrices == {shape}
-             else default_axis_names(len(shape)))
+    names = (
+        next(iter(named))
+        if len(named) == 1 and matrices == {shape}
+        else default_axis_names(len(shape))
+    )
     return config.replace(mesh_shape=shape, mesh_axis_names=names or None)
 
 
@@ -205,12 +256,18 @@ def mindspore_constraints(strategy, config, args, in_strategy):
     if not isinstance(strategy, MindSporeLayouts):
         return in_strategy, {}, strategy, config
     if config.parallel_mode not in (ParallelMode.SEMI_AUTO_PARALLEL, ParallelMode.AUTO_PARALLEL):
-        raise ConfigError(f"{strategy} gives layouts for semi_auto_parallel or auto_parallel to "
-                          f"plan around; parallel_mode is {config.parallel_mode.value}.")
+        raise ConfigError(
+            f"{strategy} gives layouts for semi_auto_parallel or auto_parallel to "
+            f"plan around; parallel_mode is {config.parallel_mode.value}."
+        )
     if in_strategy is not None:
         raise ConfigError(f"{strategy} and in_strategy both give argument layouts; give one.")
-    return (strategy.in_strategy(args, leaf_names(args)), dict(strategy.ops), None,
-            _stage_files_mesh(strategy, config))
+    return (
+        strategy.in_strategy(args, leaf_names(args)),
+        dict(strategy.ops),
+        None,
+        _stage_files_mesh(strategy, config),
+    )
 
 
 def _stage_files_mesh(layouts: MindSporeLayouts, config):
@@ -222,14 +279,19 @@ def _stage_files_mesh(layouts: MindSporeLayouts, config):
     if not stages:
         return config
     if config.pipeline_stages != len(stages):
-        raise ConfigError(f"{layouts} holds the layouts of {len(stages)} pipeline stages; set "
-                          f"pipeline_stages={len(stages)} (it is {config.pipeline_stages!r}).")
+        raise ConfigError(
+            f"{layouts} holds the layouts of {len(stages)} pipeline stages; set "
+            f"pipeline_stages={len(stages)} (it is {config.pipeline_stages!r})."
+        )
     per = config.devices.device_num // len(stages)
     if tuple(config.mesh_shape) not in ((per * len(stages),), (len(stages), per)):
-        return config                              # a mesh of the user's
+        return config  # a mesh of the user's
     shape = layouts.stage_mesh(per)
-    return config if shape is None else config.replace(
-        mesh_shape=(len(stages),) + shape, mesh_axis_names=None)
+    return (
+        config
+        if shape is None
+        else config.replace(mesh_shape=(len(stages),) + shape, mesh_axis_names=None)
+    )
 
 
 def with_tuples(graph, cands: dict, tuples: dict, mesh) -> dict:
@@ -239,15 +301,20 @@ def with_tuples(graph, cands: dict, tuples: dict, mesh) -> dict:
     for n in graph.nodes if tuples else ():
         if n.name not in tuples:
             continue
-        out[n.id] = [c for c in cands[n.id]
-                     if tuple(l.to_strategy(mesh) for l in c.in_layouts) == tuples[n.name]]
+        out[n.id] = [
+            c
+            for c in cands[n.id]
+            if tuple(l.to_strategy(mesh) for l in c.in_layouts) == tuples[n.name]
+        ]
         if not out[n.id]:
             shapes = [tuple(x.shape) for x in n.inputs]
-            raise LayoutError(f"operator {n.name} ({n.source or 'an unknown line'}, operands "
-                              f"{shapes}): the loaded MindSpore file gives it {tuples[n.name]}, "
-                              f"which no layout of its operands on {mesh} has. Operators are "
-                              "named by their place in the traced step, so a file saved from "
-                              "another version of the step (an annotation added or removed "
-                              "moves the numbering) names other operators: save the strategy "
-                              "from this step, or plan on the mesh the file was written for.")
+            raise LayoutError(
+                f"operator {n.name} ({n.source or 'an unknown line'}, operands "
+                f"{shapes}): the loaded MindSpore file gives it {tuples[n.name]}, "
+                f"which no layout of its operands on {mesh} has. Operators are "
+                "named by their place in the traced step, so a file saved from "
+                "another version of the step (an annotation added or removed "
+                "moves the numbering) names other operators: save the strategy "
+                "from this step, or plan on the mesh the file was written for."
+            )
     return out

@@ -6,27 +6,27 @@ In: a ``CompileRequest`` (api.py), the config, a LogicalMesh, its Planner, the c
 node and the MicroFit its layouts must pass (or None). Out: an ``Assignment`` (propagation.py)
 with its cost in the search's model and its ``bound``/``prove``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
 
+from ..arguments import fixed_layouts
 from ..config import ParallelMode, SearchMode
 from ..errors import AutoparError
 from ..layout import Layout
 from ..progress import Progress
-from ..arguments import fixed_layouts
+from ..redistribution.lower import plan_steps
 from ..strategies import recursive, solvers
 from ..strategies.build import build_problem, default_arg_options
 from ..strategies.candidates import candidates_of, identity_candidate
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.solvers import trws
-from ..redistribution.lower import plan_steps
 from .pipeline_plan import batch_inputs, reshard_cost
 
-
-PROGRESS_AFTER = 1.0      # seconds a search runs before its progress bar appears
+PROGRESS_AFTER = 1.0  # seconds a search runs before its progress bar appears
 
 
 def default_search_mode(mesh) -> SearchMode:
@@ -43,14 +43,14 @@ def default_search_mode(mesh) -> SearchMode:
 def _progress(name, solver, config):
     """The progress display of a search (autopar.progress): the ``autopar`` logger always, a
     bar on a terminal's stderr once it has run PROGRESS_AFTER seconds and config.progress."""
-    return Progress(f"autopar [{name}, {solver}]", config.search_time, config.progress,
-                    PROGRESS_AFTER)
+    return Progress(
+        f"autopar [{name}, {solver}]", config.search_time, config.progress, PROGRESS_AFTER
+    )
 
 
-
-BOUND_TOLERANCE = 1e-3     # the bound search stops within this share of the plan's cost
-BOUND_SHARE = 2.0          # ... or after this many times the search's own time (>= 1 s)
-BOUND_MAX = 10.0           # ... and never for longer than this many seconds
+BOUND_TOLERANCE = 1e-3  # the bound search stops within this share of the plan's cost
+BOUND_SHARE = 2.0  # ... or after this many times the search's own time (>= 1 s)
+BOUND_MAX = 10.0  # ... and never for longer than this many seconds
 
 
 def search(req, config, mesh, planner, cands, fit):
@@ -71,52 +71,66 @@ def search(req, config, mesh, planner, cands, fit):
     t0 = time.monotonic()
     seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
     fixed = req.arg_layouts(mesh)
-    options = None if fit is None else tuple(
-        fit.argument(v, opts)
-        for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed)))
-    built = build_problem(req.graph, mesh, cands, fixed, seconds,
-                          config.max_device_memory, req.name, [n for n, _ in req.names],
-                          arg_options=options, state_pairs=req.pairs,
-                          state_pricing=req.state_pricing(),
-                          repeat=req.micro if req.pipelined else 1,
-                          batch_inputs=frozenset(batch_inputs(req.graph, req.args,
-                                                              req.batch_argnums, req.pairs)))
+    options = (
+        None
+        if fit is None
+        else tuple(
+            fit.argument(v, opts)
+            for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed))
+        )
+    )
+    built = build_problem(
+        req.graph,
+        mesh,
+        cands,
+        fixed,
+        seconds,
+        config.max_device_memory,
+        req.name,
+        [n for n, _ in req.names],
+        arg_options=options,
+        state_pairs=req.pairs,
+        state_pricing=req.state_pricing(),
+        repeat=req.micro if req.pipelined else 1,
+        batch_inputs=frozenset(batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)),
+    )
     progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(
-            built.problem, time_limit=config.search_time, progress=progress)
+            built.problem, time_limit=config.search_time, progress=progress
+        )
         raw = solution
         if config.search_mode is SearchMode.DYNAMIC_PROGRAMMING:
-            solution = _polished(built.problem, solution, time.monotonic() - t0, config,
-                                 progress)
+            solution = _polished(built.problem, solution, time.monotonic() - t0, config, progress)
     finally:
         progress.close()
     bound = solution.lower_bound
-    offered = {}                        # distinct choices; the solver's kept even if it overflows
+    offered = {}  # distinct choices; the solver's kept even if it overflows
     dp = data_parallel_assignment(req, config, mesh, planner, cands)
     dp_choice = None if dp is None else built.choice_of(dp.choice, dp.inputs, dp.held)
     # dynamic programming's own answer too: local search packs memory up to the limit in the
     # problem's model, which the lowered program can overrun where the plan it polished fits
     searched = config.search_mode.value
-    for c, label in ((list(solution.choice), f"{searched}'s plan"),
-                     (list(raw.choice), f"{searched}'s plan before local search"),
-                     (dp_choice, "data parallelism's plan, in the search's terms"),
-                     (_replicated_choice(req, mesh, cands, built), "every operator replicated")):
+    for c, label in (
+        (list(solution.choice), f"{searched}'s plan"),
+        (list(raw.choice), f"{searched}'s plan before local search"),
+        (dp_choice, "data parallelism's plan, in the search's terms"),
+        (_replicated_choice(req, mesh, cands, built), "every operator replicated"),
+    ):
         if c is not None and (not offered or built.problem.feasible(c)):
             offered.setdefault(tuple(c), (c, label))
-    offered = sorted(offered.values(), key=lambda cl: built.problem.cost(cl[0]))   # stable
+    offered = sorted(offered.values(), key=lambda cl: built.problem.cost(cl[0]))  # stable
     cost = built.problem.cost(offered[0][0])
     took = time.monotonic() - t0
 
-    proved = []                         # the answer, once asked (a MeshPlan is reused)
+    proved = []  # the answer, once asked (a MeshPlan is reused)
 
     def prove():
         if not proved:
             budget = min(BOUND_MAX, max(1.0, BOUND_SHARE * took))
             if config.search_time is not None:
                 budget = min(budget, config.search_time - took)
-            got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 \
-                else None
+            got = trws.bound(built.problem, budget, cost, BOUND_TOLERANCE) if budget > 0 else None
             better = max(b for b in (bound, got, -math.inf) if b is not None)
             proved.append(None if better == -math.inf else min(better, cost))
         return proved[0]
@@ -126,19 +140,29 @@ def search(req, config, mesh, planner, cands, fit):
 
     def assignment(picked, label):
         choice, inputs = built.assignment(picked)
-        return Assignment(choice, inputs, built.problem.cost(picked), built.held(picked, choice),
-                          bound, prove if loose else None, built.problem.peak(picked), label)
+        return Assignment(
+            choice,
+            inputs,
+            built.problem.cost(picked),
+            built.held(picked, choice),
+            bound,
+            prove if loose else None,
+            built.problem.peak(picked),
+            label,
+        )
+
     # and data parallelism's plan itself, as data_parallel lowers it: its choice in the problem's
     # terms converts some values elsewhere (gpt-large: 32 collectives, all-gathers and
     # reduce-scatters among them, against data_parallel's 30 all-reduces, and 7% slower run)
     return tuple(assignment(c, label) for c, label in offered) + (
-        (dp,) if dp_choice is not None else ())
+        (dp,) if dp_choice is not None else ()
+    )
 
 
-POLISH_SHARE = 0.5     # local search after dynamic programming: this share of its time,
-POLISH_MIN = 1.0       # ... at least this many seconds
-POLISH_MAX = 30.0      # ... and at most this many
-POLISH_NODES = 2000    # ... on problems of at least this many nodes
+POLISH_SHARE = 0.5  # local search after dynamic programming: this share of its time,
+POLISH_MIN = 1.0  # ... at least this many seconds
+POLISH_MAX = 30.0  # ... and at most this many
+POLISH_NODES = 2000  # ... on problems of at least this many nodes
 
 
 def _polished(problem, solution, took, config, progress):
@@ -160,12 +184,16 @@ def _polished(problem, solution, took, config, progress):
         budget = min(budget, config.search_time - took)
     if budget < POLISH_MIN:
         return solution
-    got = solvers.get("local_search")(problem, time_limit=budget, initial=solution,
-                                      progress=progress)
+    got = solvers.get("local_search")(
+        problem, time_limit=budget, initial=solution, progress=progress
+    )
     bounds = [b for b in (solution.lower_bound, got.lower_bound) if b is not None]
     best = got if got.cost < solution.cost else solution
-    return dataclasses.replace(best, bound=min(max(bounds), best.cost) if bounds else None,
-                               optimal=best.optimal or got.optimal)
+    return dataclasses.replace(
+        best,
+        bound=min(max(bounds), best.cost) if bounds else None,
+        optimal=best.optimal or got.optimal,
+    )
 
 
 BASELINE_OPERATORS = 4000
@@ -179,8 +207,9 @@ def _replicated_choice(req, mesh, cands, built):
     if mesh.size < 2 or len(req.graph.nodes) > BASELINE_OPERATORS:
         return None
     pinned = req.arg_layouts(mesh)
-    inputs = tuple(pinned.get(j) or Layout.replicated(len(v.shape))
-                   for j, v in enumerate(req.graph.inputs))
+    inputs = tuple(
+        pinned.get(j) or Layout.replicated(len(v.shape)) for j, v in enumerate(req.graph.inputs)
+    )
     return built.choice_of({n.id: cands[n.id][0] for n in req.graph.nodes}, inputs, {})
 
 
@@ -197,11 +226,12 @@ def data_parallel_assignment(req, config, mesh, planner, cands):
     try:
         fixed = fixed_layouts(dp, mesh, req.graph)
         args = dp_req.arg_layouts(mesh)
-    except AutoparError:           # no data-parallel plan here (a batch the mesh does not divide)
+    except AutoparError:  # no data-parallel plan here (a batch the mesh does not divide)
         return None
     return dataclasses.replace(
         propagate(req.graph, mesh, fixed, args, reshard_cost(planner), cands, req.pairs),
-        label="data parallelism's plan, as data_parallel lowers it")
+        label="data parallelism's plan, as data_parallel lowers it",
+    )
 
 
 def recursive_search(req, config, mesh, planner, fixed, fit):
@@ -215,21 +245,35 @@ def recursive_search(req, config, mesh, planner, fixed, fit):
     progress = _progress(req.name, "recursive_programming", config)
     try:
         found = recursive.search(
-            req.graph, mesh, {nid: identity_candidate(l) for nid, l in fixed.items()},
-            req.arg_layouts(mesh), seconds, config.max_device_memory,
-            solvers.get("dynamic_programming"), time_limit=config.search_time,
-            progress=progress, name=req.name, arg_names=[n for n, _ in req.names],
-            state_pairs=req.pairs, state_pricing=req.state_pricing(), fit=fit)
+            req.graph,
+            mesh,
+            {nid: identity_candidate(l) for nid, l in fixed.items()},
+            req.arg_layouts(mesh),
+            seconds,
+            config.max_device_memory,
+            solvers.get("dynamic_programming"),
+            time_limit=config.search_time,
+            progress=progress,
+            name=req.name,
+            arg_names=[n for n, _ in req.names],
+            state_pairs=req.pairs,
+            state_pricing=req.state_pricing(),
+            fit=fit,
+        )
     finally:
         progress.close()
     if fit is not None or len(mesh.shape) > 1 or len(req.graph.nodes) > BASELINE_OPERATORS:
         return (found,)
     cands = with_fixed(candidates_of(req.graph, mesh), fixed)
     offered = [found, data_parallel_assignment(req, config, mesh, planner, cands)]
-    if not fixed and not req.arg_layouts(mesh):        # nothing pinned: nothing to convert
-        offered.append(Assignment({n.id: cands[n.id][0] for n in req.graph.nodes},
-                                  tuple(Layout.replicated(len(v.shape))
-                                        for v in req.graph.inputs), 0.0))
+    if not fixed and not req.arg_layouts(mesh):  # nothing pinned: nothing to convert
+        offered.append(
+            Assignment(
+                {n.id: cands[n.id][0] for n in req.graph.nodes},
+                tuple(Layout.replicated(len(v.shape)) for v in req.graph.inputs),
+                0.0,
+            )
+        )
     unique = []
     for a in offered:
         if a is not None and all(a.choice != u.choice for u in unique):

@@ -46,6 +46,7 @@ process's JAX devices) and a device count. Out:
 - ``cache_path(backend, n)``: where that calibration lives (one file per host name, backend
   and device count); ``autopar calibrate`` refreshes it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,18 +63,19 @@ import numpy as np
 from autopar.errors import ConfigError
 from autopar.topology import KINDS, Level, Topology
 
-SMALL, BIG = 8, 1 << 20          # elements (float32) of the small and the 4 MB arrays
-CHAIN = 8                         # operators chained in a timed step
-ARGS, ARG_ELEMENTS = 16, 16384    # arg_overhead: 16 arguments of 64 KB against one of 1 MB
-WAIT_CHAIN, WAIT_ROWS = 16, 64    # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
-MATMULS = ((256, 512), (1024, 1024))   # the matmul chains: CHAIN x (rows x dim @ dim x dim),
-                                       # topology.SMALL_DOT and LARGE_DOT FLOPs each
+SMALL, BIG = 8, 1 << 20  # elements (float32) of the small and the 4 MB arrays
+CHAIN = 8  # operators chained in a timed step
+ARGS, ARG_ELEMENTS = 16, 16384  # arg_overhead: 16 arguments of 64 KB against one of 1 MB
+WAIT_CHAIN, WAIT_ROWS = 16, 64  # the all-reduces amid compute: 16 x (64x512 @ 512x512, ~1 ms)
+MATMULS = ((256, 512), (1024, 1024))  # the matmul chains: CHAIN x (rows x dim @ dim x dim),
+# topology.SMALL_DOT and LARGE_DOT FLOPs each
 
 
 def cache_dir() -> Path:
     root = os.environ.get("AUTOPAR_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "autopar")
+        "autopar",
+    )
     return Path(root)
 
 
@@ -82,32 +84,36 @@ def cache_path(backend: str, n: int) -> Path:
 
 
 def machine_topology(backend: str, n: int, measure: bool) -> Topology:
-    backend = "jax" if backend == "xla" else backend      # the same devices and collectives
+    backend = "jax" if backend == "xla" else backend  # the same devices and collectives
     preset = os.environ.get("AUTOPAR_TOPOLOGY")
     if preset:
         return Topology.preset(preset, n)
     if n < 2:
         return Topology.local(n)
-    m = min(n, max(2, os.cpu_count() or 1))       # more devices than cores: measured at m
+    m = min(n, max(2, os.cpu_count() or 1))  # more devices than cores: measured at m
     path = cache_path(backend, m)
     topo = None
     if path.is_file():
         try:
             topo = Topology.load(path)
         except (ConfigError, ValueError, OSError):
-            topo = None                            # damaged: measure again below
+            topo = None  # damaged: measure again below
     if topo is None:
         if not measure:
             return Topology.local(n)
-        print(f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
-              f"(cached in {path}; `autopar calibrate --backend {backend} --devices {m}` "
-              "measures it again) ...", file=sys.stderr,
-              flush=True)
+        print(
+            f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
+            f"(cached in {path}; `autopar calibrate --backend {backend} --devices {m}` "
+            "measures it again) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             topo, _ = calibrate(backend, m)
-        except ConfigError as e:                   # nothing saved: priced on the preset
-            print(f"autopar: {e} Planning on the local preset meanwhile.", file=sys.stderr,
-                  flush=True)
+        except ConfigError as e:  # nothing saved: priced on the preset
+            print(
+                f"autopar: {e} Planning on the local preset meanwhile.", file=sys.stderr, flush=True
+            )
             return Topology.local(n)
         save(topo, path)
     return stretch(topo, n)
@@ -120,10 +126,16 @@ def stretch(topo: Topology, n: int) -> Topology:
     if n == m:
         return topo
     f = m / n
-    return replace(topo, levels=(replace(topo.levels[-1], size=n),), flops=topo.flops * f,
-                   mem_bandwidth=topo.mem_bandwidth * f, step_overhead=topo.step_overhead / f,
-                   small_dot_flops=topo.small_dot_flops * f, reference_compute=0.0,
-                   arg_overhead=topo.arg_overhead / f)
+    return replace(
+        topo,
+        levels=(replace(topo.levels[-1], size=n),),
+        flops=topo.flops * f,
+        mem_bandwidth=topo.mem_bandwidth * f,
+        step_overhead=topo.step_overhead / f,
+        small_dot_flops=topo.small_dot_flops * f,
+        reference_compute=0.0,
+        arg_overhead=topo.arg_overhead / f,
+    )
 
 
 def save(topo: Topology, path) -> None:
@@ -132,10 +144,10 @@ def save(topo: Topology, path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     topo.save(tmp)
-    os.replace(tmp, path)                          # concurrent first calls never see half a file
+    os.replace(tmp, path)  # concurrent first calls never see half a file
 
 
-TURN_SECONDS = 0.2    # a timed step runs back to back for at least this long (``_median_call``)
+TURN_SECONDS = 0.2  # a timed step runs back to back for at least this long (``_median_call``)
 
 
 def _median_call(compiled, args, reps: int) -> float:
@@ -144,6 +156,7 @@ def _median_call(compiled, args, reps: int) -> float:
     of calls could land on one of this machine's slow moments: a 4 MB all-reduce timed at
     4.2 ms, its usual 0.5-1, set a calibration's link at 0.75 GB/s and its compute 1.5x slow)."""
     import jax
+
     jax.block_until_ready(compiled(*args))
     times, start = [], time.perf_counter()
     while len(times) < reps or time.perf_counter() - start < TURN_SECONDS:
@@ -162,6 +175,7 @@ def _exchanging(step):
 
     def exchanging(*args):
         return step(*args), comm.all_reduce(args[0].ravel()[:1], "x")
+
     return exchanging
 
 
@@ -171,8 +185,14 @@ def _time_step(step, args, backend, n, reps=7) -> float:
     here)."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
-    cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
-                         progress=False, topology=Topology.local(n))
+
+    cfg = ParallelConfig(
+        parallel_mode="hybrid_parallel",
+        device_num=n,
+        backend=backend,
+        progress=False,
+        topology=Topology.local(n),
+    )
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
     with ap_compile(_exchanging(step), *args, config=cfg, in_strategy=layouts) as c:
         return _median_call(c, args, reps)
@@ -182,18 +202,29 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
     """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both exchanging
     and compiled as ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
     machine's load falls on both alike."""
+    import jax
+
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
-    import jax
-    cfg = ParallelConfig(parallel_mode="hybrid_parallel", device_num=n, backend=backend,
-                         progress=False, topology=Topology.local(n))
+
+    cfg = ParallelConfig(
+        parallel_mode="hybrid_parallel",
+        device_num=n,
+        backend=backend,
+        progress=False,
+        topology=Topology.local(n),
+    )
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
-    with ap_compile(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a, \
-            ap_compile(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b:
+    with (
+        ap_compile(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a,
+        ap_compile(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b,
+    ):
+
         def call(c):
             t = time.perf_counter()
             jax.block_until_ready(c(*args))
             return time.perf_counter() - t
+
         for _ in range(2):
             call(a), call(b)
         return float(np.median([call(a) - call(b) for _ in range(pairs)]))
@@ -201,6 +232,7 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
 
 def _elementwise_bandwidth(x) -> float:
     import jax
+
     scale = jax.jit(lambda v: v * 1.0001)
     x = jax.device_put(x, jax.devices()[0])
     scale(x).block_until_ready()
@@ -240,6 +272,7 @@ def _steps():
         """CHAIN x (scale, then one ``kind`` over ``ranks`` devices of the 1-D argument, or a
         local stand-in of the same shapes): the difference of ``on`` and not is CHAIN
         collectives of that kind."""
+
         def step(x):
             n = x.shape[0]
             for _ in range(CHAIN):
@@ -248,33 +281,44 @@ def _steps():
                     y = comm.all_gather(x, "x") if on else jnp.tile(x, ranks)
                     x = lax.optimization_barrier(y)[:n]
                 elif kind == "reduce_scatter":
-                    y = comm.reduce_scatter(x, "x") if on else x[:n // ranks]
+                    y = comm.reduce_scatter(x, "x") if on else x[: n // ranks]
                     x = jnp.tile(lax.optimization_barrier(y), ranks)
                 else:
                     x = comm.all_to_all(x, "x", 0, 0) if on else x[::-1]
-            return comm.all_reduce(x[:1], "x")    # a result the same on every device
+            return comm.all_reduce(x[:1], "x")  # a result the same on every device
+
         return step
 
     def amid_compute(reduce):
-        def step(x, w, s):            # WAIT_CHAIN x (a matmul, then a 1 KB all-reduce or not)
+        def step(x, w, s):  # WAIT_CHAIN x (a matmul, then a 1 KB all-reduce or not)
             for _ in range(WAIT_CHAIN):
                 x = jnp.tanh(x @ w)
                 s = lax.optimization_barrier(s + x[0, :256])
                 s = comm.all_reduce(s, "x") if reduce else s
             return x, s
+
         return step
+
     return add_one, matmuls, all_reduces, no_reduces, kind_chain, amid_compute
 
 
 # what a CPU host can measure, per figure of the report: (lowest, highest); outside it (or not
 # a finite number) a figure is a measurement gone wrong (a burst of load, a clock skip)
-BOUNDS = {"step_overhead_us": (1.0, 1e6), "arg_overhead_us": (0.0, 1e5),
-          "host_GBps": (0.05, 1e3), "matmul_GFLOPs": (0.5, 1e5),
-          "small_matmul_GFLOPs": (0.05, 1e5), "elementwise_GBps": (0.1, 5e3),
-          "all_reduce_1KB_us": (0.1, 1e6), "all_reduce_4MB_us": (1.0, 1e7),
-          "all_reduce_1KB_amid_compute_us": (0.0, 1e6), "launch_us": (0.0, 1e6),
-          "link_GBps": (0.01, 5e3), "compute_slowdown": (0.2, 5.0)}
-REPEAT_RATIO = 2.0    # a repeat measurement this far from the first is the machine changing
+BOUNDS = {
+    "step_overhead_us": (1.0, 1e6),
+    "arg_overhead_us": (0.0, 1e5),
+    "host_GBps": (0.05, 1e3),
+    "matmul_GFLOPs": (0.5, 1e5),
+    "small_matmul_GFLOPs": (0.05, 1e5),
+    "elementwise_GBps": (0.1, 5e3),
+    "all_reduce_1KB_us": (0.1, 1e6),
+    "all_reduce_4MB_us": (1.0, 1e7),
+    "all_reduce_1KB_amid_compute_us": (0.0, 1e6),
+    "launch_us": (0.0, 1e6),
+    "link_GBps": (0.01, 5e3),
+    "compute_slowdown": (0.2, 5.0),
+}
+REPEAT_RATIO = 2.0  # a repeat measurement this far from the first is the machine changing
 
 
 def implausible(report: dict) -> list:
@@ -288,8 +332,10 @@ def implausible(report: dict) -> list:
         if not math.isfinite(v) or not low <= v <= high:
             bad.append(f"{name}={v:g} (outside {low:g}..{high:g})")
     if report.get("all_reduce_4MB_us", 1.0) < report.get("all_reduce_1KB_us", 0.0):
-        bad.append(f"all_reduce_4MB_us={report['all_reduce_4MB_us']:g} below "
-                   f"all_reduce_1KB_us={report['all_reduce_1KB_us']:g}")
+        bad.append(
+            f"all_reduce_4MB_us={report['all_reduce_4MB_us']:g} below "
+            f"all_reduce_1KB_us={report['all_reduce_1KB_us']:g}"
+        )
     return bad
 
 
@@ -302,8 +348,12 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     (the figures are its speed under that load); the report gives ``load_per_core``."""
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     if load > 1.0:
-        print(f"autopar calibrate: this machine is busy ({load:.1f} runnable tasks per core): "
-              "the figures will be its speed under that load.", file=sys.stderr, flush=True)
+        print(
+            f"autopar calibrate: this machine is busy ({load:.1f} runnable tasks per core): "
+            "the figures will be its speed under that load.",
+            file=sys.stderr,
+            flush=True,
+        )
     topo, report = measure(backend, n)
     bad = implausible(report)
     if not bad:
@@ -311,27 +361,38 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     topo, again = measure(backend, n)
     worse = implausible(again)
     if worse:
-        raise ConfigError("calibration refused: this machine measured impossible figures "
-                          f"twice ({'; '.join(worse)}); nothing was saved. Measure again when "
-                          "it is quieter (`autopar calibrate`), or name a preset "
-                          "(AUTOPAR_TOPOLOGY=local, or --topology).")
+        raise ConfigError(
+            "calibration refused: this machine measured impossible figures "
+            f"twice ({'; '.join(worse)}); nothing was saved. Measure again when "
+            "it is quieter (`autopar calibrate`), or name a preset "
+            "(AUTOPAR_TOPOLOGY=local, or --topology)."
+        )
     first_bad = {b.split("=")[0] for b in bad}
-    moved = [k for k in ("matmul_GFLOPs", "link_GBps", "host_GBps") if k not in first_bad
-             and max(report[k], again[k]) > REPEAT_RATIO * min(report[k], again[k])]
+    moved = [
+        k
+        for k in ("matmul_GFLOPs", "link_GBps", "host_GBps")
+        if k not in first_bad and max(report[k], again[k]) > REPEAT_RATIO * min(report[k], again[k])
+    ]
     if moved:
-        raise ConfigError(f"calibration refused: a first measurement gave {'; '.join(bad)}, and "
-                          f"its repeat disagrees with it by over {REPEAT_RATIO:g}x on "
-                          + ", ".join(f"{k} ({report[k]:.3g} then {again[k]:.3g})" for k in moved)
-                          + ": the machine changed under it; nothing was saved. Measure again "
-                          "when it is quieter.")
-    return topo, {**again, "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
-                  "remeasured": "; ".join(bad)}
+        raise ConfigError(
+            f"calibration refused: a first measurement gave {'; '.join(bad)}, and "
+            f"its repeat disagrees with it by over {REPEAT_RATIO:g}x on "
+            + ", ".join(f"{k} ({report[k]:.3g} then {again[k]:.3g})" for k in moved)
+            + ": the machine changed under it; nothing was saved. Measure again "
+            "when it is quieter."
+        )
+    return topo, {
+        **again,
+        "load_per_core": os.getloadavg()[0] / (os.cpu_count() or 1),
+        "remeasured": "; ".join(bad),
+    }
 
 
 def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     """One measurement of this machine (the module docstring): ``(Topology, report)``."""
-    from autopar.redistribution.planner import Planner
     from autopar.mesh import LogicalMesh
+    from autopar.redistribution.planner import Planner
+
     if n < 2:
         raise ConfigError("calibrate needs at least 2 devices to measure the links.")
     add_one, matmuls, all_reduces, no_reduces, kind_chain, amid_compute = _steps()
@@ -342,32 +403,44 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     parts = tuple(rng.random(ARG_ELEMENTS, dtype=np.float32) for _ in range(ARGS))
     t_parts = _time_step(lambda *xs: [x + 1.0 for x in xs], parts, backend, n, reps=15)
     t_whole = _time_step(add_one, (np.concatenate(parts),), backend, n, reps=15)
-    arg_overhead = max(t_parts - t_whole, 0.0) / (2 * (ARGS - 1))    # per argument or result
-    per_call = []                                # (flops, seconds) of one matmul per size
+    arg_overhead = max(t_parts - t_whole, 0.0) / (2 * (ARGS - 1))  # per argument or result
+    per_call = []  # (flops, seconds) of one matmul per size
     for rows, dim in MATMULS:
         w = (rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32)
         x = rng.standard_normal((rows, dim)).astype(np.float32)
-        moved = (n + 1) * x.nbytes + n * w.nbytes     # the step's own arguments and result
+        moved = (n + 1) * x.nbytes + n * w.nbytes  # the step's own arguments and result
         per_call.append((2 * rows * dim * dim, (x, w, moved)))
     t_mm = [(f, _time_step(matmuls, xw[:2], backend, n), xw[2]) for f, xw in per_call]
     t_host = _time_step(add_one, (big,), backend, n)
-    t_ar = {k: _paired_difference(all_reduces, no_reduces, (a,), backend, n)
-            for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))}
+    t_ar = {
+        k: _paired_difference(all_reduces, no_reduces, (a,), backend, n)
+        for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))
+    }
     w512 = (rng.standard_normal((512, 512)) / np.sqrt(512)).astype(np.float32)
-    amid = (rng.standard_normal((WAIT_ROWS, 512)).astype(np.float32), w512,
-            np.zeros(256, np.float32))
-    per_amid = _paired_difference(amid_compute(True), amid_compute(False), amid, backend,
-                                  n) / WAIT_CHAIN
+    amid = (
+        rng.standard_normal((WAIT_ROWS, 512)).astype(np.float32),
+        w512,
+        np.zeros(256, np.float32),
+    )
+    per_amid = (
+        _paired_difference(amid_compute(True), amid_compute(False), amid, backend, n) / WAIT_CHAIN
+    )
     mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
     # the rate of one matmul at each reference size (topology.SMALL_DOT, LARGE_DOT)
-    small_rate, flops = (f / max((t - t0 - host_beta * moved) / CHAIN, 1e-9)
-                         for f, t, moved in t_mm)
+    small_rate, flops = (
+        f / max((t - t0 - host_beta * moved) / CHAIN, 1e-9) for f, t, moved in t_mm
+    )
     level = Level("host", n, alpha=5e-6, beta=1 / 4e9)
-    topo = Topology((level,), flops=float(flops), mem_bandwidth=float(mem_bw),
-                    step_overhead=float(t0), host_beta=float(host_beta),
-                    small_dot_flops=float(min(small_rate, flops)),
-                    arg_overhead=float(arg_overhead))
+    topo = Topology(
+        (level,),
+        flops=float(flops),
+        mem_bandwidth=float(mem_bw),
+        step_overhead=float(t0),
+        host_beta=float(host_beta),
+        small_dot_flops=float(min(small_rate, flops)),
+        arg_overhead=float(arg_overhead),
+    )
 
     def model(kind, beta, nbytes):
         lv = replace(level, beta=beta, betas={kind: beta})
@@ -380,42 +453,61 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
         d1, d2 = (model(kind, b, big.nbytes) - model(kind, b, 1024) for b in (1e-10, 2e-10))
         slope = (d2 - d1) / 1e-10
         return float(max((measured - (d1 - slope * 1e-10)) / slope, 1e-12))
+
     per_small, per_big = t_ar["small"] / CHAIN, t_ar["big"] / CHAIN
     beta = fit("all_reduce", per_big - per_small)
     # every other kind of 4 MB against it: what the runtime's call of that kind adds per byte
     # (its fixed part taken as the 1 KB all-reduce's)
-    per_kind = {k: _paired_difference(kind_chain(k, True, n), kind_chain(k, False, n), (big,),
-                                      backend, n) / CHAIN for k in KINDS[1:]}
+    per_kind = {
+        k: _paired_difference(kind_chain(k, True, n), kind_chain(k, False, n), (big,), backend, n)
+        / CHAIN
+        for k in KINDS[1:]
+    }
     betas = {k: fit(k, t - per_small) for k, t in per_kind.items()}
     launch = max(per_amid - model("all_reduce", beta, 1024), 0.0)
     topo = replace(topo, levels=(replace(level, beta=beta, launch=float(launch), betas=betas),))
     run = _reference_run(topo, backend, n)
     k = _fit(run)
-    topo = replace(topo, flops=topo.flops / k, small_dot_flops=topo.small_dot_flops / k,
-                   mem_bandwidth=topo.mem_bandwidth / k)
+    topo = replace(
+        topo,
+        flops=topo.flops / k,
+        small_dot_flops=topo.small_dot_flops / k,
+        mem_bandwidth=topo.mem_bandwidth / k,
+    )
     # the reference step's compute as it ran in a step, every device busy: what a profile,
     # one rank alone on a core, is brought to (compiler.api._profiled)
-    topo = replace(topo, reference_compute=float(max(run[0] - run[2], run[0] / 2)),
-                   source=f"calibrated on {socket.gethostname()}, {backend} backend, {n} "
-                          f"devices, {time.strftime('%Y-%m-%d %H:%M')}")
-    return topo, {"backend": backend, "devices": n, "step_overhead_us": t0 * 1e6,
-                  "arg_overhead_us": arg_overhead * 1e6,
-                  "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
-                  "matmul_GFLOPs": flops * 1e-9, "small_matmul_GFLOPs": small_rate * 1e-9,
-                  "elementwise_GBps": mem_bw * 1e-9,
-                  "all_reduce_1KB_us": per_small * 1e6, "all_reduce_4MB_us": per_big * 1e6,
-                  "all_reduce_1KB_amid_compute_us": per_amid * 1e6,
-                  **{f"{k}_4MB_us": t * 1e6 for k, t in per_kind.items()},
-                  **{f"{k}_link_GBps": 1e-9 / b for k, b in betas.items()},
-                  "launch_us": launch * 1e6, "link_GBps": 1e-9 / beta,
-                  "reference_step_ms": run[0] * 1e3,
-                  "reference_estimate_ms": (k * run[1] + run[2]) * 1e3, "compute_slowdown": k,
-                  "reference_compute_ms": topo.reference_compute * 1e3}
+    topo = replace(
+        topo,
+        reference_compute=float(max(run[0] - run[2], run[0] / 2)),
+        source=f"calibrated on {socket.gethostname()}, {backend} backend, {n} "
+        f"devices, {time.strftime('%Y-%m-%d %H:%M')}",
+    )
+    return topo, {
+        "backend": backend,
+        "devices": n,
+        "step_overhead_us": t0 * 1e6,
+        "arg_overhead_us": arg_overhead * 1e6,
+        "host_GBps": 1e-9 / host_beta if host_beta else float("inf"),
+        "matmul_GFLOPs": flops * 1e-9,
+        "small_matmul_GFLOPs": small_rate * 1e-9,
+        "elementwise_GBps": mem_bw * 1e-9,
+        "all_reduce_1KB_us": per_small * 1e6,
+        "all_reduce_4MB_us": per_big * 1e6,
+        "all_reduce_1KB_amid_compute_us": per_amid * 1e6,
+        **{f"{k}_4MB_us": t * 1e6 for k, t in per_kind.items()},
+        **{f"{k}_link_GBps": 1e-9 / b for k, b in betas.items()},
+        "launch_us": launch * 1e6,
+        "link_GBps": 1e-9 / beta,
+        "reference_step_ms": run[0] * 1e3,
+        "reference_estimate_ms": (k * run[1] + run[2]) * 1e3,
+        "compute_slowdown": k,
+        "reference_compute_ms": topo.reference_compute * 1e3,
+    }
 
 
 # ---------------------------------------------------------------- the reference steps
 
-REFERENCE = dict(layers=2, d=192, heads=4, seq=96, vocab=640, sequences=8)
+REFERENCE = {"layers": 2, "d": 192, "heads": 4, "seq": 96, "vocab": 640, "sequences": 8}
 
 
 def reference_step(n: int):
@@ -424,15 +516,26 @@ def reference_step(n: int):
     token batch as host arrays (``sequences`` sequences, or one per device)."""
     import jax
     import jax.numpy as jnp
+
     c = REFERENCE
     d, heads, vocab = c["d"], c["heads"], c["vocab"]
     hd, ff = d // heads, 4 * d
     r = np.random.default_rng(2)
     w = lambda *s: (0.02 * r.standard_normal(s)).astype(np.float32)
     ones = lambda: np.ones(d, np.float32)
-    blocks = [dict(g1=ones(), wq=w(d, heads, hd), wk=w(d, heads, hd), wv=w(d, heads, hd),
-                   wo=w(heads, hd, d), g2=ones(), w1=w(d, ff), w2=w(ff, d))
-              for _ in range(c["layers"])]
+    blocks = [
+        {
+            "g1": ones(),
+            "wq": w(d, heads, hd),
+            "wk": w(d, heads, hd),
+            "wv": w(d, heads, hd),
+            "wo": w(heads, hd, d),
+            "g2": ones(),
+            "w1": w(d, ff),
+            "w2": w(ff, d),
+        }
+        for _ in range(c["layers"])
+    ]
     params = {"emb": w(vocab, d), "head": w(d, vocab), "blocks": blocks}
     rows = n * -(-c["sequences"] // n)
     tokens = r.integers(0, vocab, (rows, c["seq"] + 1)).astype(np.int32)
@@ -467,13 +570,18 @@ def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple
     compute, estimated communication + per-call overhead)``."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
+
     step, params, tokens = reference_step(n)
-    cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
-                         progress=False, topology=topo)
+    cfg = ParallelConfig(
+        parallel_mode="data_parallel", device_num=n, backend=backend, progress=False, topology=topo
+    )
     with ap_compile(step, params, tokens, config=cfg) as c:
         s = c.strategy
-        return _median_call(c, (params, tokens), reps), s.compute_time, \
-            s.comm_time + s.overhead_time
+        return (
+            _median_call(c, (params, tokens), reps),
+            s.compute_time,
+            s.comm_time + s.overhead_time,
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -482,13 +590,15 @@ def reference_program(topo: Topology, backend: str, n: int):
     (``Topology.reference_compute`` is its compute as it ran at calibration)."""
     from autopar.compiler.api import compile as ap_compile
     from autopar.config import ParallelConfig
+
     step, params, tokens = reference_step(n)
-    cfg = ParallelConfig(parallel_mode="data_parallel", device_num=n, backend=backend,
-                         progress=False, topology=topo)
+    cfg = ParallelConfig(
+        parallel_mode="data_parallel", device_num=n, backend=backend, progress=False, topology=topo
+    )
     return ap_compile(step, params, tokens, config=cfg).program
 
 
-SLOWDOWN = (0.5, 4.0)      # the range the fitted compute factor is kept in
+SLOWDOWN = (0.5, 4.0)  # the range the fitted compute factor is kept in
 
 
 def _fit(run) -> float:

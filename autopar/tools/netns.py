@@ -10,6 +10,7 @@ between the namespaces made here. This kernel may lack ``netem`` (delay) and ``f
 pacing): ``tbf``/``htb`` limit rates only, and a flow's cap is an htb class matched on its
 ports (``u32``).
 """
+
 from __future__ import annotations
 
 import os
@@ -91,11 +92,38 @@ def _shape(ns, dev, rate, per_flow):
         nic = rate or "100gbit"
         _ip(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "2")
         for cls, parent in (("1:1", "1:"), ("1:2", "1:1")):
-            _ip(*tc, "class", "add", "dev", dev, "parent", parent, "classid", cls, "htb", "rate",
-                nic, "ceil", nic)
+            _ip(
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                parent,
+                "classid",
+                cls,
+                "htb",
+                "rate",
+                nic,
+                "ceil",
+                nic,
+            )
     else:
-        _ip(*tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
-            "latency", "10ms")
+        _ip(
+            *tc,
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "1mb",
+            "latency",
+            "10ms",
+        )
 
 
 def tcp_flows(comm=None) -> list:
@@ -105,7 +133,7 @@ def tcp_flows(comm=None) -> list:
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         f = line.split()
         (lip, lport), (rip, rport) = (a.split(":") for a in f[1:3])
-        if f[3] == "01" and rip != "0100007F":                  # ESTABLISHED, not 127.0.0.1
+        if f[3] == "01" and rip != "0100007F":  # ESTABLISHED, not 127.0.0.1
             out.append((int(lport, 16), int(rport, 16)))
     return out
 
@@ -121,11 +149,48 @@ def cap_flows(names, flows, flow_rate: str) -> None:
         tc = ("netns", "exec", ns, "tc")
         for i, (lport, rport) in enumerate(sorted(set(got))):
             cls = f"1:{10 + i:x}"
-            _ip(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", cls, "htb", "rate",
-                flow_rate, "ceil", flow_rate)
-            _ip(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
-                "u32", "match", "ip", "sport", str(lport), "0xffff", "match", "ip", "dport",
-                str(rport), "0xffff", "flowid", cls)
+            _ip(
+                *tc,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "classid",
+                cls,
+                "htb",
+                "rate",
+                flow_rate,
+                "ceil",
+                flow_rate,
+            )
+            _ip(
+                *tc,
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "sport",
+                str(lport),
+                "0xffff",
+                "match",
+                "ip",
+                "dport",
+                str(rport),
+                "0xffff",
+                "flowid",
+                cls,
+            )
 
 
 def remove(names) -> None:

@@ -5,6 +5,7 @@ or raises ``RuleError`` naming the primitive, its operand shapes and the user's 
 Adding an operator is one entry in its family's ``RULES`` dict, keyed by the name jaxprs print;
 a name that is no JAX primitive fails here, at import (``primitives.primitive``).
 """
+
 from __future__ import annotations
 
 from autopar.errors import RuleError
@@ -14,10 +15,11 @@ from . import annotate, control, dot, elementwise, indexing, linalg, reduce, sha
 from .primitives import primitive
 from .spec import OpSpec, Rule, parse
 
-RULES: dict = {primitive(name): rule
-               for family in (elementwise, dot, shape, reduce, indexing, annotate, window,
-                              linalg, control)
-               for name, rule in family.RULES.items()}
+RULES: dict = {
+    primitive(name): rule
+    for family in (elementwise, dot, shape, reduce, indexing, annotate, window, linalg, control)
+    for name, rule in family.RULES.items()
+}
 
 
 def rule_for(node) -> Rule:
@@ -27,7 +29,8 @@ def rule_for(node) -> Rule:
         raise RuleError(
             f"no sharding rule for primitive '{node.prim}' ({shapes}) at "
             f"{node.source or 'an unknown source line'}; rewrite that line with supported jax.numpy "
-            "operations, or add a Rule for it to a family module in autopar/strategies/rules/.")
+            "operations, or add a Rule for it to a family module in autopar/strategies/rules/."
+        )
     return rule
 
 

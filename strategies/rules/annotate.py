@@ -4,6 +4,7 @@ In: an ``autopar_shard`` node. Out: the identity spec ``"d0 d1 .. -> d0 d1 .."``
 operand. The rule says only what is computable; the annotated layout itself (the ``spec``
 param) is a constraint that the search applies to the node, not a restriction of this rule.
 """
+
 from __future__ import annotations
 
 from autopar.annotate import shard_p

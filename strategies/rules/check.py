@@ -26,6 +26,7 @@ its candidates and the rule's arithmetic), and runs the candidates of several no
 unsharded references, in one jitted program (about ``batch`` candidates per compilation;
 compiling is what costs time).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,23 +46,32 @@ from autopar.strategies.rules import rule_for
 from autopar.strategies.rules.indexing import index_bounds
 
 RTOL = ATOL = 1e-5
-DEFAULT_BATCH = 96        # candidates compiled together
+DEFAULT_BATCH = 96  # candidates compiled together
 # the checked programs are tiny and run once: compile them with the cheapest XLA backend settings
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 # primitive -> range of its floating inputs (default [-2, 2])
 _POS, _UNIT = (0.5, 2.0), (-0.875, 0.875)
-_FLOAT_RANGE = {"log": _POS, "sqrt": _POS, "rsqrt": _POS, "pow": _POS, "log1p": _POS,
-                "erf_inv": _UNIT, "acos": _UNIT, "asin": _UNIT, "atanh": _UNIT,
-                "acosh": (1.5, 3.0)}
+_FLOAT_RANGE = {
+    "log": _POS,
+    "sqrt": _POS,
+    "rsqrt": _POS,
+    "pow": _POS,
+    "log1p": _POS,
+    "erf_inv": _UNIT,
+    "acos": _UNIT,
+    "asin": _UNIT,
+    "atanh": _UNIT,
+    "acosh": (1.5, 3.0),
+}
 _NONZERO_DIVISOR = {"div", "rem"}
 
 
 @dataclass(frozen=True)
 class Failure:
-    node: str          # node name and source line
+    node: str  # node name and source line
     primitive: str
-    candidate: str     # "in layouts -> out layouts"
+    candidate: str  # "in layouts -> out layouts"
     error: str
 
     def __str__(self) -> str:
@@ -70,32 +80,35 @@ class Failure:
 
 @dataclass(frozen=True)
 class CheckReport:
-    nodes: int                         # distinct node signatures checked
-    checked: int                       # candidates run and compared
+    nodes: int  # distinct node signatures checked
+    checked: int  # candidates run and compared
     failures: tuple[Failure, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
-    def merge(self, other: "CheckReport") -> "CheckReport":
-        return CheckReport(self.nodes + other.nodes, self.checked + other.checked,
-                           self.failures + other.failures)
+    def merge(self, other: CheckReport) -> CheckReport:
+        return CheckReport(
+            self.nodes + other.nodes, self.checked + other.checked, self.failures + other.failures
+        )
 
     def __str__(self) -> str:
-        head = (f"rule check: {self.checked} candidates of {self.nodes} nodes, "
-                f"{len(self.failures)} incorrect")
+        head = (
+            f"rule check: {self.checked} candidates of {self.nodes} nodes, "
+            f"{len(self.failures)} incorrect"
+        )
         return "\n".join([head] + [f"  {f}" for f in self.failures])
 
 
 # ---------------------------------------------------------------- public entry points
 
+
 def check_graph(graph, mesh, jax_mesh, seed: int = 0, batch: int = DEFAULT_BATCH) -> CheckReport:
     return check_graphs([graph], mesh, jax_mesh, seed, batch)
 
 
-def check_graphs(graphs, mesh, jax_mesh, seed: int = 0,
-                 batch: int = DEFAULT_BATCH) -> CheckReport:
+def check_graphs(graphs, mesh, jax_mesh, seed: int = 0, batch: int = DEFAULT_BATCH) -> CheckReport:
     """Check one node of each ``node_class`` of ``graphs``; ``batch`` candidates (of several
     nodes) share one compiled program."""
     _check_meshes(mesh, jax_mesh)
@@ -121,14 +134,20 @@ def check_graphs(graphs, mesh, jax_mesh, seed: int = 0,
 def node_signature(node) -> tuple:
     """Nodes with equal signatures have the same candidates and the same local computation
     (scalar literals never split, so their values are left out)."""
+
     def operand(x):
         if isinstance(x, Const):
             data = np.asarray(x.value).tobytes() if x.shape else b""
             return ("const", x.shape, str(x.dtype), data)
         return ("value", x.shape, str(x.dtype))
+
     params = tuple(sorted((k, repr(_plain(v))) for k, v in node.params.items()))
-    return (node.prim, tuple(operand(x) for x in node.inputs),
-            tuple((v.shape, str(v.dtype)) for v in node.outputs), params)
+    return (
+        node.prim,
+        tuple(operand(x) for x in node.inputs),
+        tuple((v.shape, str(v.dtype)) for v in node.outputs),
+        params,
+    )
 
 
 def node_class(node, mesh) -> tuple:
@@ -144,6 +163,7 @@ def node_class(node, mesh) -> tuple:
 
     def dims(shape):
         return tuple((d == 1,) + tuple((d % s == 0, d == s) for s in sizes) for d in shape)
+
     prim, operands, results, params = node_signature(node)
     operands = tuple(o if o[0] == "const" else (o[0], dims(o[1]), o[2]) for o in operands)
     return prim, operands, tuple((dims(sh), dt) for sh, dt in results), params
@@ -165,13 +185,14 @@ def check_node(node, mesh, jax_mesh, rng, rule=None) -> CheckReport:
 class _Run:
     cand: object
     params: dict
-    blocks: tuple        # per input: (ndev, *local) array, or None for a Const
-    consts: tuple        # per input: (value, layout, local shape) for a Const, else None
+    blocks: tuple  # per input: (ndev, *local) array, or None for a Const
+    consts: tuple  # per input: (value, layout, local shape) for a Const, else None
 
 
 @dataclass(frozen=True)
 class _Job:
     """One node's checks: global inputs, the candidates to run, and failures found already."""
+
     node: object
     where: str
     checked: int
@@ -182,8 +203,10 @@ class _Job:
 
 def _plan(node, rule, mesh, rng) -> _Job:
     cands = enumerate_candidates(node, rule.spec(node), mesh)
-    where = f"{node.name} ({', '.join(type_str(x.shape, x.dtype) for x in node.inputs)}) " \
-            f"at {node.source or '?'}"
+    where = (
+        f"{node.name} ({', '.join(type_str(x.shape, x.dtype) for x in node.inputs)}) "
+        f"at {node.source or '?'}"
+    )
     glob = tuple(_global_input(node, i, x, rng) for i, x in enumerate(node.inputs))
     failures, runs = [], []
     for cand in cands:
@@ -205,14 +228,16 @@ def _execute(jobs, mesh, jax_mesh) -> list[CheckReport]:
             for k, (dev, layout, ref) in enumerate(zip(outs, run.cand.out_layouts, want)):
                 err = _compare(dev, layout, ref, mesh)
                 if err:
-                    failures.append(Failure(job.where, job.node.prim, str(run.cand),
-                                            f"output {k}: {err}"))
+                    failures.append(
+                        Failure(job.where, job.node.prim, str(run.cand), f"output {k}: {err}")
+                    )
                     break
         reports.append(CheckReport(1, job.checked, tuple(failures)))
     return reports
 
 
 # ---------------------------------------------------------------- inputs
+
 
 def _global_input(node, i, x, rng):
     if isinstance(x, Const):
@@ -304,15 +329,21 @@ def _random_like(g, rng):
 
 # ---------------------------------------------------------------- sharded run
 
+
 def _run(jobs, mesh, jax_mesh):
     """One jit: per job the unsharded reference outputs, and per job, per run, per output the
     ``(ndev, *local)`` stack of device results of one shard_map over all runs."""
     stacked = NamedSharding(jax_mesh, PartitionSpec(tuple(jax_mesh.axis_names)))
     replicated = NamedSharding(jax_mesh, PartitionSpec())
-    glob = [jax.device_put(g, replicated) for j in jobs
-            for g, x in zip(j.glob, j.node.inputs) if not isinstance(x, Const)]
-    flat = [jax.device_put(b, stacked) for j in jobs for r in j.runs
-            for b in r.blocks if b is not None]
+    glob = [
+        jax.device_put(g, replicated)
+        for j in jobs
+        for g, x in zip(j.glob, j.node.inputs)
+        if not isinstance(x, Const)
+    ]
+    flat = [
+        jax.device_put(b, stacked) for j in jobs for r in j.runs for b in r.blocks if b is not None
+    ]
 
     def reference(*arrays):
         it, outs = iter(arrays), []
@@ -331,11 +362,16 @@ def _run(jobs, mesh, jax_mesh):
 
     nruns = sum(len(j.runs) for j in jobs)
     spec = PartitionSpec(tuple(jax_mesh.axis_names))
-    sharded = jax.shard_map(body, mesh=jax_mesh, in_specs=(spec,) * len(flat),
-                            out_specs=[[spec] * len(j.node.outputs) for j in jobs for _ in j.runs],
-                            check_vma=False)
-    program = jax.jit(lambda g, b: (reference(*g), sharded(*b) if nruns else []),
-                      compiler_options=_FAST_COMPILE)
+    sharded = jax.shard_map(
+        body,
+        mesh=jax_mesh,
+        in_specs=(spec,) * len(flat),
+        out_specs=[[spec] * len(j.node.outputs) for j in jobs for _ in j.runs],
+        check_vma=False,
+    )
+    program = jax.jit(
+        lambda g, b: (reference(*g), sharded(*b) if nruns else []), compiler_options=_FAST_COMPILE
+    )
     ref, dev = program(glob, flat)
     assert len(dev) == nruns
     it = iter(dev)
@@ -364,6 +400,7 @@ def _local_const(const, mesh):
 
 # ---------------------------------------------------------------- comparison
 
+
 def _compare(got, layout, want, mesh):
     """Reassemble the device results ``got`` per ``layout`` and compare with ``want``; return
     an error string or None. Devices that differ only on partial axes are summed."""
@@ -388,14 +425,19 @@ def _compare(got, layout, want, mesh):
             ok = np.array_equal(total.astype(want.dtype), block)
         if not ok:
             diff = np.abs(np.asarray(total, wide) - np.asarray(block, wide))
-            return (f"device {b} (coords {dict((a, int(c)) for a, c in coords.items())}) differs "
-                    f"from the unsharded result, max abs error {np.nanmax(diff):.3g}")
+            return (
+                f"device {b} (coords { {a: int(c) for a, c in coords.items()} }) differs "
+                f"from the unsharded result, max abs error {np.nanmax(diff):.3g}"
+            )
     return None
 
 
 def _check_meshes(mesh, jax_mesh):
-    if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or \
-            tuple(jax_mesh.devices.shape) != tuple(mesh.shape):
-        raise ConfigError(f"jax mesh {dict(jax_mesh.shape)} does not match the logical mesh "
-                          f"{mesh}; build it as jax.sharding.Mesh(devices.reshape(mesh.shape), "
-                          "mesh.axis_names).")
+    if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or tuple(
+        jax_mesh.devices.shape
+    ) != tuple(mesh.shape):
+        raise ConfigError(
+            f"jax mesh {dict(jax_mesh.shape)} does not match the logical mesh "
+            f"{mesh}; build it as jax.sharding.Mesh(devices.reshape(mesh.shape), "
+            "mesh.axis_names)."
+        )

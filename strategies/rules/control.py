@@ -7,14 +7,19 @@ so every device runs the whole loop on whole operands (what it computes is the s
 loop's values; what the loop reads is gathered first). Priced as one pass of its results
 (the cost model cannot know how many times it turns).
 """
+
 from __future__ import annotations
 
 from .spec import OpSpec, Rule
 
 
 def whole_spec(node):
-    return OpSpec(tuple((None,) * len(x.shape) for x in node.inputs),
-                  tuple((None,) * len(y.shape) for y in node.outputs), frozenset(), ())
+    return OpSpec(
+        tuple((None,) * len(x.shape) for x in node.inputs),
+        tuple((None,) * len(y.shape) for y in node.outputs),
+        frozenset(),
+        (),
+    )
 
 
 RULES = {"while": Rule(whole_spec)}

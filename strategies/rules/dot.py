@@ -4,6 +4,7 @@ In: a dot_general node. Out: the einsum-like spec, e.g. a matmul is ``"m k+, k+ 
 and a batched matmul ``"b m k+, b k+ n -> b m n"``: batch and free dimensions split the
 result, contracting dimensions leave partial sums. Linear in each operand separately.
 """
+
 from __future__ import annotations
 
 from .spec import OpSpec, Rule

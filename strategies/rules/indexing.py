@@ -24,6 +24,7 @@ split scatter dimensions.
 dynamic_slice / dynamic_update_slice: a dimension taken (or overwritten) in full may be split
 (its start index is clamped to 0); the scalar start indices never carry letters.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,10 +42,12 @@ def _is_zero_const(x) -> bool:
 
 # ---------------------------------------------------------------- gather
 
+
 def _whole_window_dims(operand_shape, window_sizes, window_operand_dims, indexed):
     """Operand dimensions of a window that are copied whole and not indexed."""
-    return {d for d in window_operand_dims
-            if window_sizes[d] == operand_shape[d] and d not in indexed}
+    return {
+        d for d in window_operand_dims if window_sizes[d] == operand_shape[d] and d not in indexed
+    }
 
 
 def gather_spec(node):
@@ -54,12 +57,15 @@ def gather_spec(node):
     slice_sizes = node.params["slice_sizes"]
     O, I, R = [None] * len(operand), [None] * len(indices), [None] * out_rank
     batch_out = [d for d in range(out_rank) if d not in set(dn.offset_dims)]
-    for i, o in enumerate(batch_out):                  # indices dims except the index vector
+    for i, o in enumerate(batch_out):  # indices dims except the index vector
         I[i] = R[o] = f"i{i}"
     for od, idd in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
         O[od] = I[idd]
-    window = [d for d in range(len(operand))
-              if d not in set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)]
+    window = [
+        d
+        for d in range(len(operand))
+        if d not in set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+    ]
     whole = _whole_window_dims(operand, slice_sizes, window, set(dn.start_index_map))
     for d, o in zip(window, sorted(dn.offset_dims)):
         if d in whole:
@@ -74,16 +80,19 @@ def gather_local_params(node, in_shapes, out_shapes):
     """Whole-window dimensions take the local operand size as their slice size."""
     p = dict(node.params)
     operand = node.inputs[0].shape
-    p["slice_sizes"] = tuple(in_shapes[0][d] if s == operand[d] else s
-                             for d, s in enumerate(p["slice_sizes"]))
+    p["slice_sizes"] = tuple(
+        in_shapes[0][d] if s == operand[d] else s for d, s in enumerate(p["slice_sizes"])
+    )
     return p
 
 
 # ---------------------------------------------------------------- scatter family
 
+
 def _scatter(summable: bool, linear):
     """``summable``: scatter dimensions may be ``+`` letters when the operand is a literal zero
     (scatter-add/-sub). ``linear``: the op's linear groups."""
+
     def spec(node):
         dn = node.params["dimension_numbers"]
         operand, indices, updates = (x.shape for x in node.inputs[:3])
@@ -94,24 +103,31 @@ def _scatter(summable: bool, linear):
         zero = _is_zero_const(operand_value)
         summed = summable and (zero or not isinstance(operand_value, Const))
         reduce = set()
-        for i, u in enumerate(scatter_u):              # indices dims except the index vector
+        for i, u in enumerate(scatter_u):  # indices dims except the index vector
             if i in batching:
                 I[i] = U[u] = O[batching[i]] = f"i{i}"
             elif summed:
                 I[i] = U[u] = f"s{i}"
                 reduce.add(f"s{i}")
-        window = [d for d in range(len(operand))
-                  if d not in set(dn.inserted_window_dims) | set(dn.operand_batching_dims)]
+        window = [
+            d
+            for d in range(len(operand))
+            if d not in set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
+        ]
         sizes = dict(zip(window, (updates[u] for u in dn.update_window_dims)))
         sizes = [sizes.get(d, 1) for d in range(len(operand))]
-        whole = _whole_window_dims(operand, sizes, window,
-                                   set(dn.scatter_dims_to_operand_dims))
+        whole = _whole_window_dims(operand, sizes, window, set(dn.scatter_dims_to_operand_dims))
         for d, u in zip(window, dn.update_window_dims):
             if d in whole:
                 O[d] = U[u] = f"w{d}"
-        return OpSpec((tuple(O), tuple(I), tuple(U)), (tuple(O),), frozenset(reduce),
-                      linear(node) if callable(linear) else linear,
-                      () if zero or not reduce else (0,))
+        return OpSpec(
+            (tuple(O), tuple(I), tuple(U)),
+            (tuple(O),),
+            frozenset(reduce),
+            linear(node) if callable(linear) else linear,
+            () if zero or not reduce else (0,),
+        )
+
     return Rule(spec)
 
 
@@ -123,10 +139,13 @@ def _set_linear(node):
 
 # ---------------------------------------------------------------- dynamic slices
 
+
 def dynamic_slice_spec(node):
     operand = node.inputs[0].shape
-    dims = tuple(f"d{d}" if s == n else None
-                 for d, (s, n) in enumerate(zip(node.params["slice_sizes"], operand)))
+    dims = tuple(
+        f"d{d}" if s == n else None
+        for d, (s, n) in enumerate(zip(node.params["slice_sizes"], operand))
+    )
     return OpSpec((dims,) + tuple(() for _ in node.inputs[1:]), (dims,), frozenset(), ((0,),))
 
 
@@ -139,8 +158,9 @@ def dynamic_slice_local_params(node, in_shapes, out_shapes):
 def dynamic_update_slice_spec(node):
     operand, update = node.inputs[0].shape, node.inputs[1].shape
     dims = tuple(f"d{d}" if u == n else None for d, (u, n) in enumerate(zip(update, operand)))
-    return OpSpec((dims, dims) + tuple(() for _ in node.inputs[2:]), (dims,), frozenset(),
-                  ((0, 1),))
+    return OpSpec(
+        (dims, dims) + tuple(() for _ in node.inputs[2:]), (dims,), frozenset(), ((0, 1),)
+    )
 
 
 def index_bounds(node) -> dict:
@@ -154,11 +174,15 @@ def index_bounds(node) -> dict:
         return {1: tuple(shapes[0][d] - p["slice_sizes"][d] + 1 for d in dn.start_index_map)}
     if prim.startswith("scatter"):
         dn = p["dimension_numbers"]
-        window = [d for d in range(len(shapes[0]))
-                  if d not in set(dn.inserted_window_dims) | set(dn.operand_batching_dims)]
+        window = [
+            d
+            for d in range(len(shapes[0]))
+            if d not in set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
+        ]
         sizes = dict(zip(window, (shapes[2][u] for u in dn.update_window_dims)))
-        return {1: tuple(shapes[0][d] - sizes.get(d, 1) + 1
-                         for d in dn.scatter_dims_to_operand_dims)}
+        return {
+            1: tuple(shapes[0][d] - sizes.get(d, 1) + 1 for d in dn.scatter_dims_to_operand_dims)
+        }
     if prim == lax.dynamic_slice_p.name:
         return {1 + i: (n - s + 1,) for i, (n, s) in enumerate(zip(shapes[0], p["slice_sizes"]))}
     if prim == lax.dynamic_update_slice_p.name:

@@ -14,6 +14,7 @@ In: a node of ``reduce_sum``, ``reduce_max``/``min``/``prod``/``and``/``or``/``x
   ``cumsum`` is linear.
 No local params change: ``axes``/``axis``/``dimension``/``k`` name dimensions, not sizes.
 """
+
 from __future__ import annotations
 
 from .spec import OpSpec, Rule
@@ -23,11 +24,13 @@ def _reduction(summed: bool):
     def spec(node):
         rank = len(node.inputs[0].shape)
         axes = {a % rank for a in node.params["axes"]}
-        ins = tuple((None if not summed else f"r{d}") if d in axes else f"d{d}"
-                    for d in range(rank))
+        ins = tuple(
+            (None if not summed else f"r{d}") if d in axes else f"d{d}" for d in range(rank)
+        )
         out = tuple(l for d, l in enumerate(ins) if d not in axes)
         reduce = frozenset(f"r{d}" for d in axes) if summed else frozenset()
         return OpSpec((ins,), (out,), reduce, ((0,),) if summed else ())
+
     return Rule(spec)
 
 
@@ -44,23 +47,41 @@ def _user_reduction(node):
 def _along_axis(param: str, linear: bool):
     """Ops whose outputs keep the operands' rank, except that the ``param`` axis is whole
     (``top_k`` changes its size, which is why it may never be split)."""
+
     def spec(node):
         rank = len(node.inputs[0].shape)
         axis = node.params[param] % rank
         dims = tuple(None if d == axis else f"d{d}" for d in range(rank))
-        return OpSpec(tuple(dims for _ in node.inputs), tuple(dims for _ in node.outputs),
-                      frozenset(), ((0,),) if linear else ())
+        return OpSpec(
+            tuple(dims for _ in node.inputs),
+            tuple(dims for _ in node.outputs),
+            frozenset(),
+            ((0,),) if linear else (),
+        )
+
     return Rule(spec)
 
 
 RULES = {
     "reduce_sum": _reduction(summed=True),
-    **{name: _reduction(summed=False) for name in
-       ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
-        "argmax", "argmin")},
+    **{
+        name: _reduction(summed=False)
+        for name in (
+            "reduce_max",
+            "reduce_min",
+            "reduce_prod",
+            "reduce_and",
+            "reduce_or",
+            "reduce_xor",
+            "argmax",
+            "argmin",
+        )
+    },
     "cumsum": _along_axis("axis", linear=True),
-    **{name: _along_axis("axis", linear=False) for name in
-       ("cumprod", "cummax", "cummin", "cumlogsumexp", "top_k")},
+    **{
+        name: _along_axis("axis", linear=False)
+        for name in ("cumprod", "cummax", "cummin", "cumlogsumexp", "top_k")
+    },
     "sort": _along_axis("dimension", linear=False),
     "reduce": Rule(_user_reduction),
 }

@@ -20,6 +20,7 @@ each device computing on its block gives exactly its block of the result:
 ``expand_dims`` is not a JAX primitive (it is ``broadcast_in_dim``); ``convert_element_type``,
 ``copy`` and ``select_n`` are elementwise (see ``elementwise.py``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,6 +40,7 @@ def _linear_all(node):
 
 # ---------------------------------------------------------------- broadcast_in_dim
 
+
 def broadcast_in_dim_spec(node):
     out_shape = node.outputs[0].shape
     out = list(_letters(len(out_shape)))
@@ -47,11 +49,12 @@ def broadcast_in_dim_spec(node):
     for i, o in enumerate(node.params["broadcast_dimensions"]):
         if x.shape[i] == out_shape[o]:
             ins[i] = out[o]
-    extra = tuple(() for _ in node.inputs[1:])      # dynamic-shape operands, never split
+    extra = tuple(() for _ in node.inputs[1:])  # dynamic-shape operands, never split
     return OpSpec((tuple(ins),) + extra, (tuple(out),), frozenset(), ((0,),))
 
 
 # ---------------------------------------------------------------- reshape
+
 
 def reshape_groups(in_shape, out_shape):
     """Runs of dimensions with equal size products: ``[(in_dims, out_dims), ...]``, size-1
@@ -92,6 +95,7 @@ def reshape_spec(node):
 
 # ---------------------------------------------------------------- permutations and axes
 
+
 def transpose_spec(node):
     perm = node.params["permutation"]
     ins = _letters(len(perm))
@@ -122,14 +126,14 @@ def split_spec(node):
 def stack_spec(node):
     axis = node.params["axis"]
     out = _axis_spec(len(node.outputs[0].shape), axis)
-    ins = out[:axis] + out[axis + 1:]
+    ins = out[:axis] + out[axis + 1 :]
     return OpSpec(tuple(ins for _ in node.inputs), (out,), frozenset(), _linear_all(node))
 
 
 def unstack_spec(node):
     axis = node.params["axis"]
     ins = _axis_spec(len(node.inputs[0].shape), axis)
-    out = ins[:axis] + ins[axis + 1:]
+    out = ins[:axis] + ins[axis + 1 :]
     return OpSpec((ins,), tuple(out for _ in node.outputs), frozenset(), ((0,),))
 
 
@@ -164,12 +168,15 @@ def iota_2x32_spec(node):
 
 # ---------------------------------------------------------------- slice and pad
 
+
 def _slice_whole(node):
     """Per dimension: True where ``slice`` takes the whole dimension (start 0, stride 1)."""
     p, shape = node.params, node.inputs[0].shape
     strides = p.get("strides") or (1,) * len(shape)
-    return [s == 0 and l == n and st == 1 for s, l, st, n in
-            zip(p["start_indices"], p["limit_indices"], strides, shape)]
+    return [
+        s == 0 and l == n and st == 1
+        for s, l, st, n in zip(p["start_indices"], p["limit_indices"], strides, shape)
+    ]
 
 
 def slice_spec(node):
@@ -179,8 +186,10 @@ def slice_spec(node):
 
 def slice_local_params(node, in_shapes, out_shapes):
     p = dict(node.params)
-    p["limit_indices"] = tuple(in_shapes[0][d] if whole else l for d, (whole, l) in
-                               enumerate(zip(_slice_whole(node), p["limit_indices"])))
+    p["limit_indices"] = tuple(
+        in_shapes[0][d] if whole else l
+        for d, (whole, l) in enumerate(zip(_slice_whole(node), p["limit_indices"]))
+    )
     return p
 
 
@@ -191,8 +200,10 @@ def _is_zero_const(x) -> bool:
 def pad_spec(node):
     """``pad(x, v)``: unpadded dimensions may be split. Jointly linear in ``(x, v)``; in ``x``
     alone when ``v`` is a literal zero."""
-    dims = tuple(f"d{d}" if tuple(c) == (0, 0, 0) else None
-                 for d, c in enumerate(node.params["padding_config"]))
+    dims = tuple(
+        f"d{d}" if tuple(c) == (0, 0, 0) else None
+        for d, c in enumerate(node.params["padding_config"])
+    )
     linear = ((0,),) if _is_zero_const(node.inputs[1]) else ((0, 1),)
     return OpSpec((dims, ()), (dims,), frozenset(), linear)
 

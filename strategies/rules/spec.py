@@ -22,10 +22,11 @@ the same axes, or every device would add them once.
 A ``Rule`` pairs the spec builder with ``local_params``, which rewrites the primitive's shape
 parameters for local (per-device) shapes; the default handles ``shape``/``new_sizes``/``sizes``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from jax import lax
 
@@ -38,7 +39,7 @@ class OpSpec:
     outputs: tuple[Dims, ...]
     reduce: frozenset = frozenset()
     linear: tuple[tuple[int, ...], ...] = ()
-    reduce_partial: tuple[int, ...] = ()   # inputs that must be partial over split ``+`` letters
+    reduce_partial: tuple[int, ...] = ()  # inputs that must be partial over split ``+`` letters
 
     @property
     def letters(self) -> tuple[str, ...]:
@@ -52,8 +53,10 @@ class OpSpec:
 
     def __str__(self) -> str:
         def side(ops):
-            return ", ".join(" ".join((l or "_") + ("+" if l in self.reduce else "") for l in d)
-                             for d in ops)
+            return ", ".join(
+                " ".join((l or "_") + ("+" if l in self.reduce else "") for l in d) for d in ops
+            )
+
         return f"{side(self.inputs)} -> {side(self.outputs)}"
 
 
@@ -93,8 +96,9 @@ def default_local_params(node, in_shapes, out_shapes) -> dict:
 class Rule:
     """How one primitive may be split. ``spec(node)`` -> OpSpec; ``local_params(node, local input
     shapes, local output shapes)`` -> the params to bind the primitive with on one device."""
+
     spec: Callable
-    local_params: Optional[Callable] = None
+    local_params: Callable | None = None
 
     def params_for(self, node, in_shapes, out_shapes) -> dict:
         return (self.local_params or default_local_params)(node, in_shapes, out_shapes)

@@ -20,6 +20,7 @@ In: a node of ``conv_general_dilated``, ``reduce_window_sum``/``max``/``min`` or
 No local params change: windows, strides, padding and group counts do not depend on the
 split dimensions' sizes.
 """
+
 from __future__ import annotations
 
 from .spec import OpSpec, Rule
@@ -48,17 +49,28 @@ def _untouched(node, i):
     element of that dimension, at the same index)."""
     p = node.params
     pad = p.get("padding", ((0, 0),) * len(p["window_dimensions"]))[i]
-    return (p["window_dimensions"][i] == 1 and p["window_strides"][i] == 1 and tuple(pad) == (0, 0)
-            and p.get("base_dilation", (1,) * (i + 1))[i] == 1
-            and p.get("window_dilation", (1,) * (i + 1))[i] == 1)
+    return (
+        p["window_dimensions"][i] == 1
+        and p["window_strides"][i] == 1
+        and tuple(pad) == (0, 0)
+        and p.get("base_dilation", (1,) * (i + 1))[i] == 1
+        and p.get("window_dilation", (1,) * (i + 1))[i] == 1
+    )
 
 
 def _window(linear: bool):
     def spec(node):
-        dims = tuple(f"d{i}" if _untouched(node, i) else None
-                     for i in range(len(node.params["window_dimensions"])))
-        return OpSpec(tuple(dims for _ in node.inputs), tuple(dims for _ in node.outputs),
-                      frozenset(), ((0,),) if linear else ())
+        dims = tuple(
+            f"d{i}" if _untouched(node, i) else None
+            for i in range(len(node.params["window_dimensions"]))
+        )
+        return OpSpec(
+            tuple(dims for _ in node.inputs),
+            tuple(dims for _ in node.outputs),
+            frozenset(),
+            ((0,),) if linear else (),
+        )
+
     return Rule(spec)
 
 

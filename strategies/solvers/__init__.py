@@ -11,6 +11,7 @@ from or polish, ``progress`` an optional callable ``progress(message: str)`` for
 take more than a second. Solvers are pure: no devices, and no global state except the
 anytime offers (anytime.py) of their best answers so far, which only a caller watching reads.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -7,17 +7,18 @@ offer costs a comparison); a caller opens ``watch()`` around the solve, in anoth
 need be, and reads ``Watch.best()``. Out: ``best()`` -> ``(cost, choice)`` of the cheapest
 offer, or None. Offers while nobody watches cost nothing.
 """
+
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable, Optional, Union
 
 import numpy as np
 
 _lock = threading.Lock()
-_current: Optional["Watch"] = None
+_current: Watch | None = None
 
 
 class Watch:
@@ -25,9 +26,9 @@ class Watch:
 
     def __init__(self):
         self.cost = math.inf
-        self._get: Optional[Callable[[], np.ndarray]] = None
+        self._get: Callable[[], np.ndarray] | None = None
 
-    def best(self) -> Optional[tuple]:
+    def best(self) -> tuple | None:
         with _lock:
             cost, get = self.cost, self._get
         return None if get is None else (cost, np.asarray(get(), np.int64))
@@ -48,12 +49,16 @@ def watch():
                 _current = None
 
 
-def offer(cost: float, choice: Union[np.ndarray, Callable[[], np.ndarray]]) -> None:
+def offer(cost: float, choice: np.ndarray | Callable[[], np.ndarray]) -> None:
     """A feasible answer of total ``cost``; kept when it is the cheapest so far."""
     w = _current
     if w is None or not cost < w.cost:
         return
-    get = choice if callable(choice) else (lambda c=np.array(choice, np.int64): c)
+    if callable(choice):
+        get = choice
+    else:
+        fixed = np.array(choice, np.int64)
+        get = lambda: fixed
     with _lock:
         if cost < w.cost:
             w.cost, w._get = cost, get

@@ -25,13 +25,13 @@ Method:
 
 ``initial``: when given and feasible, the cheaper of it and the propagated choice is returned.
 """
+
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class Adjacency:
     ``edge`` (edge index), ``other`` (the neighbour) and ``first`` (True when i is the edge's
     u, so the matrix is indexed ``[c_i, c_other]``; else ``[c_other, c_i]``); ``rows[i]`` is
     the same as a tuple of ``(edge, other, first)``."""
+
     ptr: np.ndarray
     edge: np.ndarray
     other: np.ndarray
@@ -52,7 +53,7 @@ class Adjacency:
     rows: tuple
 
     @staticmethod
-    def of(problem: SearchProblem) -> "Adjacency":
+    def of(problem: SearchProblem) -> Adjacency:
         n, e = problem.num_nodes, problem.num_edges
         ends = problem.edges.reshape(-1, 2)
         node = np.concatenate([ends[:, 0], ends[:, 1]])
@@ -65,15 +66,20 @@ class Adjacency:
         edge, other, first = edge[order], other[order], first[order]
         flat = list(zip(edge.tolist(), other.tolist(), first.tolist()))
         bounds = ptr.tolist()
-        rows = tuple(tuple(flat[bounds[i]:bounds[i + 1]]) for i in range(n))
+        rows = tuple(tuple(flat[bounds[i] : bounds[i + 1]]) for i in range(n))
         return Adjacency(ptr, edge, other, first, rows)
 
     def neighbours(self, i: int) -> list:
-        return self.other[self.ptr[i]:self.ptr[i + 1]].tolist()
+        return self.other[self.ptr[i] : self.ptr[i + 1]].tolist()
 
 
-def local_costs(problem: SearchProblem, adj: Adjacency, i: int, choice: np.ndarray,
-                decided: Optional[np.ndarray] = None) -> np.ndarray:
+def local_costs(
+    problem: SearchProblem,
+    adj: Adjacency,
+    i: int,
+    choice: np.ndarray,
+    decided: np.ndarray | None = None,
+) -> np.ndarray:
     """Node i's cost per strategy plus its edges to (decided) neighbours at their choices
     (a self-loop prices the pair (s, s))."""
     total = problem.node_costs[i].copy()
@@ -93,7 +99,7 @@ def _anchor_scores(problem: SearchProblem, adj: Adjacency) -> np.ndarray:
     scores = np.empty(problem.num_nodes)
     for i in range(problem.num_nodes):
         total = problem.node_costs[i].copy()
-        for e, w, first in adj.rows[i]:
+        for e, _w, first in adj.rows[i]:
             m = problem.edge_costs[e]
             total += m.min(axis=1) if first else m.min(axis=0)
         scores[i] = total.min()
@@ -129,15 +135,17 @@ def propagate(problem: SearchProblem, adj: Adjacency, anchors: dict) -> np.ndarr
     for a, s in sorted(anchors.items()):
         a, s = int(a), int(s)
         if not (0 <= a < n and 0 <= s < len(problem.node_costs[a])):
-            raise ConfigError(f"propagation anchor {a} -> strategy {s} does not exist in "
-                              f"{problem.name!r} ({n} nodes).")
+            raise ConfigError(
+                f"propagation anchor {a} -> strategy {s} does not exist in "
+                f"{problem.name!r} ({n} nodes)."
+            )
         choice[a], decided[a], queued[a] = s, True, True
         queue.append(a)
     label = _components(n, adj)
     anchored = np.zeros(int(label.max()) + 1 if n else 0, bool)
     anchored[label[decided]] = True
     scores = _anchor_scores(problem, adj)
-    order = np.lexsort((np.arange(n), -scores))   # most expensive first, then lowest index
+    order = np.lexsort((np.arange(n), -scores))  # most expensive first, then lowest index
     for i in order.tolist():
         if anchored[label[i]]:
             continue
@@ -156,8 +164,9 @@ def propagate(problem: SearchProblem, adj: Adjacency, anchors: dict) -> np.ndarr
     return choice
 
 
-def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = None,
-                  pinned=()) -> np.ndarray:
+def repair_memory(
+    problem: SearchProblem, choice, adj: Adjacency | None = None, pinned=()
+) -> np.ndarray:
     """Step 3 of the module docstring: a feasible choice close to ``choice``. Nodes in
     ``pinned`` move only when no other node live at the peak can shrink. Assumes
     ``check_fits(problem)`` passed."""
@@ -176,7 +185,7 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
     min_use = np.array([int(u.min()) for u in problem.node_usages], np.int64)
     pin = np.zeros(problem.num_nodes, bool)
     pin[list(pinned)] = True
-    cache: dict = {}          # node -> (extra cost, bytes saved, node, strategy) per move
+    cache: dict = {}  # node -> (extra cost, bytes saved, node, strategy) per move
 
     def moves(i: int):
         if i not in cache:
@@ -201,7 +210,7 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
         k = int(np.lexsort((strat, node, extra, score))[0])
         i, s = int(node[k]), int(strat[k])
         new = int(problem.node_usages[i][s])
-        prof[iv[i, 0]:iv[i, 1]] += new - use[i]
+        prof[iv[i, 0] : iv[i, 1]] += new - use[i]
         use[i], choice[i] = new, s
         cache.pop(i, None)
         for w in adj.neighbours(i):
@@ -209,8 +218,15 @@ def repair_memory(problem: SearchProblem, choice, adj: Optional[Adjacency] = Non
     return choice
 
 
-def improve(problem: SearchProblem, choice, adj: Optional[Adjacency] = None, *,
-            max_sweeps: int = 8, deadline: float = math.inf, pinned=()) -> np.ndarray:
+def improve(
+    problem: SearchProblem,
+    choice,
+    adj: Adjacency | None = None,
+    *,
+    max_sweeps: int = 8,
+    deadline: float = math.inf,
+    pinned=(),
+) -> np.ndarray:
     """Step 4 of the module docstring: 1-opt descent that keeps the choice within the limit.
     The first sweep visits every node in index order, later sweeps the neighbours of nodes
     that moved; a node moves to its cheapest strategy (given its neighbours) among those
@@ -252,8 +268,14 @@ def improve(problem: SearchProblem, choice, adj: Optional[Adjacency] = None, *,
     return choice
 
 
-def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
-          anchors: Optional[dict] = None) -> Solution:
+def solve(
+    problem: SearchProblem,
+    *,
+    time_limit=None,
+    initial=None,
+    progress=None,
+    anchors: dict | None = None,
+) -> Solution:
     """Propagate from ``anchors`` (or one automatic anchor per component), then repair memory."""
     t0 = time.perf_counter()
     check_fits(problem)
@@ -262,10 +284,14 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     choice = repair_memory(problem, propagate(problem, adj, anchors), adj, pinned=anchors)
     choice = improve(problem, choice, adj, pinned=anchors)
     best = Solution.of(problem, choice, "sharding_propagation", time.perf_counter() - t0)
-    if initial is not None and len(initial.choice) == problem.num_nodes \
-            and problem.feasible(initial.choice):
-        other = Solution.of(problem, initial.choice, "sharding_propagation",
-                            time.perf_counter() - t0)
+    if (
+        initial is not None
+        and len(initial.choice) == problem.num_nodes
+        and problem.feasible(initial.choice)
+    ):
+        other = Solution.of(
+            problem, initial.choice, "sharding_propagation", time.perf_counter() - t0
+        )
         if other.cost < best.cost:
             best = other
     if progress is not None:

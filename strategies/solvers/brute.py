@@ -11,6 +11,7 @@ significant, so counting order is lexicographic order); chunks of consecutive nu
 decoded to choices and priced with numpy; memory is checked at every step where some
 interval starts (the live set only grows there, so those steps bound every other step).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,14 @@ def _check_steps(problem: SearchProblem) -> np.ndarray:
     return np.unique(problem.intervals[live, 0])
 
 
-def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
-          max_combinations: int = MAX_COMBINATIONS) -> Solution:
+def solve(
+    problem: SearchProblem,
+    *,
+    time_limit=None,
+    initial=None,
+    progress=None,
+    max_combinations: int = MAX_COMBINATIONS,
+) -> Solution:
     """Enumerate every choice (``time_limit`` and ``initial`` are not needed: the work is
     bounded by ``max_combinations``)."""
     t0 = time.perf_counter()
@@ -43,16 +50,17 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         raise ConfigError(
             f"brute force on {problem.name!r} would enumerate {total:.3g} choices "
             f"({problem.num_nodes} nodes), more than max_combinations={max_combinations}; use "
-            "the ilp or dp solver for problems this size.")
+            "the ilp or dp solver for problems this size."
+        )
     n = problem.num_nodes
     if n == 0:
         return Solution.of(problem, (), "brute", time.perf_counter() - t0, True)
 
     steps = _check_steps(problem)
     iv = problem.intervals
-    live = ((iv[None, :, 0] <= steps[:, None]) & (steps[:, None] < iv[None, :, 1]))  # (T, n)
+    live = (iv[None, :, 0] <= steps[:, None]) & (steps[:, None] < iv[None, :, 1])  # (T, n)
     limited = problem.usage_limit is not None and len(steps) > 0
-    radix = np.ones(n, np.int64)                    # weight of each node's digit
+    radix = np.ones(n, np.int64)  # weight of each node's digit
     for i in range(n - 2, -1, -1):
         radix[i] = radix[i + 1] * sizes[i + 1]
 
@@ -71,12 +79,13 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
                 use[:, i] = problem.node_usages[i][digits[:, i]]
             fits = (use @ live.T.astype(np.int64) <= problem.usage_limit).all(axis=1)
             cost = np.where(fits, cost, math.inf)
-        k = int(np.argmin(cost))                     # first minimum: lexicographic tie-break
+        k = int(np.argmin(cost))  # first minimum: lexicographic tie-break
         if cost[k] < best_cost:
             best_cost, best_index = float(cost[k]), int(index[k])
     if best_index < 0:
         raise InfeasibleError(
             f"no choice of {problem.name!r} fits the memory limit of {problem.usage_limit} "
-            "bytes per device at every step (checked exhaustively).")
+            "bytes per device at every step (checked exhaustively)."
+        )
     choice = [(best_index // int(radix[i])) % sizes[i] for i in range(n)]
     return Solution.of(problem, choice, "brute", time.perf_counter() - t0, True)

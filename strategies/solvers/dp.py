@@ -49,6 +49,7 @@ the peak to smaller strategies), the three cheapest through ``bfs_propagation.im
 descent within the limit), and the cheapest is returned (or ``initial``, when given, feasible
 and cheaper). Inexact runs (star rule, unproven residual) are polished the same way.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -64,17 +65,18 @@ from autopar.strategies.solvers.bfs_propagation import Adjacency, improve, repai
 
 DEFAULT_TIME_LIMIT = 60.0
 ENUMERATION_LIMIT = 20_000
-_BLOCK = 1 << 22            # largest (p, s, q) array built at once in node elimination
-_LAMBDA_STEPS = 16          # most steps of the memory multiplier search
-_POLISHED = 3               # cheapest repaired candidates given to the descent
-_CEILING = 2.0 ** 40        # multiplier (times the scale) tried first: if even its choice
-                            # breaks the limit, the penalised set widens instead
+_BLOCK = 1 << 22  # largest (p, s, q) array built at once in node elimination
+_LAMBDA_STEPS = 16  # most steps of the memory multiplier search
+_POLISHED = 3  # cheapest repaired candidates given to the descent
+_CEILING = 2.0**40  # multiplier (times the scale) tried first: if even its choice
+# breaks the limit, the penalised set widens instead
 
 
 @dataclass(frozen=True, eq=False)
 class Elimination:
     """One applied rule: ``node`` was removed; ``table`` gives its strategy from the
     strategies of ``anchors`` (one anchor: table[s_a]; two: table[s_a, s_b])."""
+
     kind: str
     node: int
     anchors: tuple
@@ -86,6 +88,7 @@ class Reduction:
     """What elimination leaves: the records in order, the final node costs, the residual
     edges ``{(i, j) i < j: matrix}`` between alive nodes, the alive nodes, and the count of
     each rule applied (edge eliminations included)."""
+
     records: tuple
     costs: tuple
     pairs: dict
@@ -109,10 +112,10 @@ class _Graph:
     def __init__(self, problem: SearchProblem, costs):
         self.memo, self.memo_bytes = {}, 0
         self.cost = [np.array(c, np.float64) for c in costs]
-        self.nbr: list = [dict() for _ in self.cost]      # i -> {j: True if edge i->j first}
+        self.nbr: list = [{} for _ in self.cost]  # i -> {j: True if edge i->j first}
         self.mats: dict = {}
-        self.alive = np.ones(len(self.cost), bool)         # not eliminated yet
-        self.counts = {k: 0 for k in ("edge", "merge", "contract", "node", "triangle", "star")}
+        self.alive = np.ones(len(self.cost), bool)  # not eliminated yet
+        self.counts = dict.fromkeys(("edge", "merge", "contract", "node", "triangle", "star"), 0)
         for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
             if u == v:
                 self.cost[u] += np.diag(m)
@@ -127,7 +130,7 @@ class _Graph:
         if key in self.mats:
             self.mats[key] = self.mats[key] + m
             self.counts["edge"] += 1
-        else:                       # never written in place: the problem's own may stay
+        else:  # never written in place: the problem's own may stay
             self.mats[key] = np.asarray(m, np.float64)
             self.nbr[i][j] = True
             self.nbr[j][i] = False
@@ -146,6 +149,7 @@ class _Work:
     """What elimination still has to look at: ``queue``, nodes that may have one or two
     neighbours (for the exact rules), and ``heap``, star centres ``(degree, strategies,
     node)`` kept lazily (``_pop_centre`` drops or re-pushes stale entries)."""
+
     queue: deque
     heap: list = field(default_factory=list)
 
@@ -166,13 +170,13 @@ def _node_table(a_v: np.ndarray, c_v: np.ndarray, v_b: np.ndarray):
     arg = np.empty((p, q), np.int64)
     rows = max(1, _BLOCK // max(1, s * q))
     for lo in range(0, p, rows):
-        t = (a_v[lo:lo + rows] + c_v[None, :])[:, :, None] + v_b[None, :, :]
-        arg[lo:lo + rows] = t.argmin(axis=1)
-        best[lo:lo + rows] = np.take_along_axis(t, arg[lo:lo + rows][:, None, :], 1)[:, 0]
+        t = (a_v[lo : lo + rows] + c_v[None, :])[:, :, None] + v_b[None, :, :]
+        arg[lo : lo + rows] = t.argmin(axis=1)
+        best[lo : lo + rows] = np.take_along_axis(t, arg[lo : lo + rows][:, None, :], 1)[:, 0]
     return best, arg
 
 
-_MEMO_BYTES = 1 << 26       # operand bytes one elimination run keeps answers for
+_MEMO_BYTES = 1 << 26  # operand bytes one elimination run keeps answers for
 
 
 def _memo(g: _Graph, tag: str, operands, compute):
@@ -228,7 +232,7 @@ def _freeze_small(g: _Graph, frozen: np.ndarray, enumeration_limit: int) -> list
     the others, in component order."""
     big = []
     for comp in _components(np.flatnonzero(g.alive & ~frozen).tolist(), g.nbr):
-        product = 1                   # stops past the limit: never a product of thousands
+        product = 1  # stops past the limit: never a product of thousands
         for i in comp:
             product *= len(g.cost[i])
             if product > enumeration_limit:
@@ -266,9 +270,13 @@ def _star(g: _Graph, v: int, records: list) -> list:
             if k != first:
                 est += (mats[k] + costs[k][None, :]).min(axis=1)
         m1 = mats[first]
-        table = (est[:, None] + m1).argmin(axis=0)         # s*(p) for each p of n_1
-        return (first, table, g.cost[v][table] + m1[table, np.arange(m1.shape[1])],
-                *(mats[k][table, :] for k in range(len(nbrs)) if k != first))
+        table = (est[:, None] + m1).argmin(axis=0)  # s*(p) for each p of n_1
+        return (
+            first,
+            table,
+            g.cost[v][table] + m1[table, np.arange(m1.shape[1])],
+            *(mats[k][table, :] for k in range(len(nbrs)) if k != first),
+        )
 
     first, table, add, *moved = _memo(g, "star", [g.cost[v], *mats, *costs], compute)
     n1 = nbrs[first]
@@ -286,7 +294,7 @@ def _star(g: _Graph, v: int, records: list) -> list:
 def _leaf(g: _Graph, v: int, records: list) -> tuple:
     """Merge or contract elimination of ``v``, which has one neighbour w (module docstring),
     recorded in ``records``; returns the anchors ``(w,)``."""
-    (w, first), = g.nbr[v].items()
+    ((w, first),) = g.nbr[v].items()
 
     def compute():
         t = g.cost[v][:, None] + g.mat(v, w)
@@ -313,7 +321,7 @@ def _series(g: _Graph, v: int, records: list) -> tuple:
     g.drop(v)
     g.add(a, b, best)
     if kind == "triangle":
-        g.counts["edge"] -= 1          # counted as the triangle, not an edge merge
+        g.counts["edge"] -= 1  # counted as the triangle, not an edge merge
     g.counts[kind] += 1
     return (a, b)
 
@@ -329,8 +337,13 @@ def _exact_rules(g: _Graph, work: _Work, records: list, star: bool) -> None:
             work.touched(g, anchors, star)
 
 
-def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
-              enumeration_limit: int = ENUMERATION_LIMIT) -> Reduction:
+def eliminate(
+    problem: SearchProblem,
+    costs=None,
+    *,
+    star: bool = True,
+    enumeration_limit: int = ENUMERATION_LIMIT,
+) -> Reduction:
     """Apply the rules of the module docstring to ``problem`` with node costs ``costs``
     (default: the problem's) -> the ``Reduction``. The exact rules run until stuck; then, with
     ``star``, one star elimination in a component too big to enumerate, and so on. Which
@@ -345,7 +358,7 @@ def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
         _exact_rules(g, work, records, star)
         if not g.mats or not star:
             break
-        if since_check >= check_every:            # freeze components small enough to solve
+        if since_check >= check_every:  # freeze components small enough to solve
             big = _freeze_small(g, frozen, enumeration_limit)
             work.heap = [(len(g.nbr[i]), len(g.cost[i]), i) for i in big if len(g.nbr[i]) >= 3]
             heapq.heapify(work.heap)
@@ -358,13 +371,19 @@ def eliminate(problem: SearchProblem, costs=None, *, star: bool = True,
             continue
         work.touched(g, _star(g, v, records), star)
         since_check += 1
-    return Reduction(tuple(records), tuple(g.cost), dict(g.mats),
-                     tuple(np.flatnonzero(g.alive).tolist()), dict(g.counts))
+    return Reduction(
+        tuple(records),
+        tuple(g.cost),
+        dict(g.mats),
+        tuple(np.flatnonzero(g.alive).tolist()),
+        dict(g.counts),
+    )
 
 
 def _solve_residual(red: Reduction, enumeration_limit: int, deadline: float):
     """Choice of every alive node (dict) and whether it is exactly optimal."""
     from autopar.strategies.solvers import brute, ilp
+
     choice = {i: int(np.argmin(red.costs[i])) for i in red.alive}
     exact = True
     adjacent: dict = {}
@@ -374,12 +393,15 @@ def _solve_residual(red: Reduction, enumeration_limit: int, deadline: float):
     for comp in _components(sorted(adjacent), adjacent):
         index = {x: k for k, x in enumerate(comp)}
         keys = sorted(k for k in red.pairs if k[0] in index)
-        sub = SearchProblem(tuple(red.costs[i] for i in comp),
-                            tuple(np.zeros(len(red.costs[i]), np.int64) for i in comp),
-                            np.zeros((len(comp), 2), np.int64),
-                            np.array([(index[i], index[j]) for i, j in keys], np.int64
-                                     ).reshape(-1, 2),
-                            tuple(red.pairs[k] for k in keys), None, "dp-residual")
+        sub = SearchProblem(
+            tuple(red.costs[i] for i in comp),
+            tuple(np.zeros(len(red.costs[i]), np.int64) for i in comp),
+            np.zeros((len(comp), 2), np.int64),
+            np.array([(index[i], index[j]) for i, j in keys], np.int64).reshape(-1, 2),
+            tuple(red.pairs[k] for k in keys),
+            None,
+            "dp-residual",
+        )
         if math.prod(len(c) for c in sub.node_costs) <= enumeration_limit:
             sol = brute.solve(sub, max_combinations=enumeration_limit)
         else:
@@ -399,8 +421,14 @@ def _replay(n: int, red: Reduction, residual: dict) -> np.ndarray:
     return choice
 
 
-def run(problem: SearchProblem, costs=None, *, star: bool = True,
-        enumeration_limit: int = ENUMERATION_LIMIT, deadline: float = math.inf):
+def run(
+    problem: SearchProblem,
+    costs=None,
+    *,
+    star: bool = True,
+    enumeration_limit: int = ENUMERATION_LIMIT,
+    deadline: float = math.inf,
+):
     """Eliminate, solve the residual, replay: (choice, exact) ignoring memory."""
     red = eliminate(problem, costs, star=star, enumeration_limit=enumeration_limit)
     residual, exact = _solve_residual(red, enumeration_limit, deadline)
@@ -429,13 +457,20 @@ def _lambda_scale(problem: SearchProblem, hot: np.ndarray) -> float:
     return max(d, 1e-9) / max(u, 1.0)
 
 
-def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
-          star: bool = True, enumeration_limit: int = ENUMERATION_LIMIT) -> Solution:
+def solve(
+    problem: SearchProblem,
+    *,
+    time_limit=None,
+    initial=None,
+    progress=None,
+    star: bool = True,
+    enumeration_limit: int = ENUMERATION_LIMIT,
+) -> Solution:
     """Elimination DP with a Lagrangian memory multiplier and repair (module docstring)."""
     t0 = time.perf_counter()
     check_fits(problem)
     deadline = t0 + (DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
-    opts = dict(star=star, enumeration_limit=enumeration_limit, deadline=deadline)
+    opts = {"star": star, "enumeration_limit": enumeration_limit, "deadline": deadline}
     choice, exact = run(problem, **opts)
     adj = Adjacency.of(problem)
     if problem.feasible(choice):
@@ -447,22 +482,23 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     hot = _violated_nodes(problem, choice)
 
     def penalised(lam: float):
-        costs = [c + lam * u if h else c
-                 for c, u, h in zip(problem.node_costs, usage, hot.tolist())]
+        costs = [
+            c + lam * u if h else c for c, u, h in zip(problem.node_costs, usage, hot.tolist())
+        ]
         return run(problem, costs, **opts)[0]
 
-    for _ in range(4):                       # widen the penalised set while violations move
+    for _ in range(4):  # widen the penalised set while violations move
         scale = _lambda_scale(problem, hot)
-        high = scale * _CEILING                        # usage all but alone decides
+        high = scale * _CEILING  # usage all but alone decides
         fit = penalised(high)
         candidates.append(fit)
-        if not problem.feasible(fit):                  # no multiplier fits: widen the set
+        if not problem.feasible(fit):  # no multiplier fits: widen the set
             extra = _violated_nodes(problem, fit) & ~hot
             if not extra.any() or time.perf_counter() > deadline:
                 break
             hot |= extra
             continue
-        low, below, above = 0.0, choice, fit     # lambdas and plans bracketing the least
+        low, below, above = 0.0, choice, fit  # lambdas and plans bracketing the least
         held = lambda c: float(sum(u[s] for u, s, h in zip(usage, c, hot) if h))
         line = lambda c, lam: problem.cost(c) + lam * held(c)
         for _ in range(_LAMBDA_STEPS):
@@ -476,7 +512,7 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
             c = penalised(mid)
             candidates.append(c)
             if breakpoint and line(c, mid) >= line(below, mid) * (1 - 1e-9):
-                break                          # nothing between the bracketing plans
+                break  # nothing between the bracketing plans
             if problem.feasible(c):
                 high, above = mid, c
             else:
@@ -489,14 +525,19 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     return _finish(problem, choice, initial, t0, False, progress, len(candidates))
 
 
-def _finish(problem: SearchProblem, choice, initial, t0: float, exact: bool, progress,
-            runs: int = 1) -> Solution:
+def _finish(
+    problem: SearchProblem, choice, initial, t0: float, exact: bool, progress, runs: int = 1
+) -> Solution:
     """The Solution, or ``initial`` when that is feasible and cheaper."""
     sol = Solution.of(problem, choice, "dynamic_programming", time.perf_counter() - t0, exact)
-    if not exact and initial is not None and len(initial.choice) == problem.num_nodes \
-            and problem.feasible(initial.choice) and problem.cost(initial.choice) < sol.cost:
-        sol = Solution.of(problem, initial.choice, "dynamic_programming",
-                          time.perf_counter() - t0)
+    if (
+        not exact
+        and initial is not None
+        and len(initial.choice) == problem.num_nodes
+        and problem.feasible(initial.choice)
+        and problem.cost(initial.choice) < sol.cost
+    ):
+        sol = Solution.of(problem, initial.choice, "dynamic_programming", time.perf_counter() - t0)
     if progress is not None:
         progress(f"dynamic_programming: cost {sol.cost:.9g} after {runs} elimination runs")
     return sol

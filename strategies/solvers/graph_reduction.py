@@ -28,42 +28,44 @@ their usage over their own interval. ``ReducedProblem`` carries that as ``terms`
 compressed time axis: only time steps where the limit could bind are kept, one per run of equal
 live sets (the one with the most fixed usage), and each term covers a contiguous index range.
 """
+
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
 from autopar.errors import InfeasibleError
+
 from ..problem import SearchProblem
 
-FORBIDDEN = 1e17          # costs at or above this mark an impossible strategy or pair
-_DOMINANCE_BUDGET = 4e6   # skip the pairwise dominance test above S*S*width element compares
+FORBIDDEN = 1e17  # costs at or above this mark an impossible strategy or pair
+_DOMINANCE_BUDGET = 4e6  # skip the pairwise dominance test above S*S*width element compares
 
 
 @dataclass(frozen=True, eq=False)
 class MemoryTerm:
     """Usage of one reduced node over compressed steps ``[lo, hi)``, one value per strategy."""
+
     node: int
     lo: int
     hi: int
-    usage: np.ndarray       # int64 (strategies,), >= 0 (the constant part lives in ``capacity``)
+    usage: np.ndarray  # int64 (strategies,), >= 0 (the constant part lives in ``capacity``)
 
 
 @dataclass(frozen=True, eq=False)
 class ReducedProblem:
     original: SearchProblem
-    node_costs: tuple       # float64 per reduced node
-    edges: np.ndarray       # (edges, 2) int64 into reduced nodes, u < v
-    edge_costs: tuple       # float64 (S_u, S_v); inf = forbidden pair
-    member_ids: tuple       # per reduced node: int64 original node ids
-    member_maps: tuple      # per reduced node: int64 (members, strategies) original strategy
-    fixed: np.ndarray       # original choice of nodes decided without search, -1 elsewhere
-    offset: float           # cost of the fixed part not carried by any reduced node
-    capacity: np.ndarray    # int64 per kept step: limit minus fixed usage there
-    terms: tuple            # MemoryTerm, sorted by node
+    node_costs: tuple  # float64 per reduced node
+    edges: np.ndarray  # (edges, 2) int64 into reduced nodes, u < v
+    edge_costs: tuple  # float64 (S_u, S_v); inf = forbidden pair
+    member_ids: tuple  # per reduced node: int64 original node ids
+    member_maps: tuple  # per reduced node: int64 (members, strategies) original strategy
+    fixed: np.ndarray  # original choice of nodes decided without search, -1 elsewhere
+    offset: float  # cost of the fixed part not carried by any reduced node
+    capacity: np.ndarray  # int64 per kept step: limit minus fixed usage there
+    terms: tuple  # MemoryTerm, sorted by node
 
     @property
     def num_nodes(self) -> int:
@@ -80,7 +82,7 @@ class ReducedProblem:
             out[ids] = maps[:, int(s)]
         return out
 
-    def encode(self, choice) -> Optional[np.ndarray]:
+    def encode(self, choice) -> np.ndarray | None:
         """The reduced choice that expands to the original ``choice`` (None when none does)."""
         choice = np.asarray(choice, np.int64)
         if ((self.fixed >= 0) & (self.fixed != choice)).any():
@@ -124,14 +126,15 @@ class _Work:
         self.cost = [np.where(c >= FORBIDDEN, np.inf, c.astype(np.float64)) for c in p.node_costs]
         self.ids = [np.array([i], np.int64) for i in range(n)]
         self.maps = [np.arange(len(c), dtype=np.int64)[None, :] for c in p.node_costs]
-        self.adj = [dict() for _ in range(n)]
+        self.adj = [{} for _ in range(n)]
         self.alive = np.ones(n, bool)
         self.var_ids, self.var_use = [], []
         for i, u in enumerate(p.node_usages):
             varies = bool(self.live[i] and u.min() != u.max())
             self.var_ids.append(np.array([i] if varies else [], np.int64))
-            self.var_use.append(u[None, :].astype(np.int64) if varies
-                                else np.zeros((0, len(u)), np.int64))
+            self.var_use.append(
+                u[None, :].astype(np.int64) if varies else np.zeros((0, len(u)), np.int64)
+            )
         for (u, v), m in zip(p.edges, p.edge_costs):
             u, v = int(u), int(v)
             m = np.where(m >= FORBIDDEN, np.inf, m)
@@ -157,7 +160,8 @@ class _Work:
         if not mask.any():
             raise InfeasibleError(
                 f"problem {self.p.name!r}: original node(s) {self.ids[x][:5].tolist()} have no "
-                "strategy of finite cost compatible with their neighbours.")
+                "strategy of finite cost compatible with their neighbours."
+            )
         self.cost[x] = self.cost[x][mask]
         self.maps[x] = self.maps[x][:, mask]
         self.var_use[x] = self.var_use[x][:, mask]
@@ -182,7 +186,7 @@ class _Work:
             var_use = np.vstack([var_use, vu[varies]])
         self.drop_edge(u, v)
         if len(self.adj[v]) > len(self.adj[u]):
-            for w, mw in self.adj[v].items():       # v's container, u's strategies
+            for w, mw in self.adj[v].items():  # v's container, u's strategies
                 mw = mw[f]
                 self.adj[v][w] = mw
                 self.adj[w][v] = mw.T
@@ -226,10 +230,10 @@ class _Work:
         if s < 2 or s * s * width > _DOMINANCE_BUDGET:
             return False
         sig = np.hstack(parts)
-        le = np.ones((s, s), bool)           # le[t, s]: t <= s everywhere
+        le = np.ones((s, s), bool)  # le[t, s]: t <= s everywhere
         step = max(1, int(_DOMINANCE_BUDGET // (s * s)))
         for a in range(0, width, step):
-            blk = sig[:, a:a + step]
+            blk = sig[:, a : a + step]
             le &= (blk[:, None, :] <= blk[None, :, :]).all(2)
         eq = le & le.T
         idx = np.arange(s)
@@ -258,9 +262,9 @@ class _Work:
         f = np.argmin(tot, 1)
         if self.memory_constant(v):
             return f
-        use = self.var_use[v]                                  # (k, S_v)
-        allowed = np.isfinite(tot)                             # (S_u, S_v)
-        worse = (use[:, f][:, :, None] > use[:, None, :]).any(0)   # (S_u, S_v)
+        use = self.var_use[v]  # (k, S_v)
+        allowed = np.isfinite(tot)  # (S_u, S_v)
+        worse = (use[:, f][:, :, None] > use[:, None, :]).any(0)  # (S_u, S_v)
         return None if (worse & allowed).any() else f
 
     def visit(self, x, queue):
@@ -273,13 +277,13 @@ class _Work:
             self.fix(x, 0)
             queue.extend(nbrs)
             return
-        for w, m in list(self.adj[x].items()):    # separable edges become node costs
+        for w, m in list(self.adj[x].items()):  # separable edges become node costs
             if self.separable(m):
                 self.cost[x] = self.cost[x] + m[:, 0]
                 self.cost[w] = self.cost[w] + (m[0] - m[0, 0])
                 self.drop_edge(x, w)
                 queue.append(w)
-        for w, m in self.adj[x].items():          # x is a function of a neighbour
+        for w, m in self.adj[x].items():  # x is a function of a neighbour
             if (np.isfinite(m).sum(0) == 1).all():
                 self._merged(*self.merge(x, w, np.argmax(np.isfinite(m), 0)), queue)
                 return
@@ -289,7 +293,7 @@ class _Work:
             if f is not None:
                 self._merged(*self.merge(x, u, f), queue)
                 return
-        for w, m in self.adj[x].items():          # a neighbour is a function of x
+        for w, m in self.adj[x].items():  # a neighbour is a function of x
             if (np.isfinite(m).sum(1) == 1).all():
                 self._merged(*self.merge(w, x, np.argmax(np.isfinite(m), 1)), queue)
                 return
@@ -328,11 +332,17 @@ def restrict(r: ReducedProblem, keep) -> ReducedProblem:
     """``r`` with node ``x`` limited to the strategies ``keep[x]`` (sorted index arrays). Not
     exact -- a restriction -- but its answers are answers of ``r``'s original problem."""
     return ReducedProblem(
-        r.original, tuple(c[k] for c, k in zip(r.node_costs, keep)), r.edges,
+        r.original,
+        tuple(c[k] for c, k in zip(r.node_costs, keep)),
+        r.edges,
         tuple(m[np.ix_(keep[u], keep[v])] for (u, v), m in zip(r.edges, r.edge_costs)),
-        r.member_ids, tuple(m[:, k] for m, k in zip(r.member_maps, keep)), r.fixed, r.offset,
-        r.capacity, tuple(MemoryTerm(t.node, t.lo, t.hi, t.usage[keep[t.node]])
-                          for t in r.terms))
+        r.member_ids,
+        tuple(m[:, k] for m, k in zip(r.member_maps, keep)),
+        r.fixed,
+        r.offset,
+        r.capacity,
+        tuple(MemoryTerm(t.node, t.lo, t.hi, t.usage[keep[t.node]]) for t in r.terms),
+    )
 
 
 def _finish(w: _Work) -> ReducedProblem:
@@ -348,16 +358,25 @@ def _finish(w: _Work) -> ReducedProblem:
                 ecosts.append(m)
     edges = np.asarray(edges, np.int64).reshape(-1, 2)
     capacity, terms = _memory(p, w, keep, index)
-    return ReducedProblem(p, tuple(w.cost[x] for x in keep), edges, tuple(ecosts),
-                          tuple(w.ids[x] for x in keep), tuple(w.maps[x] for x in keep),
-                          w.fixed, w.offset, capacity, terms)
+    return ReducedProblem(
+        p,
+        tuple(w.cost[x] for x in keep),
+        edges,
+        tuple(ecosts),
+        tuple(w.ids[x] for x in keep),
+        tuple(w.maps[x] for x in keep),
+        w.fixed,
+        w.offset,
+        capacity,
+        terms,
+    )
 
 
 def _memory(p: SearchProblem, w: _Work, keep, index):
     """Fixed usage per time step, the variable terms, and the compressed time axis."""
     horizon = int(p.intervals[:, 1].max()) if p.num_nodes else 0
     base = np.zeros(horizon + 1, np.int64)
-    raw = []                                    # (node, start, end, usage over strategies)
+    raw = []  # (node, start, end, usage over strategies)
     fixed_ids = np.flatnonzero(w.fixed >= 0)
     fixed_ids = fixed_ids[w.live[fixed_ids]]
     use = np.array([p.node_usages[i][w.fixed[i]] for i in fixed_ids], np.int64)
@@ -408,8 +427,9 @@ def _memory(p: SearchProblem, w: _Work, keep, index):
         if b > a:
             key = (int(x), int(a), int(b))
             merged[key] = merged[key] + u if key in merged else u
-    terms = tuple(MemoryTerm(x, a, b, u) for (x, a, b), u in sorted(merged.items(),
-                                                                     key=lambda kv: kv[0]))
+    terms = tuple(
+        MemoryTerm(x, a, b, u) for (x, a, b), u in sorted(merged.items(), key=lambda kv: kv[0])
+    )
     return capacity, terms
 
 
@@ -425,7 +445,7 @@ def dominated_steps(capacity, lo, hi) -> np.ndarray:
     starts = np.zeros(k + 1, bool)
     starts[lo] = True
     fwd = _later_min(capacity, np.cumsum(ends[:k]))
-    back = _later_min(capacity[::-1], np.cumsum(starts[1:k + 1][::-1]))[::-1]
+    back = _later_min(capacity[::-1], np.cumsum(starts[1 : k + 1][::-1]))[::-1]
     return (fwd <= capacity) | (back < capacity)
 
 
@@ -437,7 +457,7 @@ def _later_min(values, group) -> np.ndarray:
     span = int(vals.max() - vals.min()) + 1 if k else 1
     newgrp = np.ones(k, bool)
     newgrp[1:] = group[::-1][1:] != group[::-1][:-1]
-    shift = span * (np.cumsum(newgrp) - 1)              # later groups sit strictly lower
+    shift = span * (np.cumsum(newgrp) - 1)  # later groups sit strictly lower
     run = np.minimum.accumulate(vals - shift) + shift
     prev = np.full(k, int(vals.max()) + 1 if k else 0, np.int64)
     prev[1:] = np.where(newgrp[1:], prev[1:], run[:-1])

@@ -42,6 +42,7 @@ IOPDDL problems. The reported cost is always the true float cost (``Solution.of`
 CP-SAT finds a solution below a thousandth of the bound the model is rebuilt with the new
 bound (finer scale, harder pruning) and solved again with the time left.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,9 +58,9 @@ from autopar.strategies.solvers import anytime
 
 DEFAULT_TIME_LIMIT = 60.0
 NUM_WORKERS = 2
-_SCALE_UNITS = 2.0 ** 48
+_SCALE_UNITS = 2.0**48
 _REBUILD_RATIO = 1e-3
-_HINT_SHARE = 0.2           # share of the time limit the default hint (dp) may take
+_HINT_SHARE = 0.2  # share of the time limit the default hint (dp) may take
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,10 +68,11 @@ class Reduced:
     """The reduced problem: per node the allowed strategy mask and shifted unary cost; per
     merged edge (u < v) the shifted matrix with forbidden pairs as +inf; dominator[i][a] is a
     strategy at least as good as a (a itself when a is allowed)."""
-    allowed: tuple          # bool array per node
-    unary: tuple            # float array per node (shifted node cost + self-loops)
-    pairs: tuple            # ((u, v), matrix) with u < v
-    dominator: tuple        # int array per node
+
+    allowed: tuple  # bool array per node
+    unary: tuple  # float array per node (shifted node cost + self-loops)
+    pairs: tuple  # ((u, v), matrix) with u < v
+    dominator: tuple  # int array per node
 
 
 def _merge_edges(problem: SearchProblem) -> tuple[list, dict]:
@@ -109,12 +111,12 @@ def reduce_problem(problem: SearchProblem, bound: float) -> Reduced:
     changed = True
     while changed:
         changed = False
-        for k, (u, v) in enumerate(keys):                      # arc consistency
+        for k, (u, v) in enumerate(keys):  # arc consistency
             ok = np.isfinite(mats[k]) & allowed[u][:, None] & allowed[v][None, :]
             au, av = allowed[u] & ok.any(axis=1), allowed[v] & ok.any(axis=0)
             if (au != allowed[u]).any() or (av != allowed[v]).any():
                 allowed[u], allowed[v], changed = au, av, True
-        for i in range(len(unary)):                            # dominance
+        for i in range(len(unary)):  # dominance
             idx = np.flatnonzero(allowed[i])
             if len(idx) < 2:
                 continue
@@ -124,13 +126,13 @@ def reduce_problem(problem: SearchProblem, bound: float) -> Reduced:
                 m = mats[k] if first else mats[k].T
                 other = allowed[v] if first else allowed[u]
                 cols.append(m[np.ix_(idx, np.flatnonzero(other))])
-            f = np.concatenate(cols, axis=1)                   # (k, features)
-            le = np.ones((len(idx), len(idx)), bool)           # le[a, b]: f[a] <= f[b]
+            f = np.concatenate(cols, axis=1)  # (k, features)
+            le = np.ones((len(idx), len(idx)), bool)  # le[a, b]: f[a] <= f[b]
             for j in range(f.shape[1]):
                 le &= f[:, j][:, None] <= f[:, j][None, :]
-            strict = ~le.T                                     # b not <= a somewhere
+            strict = ~le.T  # b not <= a somewhere
             lower = np.arange(len(idx))[:, None] < np.arange(len(idx))[None, :]
-            dom = le & (strict | lower)                        # a dominates b
+            dom = le & (strict | lower)  # a dominates b
             np.fill_diagonal(dom, False)
             for b in range(len(idx)):
                 winners = np.flatnonzero(dom[:, b] & allowed[i][idx])
@@ -161,10 +163,10 @@ def _memory_steps(problem: SearchProblem) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class _Model:
     model: cp_model.CpModel
-    x: dict                     # node -> (allowed strategy indices, list of BoolVar)
-    fixed: np.ndarray           # strategy of every node (meaningful where not in x)
+    x: dict  # node -> (allowed strategy indices, list of BoolVar)
+    fixed: np.ndarray  # strategy of every node (meaningful where not in x)
     scale: float
-    terms: int = 0              # objective terms, each rounded by at most half a unit
+    terms: int = 0  # objective terms, each rounded by at most half a unit
 
 
 def _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale) -> None:
@@ -173,7 +175,7 @@ def _functional(model, ok, sub, xu, xv, obj_vars, obj_coefs, scale) -> None:
     edge cost moves onto the determining end's literals; no pair variables."""
     if not (ok.sum(axis=1) == 1).all():
         ok, sub, xu, xv = ok.T, sub.T, xv, xu
-    f = ok.argmax(axis=1)                                   # v's strategy for each of u's
+    f = ok.argmax(axis=1)  # v's strategy for each of u's
     for b in range(ok.shape[1]):
         model.add(sum(xu[a] for a in np.flatnonzero(f == b).tolist()) == xv[b])
     cost = np.rint(sub[np.arange(len(f)), f] * scale).astype(np.int64)
@@ -333,8 +335,14 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         return cost
 
 
-def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
-          num_workers: int = NUM_WORKERS) -> Solution:
+def solve(
+    problem: SearchProblem,
+    *,
+    time_limit=None,
+    initial=None,
+    progress=None,
+    num_workers: int = NUM_WORKERS,
+) -> Solution:
     """CP-SAT on the reduced model; see the module docstring."""
     t0 = time.perf_counter()
     check_fits(problem)
@@ -344,18 +352,23 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     best = None
     if initial is not None:
         if len(initial.choice) != problem.num_nodes:
-            raise ConfigError(f"ilp: the initial solution has {len(initial.choice)} entries, "
-                              f"the problem {problem.name!r} has {problem.num_nodes} nodes.")
+            raise ConfigError(
+                f"ilp: the initial solution has {len(initial.choice)} entries, "
+                f"the problem {problem.name!r} has {problem.num_nodes} nodes."
+            )
         if problem.feasible(initial.choice):
             best = (problem.cost(initial.choice), np.asarray(initial.choice, np.int64))
     if best is None:
         from autopar.strategies.solvers import bfs_propagation, dp
-        hints = [bfs_propagation.solve(problem),
-                 dp.solve(problem, time_limit=_HINT_SHARE * budget, star=True)]
+
+        hints = [
+            bfs_propagation.solve(problem),
+            dp.solve(problem, time_limit=_HINT_SHARE * budget, star=True),
+        ]
         hint = min(hints, key=lambda s: s.cost)
         best = (hint.cost, np.asarray(hint.choice, np.int64))
     anytime.offer(best[0], best[1])
-    if progress is not None:      # reported also when CP-SAT improves on nothing
+    if progress is not None:  # reported also when CP-SAT improves on nothing
         progress(f"ilp: from cost {best[0]:.9g} (the hint) at {time.perf_counter() - t0:.1f} s")
     optimal, lower = False, -math.inf
     while True:
@@ -371,15 +384,17 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
         watcher = _Watcher(built, problem, bound, progress, t0)
         status = solver.solve(built.model, watcher)
         if status == cp_model.MODEL_INVALID:
-            raise ConfigError(f"ilp: CP-SAT rejected the model of {problem.name!r}: "
-                              f"{built.model.validate()}")
+            raise ConfigError(
+                f"ilp: CP-SAT rejected the model of {problem.name!r}: {built.model.validate()}"
+            )
         if status == cp_model.INFEASIBLE:
             raise InfeasibleError(
                 f"ilp: CP-SAT proved that no choice of {problem.name!r} fits the memory limit "
-                f"of {problem.usage_limit} bytes per device.")
+                f"of {problem.usage_limit} bytes per device."
+            )
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             last = _extract(built, solver.boolean_value)
-            watcher.offer(last)                                     # also when no callback ran
+            watcher.offer(last)  # also when no callback ran
             lower = max(lower, _lower_bound(problem, built, solver, last))
         found = watcher.best
         if found is not None and found[0] < best[0]:
@@ -390,8 +405,11 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
             break
     # without CP-SAT's bound (stopped before its first solution), the separable one: every
     # node's and edge's cheapest entry, memory ignored
-    lower = max(lower, sum(float(c.min()) for c in problem.node_costs)
-                + sum(float(m.min()) for m in problem.edge_costs if m.size))
+    lower = max(
+        lower,
+        sum(float(c.min()) for c in problem.node_costs)
+        + sum(float(m.min()) for m in problem.edge_costs if m.size),
+    )
     return Solution.of(problem, best[1], "ilp", time.perf_counter() - t0, optimal, lower)
 
 

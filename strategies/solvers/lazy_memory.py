@@ -19,19 +19,20 @@ no piece overflows, the LP's optimum and reduced costs are the whole model's. Th
 over the rows found so far, then checked and solved again with the rows its answer breaks; its
 dual bound is always a bound on the whole model (it relaxes it).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sparse
 
-try:    # the core class: highspy's ``Highs`` prints HiGHS' banner on stdout when the first
-    from highspy._core import _Highs as _Highs      # one is made, into `autopar solve`'s answer
-except ImportError:                                 # pragma: no cover - another highspy layout
+try:  # the core class: highspy's ``Highs`` prints HiGHS' banner on stdout when the first
+    from highspy._core import _Highs as _Highs  # one is made, into `autopar solve`'s answer
+except ImportError:  # pragma: no cover - another highspy layout
     from highspy import Highs as _Highs
 from highspy import HighsModelStatus, HighsVarType, kHighsInf
 
@@ -41,8 +42,8 @@ from .region_mip import RegionMip, RegionModel, RegionResult
 class LazyMemoryModel:
     """``m`` in HiGHS without its memory rows; see the module docstring."""
 
-    per_round = 10          # rows added per round at most
-    tolerance = 1e-7        # overflow ignored, relative to the piece's capacity (HiGHS' own)
+    per_round = 10  # rows added per round at most
+    tolerance = 1e-7  # overflow ignored, relative to the piece's capacity (HiGHS' own)
 
     def __init__(self, m: RegionModel):
         self.m = m
@@ -54,11 +55,11 @@ class LazyMemoryModel:
         self.steps = sparse.csr_matrix(a[rows:, :cols])
         self.cap = m.ub[cols:]
         self.added = np.zeros(k, bool)
-        self.order = []         # the pieces whose rows were added, in the model's row order
+        self.order = []  # the pieces whose rows were added, in the model's row order
         self.rows = rows
-        self.integer = False    # the MIP (solve) has begun: no more LP duals
-        self.prices = None      # the memory prices of the last LP solved (``_prices``)
-        self.top = np.inf       # fix's ceiling, objective units
+        self.integer = False  # the MIP (solve) has begun: no more LP duals
+        self.prices = None  # the memory prices of the last LP solved (``_prices``)
+        self.top = np.inf  # fix's ceiling, objective units
         h = self.h = _Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
@@ -66,12 +67,19 @@ class LazyMemoryModel:
         poly = sparse.csr_matrix(a[:rows, :cols])
         h.addVars(cols, m.lb[:cols], m.ub[:cols])
         h.changeColsCost(cols, np.arange(cols, dtype=np.int32), m.cost[:cols])
-        h.addRows(rows, m.rhs[:rows], m.rhs[:rows], poly.nnz, poly.indptr[:-1].astype(np.int32),
-                  poly.indices.astype(np.int32), poly.data)
+        h.addRows(
+            rows,
+            m.rhs[:rows],
+            m.rhs[:rows],
+            poly.nnz,
+            poly.indptr[:-1].astype(np.int32),
+            poly.indices.astype(np.int32),
+            poly.data,
+        )
 
     def usage(self, x) -> np.ndarray:
         """Each piece's usage under column values ``x`` (scaled bytes, as ``cap``)."""
-        return -np.cumsum(self.steps @ x[:self.ncol])
+        return -np.cumsum(self.steps @ x[: self.ncol])
 
     def overflowing(self, x) -> np.ndarray:
         """The pieces whose rows to add for ``x``: where the overflow is a local maximum along
@@ -82,29 +90,36 @@ class LazyMemoryModel:
             return np.zeros(0, np.int64)
         pad = np.concatenate([[-np.inf], over, [-np.inf]])
         peak = bad & ~self.added & (over >= pad[:-2]) & (over >= pad[2:])
-        if not peak.any():     # a plateau of added rows HiGHS breaks within its tolerance
+        if not peak.any():  # a plateau of added rows HiGHS breaks within its tolerance
             peak = bad & ~self.added
         idx = np.flatnonzero(peak)
-        return idx[np.argsort(-over[idx], kind="stable")][:self.per_round]
+        return idx[np.argsort(-over[idx], kind="stable")][: self.per_round]
 
     def _add(self, pieces):
         self.added[pieces] = True
         self.order.extend(int(p) for p in pieces)
-        rows = sparse.csr_matrix(np.stack(
-            [-np.asarray(self.steps[:p + 1].sum(axis=0)).ravel() for p in pieces]))
-        rows.data[np.abs(rows.data) < 1e-9] = 0.0   # a term's end and start at one piece
+        rows = sparse.csr_matrix(
+            np.stack([-np.asarray(self.steps[: p + 1].sum(axis=0)).ravel() for p in pieces])
+        )
+        rows.data[np.abs(rows.data) < 1e-9] = 0.0  # a term's end and start at one piece
         rows.eliminate_zeros()
-        self.h.addRows(len(pieces), np.full(len(pieces), -kHighsInf), self.cap[pieces], rows.nnz,
-                       rows.indptr[:-1].astype(np.int32), rows.indices.astype(np.int32),
-                       rows.data)
+        self.h.addRows(
+            len(pieces),
+            np.full(len(pieces), -kHighsInf),
+            self.cap[pieces],
+            rows.nnz,
+            rows.indptr[:-1].astype(np.int32),
+            rows.indices.astype(np.int32),
+            rows.data,
+        )
 
-    def _rounds(self, end: float) -> tuple[Optional[np.ndarray], bool]:
+    def _rounds(self, end: float) -> tuple[np.ndarray | None, bool]:
         """Solve, add the rows the answer breaks, again, until it breaks none or time runs out:
         (the last answer's column values or None, whether it broke none)."""
         while True:
             self.h.setOptionValue("time_limit", max(0.05, end - time.monotonic()))
             self.h.run()
-            if self.h.getInfo().primal_solution_status != 2:      # no feasible point
+            if self.h.getInfo().primal_solution_status != 2:  # no feasible point
                 return None, False
             if not self.integer and self.h.getModelStatus() == HighsModelStatus.kOptimal:
                 self.prices = self._prices()
@@ -121,8 +136,9 @@ class LazyMemoryModel:
         upper row's dual is the objective's change per unit of its bound (<= 0); 0 for a row
         not added."""
         prices = np.zeros(self.m.pieces)
-        prices[self.order] = np.maximum(-np.asarray(self.h.getSolution().row_dual)[self.rows:],
-                                        0.0)
+        prices[self.order] = np.maximum(
+            -np.asarray(self.h.getSolution().row_dual)[self.rows :], 0.0
+        )
         return prices * self.m.scale / self.m.bytes
 
     def relax(self, time_limit: float) -> RegionResult:
@@ -134,12 +150,13 @@ class LazyMemoryModel:
         x, whole = self._rounds(time.monotonic() + time_limit)
         if x is None or not whole or self.h.getModelStatus() != HighsModelStatus.kOptimal:
             return RegionResult(m.nodes, None, False, len(m.cost), prices=self.prices)
-        top = np.maximum.reduceat(x[:m.nx], m.xoff[:-1])
+        top = np.maximum.reduceat(x[: m.nx], m.xoff[:-1])
         unsure = tuple(int(v) for v in m.nodes[top < 1 - 1e-6])
         fun = self.h.getInfo().objective_function_value
         reduced = np.asarray(self.h.getSolution().col_dual)
-        return RegionResult(m.nodes, m.pick(x), False, len(m.cost), unsure, fun * m.scale,
-                            reduced, self.prices)
+        return RegionResult(
+            m.nodes, m.pick(x), False, len(m.cost), unsure, fun * m.scale, reduced, self.prices
+        )
 
     def fix(self, lp: RegionResult, ceiling: float) -> int:
         """Keep in the MIP only answers costing at most ``ceiling`` (cost units, like
@@ -153,7 +170,7 @@ class LazyMemoryModel:
         ``ceiling``, and its dual bound capped at ``ceiling`` (which it is when no answer is
         left) is a bound on the whole model. Returns how many columns were fixed."""
         room = max((ceiling - lp.bound) / self.m.scale, 0.0)
-        ub = self.m.ub[:self.ncol].copy()
+        ub = self.m.ub[: self.ncol].copy()
         self.top = np.inf
         if lp.reduced is not None and not np.isnan(room):
             # HiGHS' dual tolerance is 1e-7 per column: keep a margin beyond it
@@ -161,9 +178,10 @@ class LazyMemoryModel:
             top = ceiling / self.m.scale
             self.top = top + 1e-9 * abs(top) + 1e-9
         self.h.setOptionValue("objective_bound", float(self.top))
-        self.h.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32),
-                                self.m.lb[:self.ncol], ub)
-        return int((ub < self.m.ub[:self.ncol]).sum())
+        self.h.changeColsBounds(
+            self.ncol, np.arange(self.ncol, dtype=np.int32), self.m.lb[: self.ncol], ub
+        )
+        return int((ub < self.m.ub[: self.ncol]).sum())
 
     def solve(self, time_limit: float, gap: float = 1e-6) -> RegionResult:
         """The MIP (x binary) within ``time_limit`` seconds and relative gap ``gap``: its
@@ -172,8 +190,9 @@ class LazyMemoryModel:
         its dual bound (inf when it has no answer: none below the ceiling)."""
         m = self.m
         self.integer = True
-        self.h.changeColsIntegrality(m.nx, np.arange(m.nx, dtype=np.int32),
-                                     np.full(m.nx, HighsVarType.kInteger))
+        self.h.changeColsIntegrality(
+            m.nx, np.arange(m.nx, dtype=np.int32), np.full(m.nx, HighsVarType.kInteger)
+        )
         self.h.setOptionValue("mip_rel_gap", float(gap))
         x, whole = self._rounds(time.monotonic() + time_limit)
         dual = self.h.getInfo().mip_dual_bound
@@ -182,8 +201,11 @@ class LazyMemoryModel:
         bound = float(dual) * m.scale if not np.isnan(dual) and dual > -np.inf else None
         if x is None:
             return RegionResult(m.nodes, None, False, len(m.cost), bound=bound)
-        optimal = whole and self.h.getModelStatus() == HighsModelStatus.kOptimal and \
-            self.h.getInfo().objective_function_value <= self.top
+        optimal = (
+            whole
+            and self.h.getModelStatus() == HighsModelStatus.kOptimal
+            and self.h.getInfo().objective_function_value <= self.top
+        )
         return RegionResult(m.nodes, m.pick(x), optimal, len(m.cost), bound=bound)
 
 
@@ -206,18 +228,25 @@ class WholeModel:
 
     reach = 0.01
 
-    def __init__(self, mip: RegionMip, choice, slack, time_limit: float,
-                 gap: Optional[float] = None, lp_limit: Optional[float] = None,
-                 ceiling: Callable[[], float] = lambda: np.inf):
+    def __init__(
+        self,
+        mip: RegionMip,
+        choice,
+        slack,
+        time_limit: float,
+        gap: float | None = None,
+        lp_limit: float | None = None,
+        ceiling: Callable[[], float] = lambda: np.inf,
+    ):
         model = mip.build(choice, slack, np.arange(len(choice)), steps=True)  # now: they change
         self.model = model
         self.relax = self.mip = None
         self.fixed = self.rounds = 0
         self.relaxed = threading.Event()
         lp_limit = time_limit if lp_limit is None else min(lp_limit, time_limit)
-        self.thread = threading.Thread(target=self._solve,
-                                       args=(model, time_limit, gap, lp_limit, ceiling),
-                                       daemon=False)   # joined at exit: HiGHS stopped
+        self.thread = threading.Thread(
+            target=self._solve, args=(model, time_limit, gap, lp_limit, ceiling), daemon=False
+        )  # joined at exit: HiGHS stopped
         # in native code by the interpreter ending aborts the process ("terminate called")
         self.thread.start()
 
@@ -242,7 +271,7 @@ class WholeModel:
             res = lazy.solve(end - time.monotonic(), gap)
             if res.bound is not None:
                 proven = max(proven, min(res.bound, top))
-            if res.choice is None and self.mip is not None:     # keep an earlier answer
+            if res.choice is None and self.mip is not None:  # keep an earlier answer
                 res = dataclasses.replace(res, choice=self.mip.choice)
             self.mip = dataclasses.replace(res, bound=proven if proven > -np.inf else None)
             # nothing below ``top`` that was left out: widen it while the search's best is above

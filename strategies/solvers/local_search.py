@@ -55,17 +55,19 @@ Algorithm:
 The search stops a margin before the time limit, measured from the start of ``solve``; HiGHS is
 asked for less than the time left, since it checks its limit only between steps.
 """
+
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 
 from autopar.errors import InfeasibleError
+
 from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
 from .graph_reduction import reduce, restrict
@@ -77,31 +79,37 @@ from .trws import MessagePassing
 
 @dataclass(frozen=True)
 class LocalSearchOptions:
-    seed: int = 0                 # random seed (orders, regions)
-    default_time: float = 60.0    # seconds when solve() is given no time limit
-    margin: float = 0.5           # seconds kept back before the time limit (at most a tenth) ...
-    margin_share: float = 0.01    # ... plus this share of it (HiGHS overruns, expansion)
-    whole_mip_columns: int = 400_000   # solve the whole reduced problem as one MIP up to this
-    whole_lp_share: float = 0.6   # ... when its LP is solved within this share of the time left
-    lagrangian_share: float = 0.5      # share of the time for the Lagrangian phase otherwise
-    pool_size: int = 40           # Lagrangian solutions whose strategies the merge LP offers
-    merge_share: float = 0.5      # most of the time left that the merge LP may take
-    round_share: float = 0.25     # ... and the MIP that rounds the whole problem's LP (one MIP)
-    lagrangian_sweeps: int = 3    # TRW-S sweeps per price update
+    seed: int = 0  # random seed (orders, regions)
+    default_time: float = 60.0  # seconds when solve() is given no time limit
+    margin: float = 0.5  # seconds kept back before the time limit (at most a tenth) ...
+    margin_share: float = 0.01  # ... plus this share of it (HiGHS overruns, expansion)
+    whole_mip_columns: int = 400_000  # solve the whole reduced problem as one MIP up to this
+    whole_lp_share: float = 0.6  # ... when its LP is solved within this share of the time left
+    lagrangian_share: float = 0.5  # share of the time for the Lagrangian phase otherwise
+    pool_size: int = 40  # Lagrangian solutions whose strategies the merge LP offers
+    merge_share: float = 0.5  # most of the time left that the merge LP may take
+    round_share: float = 0.25  # ... and the MIP that rounds the whole problem's LP (one MIP)
+    lagrangian_sweeps: int = 3  # TRW-S sweeps per price update
     region_columns: int = 10_000  # starting MIP size of a region (grows/shrinks with success)
-    region_seconds: float = 8.0   # time limit of one region MIP
-    region_threads: int = 0       # regions solved at once when nothing else runs beside the
-                                  # search (0: one per core this process may use, at most 2)
-    progress_every: float = 1.0   # seconds between progress messages
+    region_seconds: float = 8.0  # time limit of one region MIP
+    region_threads: int = 0  # regions solved at once when nothing else runs beside the
+    # search (0: one per core this process may use, at most 2)
+    progress_every: float = 1.0  # seconds between progress messages
 
 
 class _Search:
-    def __init__(self, st: State, opts: LocalSearchOptions, deadline: float,
-                 progress: Optional[Callable[[str], None]], started: float):
+    def __init__(
+        self,
+        st: State,
+        opts: LocalSearchOptions,
+        deadline: float,
+        progress: Callable[[str], None] | None,
+        started: float,
+    ):
         self.st = st
         self.opts = opts
         self.rng = np.random.default_rng(opts.seed)
-        self.region_rng = np.random.default_rng([opts.seed, 1])   # regions' roots and orders
+        self.region_rng = np.random.default_rng([opts.seed, 1])  # regions' roots and orders
         self.deadline = deadline
         self.progress = progress
         self.started = started
@@ -109,17 +117,17 @@ class _Search:
         self.best = None
         self.best_cost = np.inf
         self.optimal = False
-        self.bound = None             # proven lower bound on every feasible cost, if any
+        self.bound = None  # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
-        self.pool = []                # solutions met in the Lagrangian phase
+        self.pool = []  # solutions met in the Lagrangian phase
         self.start = None
-        self.unary = None             # node costs at the Lagrangian phase's last prices
-        self._long = None             # long_lived(), once made
-        self.budget = float(opts.region_columns)   # a region's MIP size (columns), adapted
-        self.over = 0.0    # the most a region overran its limit (building it, HiGHS), per column
+        self.unary = None  # node costs at the Lagrangian phase's last prices
+        self._long = None  # long_lived(), once made
+        self.budget = float(opts.region_columns)  # a region's MIP size (columns), adapted
+        self.over = 0.0  # the most a region overran its limit (building it, HiGHS), per column
         self.solver = ThreadPoolExecutor(2, thread_name_prefix="autopar-region")
         self.pending = {}  # region being solved -> (nodes, start, limit, budget)
-        self.busy = np.zeros(st.n, bool)          # the nodes of those regions
+        self.busy = np.zeros(st.n, bool)  # the nodes of those regions
 
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -127,13 +135,15 @@ class _Search:
     def report(self, what: str, always: bool = False):
         """``progress`` about once every ``progress_every`` seconds, or now when ``always``."""
         now = time.monotonic()
-        if self.progress is not None and (always or
-                                          now - self.last_report >= self.opts.progress_every):
+        if self.progress is not None and (
+            always or now - self.last_report >= self.opts.progress_every
+        ):
             self.last_report = now
-            self.progress(f"local_search {now - self.started:6.1f}s {what}: best "
-                          f"{self.best_cost:.6g}")
+            self.progress(
+                f"local_search {now - self.started:6.1f}s {what}: best {self.best_cost:.6g}"
+            )
 
-    def remember(self, st: Optional[State] = None) -> bool:
+    def remember(self, st: State | None = None) -> bool:
         """Keep the choice of ``st`` (the search's state by default) when it fits and is the
         cheapest yet."""
         st = self.st if st is None else st
@@ -178,7 +188,7 @@ class _Search:
         return not st.overflow()
 
     # ------------------------------------------------------------------ 1-opt
-    def descend(self, nodes=None, st: Optional[State] = None, rng=None):
+    def descend(self, nodes=None, st: State | None = None, rng=None):
         """1-opt over ``nodes`` (all by default, in an order drawn from ``rng``) of ``st``
         (the search's state by default): each to its cheapest strategy that fits, revisiting
         neighbours of moved nodes, until no move helps (``State.descend``, in C++)."""
@@ -199,7 +209,7 @@ class _Search:
         step, stale = 1.0, 0
         side = st.fork() if regions else None
         side_seeds = []
-        own = self.best_cost          # the best answer of the start or this phase
+        own = self.best_cost  # the best answer of the start or this phase
         while time.monotonic() < until and self.time_left() > 0:
             if side is not None and self.best is not None:
                 self.collect(side, 0.0)
@@ -212,7 +222,7 @@ class _Search:
             # every feasible choice costs at least the priced minimum less priced capacity
             self.prove(r.offset + passing.lower_bound() - float(lam @ r.capacity))
             st.load(x)
-            g = -st.slack.astype(np.float64)            # usage - capacity
+            g = -st.slack.astype(np.float64)  # usage - capacity
             priced = st.total(forbidden=passing.big) + float(lam @ g)
             move = np.where(lam > 0, g, np.maximum(g, 0))
             norm = float(move @ move)
@@ -221,8 +231,8 @@ class _Search:
                 size = step * max(ref - priced, 0.02 * ref) / norm
                 lam = np.maximum(lam + size * move, 0.0)
             self.pool.append(x)
-            if not np.isfinite(st.total()):    # forbidden pairs: the nearest choice without
-                score = unary.copy()           # (x's strategy where left, else the cheapest)
+            if not np.isfinite(st.total()):  # forbidden pairs: the nearest choice without
+                score = unary.copy()  # (x's strategy where left, else the cheapest)
                 score[st.node_off + x] = -np.inf
                 st.load(st.consistent(score))
             better = False
@@ -244,7 +254,7 @@ class _Search:
         within ``seconds`` while regions are solved here (one at a time), then rounded
         (``round``). Returns the nodes it left fractional."""
         st = self.st
-        pool = self.pool[::max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
+        pool = self.pool[:: max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
         keep = [np.unique([s[x] for s in pool + [self.best, self.start]]) for x in range(st.n)]
         sub = RegionMip(restrict(st.r, keep))
         self.restore()
@@ -256,8 +266,9 @@ class _Search:
             lam = np.zeros(len(st.slack))
             np.add.at(lam, lp.model.steps, lp.relax.prices)
             self.priced_bound(lam, time.monotonic() + 0.1 * self.time_left())
-        return self.round(lp.relax, sub, keep,
-                          time.monotonic() + self.opts.round_share * self.time_left())
+        return self.round(
+            lp.relax, sub, keep, time.monotonic() + self.opts.round_share * self.time_left()
+        )
 
     def priced_bound(self, lam, until: float):
         """TRW-S sweeps over the whole problem with memory priced at ``lam`` (the restricted
@@ -276,8 +287,10 @@ class _Search:
             if len(history) > 10 and history[-1] - history[-11] <= 1e-5 * abs(history[-1]):
                 break
         if history:
-            self.report(f"LP's memory prices: bound {history[-1]:.6g} ({5 * len(history)} "
-                        f"sweeps)", always=True)
+            self.report(
+                f"LP's memory prices: bound {history[-1]:.6g} ({5 * len(history)} sweeps)",
+                always=True,
+            )
 
     def round(self, res, sub: RegionMip, keep, end: float) -> tuple:
         """An LP answer ``res`` of ``sub`` (whose node ``x`` offers the strategies ``keep[x]``;
@@ -288,16 +301,20 @@ class _Search:
         st = self.st
         if res is None or res.choice is None:
             return ()
-        original = (lambda c: c) if keep is None else \
-            (lambda c: np.array([k[s] for k, s in zip(keep, c)], np.int64))
+        original = (
+            (lambda c: c)
+            if keep is None
+            else (lambda c: np.array([k[s] for k, s in zip(keep, c)], np.int64))
+        )
         choice = res.choice.copy()
         unsure = np.array(res.unsure, np.int64)
         if len(unsure):
             st.load(original(choice))
             near = np.unique(np.concatenate([unsure] + [st.nbr_ids[x] for x in unsure]))
             if 2 * len(near) < st.n:
-                fix = sub.solve(choice, st.slack, near,
-                                self.mip_seconds(end - time.monotonic()), 1e-4)
+                fix = sub.solve(
+                    choice, st.slack, near, self.mip_seconds(end - time.monotonic()), 1e-4
+                )
                 if fix.choice is not None:
                     choice[fix.nodes] = fix.choice
         st.load(original(choice))
@@ -388,24 +405,31 @@ class _Search:
             left = self.time_left()
             if self.over > 0 and self.over * self.budget > 0.5 * left > 0:
                 self.budget = max(0.5 * left / self.over, 500.0)  # overran: smaller, not none
-            limit = min(self.mip_seconds(left - self.over * self.budget),
-                        self.opts.region_seconds)
+            limit = min(self.mip_seconds(left - self.over * self.budget), self.opts.region_seconds)
             if limit < 0.05:
                 return
             seed = seeds.pop() if seeds else self.root(st)
             if self.busy[seed].any():
                 continue
-            nodes = seed if isinstance(seed, np.ndarray) else \
-                self.grow_region(seed, self.budget, self.busy if self.pending else None)
+            nodes = (
+                seed
+                if isinstance(seed, np.ndarray)
+                else self.grow_region(seed, self.budget, self.busy if self.pending else None)
+            )
             t0 = time.monotonic()
             model = self.mip.build(st.choice, st.slack, nodes)
-            job = self.solver.submit(RegionMip.solve_model, model,
-                                     limit - (time.monotonic() - t0), 1e-6)
-            self.pending[job] = (nodes, t0, limit,
-                                 None if isinstance(seed, np.ndarray) else self.budget)
+            job = self.solver.submit(
+                RegionMip.solve_model, model, limit - (time.monotonic() - t0), 1e-6
+            )
+            self.pending[job] = (
+                nodes,
+                t0,
+                limit,
+                None if isinstance(seed, np.ndarray) else self.budget,
+            )
             self.busy[nodes] = True
 
-    def collect(self, st: State, timeout: Optional[float] = None):
+    def collect(self, st: State, timeout: float | None = None):
         """The answers of the regions solved within ``timeout`` seconds (None: until one is,
         or the search's time is up), kept in ``st`` where they still help (``region_move``);
         the region size grows after quick optimal answers and shrinks after unfinished ones."""
@@ -418,7 +442,7 @@ class _Search:
             res = job.result()
             self.region_move(res, st)
             took = time.monotonic() - t0
-            if asked is None:          # a given region: nothing to learn about the size
+            if asked is None:  # a given region: nothing to learn about the size
                 continue
             self.over = max(self.over, (took - limit) / asked)
             if res.optimal and took < 0.3 * limit:
@@ -438,12 +462,12 @@ class _Search:
             seeds.append(self.long_lived())
         while True:
             self.launch(self.st, seeds, threads, stop)
-            if not self.pending or self.time_left() <= 0:    # HiGHS late: not waited for
+            if not self.pending or self.time_left() <= 0:  # HiGHS late: not waited for
                 return
             self.collect(self.st)
 
     # ------------------------------------------------------------------ driver
-    def run(self, seed: Optional[np.ndarray] = None):
+    def run(self, seed: np.ndarray | None = None):
         """The phases of the module docstring; ``seed``, a reduced choice, competes with the
         least-memory start."""
         st = self.st
@@ -465,28 +489,34 @@ class _Search:
         if everything > self.opts.whole_mip_columns:
             return self.large(threads)
         left = self.time_left()
-        whole = WholeModel(self.mip, st.choice, st.slack, self.mip_seconds(left),
-                       0.0 if everything < 20_000 else 1e-6,
-                       self.mip_seconds(self.opts.whole_lp_share * left),
-                       lambda: self.best_cost - st.r.offset)
+        whole = WholeModel(
+            self.mip,
+            st.choice,
+            st.slack,
+            self.mip_seconds(left),
+            0.0 if everything < 20_000 else 1e-6,
+            self.mip_seconds(self.opts.whole_lp_share * left),
+            lambda: self.best_cost - st.r.offset,
+        )
         if st.has_memory.any():
             self.lagrangian(time.monotonic() + min(0.15 * left, 10.0))
         if self.best is not None:
             self.restore()
         self.regions(stop=whole.relaxed.is_set)
         lp = whole.relax
-        if lp is None or lp.choice is None:      # not solved in its share of the time
+        if lp is None or lp.choice is None:  # not solved in its share of the time
             return self.large(threads)
         self.prove(st.r.offset + lp.bound)
         self.report(f"whole LP, bound {self.bound:.6g}", always=True)
-        unsure = self.round(lp, self.mip, None,
-                            time.monotonic() + self.opts.round_share * self.time_left())
+        unsure = self.round(
+            lp, self.mip, None, time.monotonic() + self.opts.round_share * self.time_left()
+        )
         if self.best is not None:
             self.restore()
         self.regions(unsure, stop=whole.done)
         res = whole.mip if whole.done() else None
         if res is not None:
-            if res.bound is not None:       # the whole problem's: proven
+            if res.bound is not None:  # the whole problem's: proven
                 self.prove(st.r.offset + res.bound)
             if res.choice is not None:
                 st.load(res.choice)
@@ -495,8 +525,11 @@ class _Search:
                     self.remember()
                 if self.best is not None:
                     self.restore()
-            self.report(f"whole MIP over {len(lp.reduced) - whole.fixed} of "
-                        f"{len(lp.reduced)} columns ({whole.rounds} rounds)", always=True)
+            self.report(
+                f"whole MIP over {len(lp.reduced) - whole.fixed} of "
+                f"{len(lp.reduced)} columns ({whole.rounds} rounds)",
+                always=True,
+            )
             # done when the answer kept is proven: one HiGHS finds within its tolerances may
             # overflow by a few bytes and be repaired into a dearer one; or none cheaper than
             # the search's own is left (HiGHS' cutoff at it)
@@ -508,8 +541,9 @@ class _Search:
     def large(self, threads: int):
         """The search without the whole MIP: the Lagrangian phase (regions beside it on the
         second core), the merge phase, then regions (``threads`` at once)."""
-        self.lagrangian(time.monotonic() + self.opts.lagrangian_share * self.time_left(),
-                        regions=threads > 1)
+        self.lagrangian(
+            time.monotonic() + self.opts.lagrangian_share * self.time_left(), regions=threads > 1
+        )
         unsure = ()
         if self.best is not None:
             self.restore()
@@ -517,8 +551,15 @@ class _Search:
             self.restore()
         self.regions(unsure, threads=threads)
 
-def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=None,
-          options: LocalSearchOptions = LocalSearchOptions()) -> Solution:
+
+def solve(
+    problem: SearchProblem,
+    *,
+    time_limit=None,
+    initial=None,
+    progress=None,
+    options: LocalSearchOptions = LocalSearchOptions(),
+) -> Solution:
     """The best feasible answer found within ``time_limit`` seconds (see the module
     docstring); ``initial`` seeds the search and is returned if nothing better is found."""
     started = time.monotonic()
@@ -531,9 +572,11 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     deadline = started + limit - margin
     search = _Search(st, options, deadline, progress, started)
     if progress is not None:
-        progress(f"local_search {time.monotonic() - started:6.1f}s reduced {problem.num_nodes} "
-                 f"nodes to {red.num_nodes} ({int(st.sizes.sum())} strategies, "
-                 f"{red.num_edges} edges)")
+        progress(
+            f"local_search {time.monotonic() - started:6.1f}s reduced {problem.num_nodes} "
+            f"nodes to {red.num_nodes} ({int(st.sizes.sum())} strategies, "
+            f"{red.num_edges} edges)"
+        )
     try:
         search.run(None if initial is None else red.encode(initial.choice))
     finally:
@@ -541,10 +584,20 @@ def solve(problem: SearchProblem, *, time_limit=None, initial=None, progress=Non
     if search.best is None and (initial is None or not problem.feasible(initial.choice)):
         raise InfeasibleError(
             f"problem {problem.name!r}: no choice of finite cost within the memory limit of "
-            f"{problem.usage_limit} was found in {limit:g} s.")
+            f"{problem.usage_limit} was found in {limit:g} s."
+        )
     seconds = time.monotonic() - started
-    if initial is not None and problem.feasible(initial.choice) and (
-            search.best is None or problem.cost(initial.choice) < search.best_cost):
+    if (
+        initial is not None
+        and problem.feasible(initial.choice)
+        and (search.best is None or problem.cost(initial.choice) < search.best_cost)
+    ):
         return Solution.of(problem, initial.choice, "local_search", seconds)
-    return Solution.of(problem, red.expand(search.best), "local_search", seconds,
-                       optimal=search.optimal, bound=search.bound)
+    return Solution.of(
+        problem,
+        red.expand(search.best),
+        "local_search",
+        seconds,
+        optimal=search.optimal,
+        bound=search.bound,
+    )

@@ -28,9 +28,8 @@ choice: never binds); ``tight`` (between the smallest possible peak and the larg
 often); ``exact`` (exactly the smallest possible peak: only minimum-usage choices at the peak
 fit); ``infeasible`` (one byte under the smallest possible peak: InfeasibleError).
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 
@@ -60,12 +59,12 @@ def _graph(kind: str, n: int, rng: np.random.Generator) -> tuple[int, list]:
             u, v = edges[e]
             w = count
             count += 1
-            if rng.random() < 0.5:                 # series: u -> w -> v replaces u -> v
+            if rng.random() < 0.5:  # series: u -> w -> v replaces u -> v
                 edges[e] = (u, w)
                 edges.append((w, v))
-            else:                                  # parallel: u -> w -> v beside u -> v
+            else:  # parallel: u -> w -> v beside u -> v
                 edges += [(u, w), (w, v)]
-        if rng.random() < 0.3:                     # a duplicate edge between one pair
+        if rng.random() < 0.3:  # a duplicate edge between one pair
             edges.append(edges[int(rng.integers(0, len(edges)))])
         return count, edges
     if kind == "diamond":
@@ -92,15 +91,21 @@ def _edge_matrix(su: int, sv: int, rng: np.random.Generator) -> np.ndarray:
         k = min(su, sv)
         m[np.arange(k), np.arange(k)] = 0.0
     if rng.random() < 0.2:
-        m[int(rng.integers(0, su)), int(rng.integers(0, sv))] = 1e6     # prohibitive pair
+        m[int(rng.integers(0, su)), int(rng.integers(0, sv))] = 1e6  # prohibitive pair
     if rng.random() < 0.15:
-        m[:] = np.round(rng.uniform(0.0, 10.0), 2)                    # separable: constant
+        m[:] = np.round(rng.uniform(0.0, 10.0), 2)  # separable: constant
     return m
 
 
-def random_problem(seed: int, *, kind: Optional[str] = None, nodes: Optional[int] = None,
-                   max_strategies: int = 3, limit: Optional[str] = None,
-                   max_combinations: int = 20_000) -> SearchProblem:
+def random_problem(
+    seed: int,
+    *,
+    kind: str | None = None,
+    nodes: int | None = None,
+    max_strategies: int = 3,
+    limit: str | None = None,
+    max_combinations: int = 20_000,
+) -> SearchProblem:
     """A random problem; arguments left None are drawn from ``seed`` as well.
 
     ``max_combinations`` caps the product of strategy counts (strategy counts are lowered
@@ -120,32 +125,48 @@ def random_problem(seed: int, *, kind: Optional[str] = None, nodes: Optional[int
     for s in sizes:
         c = np.round(rng.uniform(0.0, 100.0, s), 2)
         if s > 1 and rng.random() < 0.2:
-            c[int(rng.integers(0, s))] = c[0]                          # exact tie
+            c[int(rng.integers(0, s))] = c[0]  # exact tie
         costs.append(c)
     usages = [rng.integers(1, 100, s).astype(np.int64) for s in sizes]
     horizon = 2 * n + 2
     starts = rng.integers(0, horizon, n)
     lengths = rng.integers(1, n + 2, n)
-    lengths[rng.random(n) < 0.05] = 0                                  # never live
+    lengths[rng.random(n) < 0.05] = 0  # never live
     intervals = np.stack([starts, starts + lengths], axis=1).astype(np.int64)
     ends = np.asarray(edges, np.int64).reshape(-1, 2)
     ecosts = tuple(_edge_matrix(int(sizes[u]), int(sizes[v]), rng) for u, v in ends)
-    problem = SearchProblem(tuple(costs), tuple(usages), intervals, ends, ecosts, None,
-                            f"random-{kind}-{limit}-{seed}")
+    problem = SearchProblem(
+        tuple(costs), tuple(usages), intervals, ends, ecosts, None, f"random-{kind}-{limit}-{seed}"
+    )
     if limit == "none":
         return problem
     low = problem.peak([int(np.argmin(u)) for u in usages])
     high = problem.peak([int(np.argmax(u)) for u in usages])
-    value = {"loose": high,
-             "tight": low + int(rng.uniform(0.0, 0.6) * (high - low)),
-             "exact": low,
-             "infeasible": low - 1}[limit]
-    return SearchProblem(tuple(costs), tuple(usages), intervals, ends, ecosts, int(value),
-                         problem.name)
+    value = {
+        "loose": high,
+        "tight": low + int(rng.uniform(0.0, 0.6) * (high - low)),
+        "exact": low,
+        "infeasible": low - 1,
+    }[limit]
+    return SearchProblem(
+        tuple(costs), tuple(usages), intervals, ends, ecosts, int(value), problem.name
+    )
 
 
-def random_medium_problem(seed: int, *, kind: Optional[str] = None, nodes: int = 200,
-                          max_strategies: int = 8, limit: str = "tight") -> SearchProblem:
+def random_medium_problem(
+    seed: int,
+    *,
+    kind: str | None = None,
+    nodes: int = 200,
+    max_strategies: int = 8,
+    limit: str = "tight",
+) -> SearchProblem:
     """A benchmark-sized problem (hundreds of nodes): too big for brute force."""
-    return random_problem(seed, kind=kind, nodes=nodes, max_strategies=max_strategies,
-                          limit=limit, max_combinations=10 ** 300)
+    return random_problem(
+        seed,
+        kind=kind,
+        nodes=nodes,
+        max_strategies=max_strategies,
+        limit=limit,
+        max_combinations=10**300,
+    )

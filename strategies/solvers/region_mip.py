@@ -19,11 +19,12 @@ each term appears twice, not once per step:
     U_p = U_{p-1} + sum_{terms starting at p} usage . x - sum_{terms ending at p} usage . x
     U_p <= capacity_p = min over the piece of (slack + the region's current usage).
 """
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sparse
@@ -34,40 +35,41 @@ from .graph_reduction import ReducedProblem, dominated_steps
 
 @dataclass(frozen=True, eq=False)
 class RegionResult:
-    nodes: np.ndarray               # region nodes
-    choice: Optional[np.ndarray]    # their new strategies, None when none was found
-    optimal: bool                   # HiGHS proved it optimal for the region
-    variables: int                  # model columns
-    unsure: tuple = ()              # nodes whose LP values were fractional (LP only)
-    bound: Optional[float] = None   # HiGHS's lower bound on the region's objective (cost units;
-                                    # nodes outside the region held as they were): the MIP's
-                                    # dual bound, or the optimum of the LP relaxation
-    reduced: Optional[np.ndarray] = None    # the LP's reduced costs per column (LP only;
-                                            # objective units, see LazyMemoryModel.fix)
-    prices: Optional[np.ndarray] = None     # the LP's price of a byte at each memory piece's
-                                            # step (``RegionModel.steps``; cost units, LP only)
+    nodes: np.ndarray  # region nodes
+    choice: np.ndarray | None  # their new strategies, None when none was found
+    optimal: bool  # HiGHS proved it optimal for the region
+    variables: int  # model columns
+    unsure: tuple = ()  # nodes whose LP values were fractional (LP only)
+    bound: float | None = None  # HiGHS's lower bound on the region's objective (cost units;
+    # nodes outside the region held as they were): the MIP's
+    # dual bound, or the optimum of the LP relaxation
+    reduced: np.ndarray | None = None  # the LP's reduced costs per column (LP only;
+    # objective units, see LazyMemoryModel.fix)
+    prices: np.ndarray | None = None  # the LP's price of a byte at each memory piece's
+    # step (``RegionModel.steps``; cost units, LP only)
 
 
 @dataclass(frozen=True, eq=False)
 class RegionModel:
     nodes: np.ndarray
-    xoff: np.ndarray        # first column of each node's x
-    cost: np.ndarray        # objective, scaled
-    a: object               # sparse equality rows (memory as equalities on U columns)
+    xoff: np.ndarray  # first column of each node's x
+    cost: np.ndarray  # objective, scaled
+    a: object  # sparse equality rows (memory as equalities on U columns)
     rhs: np.ndarray
     lb: np.ndarray
     ub: np.ndarray
-    nx: int                 # number of x columns (the binaries)
-    scale: float = 1.0      # cost units per objective unit
-    pieces: int = 0         # memory pieces: the last rows and columns (U) are theirs
-    steps: Optional[np.ndarray] = None  # each piece's kept step where its capacity is least
-    bytes: float = 1.0      # bytes per memory unit of the U rows
+    nx: int  # number of x columns (the binaries)
+    scale: float = 1.0  # cost units per objective unit
+    pieces: int = 0  # memory pieces: the last rows and columns (U) are theirs
+    steps: np.ndarray | None = None  # each piece's kept step where its capacity is least
+    bytes: float = 1.0  # bytes per memory unit of the U rows
 
     def pick(self, values) -> np.ndarray:
         """Each node's strategy with the largest ``x``."""
-        xs = values[:self.nx]
-        return np.array([int(np.argmax(xs[a:b])) for a, b in zip(self.xoff[:-1], self.xoff[1:])],
-                        np.int64)
+        xs = values[: self.nx]
+        return np.array(
+            [int(np.argmax(xs[a:b])) for a, b in zip(self.xoff[:-1], self.xoff[1:])], np.int64
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +77,7 @@ class _Region:
     """A region's indexing: its sorted ``nodes``, ``local`` (problem node -> position in the
     region, -1 outside), their strategy counts (``sizes``), the first x column of each node
     (``xoff``, one past the end last) and the number of x columns ``nx``."""
+
     nodes: np.ndarray
     local: np.ndarray
     sizes: np.ndarray
@@ -85,6 +88,7 @@ class _Region:
 class _Rows(NamedTuple):
     """Sparse constraint rows as coordinate triplets: arrays of row indices, column indices
     and values (entry k of each list goes together), and the number of rows."""
+
     rows: list
     cols: list
     vals: list
@@ -113,7 +117,7 @@ class RegionMip:
         both = inside[e[:, 0]] & inside[e[:, 1]]
         return int((self.sizes[e[both, 0]] * self.sizes[e[both, 1]]).sum())
 
-    def build(self, choice, slack, nodes, steps: bool = False) -> "RegionModel":
+    def build(self, choice, slack, nodes, steps: bool = False) -> RegionModel:
         """The MIP of the module docstring for ``nodes`` (others fixed as in ``choice``): the
         x and y columns with their equality rows, then the memory's U columns and rows (with
         ``steps``, the model says at which kept step each piece's capacity is least)."""
@@ -125,7 +129,7 @@ class RegionMip:
         eq = self._polytope_rows(reg, inner, mats, yoff)
         rows, cols, vals, nrow = list(eq.rows), list(eq.cols), list(eq.vals), eq.count
         rhs = np.zeros(nrow)
-        rhs[:len(reg.nodes)] = 1.0
+        rhs[: len(reg.nodes)] = 1.0
         ncol = int(yoff[-1])
         mem = self._memory(choice, slack, reg.nodes, reg.xoff, reg.local, nrow, ncol, steps)
         cost = np.concatenate(unary + [m.ravel() for m in mats])
@@ -145,18 +149,20 @@ class RegionMip:
         forbidden = ~np.isfinite(cost)
         cost[forbidden] = 0.0
         ub[forbidden] = 0.0
-        a = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                              shape=(nrow, ncol))
+        a = sparse.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(nrow, ncol)
+        )
         # HiGHS works best with objective coefficients of moderate size
         scale = float(np.abs(cost).max()) / 1e4 if ncol and np.abs(cost).max() > 1e4 else 1.0
         if mem is None:
             return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale)
-        return RegionModel(reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale,
-                           len(cap), at, unit)
+        return RegionModel(
+            reg.nodes, reg.xoff, cost / scale, a, rhs, lb, ub, reg.nx, scale, len(cap), at, unit
+        )
 
     def _region(self, nodes) -> _Region:
         """Region node ids (any order, repeats allowed) -> its indexing (``_Region``)."""
-        nodes = np.asarray(sorted(set(int(x) for x in nodes)), np.int64)
+        nodes = np.asarray(sorted({int(x) for x in nodes}), np.int64)
         local = np.full(self.r.num_nodes, -1, np.int64)
         local[nodes] = np.arange(len(nodes))
         sizes = self.sizes[nodes]
@@ -193,29 +199,35 @@ class RegionMip:
             u, v = reg.local[self.r.edges[e]]
             su, sv = m.shape
             ys = y0 + np.arange(su * sv)
-            rows += [nrow + np.repeat(np.arange(su), sv), nrow + np.arange(su),
-                     nrow + su + np.tile(np.arange(sv), su), nrow + su + np.arange(sv)]
+            rows += [
+                nrow + np.repeat(np.arange(su), sv),
+                nrow + np.arange(su),
+                nrow + su + np.tile(np.arange(sv), su),
+                nrow + su + np.arange(sv),
+            ]
             cols += [ys, reg.xoff[u] + np.arange(su), ys, reg.xoff[v] + np.arange(sv)]
             vals += [np.ones(su * sv), -np.ones(su), np.ones(su * sv), -np.ones(sv)]
             nrow += su + sv
         return _Rows(rows, cols, vals, nrow)
 
-    def solve(self, choice, slack, nodes, time_limit: float,
-              gap: float = 1e-6) -> RegionResult:
+    def solve(self, choice, slack, nodes, time_limit: float, gap: float = 1e-6) -> RegionResult:
         """The region's MIP, built and solved by HiGHS within about ``time_limit`` seconds."""
         t0 = time.monotonic()
         m = self.build(choice, slack, nodes)
         return self.solve_model(m, time_limit - (time.monotonic() - t0), gap)
 
     @staticmethod
-    def solve_model(m: "RegionModel", time_limit: float, gap: float = 1e-6) -> RegionResult:
+    def solve_model(m: RegionModel, time_limit: float, gap: float = 1e-6) -> RegionResult:
         """``solve`` on a model ``build`` made (HiGHS releases the GIL: a thread may run it)."""
         integrality = np.zeros(len(m.cost))
-        integrality[:m.nx] = 1
-        res = milp(m.cost, constraints=LinearConstraint(m.a, m.rhs, m.rhs),
-                   integrality=integrality, bounds=Bounds(m.lb, m.ub),
-                   options={"time_limit": max(0.05, float(time_limit)), "disp": False,
-                            "mip_rel_gap": gap})
+        integrality[: m.nx] = 1
+        res = milp(
+            m.cost,
+            constraints=LinearConstraint(m.a, m.rhs, m.rhs),
+            integrality=integrality,
+            bounds=Bounds(m.lb, m.ub),
+            options={"time_limit": max(0.05, float(time_limit)), "disp": False, "mip_rel_gap": gap},
+        )
         dual = getattr(res, "mip_dual_bound", None)
         bound = float(dual) * m.scale if dual is not None and np.isfinite(dual) else None
         if res.x is None:
@@ -239,12 +251,12 @@ class RegionMip:
         delta = np.zeros(b - a + 1, np.int64)
         np.add.at(delta, lo - a, cur)
         np.add.at(delta, hi - a, -cur)
-        free = slack[a:b] + np.cumsum(delta)[:-1]           # capacity for the region
-        cap = np.minimum.reduceat(free, cuts[:-1] - a)       # per piece
+        free = slack[a:b] + np.cumsum(delta)[:-1]  # capacity for the region
+        cap = np.minimum.reduceat(free, cuts[:-1] - a)  # per piece
         at = np.zeros(len(cap), np.int64)
         if steps:
             piece = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
-            order = np.lexsort((free, piece))                # each piece's least step first
+            order = np.lexsort((free, piece))  # each piece's least step first
             at = a + order[np.searchsorted(piece[order], np.arange(len(cap)))]
         plo, phi = np.searchsorted(cuts, lo), np.searchsorted(cuts, hi)
         most = np.zeros(len(cuts), np.int64)
@@ -281,5 +293,11 @@ class RegionMip:
                 rows.append(np.full(len(nz), row0 + h))
                 cols.append(xoff[i] + nz)
                 vals.append(u)
-        return (np.concatenate(rows), np.concatenate(cols), np.concatenate(vals),
-                cap / scale, at if steps else None, scale)
+        return (
+            np.concatenate(rows),
+            np.concatenate(cols),
+            np.concatenate(vals),
+            cap / scale,
+            at if steps else None,
+            scale,
+        )

@@ -8,6 +8,7 @@ node (``load``, ``price``, ``consistent``, the 1-opt ``descend``, the memory ``r
 C++ (``autopar._native.SearchState``, native/src/search_state.cc) on the same tables, writing
 ``choice`` and ``slack`` in place.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,6 +16,7 @@ import copy
 import numpy as np
 
 from autopar import _native
+
 from .graph_reduction import ReducedProblem
 
 
@@ -27,7 +29,7 @@ class State:
         self.n = n
         self.cost = [c.astype(np.float64) for c in r.node_costs]
         self.sizes = np.array([len(c) for c in self.cost], np.int64)
-        self.nbrs = [[] for _ in range(n)]       # (w, M oriented (x, w))
+        self.nbrs = [[] for _ in range(n)]  # (w, M oriented (x, w))
         for (u, v), m in zip(r.edges, r.edge_costs):
             self.nbrs[u].append((int(v), m))
             self.nbrs[v].append((int(u), m.T))
@@ -43,8 +45,9 @@ class State:
         self.node_flat = np.concatenate(self.cost) if self.n else np.zeros(0)
         esz = np.array([m.size for m in r.edge_costs], np.int64)
         self.edge_off = np.concatenate([[0], np.cumsum(esz)])[:-1]
-        self.edge_flat = (np.concatenate([m.ravel() for m in r.edge_costs]) if len(esz)
-                          else np.zeros(0))
+        self.edge_flat = (
+            np.concatenate([m.ravel() for m in r.edge_costs]) if len(esz) else np.zeros(0)
+        )
         self.eu, self.ev = r.edges[:, 0], r.edges[:, 1]
         self.esv = self.sizes[self.ev] if len(esz) else np.zeros(0, np.int64)
         self._regret_tables()
@@ -81,18 +84,21 @@ class State:
         pieces = [0 if a is None else len(a) for a in self.starts]
         mats = list(r.edge_costs)
         return _native.SearchState(
-            self.sizes, self.node_flat, np.asarray(r.edges, np.int64).reshape(-1, 2),
+            self.sizes,
+            self.node_flat,
+            np.asarray(r.edges, np.int64).reshape(-1, 2),
             flat([m.ravel() for m in mats], np.float64),
-            flat([m.T.ravel() for m in mats], np.float64), offsets([m.size for m in mats]),
+            flat([m.T.ravel() for m in mats], np.float64),
+            offsets([m.size for m in mats]),
             offsets(pieces),
-            flat([a + lo for a, (lo, _) in zip(self.starts, self.span) if a is not None],
-                 np.int64),
+            flat([a + lo for a, (lo, _) in zip(self.starts, self.span) if a is not None], np.int64),
             flat([ln for ln in self.lens if ln is not None], np.int64),
             flat([d.ravel() for d in self.table if d is not None], np.int64),
             offsets([len(c) * p for c, p in zip(self.cost, pieces)]),
-            r.capacity.astype(np.int64))
+            r.capacity.astype(np.int64),
+        )
 
-    def fork(self) -> "State":
+    def fork(self) -> State:
         """A State over the same problem, tables and C++ kernel (use one of the two at a
         time) with a copy of this one's choice and slack."""
         other = copy.copy(self)
@@ -129,8 +135,9 @@ class State:
             e = self._pair_edge
             other = np.where(self._pair_side, ch[self.eu[e]], ch[self.ev[e]])
             stride = np.where(self._pair_side, self.esv[e], 1)
-            local += np.bincount(self._pair_to, self.edge_flat[self._pair_at + other * stride],
-                                 minlength=len(local))
+            local += np.bincount(
+                self._pair_to, self.edge_flat[self._pair_at + other * stride], minlength=len(local)
+            )
         here = local[self.node_off + ch]
         return here - np.minimum.reduceat(local, self.node_off)
 
@@ -143,11 +150,12 @@ class State:
         first = np.concatenate([[0], np.cumsum(su + sv)])[:-1]
         k = np.arange(len(edge)) - first[edge]
         side = k >= su[edge]
-        j = np.where(side, k - su[edge], k)                    # the strategy of that end
+        j = np.where(side, k - su[edge], k)  # the strategy of that end
         self._pair_edge, self._pair_side = edge, side
         self._pair_at = self.edge_off[edge] + np.where(side, j, j * sv[edge])
-        self._pair_to = np.where(side, self.node_off[self.ev[edge]],
-                                 self.node_off[self.eu[edge]]) + j
+        self._pair_to = (
+            np.where(side, self.node_off[self.ev[edge]], self.node_off[self.eu[edge]]) + j
+        )
 
     def price(self, lam) -> np.ndarray:
         """Node costs plus memory priced at ``lam`` per byte and kept step, flat in node order
@@ -181,16 +189,18 @@ class State:
         """1-opt from the nodes of ``order``: each to its cheapest strategy that fits (the
         first among equals), revisiting neighbours of moved nodes, until no move helps or
         ``seconds`` pass. Returns the moves made."""
-        return self._kernel.descend(self.choice, self.slack, np.asarray(order, np.int64),
-                                    float(seconds))
+        return self._kernel.descend(
+            self.choice, self.slack, np.asarray(order, np.int64), float(seconds)
+        )
 
     def repair(self, order, seconds: float) -> int:
         """While memory overflows, rounds over the nodes of ``order`` live at an overflowing
         step: each over what the others leave it moves to the strategy with the least
         (extra cost + 1) per byte of excess removed, never into a forbidden pair. Stops when
         everything fits, a round moves nothing or ``seconds`` pass. Returns the moves made."""
-        return self._kernel.repair(self.choice, self.slack, np.asarray(order, np.int64),
-                                   float(seconds))
+        return self._kernel.repair(
+            self.choice, self.slack, np.asarray(order, np.int64), float(seconds)
+        )
 
     def consistent(self, score) -> np.ndarray:
         """A choice using no forbidden pair where arc consistency can keep it so: nodes in
@@ -203,4 +213,3 @@ class State:
 
     def overflow(self) -> bool:
         return bool(self.slack.size) and int(self.slack.min()) < 0
-

@@ -13,18 +13,18 @@ order, ``gamma_i = 1 / max(#neighbours before i, #neighbours after i)``:
 for ``j`` after ``i`` in a forward pass and before it in a backward pass. The choice: in the
 forward pass ``x_i = argmin_s unary_i(s) + sum_{j<i} M_ij(s, x_j) + sum_{j>i} m_{j->i}(s)``.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import numpy as np
 
 from autopar import _native
 
-FORBIDDEN = 1e17          # problem costs at or above this mark an impossible strategy or pair
-STALL_SWEEPS = 50         # bound() stops once this many sweeps raised its bound by less than
-STALL_SHARE = 1e-4        # ... this share of the target cost
+FORBIDDEN = 1e17  # problem costs at or above this mark an impossible strategy or pair
+STALL_SWEEPS = 50  # bound() stops once this many sweeps raised its bound by less than
+STALL_SHARE = 1e-4  # ... this share of the target cost
 
 
 class MessagePassing:
@@ -34,7 +34,7 @@ class MessagePassing:
     def __init__(self, num_nodes: int, sizes, edges, edge_costs):
         finite = [m[np.isfinite(m)] for m in edge_costs]
         top = max([float(np.abs(f).max()) for f in finite if f.size] + [1.0])
-        big = 1e4 * top                           # stands in for a forbidden pair
+        big = 1e4 * top  # stands in for a forbidden pair
         self.big = big
         self.n = num_nodes
         self.sizes = np.asarray(sizes, np.int64).reshape(num_nodes)
@@ -42,9 +42,12 @@ class MessagePassing:
         offsets = np.concatenate([[0], np.cumsum([m.size for m in mats], dtype=np.int64)])
         flat = lambda parts: np.concatenate(parts) if parts else np.zeros(0)
         self._kernel = _native.MessagePassing(
-            self.sizes, np.asarray(edges, np.int64).reshape(-1, 2),
-            flat([m.ravel() for m in mats]), flat([m.T.ravel() for m in mats]),
-            offsets)
+            self.sizes,
+            np.asarray(edges, np.int64).reshape(-1, 2),
+            flat([m.ravel() for m in mats]),
+            flat([m.T.ravel() for m in mats]),
+            offsets,
+        )
         self.bound = -np.inf
 
     def sweep(self, unary, sweeps: int = 1) -> np.ndarray:
@@ -66,8 +69,9 @@ class MessagePassing:
         return self.bound
 
 
-def bound(problem, seconds: float, target: Optional[float] = None,
-          tolerance: float = 1e-3) -> Optional[float]:
+def bound(
+    problem, seconds: float, target: float | None = None, tolerance: float = 1e-3
+) -> float | None:
     """The best TRW-S lower bound on every choice's cost of ``problem`` (a SearchProblem; its
     memory limit relaxed, so the bound holds under it too) proved by sweeps within
     ``seconds``, stopping early once it is within ``tolerance`` (relative) of ``target`` (a
@@ -79,15 +83,16 @@ def bound(problem, seconds: float, target: Optional[float] = None,
     edges, mats = [], []
     for (u, v), m in zip(problem.edges.tolist(), problem.edge_costs):
         m = np.where(m >= FORBIDDEN, np.inf, m)
-        if u == v:                                     # a self-loop is a node cost
+        if u == v:  # a self-loop is a node cost
             unary[u] = unary[u] + np.diag(m)
         else:
             edges.append((u, v))
             mats.append(m)
-    passing = MessagePassing(problem.num_nodes, [len(c) for c in unary],
-                             np.asarray(edges, np.int64).reshape(-1, 2), mats)
+    passing = MessagePassing(
+        problem.num_nodes, [len(c) for c in unary], np.asarray(edges, np.int64).reshape(-1, 2), mats
+    )
     best, took, history = None, 0.0, []
-    while time.monotonic() + took < deadline:       # a sweep that cannot finish is not begun
+    while time.monotonic() + took < deadline:  # a sweep that cannot finish is not begun
         t0 = time.monotonic()
         passing.sweep(unary, 1)
         took = time.monotonic() - t0
@@ -99,7 +104,8 @@ def bound(problem, seconds: float, target: Optional[float] = None,
         if target is not None and target - best <= tolerance * abs(target):
             break
         history.append(best)
-        if len(history) > STALL_SWEEPS and best - history[-1 - STALL_SWEEPS] <= \
-                STALL_SHARE * abs(best if target is None else target):
+        if len(history) > STALL_SWEEPS and best - history[-1 - STALL_SWEEPS] <= STALL_SHARE * abs(
+            best if target is None else target
+        ):
             break
     return best
