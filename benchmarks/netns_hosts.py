@@ -24,7 +24,8 @@ import sys
 from autopar.tools import bench, netns
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options (tests/test_readme.py parses the README's command lines)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", default="1gbit", help="tc tbf rate per veth end (default 1gbit)")
     ap.add_argument("--per-host", type=int, default=2, help="ranks per host (default 2)")
@@ -35,7 +36,11 @@ def main(argv=None) -> int:
                     help="TCP connections per pair of ranks; one job per count (default 1)")
     ap.add_argument("--flow-rate", help="cap every TCP flow at this rate too (htb per flow)")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     why = netns.unavailable()
     if why:
         print(f"netns_hosts: cannot emulate hosts here: {why}", file=sys.stderr)

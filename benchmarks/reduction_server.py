@@ -22,7 +22,8 @@ import sys
 from autopar.tools import bench, netns
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options (tests/test_readme.py parses the README's command lines)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=4, help="worker hosts (default 4)")
     ap.add_argument("--per-host", type=int, default=1, help="worker ranks per host (default 1)")
@@ -33,7 +34,11 @@ def main(argv=None) -> int:
     ap.add_argument("--algorithm", nargs="+",
                     default=["ring", "halving_doubling", "2d_ring", "reduction_server"])
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     why = netns.unavailable()
     if why:
         print(f"reduction_server: cannot emulate hosts here: {why}", file=sys.stderr)

@@ -2,6 +2,7 @@
 results against the single-device step and raises if they differ)."""
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +21,25 @@ SAYS = {
 }
 SAYS.setdefault("flax_nnx.py", ["match the single-device step", "collectives"])
 SAYS.setdefault("equinox_model.py", ["match the single-device step", "collectives"])
+
+
+def _shape_of(text: str) -> list:
+    """The lines of a printed strategy with what depends on the pricing machine left out: every
+    decimal number (times, sizes in KB, the loss), the ``priced on:`` line's source, the
+    per-call term (a calibrated machine's) and the column padding those change."""
+    text = re.sub(r"\d+\.\d+", "#", text)
+    text = re.sub(r"(?m)^priced on: .*$", "priced on: #", text)
+    text = text.replace(" + per call # us", "")       # a preset prices no per-call overhead
+    return [" ".join(line.split()) for line in text.strip().splitlines()]
+
+
+def readme_quickstart_output() -> str:
+    """The README's sample output of ``python examples/quickstart.py`` (the untagged block
+    after the quick start)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    lines = text[text.index("## Quick start"):text.index("## What it does")].splitlines()
+    fences = [i for i, line in enumerate(lines) if line.startswith("```")]
+    return "\n".join(lines[fences[2] + 1:fences[3]])
 
 
 def test_every_example_is_checked():
@@ -42,3 +62,6 @@ def test_example_runs(path):
     assert r.returncode == 0, f"{path} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     for text in SAYS.get(os.path.basename(path), ["the same as the single-device step"]):
         assert text in r.stdout, f"{os.path.basename(path)} did not print {text!r}:\n{r.stdout[-3000:]}"
+    if os.path.basename(path) == "quickstart.py":      # the README shows what it prints
+        want, got = _shape_of(readme_quickstart_output()), _shape_of(r.stdout)
+        assert got == want, "README.md's quick-start output is stale; it now prints:\n" + r.stdout

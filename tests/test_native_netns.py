@@ -155,3 +155,31 @@ def test_reduction_server_across_three_hosts_on_a_bridge():
         halves = [(count + 1) // 2 * 4, count // 2 * 4]
         extra = [sent[2] - halves[0], sent[3] - halves[1]]        # the request and frames
         assert sent[1 - w] == 0 and extra[0] == extra[1] and 0 < extra[0] <= 512, sent
+
+
+def test_the_readme_block_runs_as_written():
+    """README's "The native runtime across hosts" block, with the "Using it" block's step and
+    arguments: a data-parallel step on two namespace hosts of two ranks each returns the
+    single-device step's values."""
+    import os
+
+    import jax
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    block = lambda after, before: re.search(
+        r"```python\n(.*?)```", text[text.index(after):text.index(before)], re.S).group(1)
+    using = block("## Using it", "### `ap.compile(")
+    names = {}
+    exec(compile(using[:using.index("cfg = ")], "README.md", "exec"), names)
+    try:
+        exec(compile(block("### The native runtime across hosts", "### Command line"),
+                     "README.md", "exec"), names)
+        want = jax.tree.leaves(jax.jit(names["step"])(names["params"], names["batch"]))
+        assert len(names["out"]) == len(want)
+        for got, w in zip(names["out"], want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    finally:
+        if "runner" in names:
+            names["runner"].close()
+        if "names" in names:
+            netns.remove(names["names"])
