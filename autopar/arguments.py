@@ -336,14 +336,15 @@ def state_pairs(graph) -> tuple:
     outs = jax.tree.unflatten(graph.out_tree, range(n_out))
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
     typ = lambda x: (tuple(x.shape), np.dtype(x.dtype))
-    pairs, used = [], set()
+    pairs: list[tuple[int, int]] = []
+    used: set[int] = set()
     for out in outs:
         o_leaves, o_tree = jax.tree.flatten(out)
         for a, arg in enumerate(args):
             a_leaves, a_tree = jax.tree.flatten(arg)
             if (
                 a not in used
-                and a_tree == o_tree
+                and a_tree == o_tree  # type: ignore[operator]  # jaxlib has no PyTreeDef stub
                 and all(
                     typ(graph.inputs[i]) == typ(graph.outputs[j])
                     for i, j in zip(a_leaves, o_leaves)

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 
+from .argtypes import at_least
 from .errors import AutoparError, ConfigError, InfeasibleError, LayoutError
 
 
@@ -52,6 +53,8 @@ def _load_function(target: str):
             spec = importlib.util.spec_from_file_location(
                 os.path.splitext(os.path.basename(module))[0], module
             )
+            if spec is None or spec.loader is None:  # not a Python source file
+                raise ConfigError(f"{module}: not a Python file (give a .py file).")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
         else:
@@ -81,23 +84,6 @@ def _writable(path: str) -> str:
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"cannot write {path}: the folder {folder} is not writable.")
     return path
-
-
-def at_least(minimum: int, what: str):
-    """An argparse type: a whole number of ``what`` of at least ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = minimum - 1
-        if n < minimum:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give a whole number of {what}, {minimum} or more"
-            )
-        return n
-
-    return parse
 
 
 def _count_or_auto(text: str):
@@ -382,7 +368,9 @@ def _calibrate(args) -> int:
     if args.backend in ("jax", "xla") and "device_count" not in os.environ.get("XLA_FLAGS", ""):
         # CPU-only machines: fake the devices (read when JAX first starts its backend)
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-    topo, got = calibrate(args.backend, args.devices)
+    from .compiler.api import compile as ap_compile
+
+    topo, got = calibrate(args.backend, args.devices, ap_compile)
     for k, v in got.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
     path = args.output or cache_path(args.backend, args.devices)

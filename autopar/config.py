@@ -18,14 +18,33 @@ import inspect
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, fields, replace
 from enum import Enum
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from .errors import ConfigError
 from .mesh import LogicalMesh
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from jax.sharding import AbstractMesh, Mesh, PartitionSpec
+
+    from .layout import Layout
+
+    # a count, or "auto": the planner chooses it
+    CountOrAuto = int | Literal["auto"]
+    # pipeline_stage_devices: a device count per stage, "auto", "equal" or None
+    StageDevices = Sequence[int] | Literal["auto", "equal"] | None
+    # dataset_strategy: a name, or one layout per batch leaf (split counts, a PartitionSpec,
+    # an ap.Layout or its text)
+    DatasetStrategy = (
+        Literal["data_parallel", "full_batch"]
+        | Sequence[Sequence[int] | PartitionSpec | Layout | str]
+        | None
+    )
 
 
 class ParallelMode(str, Enum):
@@ -130,7 +149,7 @@ class ModeOptions:
 
     parallel_mode: ParallelMode = ParallelMode.STAND_ALONE
     gradients_mean: bool = True
-    dataset_strategy: object = None
+    dataset_strategy: DatasetStrategy = None
     unannotated: str = "propagate"
 
     def __post_init__(self):
@@ -288,11 +307,11 @@ class PipelineOptions:
     is checked against the devices by ``for_devices``, which returns it as a tuple. Stages and
     micro-batches may be ``"auto"``: the planner chooses them (``auto``)."""
 
-    pipeline_stages: object = 1
-    pipeline_stage_devices: object = None
-    micro_batches: object = 1
+    pipeline_stages: CountOrAuto = 1
+    pipeline_stage_devices: StageDevices = None
+    micro_batches: CountOrAuto = 1
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B
-    pipeline_interleave: object = 1
+    pipeline_interleave: CountOrAuto = 1
 
     def __post_init__(self):
         _set(
@@ -351,6 +370,8 @@ class PipelineOptions:
         stages, given = self.pipeline_stages, self.pipeline_stage_devices
         if self.auto:
             return self
+        # not auto: __post_init__ checked the stages are a count; DeviceOptions resolved the rest
+        assert isinstance(stages, int) and n is not None and shape is not None
         if isinstance(given, (list, tuple)):
             given = tuple(given)
             if (
@@ -394,11 +415,11 @@ class DeviceOptions:
     not kept) divides it, else one axis. ``logical_mesh()`` builds the ``LogicalMesh``."""
 
     device_num: int | None = None
-    mesh_shape: tuple | None = None
-    mesh_axis_names: tuple | None = None
+    mesh_shape: tuple[int, ...] | None = None
+    mesh_axis_names: tuple[str, ...] | None = None
     topology: Topology | None = None
-    mesh: object = None
-    pipeline_stages: InitVar[int] = 1
+    mesh: Mesh | AbstractMesh | None = None
+    pipeline_stages: InitVar[CountOrAuto] = 1
 
     def __post_init__(self, pipeline_stages):
         if self.mesh is not None:
@@ -487,6 +508,7 @@ class DeviceOptions:
         _set(self, **got)
 
     def logical_mesh(self) -> LogicalMesh:
+        assert self.device_num is not None  # __post_init__ resolved it
         return LogicalMesh.create(
             self.mesh_shape, self.mesh_axis_names, self.topology or Topology.local(self.device_num)
         )
@@ -496,9 +518,9 @@ class DeviceOptions:
 class ParallelConfig:
     parallel_mode: ParallelMode = ParallelMode.STAND_ALONE  # how the step is parallelised
     device_num: int | None = None  # devices used; default: product of mesh_shape, else 1
-    mesh_shape: tuple | None = None  # logical mesh; default: (device_num,)
-    mesh_axis_names: tuple | None = None  # default: x / x,y / x,y,z
-    mesh: object = None  # a jax.sharding.Mesh (or AbstractMesh): the
+    mesh_shape: tuple[int, ...] | None = None  # logical mesh; default: (device_num,)
+    mesh_axis_names: tuple[str, ...] | None = None  # default: x / x,y / x,y,z
+    mesh: Mesh | AbstractMesh | None = None  # a jax.sharding.Mesh (or AbstractMesh): the
     # three fields above from it; on the jax backend
     # the step runs on its devices
     topology: Topology | None = None  # default: this machine as measured for the
@@ -528,25 +550,25 @@ class ParallelConfig:
     # parallel_optimizer_config["optimizer_level"]
     parallel_optimizer_threshold: int = 64  # KB: smaller parameters keep a replicated update
     # (MindSpore's default, also in KB)
-    pipeline_stages: object = 1  # stages the devices are split into (the first mesh
+    pipeline_stages: CountOrAuto = 1  # stages the devices are split into (the first mesh
     # axis; each stage runs its layers on the rest);
     # "auto": the planner chooses (with micro_batches)
-    pipeline_stage_devices: object = None  # devices per stage: "equal" (the first mesh
+    pipeline_stage_devices: StageDevices = None  # devices per stage: "equal" (the first mesh
     # axis), "auto" (the stage planner chooses them
     # with the cuts), a tuple (one count per stage,
     # summing to device_num; a stage mesh of another
     # size is one axis), or None: "auto" where the
     # planner cuts the stages, else "equal"
-    micro_batches: object = 1  # pipeline: the batch is split into this many
+    micro_batches: CountOrAuto = 1  # pipeline: the batch is split into this many
     # micro-batches; gradients accumulate over them
     # ("auto": the planner chooses)
     pipeline_scheduler: PipelineScheduler = PipelineScheduler.ONE_F_ONE_B  # "gpipe" or "1f1b"
-    pipeline_interleave: object = 1  # 1f1b: model parts per stage's devices (Megatron-LM's
+    pipeline_interleave: CountOrAuto = 1  # 1f1b: model parts per stage's devices (Megatron-LM's
     # virtual pipeline size: the layers cut into
     # pipeline_stages x this many parts, part j on stage
     # j mod pipeline_stages's devices, a bubble this
     # many times shorter); "auto": the planner chooses
-    dataset_strategy: object = None  # layouts of the batch arguments: "data_parallel"
+    dataset_strategy: DatasetStrategy = None  # layouts of the batch arguments: "data_parallel"
     # (dim 0 split over every device), "full_batch"
     # (replicated), or MindSpore's tuple of split tuples,
     # one per batch leaf; None: split in data_parallel
@@ -654,4 +676,4 @@ def _checked_init(init):
     return __init__
 
 
-ParallelConfig.__init__ = _checked_init(ParallelConfig.__init__)
+ParallelConfig.__init__ = _checked_init(ParallelConfig.__init__)  # type: ignore[method-assign]  # deliberately wrapped

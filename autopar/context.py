@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from typing import Any
 
 from .config import ParallelConfig
 from .errors import AutoparWarning, ConfigError
@@ -61,7 +62,7 @@ from .errors import AutoparWarning, ConfigError
 _FIELDS = [f.name for f in dataclasses.fields(ParallelConfig)]
 # dict-valued MindSpore keys: {sub-key: ParallelConfig field, or None: MindSpore's only (kept,
 # and in _IGNORED when autopar does not do what it asks)}
-_DICTS = {
+_DICTS: dict[str, dict[str, str | None]] = {
     "parallel_optimizer_config": {
         "optimizer_level": "optimizer_level",
         "parallel_optimizer_threshold": "parallel_optimizer_threshold",
@@ -79,7 +80,7 @@ _DICTS = {
 # MindSpore's keys (and sub-keys) autopar keeps without a ParallelConfig field: their default
 # in MindSpore, and (meaning in MindSpore, why autopar does without it, the values autopar's
 # behaviour already is: no warning for those)
-_MINDSPORE_ONLY = {
+_MINDSPORE_ONLY: dict[str, tuple[object, str, str | None, tuple[object, ...] | str | None]] = {
     "global_rank": (
         0,
         "this process's rank",
@@ -351,9 +352,10 @@ def _fields_of(key, value, kept) -> dict:
         )
     if key == "pipeline_config":
         value = _pipeline_config(value, kept)
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in value.items():
-        out.update(_mindspore_only(k, v, kept) if _DICTS[key][k] is None else {_DICTS[key][k]: v})
+        field = _DICTS[key][k]
+        out.update(_mindspore_only(k, v, kept) if field is None else {field: v})
     return out
 
 
@@ -401,7 +403,7 @@ def _checked(fields: dict) -> dict:
     a config that admits it."""
     out = {}
     for name, value in fields.items():
-        base = {"parallel_mode": "auto_parallel"} if name != "parallel_mode" else {}
+        base: dict[str, Any] = {"parallel_mode": "auto_parallel"} if name != "parallel_mode" else {}
         if name == "pipeline_stages" and isinstance(value, int) and value >= 1:
             base["device_num"] = value
         if name == "pipeline_stage_devices" and isinstance(value, (list, tuple)):

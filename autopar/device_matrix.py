@@ -290,7 +290,8 @@ class OperatorSpec:
                 repeat_right=not self.repeat_left,
                 lead=self.lead,
             )
-        split, order = {}, []
+        split: dict[str, int] = {}
+        order: list[str] = []
         for letters, counts in zip(self.letters, self.counts):
             if counts is None:
                 continue
@@ -333,6 +334,7 @@ class OperatorSpec:
         """Each output dimension's count: its loop's count (that loop's device dimension), or
         that times the count of a loop the output does not have (MindSpore's reduce-scattered
         output: the reduced loop's devices split the dimension too)."""
+        assert self.out is not None  # the output's spec (operand -1) holds its tuple
         spare = [l for l in index if l not in self.out_letters]
         tmap = []
         for letter, c in zip(self.out_letters, self.out):

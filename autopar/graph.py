@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jax.extend.core import Primitive
+    from jax.tree_util import PyTreeDef
+    from jax.typing import ArrayLike
 
 _SHORT = {
     "float32": "f32",
@@ -52,7 +57,7 @@ class Value:
 class Const:
     """A literal or an array captured by the traced function; always available everywhere."""
 
-    value: Any
+    value: ArrayLike
     shape: tuple[int, ...]
     dtype: np.dtype
 
@@ -67,7 +72,7 @@ class Node:
     """One primitive application. ``params`` are the JAX primitive's own parameters."""
 
     id: int
-    primitive: Any
+    primitive: Primitive
     inputs: tuple
     outputs: tuple[Value, ...]
     params: dict
@@ -141,14 +146,16 @@ class Graph:
     inputs: tuple[Value, ...]
     outputs: tuple  # Value or Const
     nodes: tuple[Node, ...]
-    in_tree: Any = None
-    out_tree: Any = None
-    producer: dict = field(default_factory=dict, repr=False)  # value id -> Node
-    users: dict = field(default_factory=dict, repr=False)  # value id -> [(Node, input index)]
+    in_tree: PyTreeDef | None = None
+    out_tree: PyTreeDef | None = None
+    producer: dict[int, Node] = field(default_factory=dict, repr=False)  # value id -> Node
+    # value id -> [(Node, input index)]
+    users: dict[int, list[tuple[Node, int]]] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(inputs, outputs, nodes, in_tree=None, out_tree=None) -> Graph:
-        producer, users = {}, {v.id: [] for v in inputs}
+        producer: dict[int, Node] = {}
+        users: dict[int, list[tuple[Node, int]]] = {v.id: [] for v in inputs}
         for n in nodes:
             for i, x in enumerate(n.inputs):
                 if isinstance(x, Value):

@@ -89,7 +89,7 @@ class Layout:
                 f"cannot parse layout {text!r}; expected e.g. '[x,(y,z),_] sum{{w}}'."
             )
         body, part = m.group(1).strip(), m.group(2)
-        dims = []
+        dims: list[tuple[str, ...]] = []
         for tok in re.findall(r"\([^)]*\)|[^,\s()]+", body):
             if tok == "_":
                 dims.append(())

@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import PipelineScheduler
-from .graph import type_str
+from .graph import Const, type_str
+from .mesh import LogicalMesh
+
+if TYPE_CHECKING:
+    from jax.tree_util import PyTreeDef
 
 
 class TransferKind(enum.StrEnum):
@@ -73,12 +77,13 @@ class Transfer:
     reg: int  # the register sent, or received into
     peer: int  # the other stage
     shape: tuple  # local shape
-    dtype: Any
+    dtype: np.dtype
     bytes: int
     micro: bool  # per micro-batch (True) or once per step
     axes: tuple = ()  # the stage axis (collective records name their axes)
     route: Route = Route.BLOCK
-    tag: Any = None  # the message's name at both ends (None: the register)
+    tag: tuple[str, int, int | None] | None = None  # the message's name at both ends (None: the
+    # register): ("whole", value id, its micro-batch dimension or None)
 
     def __post_init__(self):
         _check_kind(self, TransferKind)
@@ -125,7 +130,7 @@ class Accumulate:
 
 @dataclass(frozen=True)
 class MicroSlice:
-    src: Any  # register or graph.Const
+    src: int | Const  # register or graph.Const
     out: int
     kind: MicroSliceKind
     dim: int | None = None
@@ -149,13 +154,16 @@ class StageProgram:
     keep: tuple  # forward/backward registers read after the micro-batches
     accumulators: tuple  # registers Accumulate writes (reset every step)
     devices: tuple  # global ranks of the stage, in stage-mesh order
-    mesh: Any = None  # the stage's LogicalMesh
-    micro_mesh: Any = None  # (mb, *mesh axes): in_layouts are on it
+    mesh: LogicalMesh | None = None  # the stage's mesh
+    micro_mesh: LogicalMesh | None = None  # (mb, *mesh axes): in_layouts are on it
     arg_regs: tuple = ()  # per argument leaf, its register in this stage's lowering
     in_layouts: tuple = ()  # per argument leaf, its layout on micro_mesh
-    avals: Any = None  # register -> (local shape, dtype) of one micro-batch
+    avals: dict[int, tuple[tuple[int, ...], np.dtype]] | None = None  # register -> (local
+    # shape, dtype) of one micro-batch
     seconds: float = 0.0  # estimated time of one micro-batch (forward + backward)
     memory: int = 0  # estimated peak bytes per device
+    buckets: tuple[tuple[int, ...], ...] = ()  # the all-reduces fused per call, phase by phase
+    # (program.all_reduce_buckets over each phase's body)
 
     def phases(self):
         return (("forward", self.forward), ("backward", self.backward), ("post", self.post))
@@ -170,7 +178,7 @@ class StageProgram:
 
 @dataclass(frozen=True, eq=False)
 class PipelineProgram:
-    mesh: Any  # every device (stage axis first when the stages are equal)
+    mesh: LogicalMesh  # every device (stage axis first when the stages are equal)
     stages: tuple  # StageProgram per stage
     micro_batches: int
     scheduler: PipelineScheduler
@@ -178,8 +186,8 @@ class PipelineProgram:
     out_layouts: tuple  # per result, on its stage's mesh (never partial)
     out_stages: tuple  # per result, the stage holding it
     node_stages: tuple = ()  # the stage of every graph node
-    in_tree: Any = None
-    out_tree: Any = None
+    in_tree: PyTreeDef | None = None
+    out_tree: PyTreeDef | None = None
     interleave: int = 1  # stages per device group (stage j on group j mod groups)
 
     def collectives(self) -> list:
@@ -218,12 +226,12 @@ def schedule(kind: PipelineScheduler, stages: int, micro: int, interleave: int =
     kind = PipelineScheduler(kind)  # a name that is no scheduler raises ValueError
     if interleave > 1:
         groups = stages // interleave
-        out = [[] for _ in range(stages)]
+        per_stage: list[list[tuple[str, int]]] = [[] for _ in range(stages)]
         for d in range(groups):
             for j, phase, m in device_schedule(groups, interleave, micro, d):
-                out[j].append((phase, m))
-        return tuple(tuple(t) for t in out)
-    out = []
+                per_stage[j].append((phase, m))
+        return tuple(tuple(t) for t in per_stage)
+    out: list[tuple[tuple[str, int], ...]] = []
     for s in range(stages):
         if kind == PipelineScheduler.GPIPE:
             tasks = [("forward", m) for m in range(micro)] + [("backward", m) for m in range(micro)]

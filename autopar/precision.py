@@ -48,7 +48,7 @@ def _scalar_f32_const(v, consts) -> bool:
 def promotions(jaxpr, consts=frozenset()) -> list:
     """Source lines (``file:line (function)``) of the promotions in ``jaxpr`` and the jaxprs
     inside it, each once, in program order."""
-    out = []
+    out: list[str] = []
     _walk(jaxpr, set(consts), out)
     return list(dict.fromkeys(out))
 

@@ -58,7 +58,7 @@ LOCAL_KINDS = (StepKind.SLICE, StepKind.PARTIAL_ZERO)
 # the C++ collectives reduce 32- and 64-bit numbers: narrower integers and booleans are reduced
 # widened and narrowed back (wrapping sums and products agree modulo 2**bits; max / min keep
 # their order)
-WIDENED = {
+WIDENED: dict[np.dtype, np.dtype] = {
     np.dtype(np.bool_): np.dtype(np.int32),
     np.dtype(np.int8): np.dtype(np.int32),
     np.dtype(np.int16): np.dtype(np.int32),
@@ -87,28 +87,39 @@ def reduced_bytes(ins) -> int:
     return ins.bytes // dtype.itemsize * WIDENED.get(dtype, dtype).itemsize
 
 
-def all_reduce_buckets(instructions, mesh, bucket_bytes: int) -> list:
-    """The all-reduces of ``instructions`` as the runtimes fuse them, a list per bucket in
-    program order: consecutive ones of one ``bucket_key`` until the bucket holds
-    ``bucket_bytes`` (``reduced_bytes``) or an instruction reads one of them, or another
-    collective or a slice runs (every rank issues its steps in program order)."""
-    buckets, key, size, held = [], None, 0, set()
+def all_reduce_buckets(instructions, mesh, bucket_bytes: int) -> tuple[tuple[int, ...], ...]:
+    """The all-reduce buckets of ``instructions``, decided once when a program is lowered
+    (``Program.buckets``; a pipeline stage's ``StageProgram.buckets``): per bucket, in program
+    order, the result registers of its all-reduces. Consecutive all-reduces of one
+    ``bucket_key`` share a bucket until it holds ``bucket_bytes`` (``reduced_bytes``) or an
+    instruction reads one of them, or another collective or a slice runs (every rank issues
+    its steps in program order); ``bucket_bytes`` 0 puts each all-reduce in one of its own.
+    All-reduces with no axis of size > 1 exchange nothing and are in none. Both native
+    runtimes issue a bucket as one call when its last all-reduce is reached, and the cost
+    model prices one call per bucket."""
+    buckets: list[list[int]] = []
+    key, size, held = None, 0, set[int]()
     for ins in instructions:
         if isinstance(ins, Collective) and ins.kind == StepKind.ALL_REDUCE:
             k = bucket_key(ins, mesh)
-            if k is None:
+            if k is None or ins.out is None:  # (lowered all-reduces always write one)
                 continue
             if not (buckets and held and k == key):
                 buckets.append([])
                 size, held = 0, set()
-            buckets[-1].append(ins)
+            buckets[-1].append(ins.out)
             held.add(ins.out)
             key, size = k, size + reduced_bytes(ins)
             if size >= bucket_bytes:
                 held = set()
         elif held and (isinstance(ins, (Collective, Slice)) or set(reads(ins)) & held):
             held = set()
-    return buckets
+    return tuple(tuple(b) for b in buckets)
+
+
+def bucket_index(buckets) -> dict[int, tuple[int, ...]]:
+    """Register of each bucketed all-reduce -> its bucket (how the runtimes look one up)."""
+    return {r: b for b in buckets for r in b}
 
 
 def checked_table(table: dict, kinds, where: str) -> dict:
@@ -254,7 +265,9 @@ def defer_all_reduce_readers(instructions) -> list:
     read only by deferred instructions is deferred with them, in its place among them: a value
     made from no all-reduce but read only after one (a layer's mask, made again for its
     backward) is made where the step made it, not hoisted to the start to live through it."""
-    tainted, late, readers = set(), [], {}
+    tainted: set[int] = set()
+    late: list[bool] = []
+    readers: dict[int, list[int]] = {}
     for k, ins in enumerate(instructions):
         rs = reads(ins)
         t = any(r in tainted for r in rs)
@@ -308,6 +321,7 @@ class Program:
     in_tree: Any = None
     out_tree: Any = None
     avals: Any = None  # register -> (local shape, dtype)
+    buckets: tuple[tuple[int, ...], ...] = ()  # the all-reduces fused per call (all_reduce_buckets)
 
     def collectives(self) -> list[Collective]:
         return [i for i in self.instructions if isinstance(i, Collective)]

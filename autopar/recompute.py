@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .graph import Graph, Value, _param_str
+from .graph import Graph, Node, Value, _param_str
 
 SMALL_CONST = 64  # constants up to this many elements compared by value, larger by identity
 REMAT_SCOPE = "rematted_computation"  # JAX's name-stack entry for jax.checkpoint's recomputation
@@ -53,7 +53,8 @@ def _merged(graph: Graph, keep_above=None) -> tuple:
     alias: dict = {}  # value id -> the earlier value it repeats
     twin: dict = {}  # recomputed value id -> the forward value it repeats
     seen: dict = {}
-    nodes, recomputed = [], False
+    nodes: list[Node] = []
+    recomputed = False
     use = lambda x: alias.get(x.id, x) if isinstance(x, Value) else x
     for n in graph.nodes:
         inputs = tuple(use(x) for x in n.inputs)

@@ -135,7 +135,8 @@ def _graph(s) -> dict:
     index = {n: k for k, n in enumerate(names[:nin])}
     index.update({o.name: nin + j for j, o in enumerate(ops)})  # an operator wins a name clash
     n = len(names)
-    preds, succs = [[] for _ in range(n)], [[] for _ in range(n)]
+    preds: list[list[int]] = [[] for _ in range(n)]  # node index -> its operands' indices
+    succs: list[list[int]] = [[] for _ in range(n)]
     for j, o in enumerate(ops):
         for src in dict.fromkeys(x for x in o.operands if x in index):
             preds[nin + j].append(index[src])
@@ -205,7 +206,7 @@ def _graph(s) -> dict:
 
 def _comm(s) -> dict:
     """Bytes and seconds (times count) summed per (kind, axes), per kind and per axes."""
-    agg = {
+    agg: dict[str, defaultdict[tuple[str, ...], list[float]]] = {
         "pairs": defaultdict(lambda: [0, 0, 0.0]),
         "kind": defaultdict(lambda: [0, 0, 0.0]),
         "axes": defaultdict(lambda: [0, 0, 0.0]),

@@ -167,7 +167,8 @@ class Topology:
         """The innermost levels holding ``k`` devices (one pipeline stage's topology). A stage
         takes whole levels, or part of one level that its stages tile (6 of a host's 8 GPUs
         would put a stage across two hosts, refused), or any part of the outermost level."""
-        levels, n = [], 1
+        levels: list[Level] = []
+        n = 1
         for lv in reversed(self.levels):
             if n * lv.size <= k:
                 levels.insert(0, lv)

@@ -165,7 +165,7 @@ def _dtype(x):
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.next_id = 0
         self.effectful: set[int] = set()  # ids of nodes with side effects (callbacks)

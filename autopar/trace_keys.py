@@ -75,9 +75,11 @@ def counter_words(shape, wide: bool = False) -> list:
         return [lax.full(shape, 0, np.uint32), low]
     high = low = None
     for d, n in enumerate(shape):
-        place = np.arange(n, dtype=np.uint64) * np.uint64(math.prod(shape[d + 1 :]))
-        lo = lax.broadcast_in_dim((place & np.uint64(0xFFFFFFFF)).astype(np.uint32), shape, (d,))
-        hi = lax.broadcast_in_dim((place >> np.uint64(32)).astype(np.uint32), shape, (d,))
+        wide_place = np.arange(n, dtype=np.uint64) * np.uint64(math.prod(shape[d + 1 :]))
+        lo = lax.broadcast_in_dim(
+            (wide_place & np.uint64(0xFFFFFFFF)).astype(np.uint32), shape, (d,)
+        )
+        hi = lax.broadcast_in_dim((wide_place >> np.uint64(32)).astype(np.uint32), shape, (d,))
         high, low = (hi, lo) if low is None else add_words(high, low, hi, lo)
     return [high, low]
 

@@ -27,6 +27,7 @@ from autopar.program import (
     Program,
     Slice,
     StepKind,
+    all_reduce_buckets,
     defer_all_reduce_readers,
     segment,
 )
@@ -252,8 +253,11 @@ def lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts=None, redu
     return LoweredSteps(lowerer, *lowerer.run())
 
 
-def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to=None):
-    """``(Program, comm per node id, results' seconds)``: ``lower_steps`` segmented."""
+def lower(
+    graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to=None, bucket_bytes=0
+):
+    """``(Program, comm per node id, results' seconds)``: ``lower_steps`` segmented, its
+    all-reduces bucketed by ``bucket_bytes`` (``program.all_reduce_buckets``; 0: one each)."""
     low = lower_steps(graph, choice, in_layouts, mesh, planner, out_layouts, reduced_to)
     lowerer = low.lowering
     body = segment(
@@ -271,5 +275,6 @@ def lower(graph, choice, in_layouts, mesh, planner, out_layouts=None, reduced_to
         graph.in_tree,
         graph.out_tree,
         dict(lowerer.avals),
+        all_reduce_buckets(body, mesh, bucket_bytes),
     )
     return prog, low.comm, low.out_cost

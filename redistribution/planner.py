@@ -42,7 +42,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -113,7 +113,7 @@ class Plan:
     src: Layout
     dst: Layout
     shape: tuple[int, ...]
-    dtype: Any
+    dtype: np.dtype
     steps: tuple[Step, ...]
     cost: float
 
@@ -501,9 +501,9 @@ class _Search:
 
     __slots__ = ("heap", "best", "parent", "done")
 
-    def __init__(self, start):
-        self.heap = [(0, 0, (), start)]
-        self.best = {start: (0, 0, ())}
+    def __init__(self, start: tuple) -> None:
+        self.heap: list[tuple[int, int, tuple, tuple]] = [(0, 0, (), start)]
+        self.best: dict[tuple, tuple[int, int, tuple]] = {start: (0, 0, ())}
         self.parent: dict = {}
         self.done: set = set()
 

@@ -38,6 +38,7 @@ import numpy as np
 from autopar.errors import PipelineError
 from autopar.graph import Const
 from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
 from autopar.pipeline_program import (
     Accumulate,
     AccumulateKind,
@@ -59,7 +60,7 @@ from autopar.program import (
     segment,
     writes,
 )
-from autopar.strategies.microbatch import MB
+from autopar.strategies.microbatch import MB, MicroPlan
 
 from .lower import emit_steps, lower_steps, plan_steps
 from .planner import Plan, Planner, Step
@@ -190,10 +191,10 @@ class StageLowering:
     """The stages that run on one stage mesh, and how that mesh lowers the step."""
 
     stages: tuple  # stage indices
-    mesh: object  # their stage LogicalMesh
-    plan: object  # MicroPlan: choice and argument layouts on micro_mesh(mesh)
-    planner: object  # MicroPlanner on plan.mesh
-    out_layouts: tuple = None  # per result (None: replicated), on plan.mesh
+    mesh: LogicalMesh  # their stage mesh
+    plan: MicroPlan  # choice and argument layouts on micro_mesh(mesh)
+    planner: MicroPlanner  # on plan.mesh
+    out_layouts: tuple | None = None  # per result (None: replicated), on plan.mesh
 
 
 def split_stages(
@@ -301,10 +302,12 @@ class _Flow:
 
 
 def _flow(graph, stages, steps, inputs, in_layouts) -> _Flow:
-    phase, stage_of, variant = {}, {}, {}
+    phase: dict[int, int] = {}
+    stage_of: dict[int, int] = {}
+    variant: dict[int, bool] = {}
     for r, l in zip(inputs, in_layouts):
         phase[r], variant[r] = IN, MB in l.axes
-    info = []
+    info: list[tuple[int | None, int]] = []  # per step: (stage, phase)
     for ins, owner in steps:
         got = reads(ins)
         var = any(variant[r] for r in got) or isinstance(ins, MicroSlice)
@@ -379,31 +382,29 @@ class _Readers:
 
 
 def _readers(steps, flow: _Flow, outputs, out_stage) -> _Readers:
-    need = {}
+    need: dict[int, set[tuple[int, int]]] = {}
     for o, s in zip(outputs, out_stage):
         if isinstance(o, int):
             need.setdefault(o, set()).add((s, POST))
-    place = [None] * len(steps)
-    copies_kept = set()
+    place: list[list[tuple[int, int]] | None] = [None] * len(steps)
+    copies_kept: set[tuple[int, int]] = set()
     for k in reversed(range(len(steps))):
         ins, _ = steps[k]
         st, ph = flow.info[k]
         if st is None:  # copies: earliest needed phase per stage
             wanted = set().union(*[need.get(w, set()) for w in writes(ins)])
-            best = {}
+            best: dict[int, int] = {}
             for s, p in wanted:
                 best[s] = min(best.get(s, POST), p)
-            place[k] = sorted(best.items())
+            here = sorted(best.items())
             copies_kept.update(
-                (w, s)
-                for s, p in place[k]
-                if p != POST and (s, POST) in wanted
-                for w in writes(ins)
+                (w, s) for s, p in here if p != POST and (s, POST) in wanted for w in writes(ins)
             )
         else:
-            place[k] = [(st, ph)]
+            here = [(st, ph)]
+        place[k] = here
         for r in reads(ins):
-            for s, p in place[k]:
+            for s, p in here:
                 need.setdefault(r, set()).add((s, p))
     return _Readers(need, place, copies_kept)
 
@@ -425,11 +426,12 @@ class _Messages:
 
 def _messages(readers: _Readers, flow: _Flow, count: int) -> _Messages:
     phase, stage_of = flow.phase, flow.stage_of
-    received, sends_after = set(), {}
-    keep = [set() for _ in range(count)]
+    received: set[tuple[int, int, bool]] = set()  # (register, stage, per micro-batch)
+    sends_after: dict[int, list[tuple[int, bool]]] = {}
+    keep: list[set[int]] = [set() for _ in range(count)]
     for r, s in readers.copies_kept:
         keep[s].add(r)
-    post_sends = [[] for _ in range(count)]
+    post_sends: list[list[int]] = [[] for _ in range(count)]
     summed = flow.accumulated  # complete in post
     for r, wanted in readers.need.items():
         if phase.get(r, IN) == IN and r not in stage_of:
@@ -464,7 +466,7 @@ def _messages(readers: _Readers, flow: _Flow, count: int) -> _Messages:
                 if r not in summed:  # them: sent after them
                     keep[s0].add(r)
                 post_sends[s0].append(r)
-    recv_first = {}
+    recv_first: dict[tuple[int, int], dict[int, int]] = {}
     for r, s, micro_read in received:
         ph = min(p for t, p in readers.need[r] if t == s and (p != POST) == micro_read)
         recv_first.setdefault((s, ph), {})[r] = stage_of[r]
@@ -594,7 +596,7 @@ class _Wires:
 
 def _stage_lists(steps, readers: _Readers, messages: _Messages, wires: _Wires, count) -> list:
     """Step 5: per stage and phase, its instructions in order, messages included."""
-    lists = [{p: [] for p in PHASES} for _ in range(count)]
+    lists: list[dict[int, list]] = [{p: [] for p in PHASES} for _ in range(count)]
     recv_first = {k: dict(v) for k, v in messages.recv_first.items()}
     for s in range(count):
         for r in dict.fromkeys(messages.post_sends[s]):

@@ -3,7 +3,7 @@ background thread (``CommScheduler``), all-reduces fused into buckets (``for_buc
 bucket's algorithm from the plan's prices), and the step table that runs one collective, slice
 or partial zero on a rank's block (``_step``).
 
-In: the worker's ``Comm``, the mesh, the bucket size, whether buckets overlap the compute after
+In: the worker's ``Comm``, the mesh, the program's all-reduce buckets, whether buckets overlap the compute after
 them, the thread collectives run on and the job's Reduction Server ranks. Out: the steps'
 results as 64-byte-aligned numpy arrays (``runtime.wire``), per bucket (tensors, bytes,
 algorithm) in ``buckets``.
@@ -17,7 +17,15 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from autopar.program import REDUCING, WIDENED, StepKind, bucket_key, checked_table, reduced_bytes
+from autopar.program import (
+    REDUCING,
+    WIDENED,
+    StepKind,
+    bucket_index,
+    bucket_key,
+    checked_table,
+    reduced_bytes,
+)
 
 from . import wire
 
@@ -29,14 +37,15 @@ def contiguous(x):
 
 class CommScheduler:
     """The collectives of one step, issued by one background thread in program order (every
-    rank must issue them in the same order). All-reduces are deferred and fused: consecutive
-    ones over the same axes and dtype share one flat buffer until it holds ``bucket_bytes`` or a
-    later instruction reads one of them (Horovod's tensor fusion, DDP's buckets), reduced with
+    rank must issue them in the same order). All-reduces are deferred and fused as the
+    program's ``buckets`` say (``program.all_reduce_buckets``: Horovod's tensor fusion, DDP's
+    buckets): one flat buffer per bucket, issued when its last all-reduce arrives, reduced with
     the cost table's algorithm for the bucket's size; the compute that follows runs while a
     bucket is reduced (``overlap``; False waits for each bucket as it is issued)."""
 
-    def __init__(self, comm, mesh, bucket_bytes, overlap=True, *, thread, reducers=()):
-        self.comm, self.mesh, self.limit, self.overlap = comm, mesh, bucket_bytes, overlap
+    def __init__(self, comm, mesh, buckets, overlap=True, *, thread, reducers=()):
+        self.comm, self.mesh, self.overlap = comm, mesh, overlap
+        self.bucket_of = bucket_index(buckets)  # (program.all_reduce_buckets)
         self.thread, self.reducers = thread, list(reducers)
         self.bucket, self.key, self.bytes = [], None, 0
         self.futures = {}  # register -> (future of the flat result, offset, shape)
@@ -50,11 +59,12 @@ class CommScheduler:
             done.set_result(np.ravel(x))
             self.futures[st.out] = (done, 0, x.shape, x.dtype)
             return
-        if self.bucket and key != self.key:
+        members = self.bucket_of.get(st.out, (st.out,))  # not in one: a bucket of its own
+        if self.bucket and self.bucket[0][0].out not in members:
             self.flush()
         self.bucket.append((st, x))
         self.key, self.bytes = key, self.bytes + reduced_bytes(st)
-        if self.bytes >= self.limit:
+        if st.out == members[-1]:
             self.flush()
 
     def flush(self):

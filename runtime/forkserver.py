@@ -126,8 +126,11 @@ class _Server:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self.sock, self.exits, self.alive, self.idle = mine, {}, True, set()
-        self.lock, self.changed, self.pids = threading.Lock(), threading.Condition(), []
+        self.sock, self.alive = mine, True
+        self.exits: dict[int, int] = {}  # pid -> exit code, of the workers that exited
+        self.idle: set[int] = set()  # the pids of the warm workers waiting
+        self.pids: list[int] = []  # forked workers not yet handed to a request
+        self.lock, self.changed = threading.Lock(), threading.Condition()
         self.stale = 0  # answers owed to requests whose caller stopped waiting (Ctrl-C)
         self.reader = threading.Thread(target=self._read, daemon=True, name="autopar-forkserver")
         self.reader.start()
@@ -264,7 +267,9 @@ def _serve(fd: int) -> None:
     from autopar import _native  # noqa: F401
     from autopar.runtime import native_backend, native_step, worker  # noqa: F401
 
-    children, idle, target = set(), [], 0
+    children: set[int] = set()
+    idle: list[tuple[int, socket.socket]] = []  # warm children: (pid, socket)
+    target = 0
     while True:
         ready, _, _ = select.select([sock] + [s for _, s in idle], [], [], 0.05)
         for pid, s in [w for w in idle if w[1] in ready]:  # an idle child went away
@@ -292,7 +297,7 @@ def _serve(fd: int) -> None:
                 _send(s, job, fds)
                 s.close()
             else:
-                pid = _fork(lambda: _child(*job, fds), [sock] + [s for _, s in idle])
+                pid = _fork(lambda: _child(job, fds), [sock] + [s for _, s in idle])
             for f in fds:
                 os.close(f)
             children.add(pid)
@@ -341,14 +346,16 @@ def _idle(conn) -> None:
     if msg is None:
         os._exit(0)
     conn.close()
-    _child(*msg, fds)
+    _child(msg, fds)
 
 
-def _child(args, fd_args, cwd, token, fds) -> None:
-    """Become the worker: the caller's stdin/stdout/stderr and segment descriptor, its working
-    directory and job token, then ``worker.main``; exit with its code."""
+def _child(job: tuple, fds: list[int]) -> None:
+    """Become the worker of ``job`` (a spawn request's args, fd_args, cwd and token): the
+    caller's stdin/stdout/stderr and segment descriptor, its working directory and job token,
+    then ``worker.main``; exit with its code."""
     code = 1
     try:
+        args, fd_args, cwd, token = job
         if token is not None:
             os.environ["AUTOPAR_JOB_TOKEN"] = token
         for target, f in zip((0, 1, 2), fds[:3]):

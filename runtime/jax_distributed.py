@@ -232,7 +232,7 @@ def fetch(a) -> np.ndarray:
         return np.asarray(multihost_utils.process_allgather(a, tiled=True))
     # the value lives on some processes' devices only (a pipeline stage's): made whole on those
     # devices, then sent from the first process holding it to every process
-    devs = sorted(a.sharding.device_set, key=lambda d: d.id)
+    devs: list[jax.Device] = sorted(a.sharding.device_set, key=lambda d: d.id)
     source = min(d.process_index for d in devs)
     me = jax.process_index() == source
     if any(d.process_index == jax.process_index() for d in devs):  # the holders only

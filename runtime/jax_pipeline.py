@@ -106,7 +106,7 @@ def _parts(name: str, body) -> list:
     the part: ``name``, then ``name.1``, ...; its instructions). A part runs as one function,
     all its inputs present before it starts, and publishes its sends when it ends."""
     is_recv = lambda i: isinstance(i, Transfer) and i.kind == TransferKind.RECV
-    parts = [[]]
+    parts: list[list] = [[]]  # instructions, per part
     for i in body:
         if is_recv(i) and not all(is_recv(j) for j in parts[-1]):
             parts.append([])
@@ -205,7 +205,8 @@ class PipelineRunner:
     def _arguments(self, flat_args) -> dict:
         """Flat global arguments -> the initial store: each stage's argument registers, stacked
         on its devices (per micro-batch for the micro-batched ones)."""
-        p, store = self.p, {}
+        p = self.p
+        store: dict[tuple, jax.Array] = {}
         for st in p.stages:
             for i in st.inputs:
                 r = st.arg_regs[i]

@@ -57,12 +57,16 @@ import threading
 import time
 import weakref
 from multiprocessing.connection import Listener
+from typing import TYPE_CHECKING
 
 from autopar.config import NATIVE_MAX_RANKS
 from autopar.errors import CollectiveError, ConfigError, WorkerError
 
 from . import wire
 from .liveness import CpuProgress
+
+if TYPE_CHECKING:
+    from .forkserver import Forked
 
 START_SECONDS = 60.0  # the least a job's ranks get to connect and report their links up
 _GRACE = 1.0  # seconds the other ranks get to answer once a rank has failed, and again once
@@ -120,7 +124,9 @@ def _worker_path() -> tuple[list, str]:
     multiprocessing's spawn does), and that package's folder. ``python -m`` would put the
     working directory first, so a source checkout there (``./autopar`` without its built
     ``_native``) would shadow an installed package. The worker checks the package it got."""
-    package = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
+    init = sys.modules["autopar"].__file__
+    assert init is not None  # a regular package (its __init__.py), not a namespace one
+    package = os.path.dirname(os.path.abspath(init))
     return [os.path.dirname(package)] + [p or os.getcwd() for p in sys.path], package
 
 
@@ -136,7 +142,7 @@ def _places(namespaces, hosts, tcp) -> dict:
     ids to (Linux network namespace, its address), so a host's ranks run inside their namespace
     (``ip netns exec``) and reach other hosts over its network; else every host is this one's
     loopback."""
-    out = {h: ([], "127.0.0.1") for h in hosts}
+    out: dict[int, tuple[list[str], str]] = {h: ([], "127.0.0.1") for h in hosts}
     if namespaces is None:
         return out
     if not tcp:
@@ -217,7 +223,7 @@ class Job:
             for r in range(nranks)
         ]
         self._warm = None  # (path, env) of the fork server, if forked
-        self.procs = []
+        self.procs: list[Forked | subprocess.Popen[bytes]] = []
         try:
             if fork and namespaces is None:  # forked from a warm server (forkserver.py)
                 from . import forkserver
@@ -250,7 +256,8 @@ class Job:
         self._took = 0.0  # seconds the last call took (Job._collect)
         self.conns = [None] * nranks  # filled in by _accept
         self._to = [wire.Box() for _ in range(nranks)]  # to rank r; and its answers', one
-        self._from = [{} for _ in range(nranks)]  # per answer still lent out, + 1
+        # per answer still lent out, + 1
+        self._from: list[dict[int, wire.Box]] = [{} for _ in range(nranks)]
         self._finalizer = weakref.finalize(self, Job._stop, self.procs, self.conns, self._pid)
         try:
             try:

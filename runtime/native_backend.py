@@ -23,8 +23,8 @@ as one executable (``runtime.native_step``), its arguments and results smaller t
 and for a program with a Reduction Server, it runs the instructions: segments through their
 exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
-Collectives run on a background thread; all-reduces are fused into buckets of up to
-``bucket_bytes`` (25 MiB by default, DDP's) that overlap with the compute after them
+Collectives run on a background thread; all-reduces are fused into the program's buckets
+(``Program.buckets``: up to ``allreduce_fusion_bytes``, 25 MiB by default, DDP's) that overlap with the compute after them
 (``CommScheduler``), each bucket with the algorithm its all-reduces' prices
 (``Collective.prices``, set by the lowering: the worker plans nothing) make cheapest for its size.
 
@@ -47,12 +47,13 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autopar.errors import AutoparError, CollectiveError, ConfigError
 from autopar.graph import Const
+from autopar.mesh import LogicalMesh
 from autopar.program import Collective, Segment, StepKind
 
 from . import resident
@@ -60,6 +61,10 @@ from .comm_scheduler import CommScheduler
 from .options import RuntimeOptions
 from .packing import ArgPacker, Packing
 from .peak_memory import PeakMeter
+
+if TYPE_CHECKING:
+    from .native_pipeline import StagePayload, WholeStage
+    from .native_step import WholeStep
 
 
 def _check_algorithm(name: str) -> None:
@@ -80,14 +85,14 @@ class ProgramPayload:
     """What ``NativeRunner`` ships to every rank: the mesh, the instructions (``shippable``),
     argument and result registers, who answers each of a rank's answer's places (``answer_by``:
     None, every rank its block of a split result; else the one rank that sends a replicated
-    one), the all-reduce bucket size and the runtime options."""
+    one), the program's all-reduce buckets and the runtime options."""
 
-    mesh: Any
+    mesh: LogicalMesh
     instructions: tuple
     inputs: tuple
     outputs: tuple
     answer_by: tuple
-    bucket_bytes: int
+    buckets: tuple  # Program.buckets: the all-reduces fused per call
     options: RuntimeOptions
     in_avals: tuple = ()  # (local shape, dtype) per argument register
     packing: Packing | None = None  # whole steps: small arguments and results packed
@@ -114,8 +119,8 @@ class WorkerState:
     payload: ProgramPayload | None = None
     steps: list = field(default_factory=list)
     frees: list = field(default_factory=list)
-    stage: Any = None  # native_pipeline: the loaded StagePayload
-    whole: Any = None  # native_step.WholeStep, when the options ask
+    stage: StagePayload | None = None  # native_pipeline: the loaded stage
+    whole: WholeStep | WholeStage | None = None  # the whole-step executable, when the options ask
     reducers: list = field(default_factory=list)  # the job's Reduction Server ranks
     stats: dict = field(default_factory=_fresh_stats)
     thread: ThreadPoolExecutor | None = None
@@ -247,7 +252,6 @@ class NativeRunner(WorkerRunner):
         self,
         program,
         timeout: float = 10.0,
-        bucket_bytes: int = 25 << 20,
         options: RuntimeOptions | None = None,
     ):
         from .native_step import supported
@@ -316,7 +320,7 @@ class NativeRunner(WorkerRunner):
             inputs=program.inputs,
             outputs=program.outputs,
             answer_by=self._answer_by,
-            bucket_bytes=bucket_bytes,
+            buckets=program.buckets,
             options=self.options,
             in_avals=tuple(program.avals[r] for r in program.inputs),
             packing=packing,
@@ -328,9 +332,12 @@ class NativeRunner(WorkerRunner):
             for a in (ins.algorithm, *(price[0] for price in ins.prices))
         )
         self.reducers = program.mesh.topology.reducers if served else 0
-        self._resident = resident.Residency() if self.options.resident else None
+        self._resident: resident.Residency | None = (
+            resident.Residency() if self.options.resident else None
+        )
         self._pack_key = None  # the key of the replicated results' pack kept last
-        self._slices = {}  # (argument index, shape) -> every rank's slices
+        # (argument index, shape) -> every rank's slices
+        self._slices: dict[tuple[int, tuple], list[tuple[slice, ...]]] = {}
         self._start()
 
     def _loads(self):
@@ -441,7 +448,9 @@ class NativeRunner(WorkerRunner):
 
     def _resident_keys(self) -> dict:
         """A fresh key per result of ``RESIDENT_BYTES`` or more (by result index)."""
-        return {k: self._resident.key() for k in self._kept}
+        res = self._resident
+        assert res is not None  # asked only with results kept in the workers
+        return {k: res.key() for k in self._kept}
 
 
 LENT_ANSWERS = 4  # a rank's answers whose results the caller may hold in place at once
@@ -453,11 +462,13 @@ def _answerers(split, sizes, nranks) -> tuple:
     the rank with the fewest replicated bytes to send so far, largest first (rank 0 for the
     first), so that the ranks write a data-parallel step's parameters into their answers side
     by side rather than rank 0 all of them."""
-    load, by = [0] * nranks, [None] * len(split)
+    load = [0] * nranks
+    by: list[int | None] = [None] * len(split)
     for i in sorted(range(len(split)), key=lambda i: -sizes[i]):
         if not split[i]:
-            by[i] = min(range(nranks), key=lambda r: (load[r], r))
-            load[by[i]] += sizes[i]
+            rank = min(range(nranks), key=lambda r: (load[r], r))
+            by[i] = rank
+            load[rank] += sizes[i]
     return tuple(by)
 
 
@@ -629,17 +640,19 @@ def run(comm, arrays, refs, keys=None, drop=()):
     ]  # JAX arrays
 
 
-run.flat = True  # its argument blocks are views of the call's message (worker.py)
+# its argument blocks are views of the call's message (worker.py)
+run.flat = True  # type: ignore[attr-defined]  # mypy types no attributes of a function
 
 
 def _interpret(comm, blocks, workers) -> list:
     """The loaded program's steps in turn (collectives on the comm thread): the results."""
     p, stats = WORKER.payload, WORKER.stats
+    assert p is not None  # ``load`` ran first
     regs = dict(zip(p.inputs, blocks))
     comms = CommScheduler(
         comm,
         p.mesh,
-        p.bucket_bytes,
+        p.buckets,
         p.options.overlap,
         thread=WORKER.comm_thread(),
         reducers=WORKER.reducers,

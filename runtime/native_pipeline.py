@@ -38,12 +38,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from autopar.errors import AutoparError
 from autopar.graph import Const
+from autopar.mesh import LogicalMesh
 from autopar.pipeline_program import (
     Accumulate,
     AccumulateKind,
@@ -66,7 +66,7 @@ class StageGroups:
     """A stage's mesh seen from global ranks: ``group`` shifts the stage's ranks by
     ``offset`` (its first rank), so ``comm_scheduler._step`` runs unchanged."""
 
-    mesh: object
+    mesh: LogicalMesh
     offset: int
 
     def axis_size(self, name):
@@ -107,7 +107,7 @@ def _targets(t, devices, peer, me):
 class PipelineRunner(nb.WorkerRunner):
     """Callable: flat global arguments -> flat global results; ``close()`` stops the workers."""
 
-    def __init__(self, program, timeout: float = 10.0, bucket_bytes: int = 25 << 20):
+    def __init__(self, program, timeout: float = 10.0):
         self.program = p = program
         self.mesh, self.timeout = p.mesh, timeout
         tasks = schedule(p.scheduler, len(p.stages), p.micro_batches)
@@ -132,7 +132,7 @@ class PipelineRunner(nb.WorkerRunner):
                 inputs=tuple(st.arg_regs[i] for i in st.inputs),
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
                 micro=p.micro_batches,
-                bucket_bytes=bucket_bytes,
+                buckets=st.buckets,
                 inbox={},
                 options=self.options,
                 in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs},
@@ -244,10 +244,10 @@ class StagePayload:
     phases (``shippable``; compiled once loaded), every stage's devices, its task order, the
     registers kept across micro-batches, its results ((position, register, split) each), its
     argument registers (all, and those with a block per micro-batch), the micro-batch count,
-    the all-reduce bucket size, per peer rank the messages it sends this one, in order, the
+    the stage's all-reduce buckets, per peer rank the messages it sends this one, in order, the
     runtime options and the shape and dtype of each argument block."""
 
-    groups: Any
+    groups: StageGroups
     stage: int
     devices: tuple
     phases: dict
@@ -257,7 +257,7 @@ class StagePayload:
     inputs: tuple
     micro_inputs: tuple
     micro: int
-    bucket_bytes: int
+    buckets: tuple  # StageProgram.buckets
     inbox: dict
     options: nb.RuntimeOptions
     in_avals: dict  # argument register -> (local shape, dtype) of one block
@@ -402,7 +402,8 @@ def run_stage(comm, blocks, keys=None, drop=()):
     }
 
 
-run_stage.borrows = True  # its argument blocks may be views of the call's message (worker.py)
+# its argument blocks may be views of the call's message (worker.py)
+run_stage.borrows = True  # type: ignore[attr-defined]  # mypy types no attributes of a function
 
 
 class _StageStep:
@@ -427,7 +428,7 @@ class _StageStep:
         comms = CommScheduler(
             self.comm,
             self.payload.groups,
-            self.payload.bucket_bytes,
+            self.payload.buckets,
             self.payload.options.overlap,
             thread=nb.WORKER.comm_thread(),
             reducers=nb.WORKER.reducers,
@@ -504,7 +505,7 @@ def supported(payload) -> str | None:
     why = step_supported([i for body in payload.phases.values() for i in body])
     if why is not None:
         return why
-    stages = {}
+    stages: dict[int, int] = {}  # stage -> the one rank this rank receives from there
     for src in payload.inbox:
         stage = next(s for s, devices in enumerate(payload.devices) if src in devices)
         if stages.setdefault(stage, src) != src:
@@ -533,7 +534,7 @@ class WholeStage(Tracer):
         from jax import export
 
         self._setup(
-            comm, payload.groups.mesh, payload.groups.offset, payload.options, payload.bucket_bytes
+            comm, payload.groups.mesh, payload.groups.offset, payload.options, payload.buckets
         )
         self.payload = p = payload
         self.segments = {

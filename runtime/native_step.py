@@ -14,7 +14,7 @@ by it) and each custom call gets every group of its partition, picking the one h
 rank, so rank 0 compiles it into the job's cache and the others load it (``compile_rounds``).
 The collectives keep program order on every rank through an int32 token each custom call
 takes and returns (a chain XLA cannot reorder); all-reduces are fused into buckets as the
-interpreted runner's are (``bucket_bytes``, each with its cheapest algorithm by the plan's
+interpreted runner's are (``Program.buckets``, each with its cheapest algorithm by the plan's
 prices). The custom calls are a primitive of this module's (``register_targets``) rather
 than ``jax.ffi.ffi_call``, whose side effect is a JAX effect that keeps a jitted function off
 jit's C++ dispatch (the small GPT's step took 4.8 ms of a worker's time per call through
@@ -33,6 +33,7 @@ Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,13 +44,18 @@ from autopar.program import (
     WIDENED,
     Collective,
     StepKind,
+    bucket_index,
     bucket_key,
     checked_table,
     reduced_bytes,
 )
 
+if TYPE_CHECKING:
+    from jax.extend.core import Primitive
+    from jax.stages import Compiled
+
 _MARK = "autopar CollectiveError:"
-_registered = []
+_registered: list[Primitive] = []
 
 
 def register_targets():
@@ -115,18 +121,16 @@ class Tracer:
     shifted by ``offset`` to the job's: a pipeline stage's mesh starts at its first rank).
     ``self.me`` is this rank's position on that mesh, traced (an argument of the step)."""
 
-    def _setup(self, comm, mesh, offset, options, bucket_bytes):
+    fn: Compiled  # the compiled step (a subclass compiles it)
+
+    def _setup(self, comm, mesh, offset, options, buckets):
         from autopar.jax_frames import hide_autopar_frames
 
         hide_autopar_frames()  # the HLO's metadata names the caller's lines, not ours
         self.primitive = register_targets()
         self.comm, self.handle = comm, np.int64(comm.ffi_handle)
-        self.mesh, self.offset, self.options, self.bucket_limit = (
-            mesh,
-            offset,
-            options,
-            bucket_bytes,
-        )
+        self.mesh, self.offset, self.options = mesh, offset, options
+        self.bucket_of = bucket_index(buckets)  # (program.all_reduce_buckets)
 
     def _begin(self, me, regs, step=None, keep=frozenset()):
         import jax.numpy as jnp
@@ -208,15 +212,15 @@ class Tracer:
             self.put_all(self._finish(started))
 
     def _defer(self, st, x, axes) -> dict:
-        """All-reduces fused as the interpreted runner's buckets: consecutive ones over the
-        same axes, dtype and operator share one custom call until ``bucket_bytes`` or a read of
-        one of them (``get``) issues it; the results that issuing made, by register."""
-        key = bucket_key(st, self.mesh)  # (program.py: the one bucket rule)
+        """All-reduces fused as the program's buckets say (``Program.buckets``, as the
+        interpreted runner's): one custom call per bucket, issued when its last all-reduce is
+        reached; the results that issuing made, by register."""
+        members = self.bucket_of.get(st.out, (st.out,))  # not in one: a bucket of its own
         overlap = self.options.overlap
-        done = self._flush(overlap) if self.bucket and key != self.bucket[0][0] else {}
-        self.bucket.append((key, st, x))
+        done = self._flush(overlap) if self.bucket and self.bucket[0][1].out not in members else {}
+        self.bucket.append((bucket_key(st, self.mesh), st, x))
         self.bucket_bytes += reduced_bytes(st)
-        if self.bucket_bytes >= self.bucket_limit:
+        if st.out == members[-1]:
             done.update(self._flush(overlap))
         return done
 
@@ -309,8 +313,9 @@ class Tracer:
                 raise CollectiveError(text.split(_MARK, 1)[1].strip()) from None
             raise
 
-    def scheduled(self) -> str:
-        """The compiled executable's HLO in the order XLA runs it."""
+    def scheduled(self) -> str | None:
+        """The compiled executable's HLO in the order XLA runs it (None where the backend
+        gives no text)."""
         return self.fn.as_text()
 
 
@@ -325,7 +330,7 @@ class WholeStep(Tracer):
 
         from .native_backend import compile_rounds
 
-        self._setup(comm, payload.mesh, 0, payload.options, payload.bucket_bytes)
+        self._setup(comm, payload.mesh, 0, payload.options, payload.buckets)
         self.payload = payload
         self.segments = {
             k: export.deserialize(ins[1])

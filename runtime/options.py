@@ -13,7 +13,7 @@ from autopar.errors import ConfigError
 def _caller_x64() -> bool:
     import jax
 
-    return bool(jax.config.jax_enable_x64)
+    return bool(jax.config.read("jax_enable_x64"))
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class RuntimeOptions:
         """Set this process's jax_enable_x64 as the caller had it (a worker, on loading)."""
         import jax
 
-        if bool(jax.config.jax_enable_x64) != self.x64:
+        if bool(jax.config.read("jax_enable_x64")) != self.x64:
             jax.config.update("jax_enable_x64", self.x64)
 
     @classmethod

@@ -139,7 +139,8 @@ class ArgPacker:
         self.tails = [wire.zeros((packing.tail.nbytes,), np.uint8) for _ in range(nranks)]
         self._head = packing.head.views(self.heads[0])
         self._tails = [packing.tail.views(t) for t in self.tails]
-        self._run, self._returned = packing.run, None
+        self._run = packing.run
+        self._returned: tuple[list, np.ndarray, int | None] | None = None
 
     def returned(self, arrays: list, buffer: np.ndarray, key: int | None = None) -> None:
         """The replicated results' arrays the last call returned, views of ``buffer``; ``key``:

@@ -26,12 +26,17 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autopar.errors import CollectiveError
+from autopar.layout import Layout
 
 from . import wire
+
+if TYPE_CHECKING:
+    from .launcher import Job
 
 RESIDENT_BYTES = 64 << 10  # results this large or larger stay in the workers too
 
@@ -74,19 +79,20 @@ def keep(results, keys) -> None:
 
 @dataclass(frozen=True)
 class _Kept:
-    array: weakref.ref
+    array: weakref.ref[np.ndarray]
     key: int
-    job: object
-    layout: object
+    job: Job
+    layout: Layout
 
 
 class Residency:
     """A runner's results kept in its workers: fresh keys, each kept result's array (by id,
     weakly), and the keys whose arrays are gone (dropped at the next call)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._keys, self._pack_keys = itertools.count(), itertools.count(-1, -1)
-        self._gone, self._lock = [], threading.Lock()
+        self._gone: list[int] = []  # keys whose arrays are gone
+        self._lock = threading.Lock()
         self._kept: dict[int, _Kept] = {}
 
     def key(self) -> int:

@@ -263,6 +263,7 @@ def recv(conn, box: Box | None = None, borrow: bool = False):
     sizes = [m[2] for m in meta]
     offsets, _ = _packing(sizes)
     if grown is not None:  # through the box
+        assert box is not None, "a message sent through a box is received with its box"
         if grown:
             box.attach(_recv_fd(conn), grown)
         if borrow:  # the views' base: an array of their own, so the box knows
@@ -276,13 +277,15 @@ def recv(conn, box: Box | None = None, borrow: bool = False):
                 skeleton, iter([np.ndarray(m[1], m[0], held, at) for at, m in zip(offsets, meta)])
             )
     small = [i for i, n in enumerate(sizes) if n < PACK]
-    views = [None] * len(sizes)
+    views: list[np.ndarray | None] = [None] * len(sizes)
     if grown is not None:
+        assert box is not None
         held = box.array if box.array is not None else np.empty(0, np.uint8)  # all empty
         for i, n in enumerate(sizes):
             if n >= PACK:
-                views[i] = empty(meta[i][1], meta[i][0])
-                views[i][...] = _view(held, offsets[i], meta[i])
+                copy = empty(meta[i][1], meta[i][0])
+                copy[...] = _view(held, offsets[i], meta[i])
+                views[i] = copy
         if small:
             packed_at, packed = _packing([sizes[i] for i in small])
             pack = empty((max(packed, 1),), np.uint8)
@@ -292,9 +295,9 @@ def recv(conn, box: Box | None = None, borrow: bool = False):
         return put(skeleton, iter(views))
     for i, n in enumerate(sizes):
         if n >= PACK:
-            views[i] = empty((n,), np.uint8)
-            conn.recv_bytes_into(views[i])
-            views[i] = _view(views[i], 0, meta[i])
+            raw = empty((n,), np.uint8)
+            conn.recv_bytes_into(raw)
+            views[i] = _view(raw, 0, meta[i])
     if small:
         offsets, packed = _packing([sizes[i] for i in small])
         pack = empty((max(packed, 1),), np.uint8)
@@ -304,7 +307,7 @@ def recv(conn, box: Box | None = None, borrow: bool = False):
     return put(skeleton, iter(views))
 
 
-_LENDING = weakref.WeakSet()  # the boxes ``recv`` lent views of
+_LENDING: weakref.WeakSet[Box] = weakref.WeakSet()  # the boxes ``recv`` lent views of
 
 
 def _address(x) -> int | None:
@@ -386,10 +389,13 @@ class Box:
     until the next message, so ``recv`` copies them out, or lends views of them (``borrow``):
     ``lent_out`` says whether any is still held."""
 
-    def __init__(self):
-        self.mm, self.size, self.array = None, 0, None
+    def __init__(self) -> None:
+        self.mm: mmap.mmap | None = None
+        self.size = 0
+        self.array: np.ndarray | None = None
         self.start = 0  # the mapping's address
-        self.lent = None  # a weak reference to the base of the views recv lent
+        # a weak reference to the base of the views recv lent
+        self.lent: weakref.ref[np.ndarray] | None = None
         self.span = (0, 0)  # the addresses of the memory it lent
 
     @property

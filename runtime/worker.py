@@ -122,7 +122,9 @@ def _jaxlib_minor() -> tuple:
 
 def _imported_elsewhere(package: str) -> str | None:
     """Why this worker's ``autopar`` is not the caller's (in ``package``), or None."""
-    mine = os.path.dirname(os.path.abspath(sys.modules["autopar"].__file__))
+    init = sys.modules["autopar"].__file__
+    assert init is not None  # a regular package (its __init__.py), not a namespace one
+    mine = os.path.dirname(os.path.abspath(init))
     if os.path.realpath(mine) == os.path.realpath(package):
         return None
     return (

@@ -99,10 +99,10 @@ _BYTES = {
 }
 
 
-def collectives(hlo_text: str) -> Counter:
+def collectives(hlo_text: str) -> Counter[tuple[str, int]]:
     """``Counter((kind, result bytes per device) -> count)`` of the collectives in a compiled
     module's text (an async pair counted once, by its start)."""
-    out = Counter()
+    out: Counter[tuple[str, int]] = Counter()
     for m in _OP.finditer(hlo_text):
         types = m.group(1) or m.group(2)
         size = 0
@@ -115,14 +115,16 @@ def collectives(hlo_text: str) -> Counter:
     return out
 
 
-def differences(planned, inserted: Counter) -> list:
+def differences(planned, inserted: Counter[tuple[str, int]]) -> list:
     """Per collective kind where the plan's communication (``planned``: records with ``kind``,
     ``bytes`` per device and ``count``, as ``Strategy.collectives``) and what XLA inserted
     (``collectives``) differ, a line saying how: XLA combining several into fewer of the same
     bytes (its all-reduce combiner), or moving other bytes (another choice of where to
     reduce or gather). Empty when both match kind by kind, count and bytes."""
-    mine, xla = Counter(), Counter()
-    n_mine, n_xla = Counter(), Counter()
+    mine: Counter[str] = Counter()  # kind -> bytes per device
+    xla: Counter[str] = Counter()
+    n_mine: Counter[str] = Counter()  # kind -> count
+    n_xla: Counter[str] = Counter()
     for c in planned:
         mine[c.kind] += c.bytes * c.count
         n_mine[c.kind] += c.count

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.annotate import shard_p
-from autopar.graph import Value, type_str
+from autopar.graph import Graph, Value, type_str
 from autopar.layout import Layout
 
 from .cost_model import compute_time, fused, local_bytes, output_bytes
@@ -126,7 +126,7 @@ def default_arg_options(graph, mesh, fixed_args) -> tuple:
 @dataclass(frozen=True, eq=False)
 class Built:
     problem: SearchProblem
-    graph: object
+    graph: Graph
     arg_options: tuple  # per graph input: its candidate layouts
     cands: dict  # node id -> candidate list
     groups: tuple = ()  # per operator problem node: ((node id, per head choice: index), ...)
@@ -229,8 +229,9 @@ def followers(graph, cands, result_ids, intervals) -> list[list[int]]:
             memo[key] = all(c.in_layouts[i] == c.out_layouts[0] for c in cs for i in pos)
         return memo[key]
 
-    chain_of, chains = {}, []  # value id -> chain index
-    writes = []  # per chain: the layouts its head may write
+    chain_of: dict[int, int] = {}  # value id -> chain index
+    chains: list[list[int]] = []
+    writes: list[frozenset[Layout]] = []  # per chain: the layouts its head may write
     for k, n in enumerate(graph.nodes):
         c, cs = None, cands[n.id]
         if len(n.outputs) == 1 and n.prim != shard_p.name:
@@ -697,7 +698,7 @@ def _chain(nodes, cands, mesh, result_ids, to_replicated, touch):
 
 
 def _by_layout(layouts, f) -> np.ndarray:
-    memo = {}
+    memo: dict[Layout, float] = {}
     return np.array([memo[l] if l in memo else memo.setdefault(l, f(l)) for l in layouts])
 
 

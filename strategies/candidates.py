@@ -71,7 +71,7 @@ def enumerate_candidates(
     for pick in picks:
         if "+" in pick and not groups:
             continue
-        assign = {}
+        assign: dict[str, list[str]] = {}  # letter -> the mesh axes splitting it
         for a, c in zip(axes, pick):
             if c not in (None, "+"):
                 assign.setdefault(c, []).append(a)
@@ -142,7 +142,7 @@ def candidate_for(node, spec: OpSpec, layout: Layout, mesh: LogicalMesh) -> Cand
     """The candidate of ``node`` whose every output is in ``layout``, with no partial sums,
     keeping ``layout``'s axis order within a dimension (which enumeration, mesh order only,
     may not produce), or None where the operator cannot produce it."""
-    assign = {}
+    assign: dict[str, list[str]] = {}  # letter -> the mesh axes splitting it
     for dims in spec.outputs:
         if len(dims) != len(layout.dims):
             return None

@@ -19,7 +19,7 @@ Out: seconds and bytes, per device:
 Operators that only relabel their operand (``FREE``: reshape, squeeze, ap.shard) cost nothing.
 - ``memory_timeline(program)`` / ``program_memory(program)``: the bytes live on one rank at each
   instruction of a lowered ``Program``, as XLA fuses its segments, and the peak;
-- ``call_overhead(program, host_bytes, bucket_bytes, host_arrays)``: what one call of the
+- ``call_overhead(program, host_bytes, host_arrays)``: what one call of the
   lowered step costs besides its operators and collectives: the topology's ``step_overhead``,
   ``host_beta`` per byte and ``arg_overhead`` per array of its arguments and results, less the
   per-call ``launch`` of the all-reduces the native runtime fuses into another's bucket (each
@@ -30,17 +30,21 @@ Communication time between candidates comes from the redistribution planner.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from jax import lax
 
 from autopar.graph import Const
-from autopar.program import Segment, all_reduce_buckets, reads, writes
+from autopar.program import Segment, reads, writes
 
 from .flops import CONTRACTIONS, flops
 from .fusion import touches
 from .rules.elementwise import RULES as ELEMENTWISE
 from .rules.primitives import primitives
+
+if TYPE_CHECKING:
+    from jax.extend.core import Primitive
 
 
 def _size(shape) -> int:
@@ -222,7 +226,8 @@ def memory_timeline(program) -> list:
         made = sum(size[r] for r in writes(ins))
         if isinstance(ins, Segment):
             outs = set(ins.outputs)
-            inner_last, readers = {}, {}
+            inner_last: dict[int, int] = {}  # register -> the last compute reading it
+            readers: dict[int, set[Primitive]] = {}  # register -> the primitives reading it
             for i, c in enumerate(ins.computes):
                 for r in reads(c):
                     inner_last[r] = i
@@ -261,28 +266,20 @@ def memory_timeline(program) -> list:
 # ---------------------------------------------------------------- per-call costs of a Program
 
 
-def fused_all_reduces(program, bucket_bytes: int) -> list:
+def fused_all_reduces(program) -> list:
     """The all-reduces of ``program`` that ride in an earlier one's call: every bucket's but
-    its first (``program.all_reduce_buckets``, the rule the native runtime fuses by)."""
-    if not bucket_bytes:
-        return []
-    return [
-        ins
-        for bucket in all_reduce_buckets(
-            getattr(program, "instructions", ()), program.mesh, bucket_bytes
-        )
-        for ins in bucket[1:]
-    ]
+    its first (``Program.buckets``, which the native runtimes fuse by)."""
+    riding = {r for bucket in getattr(program, "buckets", ()) for r in bucket[1:]}
+    return [ins for ins in program.collectives() if ins.out in riding] if riding else []
 
 
-def call_overhead(program, host_bytes: int, bucket_bytes: int, host_arrays: int = 0) -> float:
+def call_overhead(program, host_bytes: int, host_arrays: int = 0) -> float:
     """Seconds one call of ``program`` costs besides its operators and collectives (see the
     module docstring); ``host_bytes``, ``host_arrays``: the bytes and the number of its
     arguments and results."""
     topo = program.mesh.topology
     saved = sum(
-        max(program.mesh.level(a).launch for a in ins.axes)
-        for ins in fused_all_reduces(program, bucket_bytes)
+        max(program.mesh.level(a).launch for a in ins.axes) for ins in fused_all_reduces(program)
     )
     return (
         topo.step_overhead + topo.host_beta * host_bytes + topo.arg_overhead * host_arrays - saved

@@ -137,7 +137,8 @@ def fusible(prim: str, chip: bool) -> bool:
 def groups(graph, chip: bool) -> tuple[dict, dict]:
     """``(group, depth)``: node id -> its group's representative node id, for the fusible
     operators, and node id -> depth (module docstring), for every operator."""
-    depth, parent = {}, {}
+    depth: dict[int, int] = {}
+    parent: dict[int, int] = {}
 
     def find(i):
         while parent[i] != i:
@@ -145,7 +146,8 @@ def groups(graph, chip: bool) -> tuple[dict, dict]:
             i = parent[i]
         return i
 
-    made_at = {}  # value id -> (depth of its readers' side, producing node id or None)
+    # value id -> (depth of its readers' side, producing node id or None)
+    made_at: dict[int, tuple[int, int | None]] = {}
     for n in graph.nodes:
         ins = [x for x in n.inputs if isinstance(x, Value)]
         d = max((made_at[x.id][0] for x in ins if x.id in made_at), default=0)

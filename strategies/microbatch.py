@@ -95,7 +95,8 @@ class MicroFit:
 
     def __init__(self, graph, batch_inputs, micro: int, mesh):
         self.dims, self.micro, self.mesh = batch_dims(graph, batch_inputs), micro, mesh
-        self._memo = {}
+        # (id of a list, batch dims) -> (the list, what it keeps)
+        self._memo: dict[tuple[int, tuple], tuple[list, list]] = {}
 
     def _fits(self, layout, shape, dims) -> bool:
         splits = layout.splits(self.mesh)
@@ -286,13 +287,14 @@ def _backward(graph, cands, forward: _Pass, reshard_cost) -> dict:
     a node's own inputs read for free, then also through chains of such values (the zeros and
     updates of a cross-entropy's scatter-add); the variant with the cheaper reads wins."""
     results = {o.id for o in graph.outputs if not isinstance(o, Const)}
-    best = None
+    best: tuple[float, dict] | None = None
     for relaxed in (False, True):
         ch, lay = dict(forward.choice), dict(forward.layout)
         _split_invariants(graph, cands, ch, lay, reshard_cost, results, relaxed)
         total = _read_seconds(graph, _Pass(ch, lay), reshard_cost)
         if best is None or total < best[0]:
             best = (total, ch)
+    assert best is not None  # the loop ran
     return best[1]
 
 

@@ -248,8 +248,9 @@ class MindSporeLayouts:
         )
         op_stages = {o.get("stage") for o in d["parallel_strategy_item"].values()} - {None}
         stage = op_stages.pop() if len(op_stages) == 1 else int(d.get("current_stage", 0))
-        prefixed = [re.fullmatch(r"(\d+)-(.+)", name) for name, _ in params]
-        if params and all(prefixed):  # merge_pipeline_strategys' merged file
+        found = (re.fullmatch(r"(\d+)-(.+)", name) for name, _ in params)
+        prefixed = [m for m in found if m is not None]
+        if params and len(prefixed) == len(params):  # merge_pipeline_strategys' merged file
             return MindSporeLayouts(
                 str(path),
                 stage,
@@ -275,7 +276,7 @@ class MindSporeLayouts:
                 "stage1.ckpt); give the path of a strategy file or of such a "
                 "folder."
             )
-        stems = {}
+        stems: dict[str, list[str]] = {}
         for name, _ in parts:
             stems.setdefault(os.path.splitext(name)[0], []).append(name)
         twice = [v for v in stems.values() if len(v) > 1]
@@ -284,7 +285,9 @@ class MindSporeLayouts:
                 f"{path} holds {' and '.join(twice[0])}, one stage in two formats; keep one."
             )
         parts.sort(key=lambda p: p[1].stage)
-        params, ops, stages = {}, {}, {}
+        params: dict[str, DeviceSpec] = {}
+        ops: dict[str, tuple] = {}
+        stages: dict[str, int] = {}
         for _, part in parts:
             for name, spec in part.params:
                 params.setdefault(name, spec)
@@ -364,6 +367,7 @@ class MindSporeLayouts:
         out, k = [], 0
         for a in args:
             tree = jax.tree.structure(a)
-            out.append(jax.tree.unflatten(tree, leaves[k : k + tree.num_leaves]))
-            k += tree.num_leaves
+            size = tree.num_leaves  # type: ignore[attr-defined]  # jaxlib ships no PyTreeDef stubs
+            out.append(jax.tree.unflatten(tree, leaves[k : k + size]))
+            k += size
         return tuple(out)

@@ -39,7 +39,7 @@ divide, keep their replicated update (MindSpore does the same).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.graph import Value
 from autopar.layout import Layout
@@ -54,7 +54,8 @@ from .rules.primitives import primitives
 class ShardedUpdate:
     choice: dict  # node id -> Candidate
     in_layouts: tuple  # per graph input
-    updates: dict = None  # parameter input position -> Layout of its sharded update
+    # parameter input position -> Layout of its sharded update
+    updates: dict[int, Layout] = field(default_factory=dict)
 
 
 def update_region(graph, state_pairs) -> list[set]:

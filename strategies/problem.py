@@ -202,7 +202,7 @@ class SearchProblem:
         def num(a):
             return [int(x) if float(x).is_integer() else float(x) for x in np.ravel(a)]
 
-        p = {
+        p: dict[str, object] = {
             "name": self.name,
             "nodes": {
                 "intervals": self.intervals.tolist(),

@@ -28,9 +28,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from autopar.errors import InfeasibleError
+from autopar.graph import Graph
+from autopar.layout import Layout
+from autopar.mesh import LogicalMesh
 
 from .build import StatePricing, arg_layouts, build_problem
-from .candidates import axis_choices, enumerate_candidates
+from .candidates import Candidate, axis_choices, enumerate_candidates
+from .microbatch import MicroFit
 from .propagation import Assignment
 from .rules import rule_for
 
@@ -116,12 +120,12 @@ class _OptionLists:
     """The option lists every cut offers, made once per distinct key and shared by the cuts
     and nodes that ask for it (build.py shares work per list)."""
 
-    graph: object
-    mesh: object
-    axes: list  # the mesh axes of size > 1, one cut each, outermost first
-    fixed: dict  # node id -> [its one Candidate]
-    arg_fixed: dict  # graph input index -> its Layout
-    fit: object  # MicroFit the options must pass, or None
+    graph: Graph
+    mesh: LogicalMesh
+    axes: list[str]  # the mesh axes of size > 1, one cut each, outermost first
+    fixed: dict[int, list[Candidate]]  # node id -> [its one Candidate]
+    arg_fixed: dict[int, Layout]  # graph input index -> its Layout
+    fit: MicroFit | None  # MicroFit the options must pass, or None
     lists: dict = field(default_factory=dict)  # key -> option list, see the methods
     specs: dict = field(default_factory=dict)  # node signature -> its rule's spec
 

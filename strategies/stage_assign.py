@@ -43,7 +43,7 @@ class Stages:
     @staticmethod
     def of(graph, count: int, of_node) -> Stages:
         """The Stages of a stage per node, each stage reading the graph inputs its nodes read."""
-        reads = [set() for _ in range(count)]
+        reads: list[set[int]] = [set() for _ in range(count)]
         pos = {v.id: i for i, v in enumerate(graph.inputs)}
         for s, n in zip(of_node, graph.nodes):
             reads[s] |= {pos[x.id] for x in n.inputs if isinstance(x, Value) and x.id in pos}

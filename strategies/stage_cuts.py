@@ -58,12 +58,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autopar.config import PipelineScheduler
 from autopar.errors import InfeasibleError, PipelineError
-from autopar.graph import Value
+from autopar.graph import Graph, Value
+from autopar.mesh import LogicalMesh
 from autopar.pipeline_program import device_schedule, in_flight, pipeline_seconds
+from autopar.topology import Level
 
+from .candidates import Candidate
 from .cost_model import compute_time, fused, local_bytes, output_bytes
-from .microbatch import MB
+from .microbatch import MB, MicroPlan
 from .stage_assign import Stages
 
 BOUNDS = 400  # candidate bounds beyond which they are thinned to 0.5% bands
@@ -73,12 +77,12 @@ BOUNDS = 400  # candidate bounds beyond which they are thinned to 0.5% bands
 class StageOption:
     """What a stage on one mesh runs: the layouts the search chose there."""
 
-    mesh: object  # the stage LogicalMesh
-    choice: dict  # node id -> Candidate on ``mesh``
+    mesh: LogicalMesh  # the stage's mesh
+    choice: dict[int, Candidate]  # node id -> Candidate on ``mesh``
     in_layouts: tuple  # per graph input, on ``mesh``
-    comm: dict  # node id -> seconds of the redistributions feeding it on ``mesh``
-    plan: object  # MicroPlan on micro_mesh(mesh)
-    micro_comm: dict = field(default_factory=dict)  # node id -> seconds of the
+    comm: dict[int, float]  # node id -> seconds of the redistributions feeding it on ``mesh``
+    plan: MicroPlan  # on micro_mesh(mesh)
+    micro_comm: dict[int, float] = field(default_factory=dict)  # node id -> seconds of the
     # redistributions feeding it for one micro-batch, on the micro-batch
     # mesh (a parameter gathered in the forward is gathered per micro-batch)
 
@@ -198,7 +202,7 @@ def _last_use(graph, fwd, pos, back) -> dict:
 def _anchors(graph, index, pos, back, last_use) -> list:
     """Forward positions ``pos``, derivative flags and where values are used -> per node the
     forward position its cost goes to (module docstring, point 2)."""
-    anchor = [None] * len(graph.nodes)
+    anchor: list[int | None] = [None] * len(graph.nodes)
     for k, n in enumerate(graph.nodes):
         if k in pos:
             anchor[k] = pos[k]
@@ -235,13 +239,13 @@ def _anchors(graph, index, pos, back, last_use) -> list:
 class StageRequest:
     """What the stage DP plans (see the module docstring)."""
 
-    graph: object
+    graph: Graph
     count: int  # pipeline stages S
     micro: int  # micro-batches M
-    scheduler: object  # PipelineScheduler
-    options: dict  # stage size k -> StageOption
+    scheduler: PipelineScheduler
+    options: dict[int, StageOption]  # stage size k -> StageOption
     batch_inputs: frozenset  # graph input positions split over micro-batches
-    link: object  # the topology Level between stages
+    link: Level  # the topology Level between stages
     devices: int  # how many devices the stages share
     cap: int | None = None  # bytes per device (None: no cap)
     sizes: tuple | None = None  # fixed devices per stage (None: choose among ``options``)

@@ -39,7 +39,8 @@ def step_seconds(ops, output_comm: float, overhead: float, compute=None) -> floa
 def device_ranges(devices) -> str:
     """``[0-255]`` for devices 0 .. 255, ``[0, 1]`` for two, ``[0-3, 8-11]`` for runs: a
     stage's devices as a reader scans them (a 1536-GPU plan lists 192 per stage)."""
-    runs, out = [], []
+    runs: list[list[int]] = []  # [first, last] of each run
+    out: list[str] = []
     for d in devices:
         if runs and d == runs[-1][1] + 1:
             runs[-1][1] = d
@@ -118,7 +119,7 @@ class PipelineChoice:
     def __str__(self) -> str:
         what = (
             f"{self.seconds * 1e6:.1f} us, peak {format_bytes(self.peak_memory)}"
-            if self.seconds is not None
+            if self.seconds is not None and self.peak_memory is not None
             else self.note
         )
         chosen = "  <- chosen" if self.note == "chosen" else ""
@@ -306,16 +307,17 @@ class Strategy:
                     + ("" if a.fits else " (over max_device_memory)")
                 )
             win = next((a for a in self.alternatives if a.chosen), None)
-            for a in self.alternatives if win else ():
-                if a is win or a.seconds == win.seconds:
-                    continue
-                d = lambda x, y: f"{(x - y) * 1e6:+.1f} us"
-                rows.append(
-                    f"  against {a.label}: step {d(win.seconds, a.seconds)} (compute "
-                    f"{d(win.compute, a.compute)}, communication {d(win.comm, a.comm)}, "
-                    f"per call {d(win.overhead, a.overhead)}), memory "
-                    f"{format_bytes(win.peak_memory)} against {format_bytes(a.peak_memory)}"
-                )
+            if win is not None:
+                for a in self.alternatives:
+                    if a is win or a.seconds == win.seconds:
+                        continue
+                    d = lambda x, y: f"{(x - y) * 1e6:+.1f} us"
+                    rows.append(
+                        f"  against {a.label}: step {d(win.seconds, a.seconds)} (compute "
+                        f"{d(win.compute, a.compute)}, communication {d(win.comm, a.comm)}, "
+                        f"per call {d(win.overhead, a.overhead)}), memory "
+                        f"{format_bytes(win.peak_memory)} against {format_bytes(a.peak_memory)}"
+                    )
             ties = [
                 a.label
                 for a in self.alternatives
@@ -614,7 +616,7 @@ class Strategy:
             }
             for o in mine
         }
-        read_in = {}  # argument -> the stage of its first reader (here)
+        read_in: dict[str, int] = {}  # argument -> the stage of its first reader (here)
         for o in mine:
             for name in o.operands:
                 read_in.setdefault(name, o.stage)
@@ -715,7 +717,7 @@ class Strategy:
         return d
 
 
-def format_bytes(n: int) -> str:
+def format_bytes(n: float) -> str:
     """1536 -> '1.5 KB': bytes in B, KB, MB or GB (powers of 1024), one decimal above B."""
     for unit in ("B", "KB", "MB"):
         if n < 1024:

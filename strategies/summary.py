@@ -61,7 +61,7 @@ def _module(source: str) -> str:
 
 
 def _modules(s: Strategy, top: int) -> list:
-    groups = defaultdict(lambda: [0, 0.0, 0.0])
+    groups: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for o in s.ops:
         g = groups[_module(o.source)]
         g[0] += 1
@@ -77,7 +77,7 @@ def _modules(s: Strategy, top: int) -> list:
 
 
 def _collectives(s: Strategy, top: int) -> list:
-    groups = defaultdict(lambda: [0, 0, 0.0])
+    groups: defaultdict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
     for c in s.collectives:
         g = groups[(c.kind, ",".join(c.axes))]
         g[0] += c.count

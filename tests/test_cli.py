@@ -180,23 +180,23 @@ def test_calibration_refuses_impossible_figures_its_repeat_does_not_confirm(monk
     def measures(*reports):
         runs.clear()
         it = iter(reports)
-        monkeypatch.setattr(cal, "measure", lambda b, n: (runs.append(1) or "topo", next(it)))
+        monkeypatch.setattr(cal, "measure", lambda b, n, f: (runs.append(1) or "topo", next(it)))
     measures(good)
-    assert cal.calibrate("jax", 2)[1]["matmul_GFLOPs"] == 70.0 and len(runs) == 1
+    assert cal.calibrate("jax", 2, ap.compile)[1]["matmul_GFLOPs"] == 70.0 and len(runs) == 1
     measures(bad, dict(good, matmul_GFLOPs=80.0))
-    topo, report = cal.calibrate("jax", 2)
+    topo, report = cal.calibrate("jax", 2, ap.compile)
     assert len(runs) == 2 and report["matmul_GFLOPs"] == 80.0 and "host_GBps" in report["remeasured"]
     measures(bad, bad)
     with pytest.raises(ap.ConfigError, match="impossible figures twice.*host_GBps=inf.*nothing "
                                              "was saved"):
-        cal.calibrate("jax", 2)
+        cal.calibrate("jax", 2, ap.compile)
     measures(bad, dict(good, matmul_GFLOPs=20.0))
     with pytest.raises(ap.ConfigError, match=r"disagrees with it by over 2x on matmul_GFLOPs"):
-        cal.calibrate("jax", 2)
+        cal.calibrate("jax", 2, ap.compile)
     monkeypatch.delenv("AUTOPAR_TOPOLOGY", raising=False)
     monkeypatch.setenv("AUTOPAR_CACHE_DIR", "/nonexistent-autopar-cache")
     measures(bad, bad)
-    assert cal.machine_topology("jax", 2, measure=True) == ap.Topology.local(2)
+    assert cal.machine_topology("jax", 2, True, ap.compile) == ap.Topology.local(2)
 
 
 @pytest.mark.xdist_group("processes")      # native ranks

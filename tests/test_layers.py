@@ -2,7 +2,8 @@
 redistribution > strategies > core, and a runtime that imports no planning, checked by
 import-linter on the source tree (lazy imports inside functions count); and the package's
 init, which imports each public name on first use; and the packages' lint and format
-(ruff, pyproject.toml's [tool.ruff])."""
+(ruff, pyproject.toml's [tool.ruff]) and types (mypy, [tool.mypy])."""
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,15 @@ def test_ruff_lint_and_format_are_clean():
         r = subprocess.run([_tool("ruff"), *args], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, f"ruff {' '.join(args)}:\n{r.stdout[-4000:]}{r.stderr[-2000:]}"
+
+
+def test_mypy_finds_no_type_errors():
+    """pyproject.toml's [tool.mypy] over the package: every annotated function and contract
+    type checks (run ``mypy`` from the checkout to see what it finds)."""
+    r = subprocess.run([_tool("mypy"), "--no-incremental", "--cache-dir", os.devnull], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert "Success: no issues found" in r.stdout, r.stdout[-2000:]
 
 
 def test_the_package_imports_a_public_name_when_first_asked():

@@ -430,11 +430,12 @@ def bucket_step(x, small, mid):
 
 @pytest.mark.parametrize("whole", ["0", "1"])
 def test_both_runtimes_and_the_cost_model_fuse_all_reduces_by_one_rule(monkeypatch, whole):
-    """program.all_reduce_buckets is the rule: an all-reduce over size-1 axes only exchanges
-    nothing and joins no bucket, and int8 and int16 values, both reduced as int32, share one
-    (the interpreted runner keyed buckets by the raw axes and dtype, the cost model too, the
-    whole-step runner by the axes of size > 1 and the widened dtype). Both runners issue the
-    buckets it gives, and the cost model credits the launches it says are fused."""
+    """The buckets are Program data (``Program.buckets``, decided once by
+    program.all_reduce_buckets when the step is lowered): an all-reduce over size-1 axes only
+    exchanges nothing and joins no bucket, and int8 and int16 values, both reduced as int32,
+    share one (the interpreted runner used to key buckets by the raw axes and dtype, the cost
+    model too, the whole-step runner by the axes of size > 1 and the widened dtype). Both
+    runners issue the program's buckets, and the cost model credits the launches they fuse."""
     from autopar.program import all_reduce_buckets, reduced_bytes
     from autopar.strategies.cost_model import fused_all_reduces
     monkeypatch.setenv("AUTOPAR_WHOLE_STEP", whole)
@@ -447,11 +448,34 @@ def test_both_runtimes_and_the_cost_model_fuse_all_reduces_by_one_rule(monkeypat
         ranks = c.on_workers(worker_stats)
     for r, want in zip(got, (x * 2, small * 2, mid * 2, x * 2, (x + 1) * 2)):
         np.testing.assert_array_equal(np.asarray(r), want.astype(np.asarray(r).dtype))
-    buckets = all_reduce_buckets(c.program.instructions, c.program.mesh, cfg.allreduce_fusion_bytes)
+    p = c.program
+    assert p.buckets == all_reduce_buckets(p.instructions, p.mesh, cfg.allreduce_fusion_bytes)
+    by_reg = {ins.out: ins for ins in p.collectives()}
+    buckets = [[by_reg[r] for r in b] for b in p.buckets]
     assert [len(b) for b in buckets] == [1, 2, 1]
     assert [np.dtype(b[0].dtype) for b in buckets] == [np.float32, np.int8, np.float32]
     for s in ranks:
         assert [k for k, _, _ in s["buckets"]] == [len(b) for b in buckets]
         if whole == "1":          # (the interpreted runner pads each tensor to 64 bytes)
             assert [n for _, n, _ in s["buckets"]] == [sum(map(reduced_bytes, b)) for b in buckets]
-    assert fused_all_reduces(c.program, cfg.allreduce_fusion_bytes) == [buckets[1][1]]
+    assert fused_all_reduces(p) == [buckets[1][1]]
+
+
+def test_bucket_bytes_zero_gives_each_all_reduce_its_own_and_jax_programs_carry_none():
+    """``allreduce_fusion_bytes=0``: every all-reduce that exchanges something is a bucket of
+    its own (none fused, none credited by the cost model), as on the jax backend (whose
+    programs autopar does not fuse: XLA schedules their collectives)."""
+    from autopar.strategies.cost_model import fused_all_reduces
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    small, mid = np.ones((4, 8), np.int8), np.full((4, 8), 3, np.int16)
+    base = ap.ParallelConfig(parallel_mode="hybrid_parallel", device_num=2, mesh_shape=(2, 1),
+                             progress=False)
+    with ap.compile(bucket_step, x, small, mid,
+                    config=base.replace(allreduce_fusion_bytes=0)) as c:     # (never called)
+        p = c.program
+        exchanging = [i.out for i in p.collectives() if i.kind == "all_reduce" and
+                      any(p.mesh.axis_size(a) > 1 for a in i.axes)]
+        assert len(exchanging) == 4
+        assert p.buckets == tuple((r,) for r in exchanging) and fused_all_reduces(p) == []
+    with ap.compile(bucket_step, x, small, mid, config=base.replace(backend="jax")) as c:
+        assert c.program.buckets == p.buckets and fused_all_reduces(c.program) == []

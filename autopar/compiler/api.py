@@ -18,6 +18,7 @@ import functools
 import gc
 import time
 import warnings
+from collections.abc import Sequence
 
 import jax
 
@@ -32,6 +33,9 @@ from ..arguments import (
 )
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
+from ..graph import Graph
+from ..mesh import LogicalMesh
+from ..program import Program
 from ..progress import logger
 from ..recompute import recomputes, selective_recompute, without_recompute
 from ..redistribution.lower import lower, lower_steps
@@ -97,11 +101,11 @@ class CompileRequest:
     user called it."""
 
     config: ParallelConfig
-    graph: object  # the traced Graph
+    graph: Graph  # the traced step
     args: tuple  # the example arguments (arrays or ShapeDtypeStructs)
     batch_argnums: tuple
-    in_strategy: object  # the user's in_strategy, or None
-    strategy: object  # a Strategy to load instead of searching, or None
+    in_strategy: Sequence[object] | None  # the user's in_strategy: one entry per argument
+    strategy: Strategy | None  # a Strategy to load instead of searching
     names: tuple  # (leaf name, is a parameter) per argument leaf
     name: str  # the step function's name, for progress and messages
     pairs: tuple  # (argument, result) positions of the carried state
@@ -294,13 +298,13 @@ def plan(
 class MeshPlan:
     """The layouts of the whole step on one mesh and what lowering them costs."""
 
-    mesh: object
-    planner: object
+    mesh: LogicalMesh
+    planner: Planner
     assignment: Assignment
     updates: dict  # argument position -> layout its update runs in
     out_layouts: tuple  # per result: state keeps its argument's layout, else None
     comm: dict  # node id -> seconds of the redistributions feeding it
-    program: object = None  # the lowered Program (without a pipeline)
+    program: Program | None = None  # the lowered Program (without a pipeline)
     out_comm: float = 0.0
     measured: float | None = None  # profile_plans: one rank's compute, measured
     alternatives: tuple = ()  # auto_parallel: the Alternative of each plan compared
@@ -422,6 +426,7 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> 
         # overrun: a plan the search thought smaller than the limit would be found again
         searched = found[0].peak if found[0].peak else limit
         limit = int(min(limit * (1 - RETRY_STEP), searched * cap / peak))
+    assert best is not None  # the loop ran at least once
     return best
 
 
@@ -475,7 +480,7 @@ def _profiled(req: CompileRequest, plans: list) -> list:
     topo = mesh.topology
     programs = [p.program for p in plans]
     if topo.reference_compute:
-        programs.append(reference_program(topo, backend, mesh.size))
+        programs.append(reference_program(compile, topo, backend, mesh.size))
     seconds = compute_seconds(programs, backend)
     scale = topo.reference_compute / seconds.pop() if topo.reference_compute else 1.0
     return [dataclasses.replace(p, measured=t * scale) for p, t in zip(plans, seconds)]
@@ -518,7 +523,14 @@ def _finish(req: CompileRequest, mesh, planner, assignment) -> MeshPlan:
         ).comm
         return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm)
     program, comm, out_comm = lower(
-        graph, assignment.choice, assignment.inputs, mesh, planner, out_layouts, assignment.held
+        graph,
+        assignment.choice,
+        assignment.inputs,
+        mesh,
+        planner,
+        out_layouts,
+        assignment.held,
+        bucket_bytes(config),
     )
     return MeshPlan(mesh, planner, assignment, updates, tuple(out_layouts), comm, program, out_comm)
 
@@ -562,7 +574,9 @@ def _plan(fn, args, config, batch_argnums, in_strategy, strategy, measure=False)
         )
     if config.topology is None:
         config = config.replace(
-            topology=machine_topology(config.backend.value, config.devices.device_num, measure)
+            topology=machine_topology(
+                config.backend.value, config.devices.device_num, measure, compile
+            )
         )
     mode = config.parallel_mode
     if strategy is not None and config.pipeline.auto:  # the loaded plan's pipeline
@@ -724,7 +738,6 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
         output_comm=out_comm,
         host_bytes=host_bytes(graph, program, req.pairs),
         host_arrays=host_arrays(graph),
-        bucket_bytes=bucket_bytes(config),
         measured_compute=None if pipelined else first.measured,
         alternatives=() if pipelined else first.alternatives,
         micro_batches=config.micro_batches,

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 from ..config import ParallelConfig
 from ..context import mindspore_fields
 from ..errors import AutoparWarning, ConfigError
+
+if TYPE_CHECKING:
+    from .compiled import Compiled  # imported with the compiler when a step is compiled
 
 MODES = {
     "semi_auto": {"parallel_mode": "semi_auto_parallel"},
@@ -64,7 +68,7 @@ class AutoParallel:
             {**MODES[parallel_mode], "device_num": device_num, **config_fields}, self._kept
         )
         self._load_operator_file = self._save_operator_file = None
-        self._compiled = {}
+        self._compiled: dict[str, Compiled] = {}  # argument types -> the step compiled for them
 
     # ------------------------------------------------------------ MindSpore's methods
     def _set(self, keys: dict) -> None:

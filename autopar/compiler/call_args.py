@@ -94,7 +94,8 @@ class CallArgs:
 
     def donated_leaves(self, dynamic_args) -> tuple:
         """Flat leaf positions of the donated arguments among ``dynamic_args``."""
-        out, j = [], 0
+        out: list[int] = []
+        j = 0
         keep = {self.position(k) for k in self.donate}
         for i, a in enumerate(dynamic_args):
             n = len(jax.tree.leaves(a))

@@ -177,9 +177,7 @@ class Compiled:
             if native:
                 from ..runtime.native_pipeline import PipelineRunner
 
-                return PipelineRunner(
-                    self.program, self.config.collective_timeout, self.config.allreduce_fusion_bytes
-                )
+                return PipelineRunner(self.program, self.config.collective_timeout)
             from ..runtime.jax_pipeline import PipelineRunner
 
             return PipelineRunner(self.program, self._process_local)
@@ -190,9 +188,7 @@ class Compiled:
         if native and self.program.mesh.size > 1:
             from ..runtime.native_backend import NativeRunner
 
-            return NativeRunner(
-                self.program, self.config.collective_timeout, self.config.allreduce_fusion_bytes
-            )
+            return NativeRunner(self.program, self.config.collective_timeout)
         from ..runtime.jax_backend import build
 
         return build(self.program, self._process_local, self.config.mesh, self._donated)

@@ -4,7 +4,8 @@ In: a ``Program`` or ``PipelineProgram``, a redistribution ``Planner`` on its me
 first stage's; other stage meshes get their own), the traced Graph and its argument names.
 Out: ``assemble_strategy`` (the one place a ``Strategy`` is built from a plan; its per-call
 overhead from ``cost_model.call_overhead`` with ``host_bytes`` and ``host_arrays``, the bytes
-and the number of the arguments and results, and the runtime's all-reduce ``bucket_bytes``),
+and the number of the arguments and results, less the all-reduces riding in another's
+bucket: ``Program.buckets``),
 ``op_strategies`` (an ``OpStrategy`` per node), ``comm_records`` (a ``CommStrategy`` per
 communication step, priced), ``label`` (how the memory timeline names an instruction) and
 ``operands`` (per node, what makes each operand: an operator, an argument or "" for a literal);
@@ -46,7 +47,6 @@ def assemble_strategy(
     output_comm=0.0,
     host_bytes=0,
     host_arrays=0,
-    bucket_bytes=0,
     micro_batches=1,
     scheduler="",
     phase_seconds=(),
@@ -85,7 +85,7 @@ def assemble_strategy(
         inputs=tuple(inputs),
         ops=tuple(ops),
         output_comm_time=output_comm,
-        overhead_time=call_overhead(program, host_bytes, bucket_bytes, host_arrays),
+        overhead_time=call_overhead(program, host_bytes, host_arrays),
         peak_memory=peak,
         peak_op=peak_op,
         memory_limit=cap,
@@ -113,9 +113,7 @@ def estimate_terms(graph, names, plan, config, pairs=()) -> tuple:
     threads through (``host_bytes``)."""
     program = plan.program
     ops = plan_op_strategies(graph, names, [plan] * len(graph.nodes), (0,) * len(graph.nodes))
-    overhead = call_overhead(
-        program, host_bytes(graph, program, pairs), bucket_bytes(config), host_arrays(graph)
-    )
+    overhead = call_overhead(program, host_bytes(graph, program, pairs), host_arrays(graph))
     comm = sum(o.comm_time for o in ops)
     compute = step_seconds(ops, 0.0, 0.0, plan.measured) - comm
     return compute, comm + plan.out_comm, overhead
@@ -284,7 +282,7 @@ def plan_op_strategies(graph, names, node_plan, stage_of, converts=True) -> tupl
 
 def input_strategies(graph, names, program, per_stage, pipelined) -> list:
     """An InputStrategy per argument leaf, in the layout of the first stage that reads it."""
-    readers = {}  # argument position -> the first stage reading it
+    readers: dict[int, int] = {}  # argument position -> the first stage reading it
     for st in program.stages if pipelined else ():
         for i in st.inputs:
             readers.setdefault(i, st.index)
@@ -317,7 +315,7 @@ def peak_of(program, graph, pipelined, timeline) -> tuple:
     peak_op = (
         "the arguments"
         if at is None
-        else node.name
+        else at.node.name
         if isinstance(at, Compute)
         else f"{at.kind} for {getattr(at, 'reason', '') or 'a result'}"
     )

@@ -11,6 +11,7 @@ redistribution.user_collectives; the Strategy lists every operator on its local 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 
@@ -22,6 +23,7 @@ from ..config import Backend
 from ..errors import ConfigError, InfeasibleError
 from ..graph import Value
 from ..layout import Layout
+from ..program import all_reduce_buckets
 from ..redistribution.planner import Planner
 from ..redistribution.user_collectives import COLLECTIVE_PRIMS, collectives_inside, lower_hybrid
 from ..strategies.candidates import Candidate
@@ -72,6 +74,9 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
                 )
     planner = Planner(mesh)
     program, comm = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
+    program = dataclasses.replace(
+        program, buckets=all_reduce_buckets(program.instructions, mesh, bucket_bytes(config))
+    )
     replicated = [
         Candidate(
             (),
@@ -128,7 +133,6 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
         timeline=timeline,
         host_bytes=host_bytes(called, program, state_pairs(shapes)),
         host_arrays=host_arrays(called),
-        bucket_bytes=bucket_bytes(config),
         phase_seconds=(
             ("trace", t_trace - t0),
             ("search", 0.0),

@@ -42,8 +42,8 @@ class KeyData:
     def args_in(self, args) -> tuple:
         """``args`` with their typed-key leaves as key data."""
         flat, tree = jax.tree.flatten(args)
-        return tree.unflatten(
-            [_data(x) if i in self.args and _is_key(x) else x for i, x in enumerate(flat)]
+        return jax.tree.unflatten(
+            tree, [_data(x) if i in self.args and _is_key(x) else x for i, x in enumerate(flat)]
         )
 
     def results_out(self, results):

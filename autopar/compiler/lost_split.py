@@ -33,7 +33,7 @@ def lost_split(
     batch-derived operators' operands and results, a proxy of their work)."""
     pos = {v.id: j for j, v in enumerate(graph.inputs)}
     derived = {graph.inputs[j].id for j in batch}
-    whole_from = set()  # values computed, whole, from a gathered batch-derived value
+    whole_from: set[int] = set()  # values computed, whole, from a gathered batch-derived value
     work = whole = 0
     first = None
     for n in graph.nodes:

@@ -37,7 +37,8 @@ PROVENANCE = ("search", "search_cost", "search_bound")  # how process 0 found th
 
 def process_local_positions(args, batch_argnums) -> tuple:
     """The flat leaf positions of the arguments ``batch_argnums`` names."""
-    out, k = [], 0
+    out: list[int] = []
+    k = 0
     for i, a in enumerate(args):
         n = len(jax.tree.leaves(a))
         if i in batch_argnums:

@@ -58,7 +58,7 @@ def with_operator_letters(graph: Graph) -> Graph:
             continue
         op = readers[0][next(iter(common))][0]
         spec = rule_for(op).spec(op)
-        letters = [()] * len(first.counts)
+        letters: list[tuple[str, ...]] = [()] * len(first.counts)
         for n, r in zip(ins, readers):
             _, i, dims = r[op.id]
             letters[n.params["spec"].operand] = tuple(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -31,13 +32,17 @@ from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..graph import Const
 from ..mesh import LogicalMesh
 from ..pipeline_program import pipeline_seconds
-from ..program import LOCAL_KINDS
+from ..program import LOCAL_KINDS, all_reduce_buckets
 from ..redistribution.lower import plan_steps
 from ..redistribution.stage_split import MicroPlanner, StageLowering, split_stages
 from ..strategies.microbatch import MB, add_micro_axis, micro_mesh
 from ..strategies.stage_assign import Stages, assign_stages
-from ..strategies.stage_cuts import StageOption, StageRequest, plan_stages
+from ..strategies.stage_cuts import StageOption, StagePlan, StageRequest, plan_stages
 from ..strategies.strategy import PipelineChoice, format_bytes
+from .dump import bucket_bytes
+
+if TYPE_CHECKING:
+    from .api import MeshPlan  # api imports this module
 
 
 def reshard_cost(planner):
@@ -141,7 +146,7 @@ class _SizeOption:
     """A stage size the stage planner may use: the layouts of the step on a stage mesh of that
     size, their micro-batch plan and the planner of that micro-batch mesh."""
 
-    mesh_plan: object  # MeshPlan (autopar.compiler.api)
+    mesh_plan: MeshPlan
     planner: MicroPlanner
     option: StageOption
 
@@ -216,8 +221,8 @@ class Staged:
     """A pipeline planned up to its stages, before it is cut into a program: the stage plan
     and the stage sizes' layouts it was made from."""
 
-    stage_plan: object  # StagePlan (strategies.stage_cuts)
-    by_size: dict  # stage size -> _SizeOption
+    stage_plan: StagePlan
+    by_size: dict[int, _SizeOption]  # stage size -> its options
 
     def bound(self, micro: int) -> float:
         """The pipeline's estimated step less its per-call overhead (which is never negative):
@@ -312,7 +317,16 @@ def pipeline_program(config, graph, full, staged: Staged):
     program = dataclasses.replace(
         program,
         stages=tuple(
-            dataclasses.replace(st, seconds=t, memory=b)
+            dataclasses.replace(
+                st,
+                seconds=t,
+                memory=b,
+                buckets=tuple(
+                    bucket
+                    for _, body in st.phases()
+                    for bucket in all_reduce_buckets(body, st.mesh, bucket_bytes(config))
+                ),
+            )
             for st, t, b in zip(program.stages, stage_plan.seconds, stage_plan.memory)
         ),
     )

@@ -261,7 +261,7 @@ def run(
 
 def main(argv=None, prog="python -m autopar.tools.bench"):
     from autopar import _native
-    from autopar.cli import at_least
+    from autopar.argtypes import at_least
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument(

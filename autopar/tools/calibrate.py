@@ -1,7 +1,8 @@
 """Measure this machine, as one backend runs steps on it, into a ``Topology``; keep it per machine.
 
 In: a backend (``"native"``: one worker process per device; ``"jax"``: shard_map over this
-process's JAX devices) and a device count. Out:
+process's JAX devices), a device count and ``autopar.compile`` (the caller's: the steps timed
+are compiled steps, and this module imports nothing of the compiler). Out:
 - ``calibrate(backend, n)``: ``(Topology, measurements)``, checked against what a CPU host
   can measure and against a repeat (``implausible``; refused rather than saved when the repeat
   does not confirm it). Every constant comes from timing small
@@ -83,7 +84,7 @@ def cache_path(backend: str, n: int) -> Path:
     return cache_dir() / f"topology-{socket.gethostname()}-{backend}-{n}.json"
 
 
-def machine_topology(backend: str, n: int, measure: bool) -> Topology:
+def machine_topology(backend: str, n: int, measure: bool, compile_fn=None) -> Topology:
     backend = "jax" if backend == "xla" else backend  # the same devices and collectives
     preset = os.environ.get("AUTOPAR_TOPOLOGY")
     if preset:
@@ -101,6 +102,8 @@ def machine_topology(backend: str, n: int, measure: bool) -> Topology:
     if topo is None:
         if not measure:
             return Topology.local(n)
+        if compile_fn is None:
+            raise TypeError("machine_topology(measure=True) times compiled steps: pass compile_fn")
         print(
             f"autopar: measuring this machine for the {backend} backend on {m} devices, once "
             f"(cached in {path}; `autopar calibrate --backend {backend} --devices {m}` "
@@ -109,7 +112,7 @@ def machine_topology(backend: str, n: int, measure: bool) -> Topology:
             flush=True,
         )
         try:
-            topo, _ = calibrate(backend, m)
+            topo, _ = calibrate(backend, m, compile_fn)
         except ConfigError as e:  # nothing saved: priced on the preset
             print(
                 f"autopar: {e} Planning on the local preset meanwhile.", file=sys.stderr, flush=True
@@ -158,7 +161,8 @@ def _median_call(compiled, args, reps: int) -> float:
     import jax
 
     jax.block_until_ready(compiled(*args))
-    times, start = [], time.perf_counter()
+    times: list[float] = []
+    start = time.perf_counter()
     while len(times) < reps or time.perf_counter() - start < TURN_SECONDS:
         t = time.perf_counter()
         jax.block_until_ready(compiled(*args))
@@ -179,36 +183,34 @@ def _exchanging(step):
     return exchanging
 
 
-def _time_step(step, args, backend, n, reps=7) -> float:
+def _time_step(compile_fn, step, args, backend, n, reps=7) -> float:
     """Median seconds of a call of ``step`` (``_exchanging``) compiled as hybrid_parallel,
     arguments replicated (as plans are timed: the machine's load is part of what a step costs
     here)."""
-    from autopar.compiler.api import compile as ap_compile
-    from autopar.config import ParallelConfig
+    from autopar.config import ParallelConfig, ParallelMode
 
     cfg = ParallelConfig(
-        parallel_mode="hybrid_parallel",
+        parallel_mode=ParallelMode.HYBRID_PARALLEL,
         device_num=n,
         backend=backend,
         progress=False,
         topology=Topology.local(n),
     )
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
-    with ap_compile(_exchanging(step), *args, config=cfg, in_strategy=layouts) as c:
+    with compile_fn(_exchanging(step), *args, config=cfg, in_strategy=layouts) as c:
         return _median_call(c, args, reps)
 
 
-def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
+def _paired_difference(compile_fn, step_a, step_b, args, backend, n, pairs=20) -> float:
     """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both exchanging
     and compiled as ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
     machine's load falls on both alike."""
     import jax
 
-    from autopar.compiler.api import compile as ap_compile
-    from autopar.config import ParallelConfig
+    from autopar.config import ParallelConfig, ParallelMode
 
     cfg = ParallelConfig(
-        parallel_mode="hybrid_parallel",
+        parallel_mode=ParallelMode.HYBRID_PARALLEL,
         device_num=n,
         backend=backend,
         progress=False,
@@ -216,8 +218,8 @@ def _paired_difference(step_a, step_b, args, backend, n, pairs=20) -> float:
     )
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
     with (
-        ap_compile(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a,
-        ap_compile(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b,
+        compile_fn(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a,
+        compile_fn(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b,
     ):
 
         def call(c):
@@ -339,7 +341,7 @@ def implausible(report: dict) -> list:
     return bad
 
 
-def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
+def calibrate(backend: str, n: int, compile_fn) -> tuple[Topology, dict]:
     """``measure`` checked: a figure no CPU host gives (``implausible``) measures again, and a
     repeat that is implausible too, or that differs from the first run's plausible figures by
     over ``REPEAT_RATIO`` (matmul, link and host rates: the machine changing under the
@@ -354,11 +356,11 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
             file=sys.stderr,
             flush=True,
         )
-    topo, report = measure(backend, n)
+    topo, report = measure(backend, n, compile_fn)
     bad = implausible(report)
     if not bad:
         return topo, {**report, "load_per_core": load}
-    topo, again = measure(backend, n)
+    topo, again = measure(backend, n, compile_fn)
     worse = implausible(again)
     if worse:
         raise ConfigError(
@@ -388,8 +390,9 @@ def calibrate(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     }
 
 
-def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
-    """One measurement of this machine (the module docstring): ``(Topology, report)``."""
+def measure(backend: str, n: int, compile_fn) -> tuple[Topology, dict]:
+    """One measurement of this machine (the module docstring): ``(Topology, report)``;
+    ``compile_fn`` is ``autopar.compile`` (the steps it times are compiled steps)."""
     from autopar.mesh import LogicalMesh
     from autopar.redistribution.planner import Planner
 
@@ -399,10 +402,10 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     rng = np.random.default_rng(0)
     small = np.ones(SMALL, np.float32)
     big = rng.random(BIG, dtype=np.float32)
-    t0 = _time_step(add_one, (small,), backend, n)
+    t0 = _time_step(compile_fn, add_one, (small,), backend, n)
     parts = tuple(rng.random(ARG_ELEMENTS, dtype=np.float32) for _ in range(ARGS))
-    t_parts = _time_step(lambda *xs: [x + 1.0 for x in xs], parts, backend, n, reps=15)
-    t_whole = _time_step(add_one, (np.concatenate(parts),), backend, n, reps=15)
+    t_parts = _time_step(compile_fn, lambda *xs: [x + 1.0 for x in xs], parts, backend, n, reps=15)
+    t_whole = _time_step(compile_fn, add_one, (np.concatenate(parts),), backend, n, reps=15)
     arg_overhead = max(t_parts - t_whole, 0.0) / (2 * (ARGS - 1))  # per argument or result
     per_call = []  # (flops, seconds) of one matmul per size
     for rows, dim in MATMULS:
@@ -410,10 +413,10 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
         x = rng.standard_normal((rows, dim)).astype(np.float32)
         moved = (n + 1) * x.nbytes + n * w.nbytes  # the step's own arguments and result
         per_call.append((2 * rows * dim * dim, (x, w, moved)))
-    t_mm = [(f, _time_step(matmuls, xw[:2], backend, n), xw[2]) for f, xw in per_call]
-    t_host = _time_step(add_one, (big,), backend, n)
+    t_mm = [(f, _time_step(compile_fn, matmuls, xw[:2], backend, n), xw[2]) for f, xw in per_call]
+    t_host = _time_step(compile_fn, add_one, (big,), backend, n)
     t_ar = {
-        k: _paired_difference(all_reduces, no_reduces, (a,), backend, n)
+        k: _paired_difference(compile_fn, all_reduces, no_reduces, (a,), backend, n)
         for k, a in (("small", rng.random(256, dtype=np.float32)), ("big", big))
     }
     w512 = (rng.standard_normal((512, 512)) / np.sqrt(512)).astype(np.float32)
@@ -423,7 +426,8 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
         np.zeros(256, np.float32),
     )
     per_amid = (
-        _paired_difference(amid_compute(True), amid_compute(False), amid, backend, n) / WAIT_CHAIN
+        _paired_difference(compile_fn, amid_compute(True), amid_compute(False), amid, backend, n)
+        / WAIT_CHAIN
     )
     mem_bw = _elementwise_bandwidth(big) * min(1.0, (os.cpu_count() or 1) / n)
     host_beta = max(t_host - t0 - 2 * big.nbytes / mem_bw, 0.0) / ((n + 1) * big.nbytes)
@@ -459,14 +463,21 @@ def measure(backend: str = "native", n: int = 2) -> tuple[Topology, dict]:
     # every other kind of 4 MB against it: what the runtime's call of that kind adds per byte
     # (its fixed part taken as the 1 KB all-reduce's)
     per_kind = {
-        k: _paired_difference(kind_chain(k, True, n), kind_chain(k, False, n), (big,), backend, n)
+        k: _paired_difference(
+            compile_fn, kind_chain(k, True, n), kind_chain(k, False, n), (big,), backend, n
+        )
         / CHAIN
         for k in KINDS[1:]
     }
     betas = {k: fit(k, t - per_small) for k, t in per_kind.items()}
     launch = max(per_amid - model("all_reduce", beta, 1024), 0.0)
-    topo = replace(topo, levels=(replace(level, beta=beta, launch=float(launch), betas=betas),))
-    run = _reference_run(topo, backend, n)
+    topo = replace(
+        topo,
+        levels=(
+            replace(level, beta=beta, launch=float(launch), betas=tuple(sorted(betas.items()))),
+        ),
+    )
+    run = _reference_run(compile_fn, topo, backend, n)
     k = _fit(run)
     topo = replace(
         topo,
@@ -521,7 +532,10 @@ def reference_step(n: int):
     d, heads, vocab = c["d"], c["heads"], c["vocab"]
     hd, ff = d // heads, 4 * d
     r = np.random.default_rng(2)
-    w = lambda *s: (0.02 * r.standard_normal(s)).astype(np.float32)
+
+    def w(*s: int) -> np.ndarray:
+        return (0.02 * r.standard_normal(s)).astype(np.float32)
+
     ones = lambda: np.ones(d, np.float32)
     blocks = [
         {
@@ -564,18 +578,21 @@ def reference_step(n: int):
     return step, params, tokens
 
 
-def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple:
+def _reference_run(compile_fn, topo: Topology, backend: str, n: int, reps: int = 7) -> tuple:
     """The reference step planned data parallel on ``topo`` and run on ``backend``:
     ``(measured median seconds of a call, as the constants above were timed, estimated
     compute, estimated communication + per-call overhead)``."""
-    from autopar.compiler.api import compile as ap_compile
-    from autopar.config import ParallelConfig
+    from autopar.config import Backend, ParallelConfig, ParallelMode
 
     step, params, tokens = reference_step(n)
     cfg = ParallelConfig(
-        parallel_mode="data_parallel", device_num=n, backend=backend, progress=False, topology=topo
+        parallel_mode=ParallelMode.DATA_PARALLEL,
+        device_num=n,
+        backend=Backend(backend),
+        progress=False,
+        topology=topo,
     )
-    with ap_compile(step, params, tokens, config=cfg) as c:
+    with compile_fn(step, params, tokens, config=cfg) as c:
         s = c.strategy
         return (
             _median_call(c, (params, tokens), reps),
@@ -585,17 +602,20 @@ def _reference_run(topo: Topology, backend: str, n: int, reps: int = 7) -> tuple
 
 
 @functools.lru_cache(maxsize=8)
-def reference_program(topo: Topology, backend: str, n: int):
+def reference_program(compile_fn, topo: Topology, backend: str, n: int):
     """The reference step planned data parallel on ``topo`` for ``n`` devices: its Program
     (``Topology.reference_compute`` is its compute as it ran at calibration)."""
-    from autopar.compiler.api import compile as ap_compile
-    from autopar.config import ParallelConfig
+    from autopar.config import Backend, ParallelConfig, ParallelMode
 
     step, params, tokens = reference_step(n)
     cfg = ParallelConfig(
-        parallel_mode="data_parallel", device_num=n, backend=backend, progress=False, topology=topo
+        parallel_mode=ParallelMode.DATA_PARALLEL,
+        device_num=n,
+        backend=Backend(backend),
+        progress=False,
+        topology=topo,
     )
-    return ap_compile(step, params, tokens, config=cfg).program
+    return compile_fn(step, params, tokens, config=cfg).program
 
 
 SLOWDOWN = (0.5, 4.0)  # the range the fitted compute factor is kept in

@@ -133,7 +133,7 @@ def local_function(program):
     return program_function(program, _native_standin)
 
 
-def exported(program, backend: str = "native") -> bytes:
+def exported(program, backend: str = "native") -> bytearray:
     """The step as serialized ``jax.export`` bytes (StableHLO): for ``native``, one rank's
     (``local_function``); for ``jax``, every device's at once, the ``shard_map`` the jax
     backend runs with the stand-ins in place of its collectives (global arguments in the
@@ -210,10 +210,10 @@ def compute_seconds(
             "profile_plans: timing a plan's step failed:\n"
             + done.stderr.decode(errors="replace")[-2000:]
         )
-    seconds = json.loads(done.stdout.decode().strip().splitlines()[-1])["seconds"]
+    measured = json.loads(done.stdout.decode().strip().splitlines()[-1])["seconds"]
     cores = len(os.sched_getaffinity(0))
     share = lambda p: max(1.0, p.mesh.size / cores) if backend == "native" else 1.0
-    return [seconds[distinct.index(b)] * share(p) for b, p in zip(blobs, programs)]
+    return [measured[distinct.index(b)] * share(p) for b, p in zip(blobs, programs)]
 
 
 def _child(seconds: float) -> dict:
@@ -260,7 +260,7 @@ def _child(seconds: float) -> dict:
         return time.perf_counter() - t
 
     once = [min(call(*st) for _ in range(2)) for st in steps]  # warm-up
-    times = [[] for _ in steps]
+    times: list[list[float]] = [[] for _ in steps]  # per step, its turns' medians
     end = time.perf_counter() + seconds * len(steps)
     while len(times[0]) < ROUNDS or time.perf_counter() < end:
         k = len(times[0]) % len(steps)  # each round starts one step later

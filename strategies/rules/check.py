@@ -120,7 +120,8 @@ def check_graphs(graphs, mesh, jax_mesh, seed: int = 0, batch: int = DEFAULT_BAT
             if key not in seen:
                 seen.add(key)
                 jobs.append(_plan(node, rule_for(node), mesh, rng))
-    report, chunk = CheckReport(0, 0), []
+    report = CheckReport(0, 0)
+    chunk: list[_Job] = []
     for job in jobs + [None]:
         if chunk and (job is None or sum(len(j.runs) for j in chunk) + len(job.runs) > batch):
             for r in _execute(chunk, mesh, jax_mesh):
@@ -156,10 +157,10 @@ def node_class(node, mesh) -> tuple:
     whether it is 1). Nodes of one class have the same candidates and run the same rule code
     (shapes the rule computes are in the params, which stay exact), so checking one checks
     all; a 2 x 2 mesh finds 142 classes among the 268 signatures of the test models."""
-    sizes = {1}
+    products = {1}
     for n in (mesh.axis_size(a) for a in mesh.axis_names):
-        sizes |= {s * n for s in sizes}
-    sizes = sorted(sizes - {1})
+        products |= {s * n for s in products}
+    sizes = sorted(products - {1})
 
     def dims(shape):
         return tuple((d == 1,) + tuple((d % s == 0, d == s) for s in sizes) for d in shape)

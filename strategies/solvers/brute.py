@@ -74,6 +74,7 @@ def solve(
         for (u, v), m in zip(problem.edges, problem.edge_costs):
             cost += m[digits[:, u], digits[:, v]]
         if limited:
+            assert problem.usage_limit is not None  # limited implies a limit
             use = np.zeros((len(index), n), np.int64)
             for i in range(n):
                 use[:, i] = problem.node_usages[i][digits[:, i]]

@@ -110,7 +110,8 @@ class _Graph:
     ``memo``: each rule's arithmetic by the bytes of its operands (``_memo``)."""
 
     def __init__(self, problem: SearchProblem, costs):
-        self.memo, self.memo_bytes = {}, 0
+        self.memo: dict[tuple, tuple] = {}  # (tag, shapes and bytes...) -> the rule's answer
+        self.memo_bytes = 0
         self.cost = [np.array(c, np.float64) for c in costs]
         self.nbr: list = [{} for _ in self.cost]  # i -> {j: True if edge i->j first}
         self.mats: dict = {}
@@ -470,8 +471,13 @@ def solve(
     t0 = time.perf_counter()
     check_fits(problem)
     deadline = t0 + (DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
-    opts = {"star": star, "enumeration_limit": enumeration_limit, "deadline": deadline}
-    choice, exact = run(problem, **opts)
+
+    def run_with(costs=None):
+        return run(
+            problem, costs, star=star, enumeration_limit=enumeration_limit, deadline=deadline
+        )
+
+    choice, exact = run_with()
     adj = Adjacency.of(problem)
     if problem.feasible(choice):
         if not exact:
@@ -485,7 +491,7 @@ def solve(
         costs = [
             c + lam * u if h else c for c, u, h in zip(problem.node_costs, usage, hot.tolist())
         ]
-        return run(problem, costs, **opts)[0]
+        return run_with(costs)[0]
 
     for _ in range(4):  # widen the penalised set while violations move
         scale = _lambda_scale(problem, hot)

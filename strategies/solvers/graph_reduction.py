@@ -126,7 +126,7 @@ class _Work:
         self.cost = [np.where(c >= FORBIDDEN, np.inf, c.astype(np.float64)) for c in p.node_costs]
         self.ids = [np.array([i], np.int64) for i in range(n)]
         self.maps = [np.arange(len(c), dtype=np.int64)[None, :] for c in p.node_costs]
-        self.adj = [{} for _ in range(n)]
+        self.adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
         self.alive = np.ones(n, bool)
         self.var_ids, self.var_use = [], []
         for i, u in enumerate(p.node_usages):
@@ -170,10 +170,10 @@ class _Work:
             self.adj[x][w] = m
             self.adj[w][x] = m.T
 
-    def merge(self, v, u, f) -> int:
+    def merge(self, v, u, f) -> tuple[int, list[int]]:
         """Merge ``v`` into ``u`` where ``v``'s strategy is ``f[s_u]``; the merged node takes
         ``u``'s strategies and the container (id) of the one with more edges, which it
-        returns."""
+        returns with the neighbours whose edges moved to it."""
         m = self.adj[u][v]
         cost = self.cost[u] + self.cost[v][f] + m[np.arange(len(f)), f]
         ids = np.concatenate([self.ids[u], self.ids[v]])
@@ -315,7 +315,7 @@ def reduce(problem: SearchProblem) -> ReducedProblem:
     w = _Work(problem)
     queue = deque(range(w.n))
     queued = np.ones(w.n, bool)
-    pending = deque()
+    pending: deque[int] = deque()
     while queue:
         x = queue.popleft()
         queued[x] = False
@@ -350,13 +350,14 @@ def _finish(w: _Work) -> ReducedProblem:
     keep = np.flatnonzero(w.alive)
     index = np.full(w.n, -1, np.int64)
     index[keep] = np.arange(len(keep))
-    edges, ecosts = [], []
+    pairs: list[tuple[int, int]] = []
+    ecosts = []
     for x in keep:
         for y, m in w.adj[x].items():
             if x < y:
-                edges.append((index[x], index[y]))
+                pairs.append((int(index[x]), int(index[y])))
                 ecosts.append(m)
-    edges = np.asarray(edges, np.int64).reshape(-1, 2)
+    edges = np.asarray(pairs, np.int64).reshape(-1, 2)
     capacity, terms = _memory(p, w, keep, index)
     return ReducedProblem(
         p,
@@ -387,12 +388,12 @@ def _memory(p: SearchProblem, w: _Work, keep, index):
             if not w.live[o]:
                 continue
             u = p.node_usages[o][mp]
-            lo = int(u.min())
+            floor = int(u.min())
             s, e = int(p.intervals[o, 0]), int(p.intervals[o, 1])
-            base[s] += lo
-            base[e] -= lo
-            if u.max() > lo:
-                raw.append((int(index[x]), s, e, u - lo))
+            base[s] += floor
+            base[e] -= floor
+            if u.max() > floor:
+                raw.append((int(index[x]), s, e, u - floor))
     base = np.cumsum(base)[:horizon]
     limit = p.usage_limit
     if limit is None or not raw:
@@ -422,7 +423,7 @@ def _memory(p: SearchProblem, w: _Work, keep, index):
             break
         left = np.concatenate([[0], np.cumsum(~drop)])
         capacity, lo, hi = capacity[~drop], left[lo], left[hi]
-    merged = {}
+    merged: dict[tuple[int, int, int], np.ndarray] = {}
     for x, a, b, (_, _, _, u) in zip(node, lo, hi, raw):
         if b > a:
             key = (int(x), int(a), int(b))

@@ -317,7 +317,7 @@ class _Watcher(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.built, self.problem, self.bound = built, problem, bound
         self.progress, self.t0 = progress, t0
-        self.best = None
+        self.best: tuple[float, np.ndarray] | None = None
 
     def on_solution_callback(self):
         cost = self.offer(_extract(self.built, self.boolean_value))
@@ -349,7 +349,7 @@ def solve(
     budget = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
     if problem.num_nodes == 0:
         return Solution.of(problem, (), "ilp", 0.0, True)
-    best = None
+    best: tuple[float, np.ndarray] | None = None
     if initial is not None:
         if len(initial.choice) != problem.num_nodes:
             raise ConfigError(
@@ -372,9 +372,9 @@ def solve(
         progress(f"ilp: from cost {best[0]:.9g} (the hint) at {time.perf_counter() - t0:.1f} s")
     optimal, lower = False, -math.inf
     while True:
-        bound, hint = best
+        bound, hint_choice = best
         red = reduce_problem(problem, bound)
-        mapped = np.array([int(d[h]) for d, h in zip(red.dominator, hint)], np.int64)
+        mapped = np.array([int(d[h]) for d, h in zip(red.dominator, hint_choice)], np.int64)
         hinted = all(a[s] for a, s in zip(red.allowed, mapped))
         built = _build(problem, red, mapped if hinted else None)
         solver = cp_model.CpSolver()

@@ -55,10 +55,11 @@ class LazyMemoryModel:
         self.steps = sparse.csr_matrix(a[rows:, :cols])
         self.cap = m.ub[cols:]
         self.added = np.zeros(k, bool)
-        self.order = []  # the pieces whose rows were added, in the model's row order
+        self.order: list[int] = []  # the pieces whose rows were added, in the model's row order
         self.rows = rows
         self.integer = False  # the MIP (solve) has begun: no more LP duals
-        self.prices = None  # the memory prices of the last LP solved (``_prices``)
+        # the memory prices of the last LP solved (``_prices``)
+        self.prices: np.ndarray | None = None
         self.top = np.inf  # fix's ceiling, objective units
         h = self.h = _Highs()
         h.setOptionValue("output_flag", False)
@@ -169,6 +170,7 @@ class LazyMemoryModel:
         then 0 or 1. So the fixed MIP's optimum is the whole model's when it is at most
         ``ceiling``, and its dual bound capped at ``ceiling`` (which it is when no answer is
         left) is a bound on the whole model. Returns how many columns were fixed."""
+        assert lp.bound is not None, "fix takes a solved relax (it has a bound)"
         room = max((ceiling - lp.bound) / self.m.scale, 0.0)
         ub = self.m.ub[: self.ncol].copy()
         self.top = np.inf

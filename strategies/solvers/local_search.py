@@ -61,7 +61,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +72,7 @@ from ..problem import SearchProblem, Solution, check_fits
 from . import anytime
 from .graph_reduction import reduce, restrict
 from .lazy_memory import WholeModel
-from .region_mip import RegionMip
+from .region_mip import RegionMip, RegionResult
 from .search_state import State
 from .trws import MessagePassing
 
@@ -114,19 +114,21 @@ class _Search:
         self.progress = progress
         self.started = started
         self.last_report = started
-        self.best = None
+        self.best: np.ndarray | None = None
         self.best_cost = np.inf
         self.optimal = False
-        self.bound = None  # proven lower bound on every feasible cost, if any
+        self.bound: float | None = None  # proven lower bound on every feasible cost, if any
         self.mip = RegionMip(st.r)
-        self.pool = []  # solutions met in the Lagrangian phase
-        self.start = None
-        self.unary = None  # node costs at the Lagrangian phase's last prices
-        self._long = None  # long_lived(), once made
+        self.pool: list[np.ndarray] = []  # solutions met in the Lagrangian phase
+        self.start: np.ndarray | None = None
+        self.unary: np.ndarray | None = None  # node costs at the Lagrangian phase's last prices
+        self._long: np.ndarray | None = None  # long_lived(), once made
         self.budget = float(opts.region_columns)  # a region's MIP size (columns), adapted
         self.over = 0.0  # the most a region overran its limit (building it, HiGHS), per column
         self.solver = ThreadPoolExecutor(2, thread_name_prefix="autopar-region")
-        self.pending = {}  # region being solved -> (nodes, start, limit, budget)
+        # region being solved -> (nodes, start, limit, budget)
+        self.pending: dict[Future[RegionResult], tuple[np.ndarray, float, float, float | None]]
+        self.pending = {}
         self.busy = np.zeros(st.n, bool)  # the nodes of those regions
 
     def time_left(self) -> float:
@@ -208,7 +210,7 @@ class _Search:
         lam = np.zeros(len(st.slack))
         step, stale = 1.0, 0
         side = st.fork() if regions else None
-        side_seeds = []
+        side_seeds: list[np.ndarray] = []
         own = self.best_cost  # the best answer of the start or this phase
         while time.monotonic() < until and self.time_left() > 0:
             if side is not None and self.best is not None:
@@ -253,12 +255,13 @@ class _Search:
         """LP over the strategies the pooled solutions use, solved on a thread of its own
         within ``seconds`` while regions are solved here (one at a time), then rounded
         (``round``). Returns the nodes it left fractional."""
-        st = self.st
+        st, best, start = self.st, self.best, self.start
+        assert best is not None and start is not None  # large(): only with an answer kept
         pool = self.pool[:: max(1, len(self.pool) // self.opts.pool_size)] + self.pool[-4:]
-        keep = [np.unique([s[x] for s in pool + [self.best, self.start]]) for x in range(st.n)]
+        keep = [np.unique([s[x] for s in pool + [best, start]]) for x in range(st.n)]
         sub = RegionMip(restrict(st.r, keep))
         self.restore()
-        base = np.array([np.searchsorted(k, s) for k, s in zip(keep, self.best)], np.int64)
+        base = np.array([np.searchsorted(k, s) for k, s in zip(keep, best)], np.int64)
         lp = WholeModel(sub, base, st.slack, self.mip_seconds(seconds))
         self.regions(stop=lp.relaxed.is_set)
         self.restore()

@@ -76,11 +76,11 @@ def _graph(kind: str, n: int, rng: np.random.Generator) -> tuple[int, list]:
             s, count = t, count + 3
         return count, edges
     if kind == "sparse":
-        edges = set()
+        edge_set: set[tuple[int, int]] = set()
         for i in range(1, n):
             for p in rng.choice(i, size=min(i, int(rng.integers(1, 4))), replace=False):
-                edges.add((int(p), i))
-        return n, sorted(edges)
+                edge_set.add((int(p), i))
+        return n, sorted(edge_set)
     raise ConfigError(f"unknown random graph kind {kind!r}; expected one of {KINDS}.")
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from .graph_reduction import ReducedProblem, dominated_steps
+from .graph_reduction import MemoryTerm, ReducedProblem, dominated_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +54,7 @@ class RegionModel:
     nodes: np.ndarray
     xoff: np.ndarray  # first column of each node's x
     cost: np.ndarray  # objective, scaled
-    a: object  # sparse equality rows (memory as equalities on U columns)
+    a: sparse.csr_matrix  # sparse equality rows (memory as equalities on U columns)
     rhs: np.ndarray
     lb: np.ndarray
     ub: np.ndarray
@@ -92,7 +92,7 @@ class _Rows(NamedTuple):
     rows: list
     cols: list
     vals: list
-    count: int
+    nrows: int
 
 
 class RegionMip:
@@ -101,10 +101,10 @@ class RegionMip:
     def __init__(self, r: ReducedProblem):
         self.r = r
         n = r.num_nodes
-        self.terms = [[] for _ in range(n)]
+        self.terms: list[list[MemoryTerm]] = [[] for _ in range(n)]
         for t in r.terms:
             self.terms[t.node].append(t)
-        self.incident = [[] for _ in range(n)]
+        self.incident: list[list[int]] = [[] for _ in range(n)]
         for e, (u, v) in enumerate(r.edges):
             self.incident[u].append(e)
             self.incident[v].append(e)
@@ -127,7 +127,7 @@ class RegionMip:
         ysz = np.array([m.size for m in mats], np.int64)
         yoff = reg.nx + np.concatenate([[0], np.cumsum(ysz)])
         eq = self._polytope_rows(reg, inner, mats, yoff)
-        rows, cols, vals, nrow = list(eq.rows), list(eq.cols), list(eq.vals), eq.count
+        rows, cols, vals, nrow = list(eq.rows), list(eq.cols), list(eq.vals), eq.nrows
         rhs = np.zeros(nrow)
         rhs[: len(reg.nodes)] = 1.0
         ncol = int(yoff[-1])

@@ -17,7 +17,7 @@ import numpy as np
 
 from autopar import _native
 
-from .graph_reduction import ReducedProblem
+from .graph_reduction import MemoryTerm, ReducedProblem
 
 
 class State:
@@ -29,7 +29,8 @@ class State:
         self.n = n
         self.cost = [c.astype(np.float64) for c in r.node_costs]
         self.sizes = np.array([len(c) for c in self.cost], np.int64)
-        self.nbrs = [[] for _ in range(n)]  # (w, M oriented (x, w))
+        # per node: (w, M oriented (x, w))
+        self.nbrs: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
         for (u, v), m in zip(r.edges, r.edge_costs):
             self.nbrs[u].append((int(v), m))
             self.nbrs[v].append((int(u), m.T))
@@ -53,11 +54,15 @@ class State:
         self._regret_tables()
 
     def _memory_tables(self, r: ReducedProblem):
-        by_node = [[] for _ in range(self.n)]
+        by_node: list[list[MemoryTerm]] = [[] for _ in range(self.n)]
         for t in r.terms:
             by_node[t.node].append(t)
         self.span = np.zeros((self.n, 2), np.int64)
-        self.starts, self.lens, self.table = [], [], []
+        # per node (None where its memory does not depend on its strategy): the compressed
+        # steps its pieces start at, their lengths, and the usage per (strategy, piece)
+        self.starts: list[np.ndarray | None] = []
+        self.lens: list[np.ndarray | None] = []
+        self.table: list[np.ndarray | None] = []
         for x, ts in enumerate(by_node):
             if not ts:
                 self.starts.append(None)
