@@ -311,7 +311,7 @@ def test_window_rules_compute_the_unsharded_result(nnx_cnn, eqx_cnn):
     from types import SimpleNamespace
 
     from autopar.mesh import LogicalMesh
-    from autopar.strategies.rules.check import check_graphs
+    from autopar.strategies.rule_check import check_graphs
     from autopar.strategies.rules import window
     from autopar.trace import trace
     nodes = [n for step, args, _ in (nnx_cnn, eqx_cnn) for n in trace(step, *args).nodes

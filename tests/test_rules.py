@@ -1,5 +1,5 @@
 """Sharding rules: the table covers the test models, specs read as documented, and every
-candidate of every node computes the unsharded result when run sharded (strategies.rules.check)."""
+candidate of every node computes the unsharded result when run sharded (strategies.rule_check)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +12,7 @@ import models as M
 from autopar.errors import ConfigError, RuleError
 from autopar.graph import Node, Value
 from autopar.mesh import LogicalMesh
-from autopar.strategies.rules.check import CheckReport, check_graph, check_graphs, check_node
+from autopar.strategies.rule_check import CheckReport, check_graph, check_graphs, check_node
 from autopar.strategies.candidates import enumerate_candidates
 from autopar.strategies.rules import RULES, Rule, parse, rule_for
 from autopar.strategies.rules.shape import reshape_groups

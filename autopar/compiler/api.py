@@ -34,8 +34,6 @@ from ..arguments import (
 from ..config import Backend, OptimizerLevel, ParallelConfig, ParallelMode, SearchMode
 from ..errors import ConfigError, InfeasibleError, LayoutError, PipelineError
 from ..graph import Graph
-from ..mesh import LogicalMesh
-from ..program import Program
 from ..progress import logger
 from ..recompute import recomputes, selective_recompute, without_recompute
 from ..redistribution.lower import lower, lower_steps
@@ -69,6 +67,7 @@ from .dump import (
 from .hybrid_plan import plan_hybrid
 from .key_args import split_keys
 from .lost_split import lost_split
+from .mesh_plan import MeshPlan
 from .multiprocess import plan_for_processes
 from .operator_specs import (
     mesh_for_device_matrices,
@@ -292,22 +291,6 @@ def plan(
     if keyed is not None:
         fn, args, _ = keyed
     return _plan(fn, args, config, batch_argnums, in_strategy, None)[1]
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshPlan:
-    """The layouts of the whole step on one mesh and what lowering them costs."""
-
-    mesh: LogicalMesh
-    planner: Planner
-    assignment: Assignment
-    updates: dict  # argument position -> layout its update runs in
-    out_layouts: tuple  # per result: state keeps its argument's layout, else None
-    comm: dict  # node id -> seconds of the redistributions feeding it
-    program: Program | None = None  # the lowered Program (without a pipeline)
-    out_comm: float = 0.0
-    measured: float | None = None  # profile_plans: one rank's compute, measured
-    alternatives: tuple = ()  # auto_parallel: the Alternative of each plan compared
 
 
 def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:

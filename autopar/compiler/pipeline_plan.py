@@ -42,7 +42,7 @@ from ..strategies.strategy import PipelineChoice, format_bytes
 from .dump import bucket_bytes
 
 if TYPE_CHECKING:
-    from .api import MeshPlan  # api imports this module
+    from .mesh_plan import MeshPlan
 
 
 def reshard_cost(planner):
