@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .graph import type_str
+from .graph import Const, Node, type_str
+
+if TYPE_CHECKING:
+    from jax.tree_util import PyTreeDef
+
+    from .mesh import LogicalMesh
 
 
 class StepKind(enum.StrEnum):
@@ -137,7 +142,7 @@ class Collective:
     kind: StepKind  # one of COLLECTIVE_KINDS
     axes: tuple[str, ...]
     shape: tuple[int, ...]  # local shape of the operand
-    dtype: Any
+    dtype: np.dtype
     bytes: int  # per-device payload: the larger of the local input and output
     algorithm: str = "ring"
     dim: int | None = None  # all_gather: gathered dim; reduce_scatter: scattered dim;
@@ -180,7 +185,7 @@ class Slice:
     axes: tuple[str, ...]
     dim: int | None
     shape: tuple[int, ...]  # local shape before the step
-    src: Any = None  # register id or graph.Const
+    src: int | Const | None = None  # register id or graph.Const
     out: int | None = None  # register written
     kind: StepKind = StepKind.SLICE  # one of LOCAL_KINDS
     dst_dim: int | None = None
@@ -199,7 +204,7 @@ class Slice:
 
 @dataclass(frozen=True, eq=False)
 class Compute:
-    node: Any  # the graph Node (its primitive and global shapes)
+    node: Node  # the graph Node (its primitive and global shapes)
     params: dict  # primitive params for local shapes
     inputs: tuple  # register ids or graph.Const
     outputs: tuple[int, ...]
@@ -312,15 +317,16 @@ def segment(instructions, avals, final_reads) -> tuple:
 
 @dataclass(frozen=True, eq=False)
 class Program:
-    mesh: Any  # LogicalMesh
+    mesh: LogicalMesh
     inputs: tuple[int, ...]  # registers of the flattened arguments (sharded by in_layouts)
     in_layouts: tuple  # Layout per argument leaf
     outputs: tuple  # register id or graph.Const per flattened result
     out_layouts: tuple  # Layout per result leaf (never partial)
     instructions: tuple
-    in_tree: Any = None
-    out_tree: Any = None
-    avals: Any = None  # register -> (local shape, dtype)
+    in_tree: PyTreeDef | None = None
+    out_tree: PyTreeDef | None = None
+    avals: dict[int, tuple[tuple[int, ...], np.dtype]] | None = None  # register -> (local
+    # shape, dtype)
     buckets: tuple[tuple[int, ...], ...] = ()  # the all-reduces fused per call (all_reduce_buckets)
 
     def collectives(self) -> list[Collective]:
