@@ -164,6 +164,7 @@ class StageProgram:
     memory: int = 0  # estimated peak bytes per device
     buckets: tuple[tuple[int, ...], ...] = ()  # the all-reduces fused per call, phase by phase
     # (program.all_reduce_buckets over each phase's body)
+    bucket_bytes: int = 0  # the size they were cut at (Program.bucket_bytes)
 
     def phases(self):
         return (("forward", self.forward), ("backward", self.backward), ("post", self.post))

@@ -100,8 +100,8 @@ def all_reduce_buckets(instructions, mesh, bucket_bytes: int) -> tuple[tuple[int
     instruction reads one of them, or another collective or a slice runs (every rank issues
     its steps in program order); ``bucket_bytes`` 0 puts each all-reduce in one of its own.
     All-reduces with no axis of size > 1 exchange nothing and are in none. Both native
-    runtimes issue a bucket as one call when its last all-reduce is reached, and the cost
-    model prices one call per bucket."""
+    runtimes issue each bucket as one call (``Program.bucket_bytes`` says when one is full,
+    to be issued at once), and the cost model prices one call per bucket."""
     buckets: list[list[int]] = []
     key, size, held = None, 0, set[int]()
     for ins in instructions:
@@ -328,6 +328,8 @@ class Program:
     avals: dict[int, tuple[tuple[int, ...], np.dtype]] | None = None  # register -> (local
     # shape, dtype)
     buckets: tuple[tuple[int, ...], ...] = ()  # the all-reduces fused per call (all_reduce_buckets)
+    bucket_bytes: int = 0  # the size they were cut at: a full bucket is issued at once, any
+    # other when one of its results is read or another collective runs
 
     def collectives(self) -> list[Collective]:
         return [i for i in self.instructions if isinstance(i, Collective)]

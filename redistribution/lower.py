@@ -276,5 +276,6 @@ def lower(
         graph.out_tree,
         dict(lowerer.avals),
         all_reduce_buckets(body, mesh, bucket_bytes),
+        bucket_bytes,
     )
     return prog, low.comm, low.out_cost

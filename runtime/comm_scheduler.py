@@ -39,12 +39,13 @@ class CommScheduler:
     """The collectives of one step, issued by one background thread in program order (every
     rank must issue them in the same order). All-reduces are deferred and fused as the
     program's ``buckets`` say (``program.all_reduce_buckets``: Horovod's tensor fusion, DDP's
-    buckets): one flat buffer per bucket, issued when its last all-reduce arrives, reduced with
+    buckets): one flat buffer per bucket, issued when it holds ``bucket_bytes``, the next bucket
+    begins or a later instruction reads one of its results, reduced with
     the cost table's algorithm for the bucket's size; the compute that follows runs while a
     bucket is reduced (``overlap``; False waits for each bucket as it is issued)."""
 
-    def __init__(self, comm, mesh, buckets, overlap=True, *, thread, reducers=()):
-        self.comm, self.mesh, self.overlap = comm, mesh, overlap
+    def __init__(self, comm, mesh, buckets, bucket_bytes, overlap=True, *, thread, reducers=()):
+        self.comm, self.mesh, self.overlap, self.limit = comm, mesh, overlap, bucket_bytes
         self.bucket_of = bucket_index(buckets)  # (program.all_reduce_buckets)
         self.thread, self.reducers = thread, list(reducers)
         self.bucket, self.key, self.bytes = [], None, 0
@@ -64,7 +65,7 @@ class CommScheduler:
             self.flush()
         self.bucket.append((st, x))
         self.key, self.bytes = key, self.bytes + reduced_bytes(st)
-        if st.out == members[-1]:
+        if self.bytes >= self.limit:
             self.flush()
 
     def flush(self):

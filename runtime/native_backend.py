@@ -93,6 +93,7 @@ class ProgramPayload:
     outputs: tuple
     answer_by: tuple
     buckets: tuple  # Program.buckets: the all-reduces fused per call
+    bucket_bytes: int  # Program.bucket_bytes
     options: RuntimeOptions
     in_avals: tuple = ()  # (local shape, dtype) per argument register
     packing: Packing | None = None  # whole steps: small arguments and results packed
@@ -321,6 +322,7 @@ class NativeRunner(WorkerRunner):
             outputs=program.outputs,
             answer_by=self._answer_by,
             buckets=program.buckets,
+            bucket_bytes=program.bucket_bytes,
             options=self.options,
             in_avals=tuple(program.avals[r] for r in program.inputs),
             packing=packing,
@@ -653,6 +655,7 @@ def _interpret(comm, blocks, workers) -> list:
         comm,
         p.mesh,
         p.buckets,
+        p.bucket_bytes,
         p.options.overlap,
         thread=WORKER.comm_thread(),
         reducers=WORKER.reducers,

@@ -133,6 +133,7 @@ class PipelineRunner(nb.WorkerRunner):
                 micro_inputs=tuple(st.arg_regs[i] for i in st.micro_inputs),
                 micro=p.micro_batches,
                 buckets=st.buckets,
+                bucket_bytes=st.bucket_bytes,
                 inbox={},
                 options=self.options,
                 in_avals={st.arg_regs[i]: st.avals[st.arg_regs[i]] for i in st.inputs},
@@ -258,6 +259,7 @@ class StagePayload:
     micro_inputs: tuple
     micro: int
     buckets: tuple  # StageProgram.buckets
+    bucket_bytes: int
     inbox: dict
     options: nb.RuntimeOptions
     in_avals: dict  # argument register -> (local shape, dtype) of one block
@@ -429,6 +431,7 @@ class _StageStep:
             self.comm,
             self.payload.groups,
             self.payload.buckets,
+            self.payload.bucket_bytes,
             self.payload.options.overlap,
             thread=nb.WORKER.comm_thread(),
             reducers=nb.WORKER.reducers,
@@ -534,7 +537,12 @@ class WholeStage(Tracer):
         from jax import export
 
         self._setup(
-            comm, payload.groups.mesh, payload.groups.offset, payload.options, payload.buckets
+            comm,
+            payload.groups.mesh,
+            payload.groups.offset,
+            payload.options,
+            payload.buckets,
+            payload.bucket_bytes,
         )
         self.payload = p = payload
         self.segments = {

@@ -123,7 +123,7 @@ class Tracer:
 
     fn: Compiled  # the compiled step (a subclass compiles it)
 
-    def _setup(self, comm, mesh, offset, options, buckets):
+    def _setup(self, comm, mesh, offset, options, buckets, bucket_bytes):
         from autopar.jax_frames import hide_autopar_frames
 
         hide_autopar_frames()  # the HLO's metadata names the caller's lines, not ours
@@ -131,6 +131,7 @@ class Tracer:
         self.comm, self.handle = comm, np.int64(comm.ffi_handle)
         self.mesh, self.offset, self.options = mesh, offset, options
         self.bucket_of = bucket_index(buckets)  # (program.all_reduce_buckets)
+        self.bucket_limit = bucket_bytes
 
     def _begin(self, me, regs, step=None, keep=frozenset()):
         import jax.numpy as jnp
@@ -213,14 +214,15 @@ class Tracer:
 
     def _defer(self, st, x, axes) -> dict:
         """All-reduces fused as the program's buckets say (``Program.buckets``, as the
-        interpreted runner's): one custom call per bucket, issued when its last all-reduce is
-        reached; the results that issuing made, by register."""
+        interpreted runner's): one custom call per bucket, issued (started, with ``overlap``)
+        when it is full or the next bucket begins, else when one of its results is read
+        (``get``); the results that issuing made, by register."""
         members = self.bucket_of.get(st.out, (st.out,))  # not in one: a bucket of its own
         overlap = self.options.overlap
         done = self._flush(overlap) if self.bucket and self.bucket[0][1].out not in members else {}
         self.bucket.append((bucket_key(st, self.mesh), st, x))
         self.bucket_bytes += reduced_bytes(st)
-        if st.out == members[-1]:
+        if self.bucket_bytes >= self.bucket_limit:
             done.update(self._flush(overlap))
         return done
 
@@ -330,7 +332,7 @@ class WholeStep(Tracer):
 
         from .native_backend import compile_rounds
 
-        self._setup(comm, payload.mesh, 0, payload.options, payload.buckets)
+        self._setup(comm, payload.mesh, 0, payload.options, payload.buckets, payload.bucket_bytes)
         self.payload = payload
         self.segments = {
             k: export.deserialize(ins[1])

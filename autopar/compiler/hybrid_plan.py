@@ -75,7 +75,9 @@ def plan_hybrid(fn, args, config, batch_argnums, in_strategy):
     planner = Planner(mesh)
     program, comm = lower_hybrid(graph, mesh, in_layouts, out_layouts, planner)
     program = dataclasses.replace(
-        program, buckets=all_reduce_buckets(program.instructions, mesh, bucket_bytes(config))
+        program,
+        buckets=all_reduce_buckets(program.instructions, mesh, bucket_bytes(config)),
+        bucket_bytes=bucket_bytes(config),
     )
     replicated = [
         Candidate(

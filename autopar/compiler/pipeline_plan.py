@@ -326,6 +326,7 @@ def pipeline_program(config, graph, full, staged: Staged):
                     for _, body in st.phases()
                     for bucket in all_reduce_buckets(body, st.mesh, bucket_bytes(config))
                 ),
+                bucket_bytes=bucket_bytes(config),
             )
             for st, t, b in zip(program.stages, stage_plan.seconds, stage_plan.memory)
         ),

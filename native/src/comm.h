@@ -78,7 +78,9 @@ class Comm {
     uint64_t bytes = 0;
     uint64_t signature = 0;
   };
-  void set_call(Call call) { call_() = std::move(call); }
+  // copied into this thread's Call: its label's buffer is reused, so a call site set again
+  // with a label no longer than before allocates nothing
+  void set_call(const Call& call) { call_() = call; }
   void set_op(std::string op) { call_() = Call{std::move(op), 0, 0}; }
   const std::string& op() const { return call_().op; }
   const Call& call() const { return call_(); }

@@ -19,6 +19,7 @@
 // a time.
 // send hands its message to a thread per receiving rank and returns (a pipeline stage never
 // waits for its receiver); sends_done waits for every queued send and raises the first failure.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -126,8 +127,9 @@ struct BoundAllReduce {
   }
 };
 
-BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks, int64_t group,
-                               std::string_view op, std::string_view algorithm) {
+BoundAllReduce bind_all_reduce_once(Comm& c, const ffi::AnyBuffer& x, Ranks ranks,
+                                    int64_t group, std::string_view op,
+                                    std::string_view algorithm) {
   std::string alg(algorithm), o(op);
   auto it = allreduce_algorithms().find(alg);
   if (it == allreduce_algorithms().end())
@@ -143,6 +145,42 @@ BoundAllReduce bind_all_reduce(Comm& c, const ffi::AnyBuffer& x, Ranks ranks, in
   return {it->second, g, n, t, r, call};
 }
 
+// A call site's all-reduce, bound once (Gloo's construct once, run many): the checks, the group
+// and the signature hash are done on a site's first call; each later call of the same site
+// (the same communicator, attributes and operand) finds it by comparing those, which allocates
+// nothing and hashes nothing. Per thread (a site runs on whichever thread XLA gives it) and
+// bounded (a thread that met more sites starts over).
+struct AllReduceSite {
+  int64_t handle, group;
+  size_t n;
+  ffi::DataType type;
+  std::string op, algorithm;
+  std::vector<int64_t> ranks;
+  BoundAllReduce bound;
+  bool is(int64_t h, const ffi::AnyBuffer& x, Ranks rs, int64_t grp, std::string_view o,
+          std::string_view alg) const {
+    return handle == h && group == grp && n == x.element_count() && type == x.element_type() &&
+           op == o && algorithm == alg && ranks.size() == rs.size() &&
+           std::equal(ranks.begin(), ranks.end(), rs.begin());
+  }
+};
+constexpr size_t kSitesPerThread = 1024;
+
+const BoundAllReduce& bind_all_reduce(Comm& c, int64_t handle, const ffi::AnyBuffer& x,
+                                      Ranks ranks, int64_t group, std::string_view op,
+                                      std::string_view algorithm) {
+  thread_local std::vector<AllReduceSite> sites;
+  for (const AllReduceSite& s : sites)
+    if (s.is(handle, x, ranks, group, op, algorithm)) return s.bound;
+  if (sites.size() >= kSitesPerThread) sites.clear();
+  if (sites.empty()) sites.reserve(kSitesPerThread);   // references stay valid until a clear
+  BoundAllReduce b = bind_all_reduce_once(c, x, ranks, group, op, algorithm);
+  sites.push_back({handle, group, x.element_count(), x.element_type(), std::string(op),
+                   std::string(algorithm), std::vector<int64_t>(ranks.begin(), ranks.end()),
+                   std::move(b)});
+  return sites.back().bound;
+}
+
 // The communicator of `handle`, with no started collective still running on its thread (a
 // collective on this thread must not share the links with one there).
 Comm& idle_comm(int64_t handle) {
@@ -156,7 +194,7 @@ ffi::Error AllReduce(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffe
                      std::string_view op, std::string_view algorithm) {
   return guarded(order, [&] {
     Comm& c = idle_comm(handle);
-    BoundAllReduce b = bind_all_reduce(c, x, ranks, group, op, algorithm);
+    const BoundAllReduce& b = bind_all_reduce(c, handle, x, ranks, group, op, algorithm);
     if (y->size_bytes() != x.size_bytes()) throw ArgumentError("all_reduce: output size differs");
     copy_if_apart(x, y);
     b.run(c, y->untyped_data());
@@ -171,7 +209,8 @@ ffi::Error AllReduceStart(ffi::AnyBuffer x, ffi::AnyBuffer, ffi::Result<ffi::Any
                           std::string_view op, std::string_view algorithm) {
   return guarded(order, [&] {
     Comm& c = registered_comm(handle);
-    BoundAllReduce b = bind_all_reduce(c, x, ranks, group, op, algorithm);
+    BoundAllReduce b = bind_all_reduce(c, handle, x, ranks, group, op, algorithm);  // a copy:
+    // the started call outlives this thread's next binds
     if (id->size_bytes() != sizeof(int32_t))
       throw ArgumentError("all_reduce_start: the id output must be one int32");
     int32_t k = int32_t(inflight_of(c).start(x.untyped_data(), x.size_bytes(),
