@@ -3,8 +3,8 @@ background thread (``CommScheduler``), all-reduces fused into buckets (``for_buc
 bucket's algorithm from the plan's prices), and the step table that runs one collective, slice
 or partial zero on a rank's block (``_step``).
 
-In: the worker's ``Comm``, the mesh, the program's all-reduce buckets, whether buckets overlap the compute after
-them, the thread collectives run on and the job's Reduction Server ranks. Out: the steps'
+In: the worker's ``Comm``, the mesh, the program's all-reduce buckets and the size they were
+cut at, whether buckets overlap the compute after them, the thread collectives run on and the job's Reduction Server ranks. Out: the steps'
 results as 64-byte-aligned numpy arrays (``runtime.wire``), per bucket (tensors, bytes,
 algorithm) in ``buckets``.
 """

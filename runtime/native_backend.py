@@ -24,8 +24,8 @@ and for a program with a Reduction Server, it runs the instructions: segments th
 exported executables, collectives through ``Comm`` over ``mesh.group(r, axes)`` (first axis
 major, as in jax_collectives), slices locally; each register is freed after its last reader.
 Collectives run on a background thread; all-reduces are fused into the program's buckets
-(``Program.buckets``: up to ``allreduce_fusion_bytes``, 25 MiB by default, DDP's) that overlap with the compute after them
-(``CommScheduler``), each bucket with the algorithm its all-reduces' prices
+(``Program.buckets``: up to ``allreduce_fusion_bytes``, 25 MiB by default, DDP's) that
+overlap with the compute after them (``CommScheduler``), each bucket with the algorithm its all-reduces' prices
 (``Collective.prices``, set by the lowering: the worker plans nothing) make cheapest for its size.
 
 All-reduce algorithms: the planner names the native ones (``_native.ALLREDUCE_ALGORITHMS``),
