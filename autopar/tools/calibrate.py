@@ -183,10 +183,9 @@ def _exchanging(step):
     return exchanging
 
 
-def _time_step(compile_fn, step, args, backend, n, reps=7) -> float:
-    """Median seconds of a call of ``step`` (``_exchanging``) compiled as hybrid_parallel,
-    arguments replicated (as plans are timed: the machine's load is part of what a step costs
-    here)."""
+def _replicated(compile_fn, step, args, backend, n):
+    """``step`` (``_exchanging``) compiled as hybrid_parallel on ``n`` devices of ``backend``,
+    its arguments replicated: the Compiled (a context manager that stops its workers)."""
     from autopar.config import ParallelConfig, ParallelMode
 
     cfg = ParallelConfig(
@@ -197,29 +196,25 @@ def _time_step(compile_fn, step, args, backend, n, reps=7) -> float:
         topology=Topology.local(n),
     )
     layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
-    with compile_fn(_exchanging(step), *args, config=cfg, in_strategy=layouts) as c:
+    return compile_fn(_exchanging(step), *args, config=cfg, in_strategy=layouts)
+
+
+def _time_step(compile_fn, step, args, backend, n, reps=7) -> float:
+    """Median seconds of a call of ``step`` compiled as ``_replicated`` (as plans are timed:
+    the machine's load is part of what a step costs here)."""
+    with _replicated(compile_fn, step, args, backend, n) as c:
         return _median_call(c, args, reps)
 
 
 def _paired_difference(compile_fn, step_a, step_b, args, backend, n, pairs=20) -> float:
-    """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both exchanging
-    and compiled as ``_time_step``'s) of the seconds ``a`` took over ``b``: alternating the two, drift in the
+    """Median over ``pairs`` back-to-back calls of ``step_a`` then ``step_b`` (both compiled as
+    ``_replicated``) of the seconds ``a`` took over ``b``: alternating the two, drift in the
     machine's load falls on both alike."""
     import jax
 
-    from autopar.config import ParallelConfig, ParallelMode
-
-    cfg = ParallelConfig(
-        parallel_mode=ParallelMode.HYBRID_PARALLEL,
-        device_num=n,
-        backend=backend,
-        progress=False,
-        topology=Topology.local(n),
-    )
-    layouts = tuple("[" + ",".join("_" * np.ndim(a)) + "]" for a in args)
     with (
-        compile_fn(_exchanging(step_a), *args, config=cfg, in_strategy=layouts) as a,
-        compile_fn(_exchanging(step_b), *args, config=cfg, in_strategy=layouts) as b,
+        _replicated(compile_fn, step_a, args, backend, n) as a,
+        _replicated(compile_fn, step_b, args, backend, n) as b,
     ):
 
         def call(c):
