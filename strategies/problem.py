@@ -263,6 +263,7 @@ class Solution:
     seconds: float = 0.0
     optimal: bool = False  # proven optimal by an exact solver
     bound: float | None = None  # the best lower bound on any feasible cost the solver proved
+    folded: bool = False  # found with the problem's repeated blocks folded (solvers/fold.py)
 
     @property
     def lower_bound(self) -> float | None:

@@ -176,8 +176,13 @@ def _polished(problem, solution, took, config, progress):
     search from dynamic programming's finds 1.89 s in 3 s (its proven lower bound: 1.78).
     Problems of fewer than ``POLISH_NODES`` nodes keep dynamic programming's answer: local
     search stops on the clock, so its answer depends on the machine's speed and load, and a
-    small step (whose plan gains little) plans the same way every time."""
-    if solution.optimal or problem.num_nodes < POLISH_NODES:
+    small step (whose plan gains little) plans the same way every time. Nor does an answer
+    found on the problem with its repeated layers folded (``solution.folded``: dp.solve folds
+    large problems): on 32 searches of GPT 1.7B, 18B and 39B (8-24 layers, 6-21k nodes, every
+    stage mesh auto_parallel tried) local search improved none of them, in 4-7 s each (its
+    exact reduction of the whole problem alone outruns the budget), where the unfolded answers
+    it improved by up to 29%."""
+    if solution.optimal or solution.folded or problem.num_nodes < POLISH_NODES:
         return solution
     budget = min(POLISH_MAX, max(POLISH_MIN, POLISH_SHARE * took))
     if config.search_time is not None:

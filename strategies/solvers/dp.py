@@ -2,7 +2,8 @@
 
 In: a ``SearchProblem``; ``time_limit`` (seconds, default 60: bounds the residual CP-SAT
 solves and the memory multiplier search), ``star`` (allow the approximate star rule),
-``enumeration_limit`` (largest residual component solved by enumeration). Out: a
+``enumeration_limit`` (largest residual component solved by enumeration), ``fold`` (eliminate
+with repeated blocks folded; None: by size, below). Out: a
 ``Solution`` respecting ``usage_limit`` (``InfeasibleError`` from ``check_fits`` otherwise);
 ``optimal=True`` only when every elimination was exact, the residual was solved exactly and
 the memory limit did not bind.
@@ -33,6 +34,15 @@ the product of its strategy counts is at most ``enumeration_limit``, else solved
 eliminated node's strategy from its anchors' strategies. The first four rules are exact, so
 trees and series-parallel graphs are solved optimally.
 
+Folding (fold.py): a problem of at least ``FOLD_NODES`` nodes whose repeated blocks (a stack
+of identical layers) fold it to half its size or less is eliminated folded: one node per class
+of alike nodes, every member taking its class's strategy, and the answer unfolded before the
+memory search, the repair and the descent below, which all see the whole problem. On GPT
+training steps of 8-40 layers this eliminates a tenth to a fortieth of the nodes and finds
+cheaper plans than eliminating the whole problem (elimination is approximate on both, and
+folded the layers cannot drift apart: 1.7B on 32 A100s, 0.72x the unfolded plan's step after
+local search). The answer is then optimal only among tied choices, and never claimed optimal.
+
 Memory: eliminations optimise cost only. If the cost-optimal choice breaks the limit, a
 Lagrangian multiplier lambda is added to the node costs of the nodes live at violated steps,
 c_i[s] + lambda * usage_i[s]. lambda is first 2^40 times a scale (the cost per byte at which a
@@ -52,6 +62,7 @@ and cheaper). Inexact runs (star rule, unproven residual) are polished the same 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -61,6 +72,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.strategies.problem import SearchProblem, Solution, check_fits
+from autopar.strategies.solvers import fold as folding
 from autopar.strategies.solvers.bfs_propagation import Adjacency, improve, repair_memory
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -68,6 +80,7 @@ ENUMERATION_LIMIT = 20_000
 _BLOCK = 1 << 22  # largest (p, s, q) array built at once in node elimination
 _LAMBDA_STEPS = 16  # most steps of the memory multiplier search
 _POLISHED = 3  # cheapest repaired candidates given to the descent
+FOLD_NODES = 2000  # problems this large fold their repeated blocks by default
 _CEILING = 2.0**40  # multiplier (times the scale) tried first: if even its choice
 # breaks the limit, the penalised set widens instead
 
@@ -466,23 +479,38 @@ def solve(
     progress=None,
     star: bool = True,
     enumeration_limit: int = ENUMERATION_LIMIT,
+    fold: bool | None = None,
 ) -> Solution:
-    """Elimination DP with a Lagrangian memory multiplier and repair (module docstring)."""
+    """Elimination DP with a Lagrangian memory multiplier and repair (module docstring).
+    ``fold``: eliminate on the problem with its repeated blocks folded (``fold.py``); None
+    folds problems of at least ``FOLD_NODES`` nodes that fold to half their size or less."""
     t0 = time.perf_counter()
     check_fits(problem)
     deadline = t0 + (DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
+    folded = None
+    if fold or (fold is None and problem.num_nodes >= FOLD_NODES):
+        folded = folding.fold(problem)
 
     def run_with(costs=None):
-        return run(
-            problem, costs, star=star, enumeration_limit=enumeration_limit, deadline=deadline
+        if folded is None:
+            return run(
+                problem, costs, star=star, enumeration_limit=enumeration_limit, deadline=deadline
+            )
+        got, _ = run(
+            folded.problem,
+            folded.costs(problem.node_costs if costs is None else costs),
+            star=star,
+            enumeration_limit=enumeration_limit,
+            deadline=deadline,
         )
+        return folded.unfold(got), False  # optimal among the tied choices only
 
     choice, exact = run_with()
     adj = Adjacency.of(problem)
     if problem.feasible(choice):
         if not exact:
             choice = improve(problem, choice, adj, deadline=deadline)
-        return _finish(problem, choice, initial, t0, exact, progress)
+        return _finish(problem, choice, initial, t0, exact, progress, folded=folded)
     usage = [u.astype(np.float64) for u in problem.node_usages]
     candidates = [choice]
     hot = _violated_nodes(problem, choice)
@@ -528,14 +556,23 @@ def solve(
     repaired.sort(key=problem.cost)
     polished = [improve(problem, c, adj, deadline=deadline) for c in repaired[:_POLISHED]]
     choice = min(polished, key=problem.cost)
-    return _finish(problem, choice, initial, t0, False, progress, len(candidates))
+    return _finish(problem, choice, initial, t0, False, progress, len(candidates), folded)
 
 
 def _finish(
-    problem: SearchProblem, choice, initial, t0: float, exact: bool, progress, runs: int = 1
+    problem: SearchProblem,
+    choice,
+    initial,
+    t0: float,
+    exact: bool,
+    progress,
+    runs: int = 1,
+    folded: folding.Fold | None = None,
 ) -> Solution:
     """The Solution, or ``initial`` when that is feasible and cheaper."""
     sol = Solution.of(problem, choice, "dynamic_programming", time.perf_counter() - t0, exact)
+    if folded is not None:
+        sol = dataclasses.replace(sol, folded=True)
     if (
         not exact
         and initial is not None
@@ -545,5 +582,6 @@ def _finish(
     ):
         sol = Solution.of(problem, initial.choice, "dynamic_programming", time.perf_counter() - t0)
     if progress is not None:
-        progress(f"dynamic_programming: cost {sol.cost:.9g} after {runs} elimination runs")
+        fold = "" if folded is None else f" on the problem folded {folded.shrink:.1f}x"
+        progress(f"dynamic_programming: cost {sol.cost:.9g} after {runs} elimination runs{fold}")
     return sol
