@@ -17,6 +17,7 @@ Total cost = chosen node costs + chosen edge costs.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -133,16 +134,33 @@ class SearchProblem:
         )
         return total
 
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """Where each node's strategies begin in ``flat_costs`` / ``flat_usages``."""
+        sizes = np.fromiter((len(c) for c in self.node_costs), np.int64, self.num_nodes)
+        return np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64) if len(sizes) else sizes
+
+    @functools.cached_property
+    def flat_costs(self) -> np.ndarray:
+        """Every node's cost vector, one after another (node i's at ``offsets[i]``)."""
+        return np.concatenate(self.node_costs) if self.num_nodes else np.zeros(0)
+
+    @functools.cached_property
+    def flat_usages(self) -> np.ndarray:
+        """Every node's usage vector, one after another (node i's at ``offsets[i]``)."""
+        if not self.num_nodes:
+            return np.zeros(0, np.int64)
+        return np.concatenate(self.node_usages).astype(np.int64)
+
     def usage_profile(self, choice) -> np.ndarray:
         """Memory in use at every time step 0 .. max(end) - 1."""
         if self.num_nodes == 0:
             return np.zeros(0, np.int64)
-        horizon = int(self.intervals[:, 1].max()) if self.num_nodes else 0
+        horizon = int(self.intervals[:, 1].max())
+        use = self.flat_usages[self.offsets + np.asarray(choice, np.int64)]
         delta = np.zeros(horizon + 1, np.int64)
-        for (s, e), us, k in zip(self.intervals, self.node_usages, choice):
-            if e > s:
-                delta[s] += us[k]
-                delta[e] -= us[k]
+        np.add.at(delta, self.intervals[:, 0], use)  # an empty interval adds and takes back
+        np.add.at(delta, self.intervals[:, 1], -use)
         return np.cumsum(delta)[:horizon]
 
     def peak(self, choice) -> int:

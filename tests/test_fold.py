@@ -85,7 +85,7 @@ def test_the_middle_layers_fold_into_one_and_a_tied_choice_is_priced_exactly(see
         choice = [int(rng.integers(len(c))) for c in f.problem.node_costs]
         assert f.problem.cost(choice) == pytest.approx(problem.cost(f.unfold(choice)), rel=1e-12)
     # and the penalised costs a solver passes fold the same way
-    doubled = [2 * c for c in problem.node_costs]
+    doubled = 2 * problem.flat_costs
     assert all(np.allclose(a, 2 * b) for a, b in zip(f.costs(doubled), f.problem.node_costs))
 
 

@@ -492,13 +492,15 @@ def solve(
         folded = folding.fold(problem)
 
     def run_with(costs=None):
+        """(choice, exact) of one elimination with ``costs``: per node (unfolded) or in the
+        flat layout (folded); None: the problem's own."""
         if folded is None:
             return run(
                 problem, costs, star=star, enumeration_limit=enumeration_limit, deadline=deadline
             )
         got, _ = run(
             folded.problem,
-            folded.costs(problem.node_costs if costs is None else costs),
+            folded.costs(problem.flat_costs if costs is None else costs),
             star=star,
             enumeration_limit=enumeration_limit,
             deadline=deadline,
@@ -516,6 +518,10 @@ def solve(
     hot = _violated_nodes(problem, choice)
 
     def penalised(lam: float):
+        if folded is not None:  # run_with takes the flat layout (problem.py)
+            sizes = np.diff(np.r_[problem.offsets, len(problem.flat_costs)])
+            flat = problem.flat_costs + lam * (problem.flat_usages * np.repeat(hot, sizes))
+            return run_with(flat)[0]
         costs = [
             c + lam * u if h else c for c, u, h in zip(problem.node_costs, usage, hot.tolist())
         ]
@@ -552,8 +558,14 @@ def solve(
             else:
                 low, below = mid, c
         break
-    repaired = [c if problem.feasible(c) else repair_memory(problem, c, adj) for c in candidates]
-    repaired.sort(key=problem.cost)
+    # repaired in order of their own cost, until the next cannot reach the cheapest few
+    # (repair only adds cost): the same few as repairing every one
+    repaired: list = []
+    for c in sorted(candidates, key=problem.cost):
+        if len(repaired) >= _POLISHED and problem.cost(c) >= problem.cost(repaired[-1]):
+            break
+        repaired.append(c if problem.feasible(c) else repair_memory(problem, c, adj))
+        repaired = sorted(repaired, key=problem.cost)[:_POLISHED]
     polished = [improve(problem, c, adj, deadline=deadline) for c in repaired[:_POLISHED]]
     choice = min(polished, key=problem.cost)
     return _finish(problem, choice, initial, t0, False, progress, len(candidates), folded)

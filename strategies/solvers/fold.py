@@ -41,18 +41,18 @@ class Fold:
 
     members: np.ndarray  # int64 per node of the whole problem: its class
     problem: SearchProblem  # one node per class; costs only (no usages, no limit)
-    order: np.ndarray  # the whole problem's nodes sorted by class
-    starts: np.ndarray  # where each class's run begins in ``order``
+    gather: np.ndarray  # the whole problem's flat strategy entries (problem.py), by class
+    runs: tuple  # per class (start, members, strategies) of its run in ``gather``
 
     @property
     def shrink(self) -> float:
         """The whole problem's node count over the folded one's."""
         return len(self.members) / max(1, self.problem.num_nodes)
 
-    def costs(self, node_costs) -> tuple:
-        """Per class, the sum of its members' cost vectors (``node_costs``: one per node of
-        the whole problem, as given or penalised)."""
-        return _sums(node_costs, self.order, self.starts)
+    def costs(self, flat_costs: np.ndarray) -> tuple:
+        """Per class, the sum of its members' cost vectors; ``flat_costs``: the whole
+        problem's, as ``SearchProblem.flat_costs`` lays them out (as given or penalised)."""
+        return _summed(flat_costs, self.gather, self.runs)
 
     def unfold(self, choice) -> np.ndarray:
         """The whole problem's choice: each node takes its class's strategy."""
@@ -91,32 +91,37 @@ def fold(problem: SearchProblem, rounds: int = ROUNDS) -> Fold | None:
     if k == 0 or len(members) / k < MIN_SHRINK:
         return None
     order = np.argsort(members, kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(members[order]) != 0])
-    costs = _sums(problem.node_costs, order, starts)
+    sizes = np.fromiter((len(c) for c in problem.node_costs), np.int64, problem.num_nodes)
+    gather = np.concatenate([problem.offsets[i] + np.arange(sizes[i]) for i in order.tolist()])
+    counts = np.bincount(members, minlength=k)
+    first = order[np.r_[0, np.cumsum(counts)[:-1]]]  # a member of each class
+    runs, at = [], 0
+    for m, strategies in zip(counts.tolist(), sizes[first].tolist()):
+        runs.append((at, m, strategies))
+        at += m * strategies
+    pairs: dict = {}  # (class, class) -> the summed matrices of its members' edges
+    for (u, v), mat in zip(members[problem.edges].tolist(), problem.edge_costs):
+        if (v, u) in pairs and u != v:
+            u, v, mat = v, u, mat.T
+        pairs[u, v] = pairs[u, v] + mat if (u, v) in pairs else mat
+    costs = _summed(problem.flat_costs, gather, tuple(runs))
     folded = SearchProblem(
         costs,
         tuple(np.zeros(len(c), np.int64) for c in costs),
         np.zeros((k, 2), np.int64),
-        members[problem.edges] if problem.num_edges else np.zeros((0, 2), np.int64),
-        problem.edge_costs,
+        np.array(list(pairs), np.int64).reshape(-1, 2),
+        tuple(pairs.values()),
         None,
         f"{problem.name} folded",
     )
-    return Fold(members, folded, order, starts)
+    return Fold(members, folded, gather, tuple(runs))
 
 
-def _sums(node_costs, order: np.ndarray, starts: np.ndarray) -> tuple:
-    """Per class (its members ``order[starts[k]:starts[k + 1]]``), its members' cost vectors
-    summed."""
-    ends = np.r_[starts[1:], len(order)].tolist()
-    out = []
-    for start, end in zip(starts.tolist(), ends):
-        idx = order[start:end].tolist()
-        if len(idx) == 1:
-            out.append(np.asarray(node_costs[idx[0]], np.float64))
-        else:
-            out.append(np.sum([node_costs[i] for i in idx], axis=0))
-    return tuple(out)
+def _summed(flat_costs: np.ndarray, gather: np.ndarray, runs: tuple) -> tuple:
+    """Per class (its run ``(start, members, strategies)`` of ``flat_costs[gather]``), its
+    members' cost vectors summed."""
+    v = flat_costs[gather]
+    return tuple(v[a : a + m * k].reshape(m, k).sum(0) for a, m, k in runs)
 
 
 def _numbered(keys: list) -> np.ndarray:
