@@ -558,8 +558,10 @@ def solve(
             else:
                 low, below = mid, c
         break
-    # repaired in order of their own cost, until the next cannot reach the cheapest few
-    # (repair only adds cost): the same few as repairing every one
+    # repaired in order of their own cost, until the next cannot reach the cheapest few: a
+    # repair moves nodes to smaller strategies, which after elimination by cost seldom cost
+    # less (a heuristic cut: repairing every candidate was a quarter of dynamic programming's
+    # time on GPT 18B's 33k-node problems)
     repaired: list = []
     for c in sorted(candidates, key=problem.cost):
         if len(repaired) >= _POLISHED and problem.cost(c) >= problem.cost(repaired[-1]):
