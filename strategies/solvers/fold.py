@@ -2,7 +2,7 @@
 
 In: a ``SearchProblem``. Out: a ``Fold`` (or None where folding would not shrink it by
 ``MIN_SHRINK``): ``members`` (the class of every node), ``problem`` (one node per class, for
-the costs only: no memory), ``costs(node_costs)`` (the per-node cost vectors summed per class)
+the costs only: no memory), ``costs(flat_costs)`` (the per-node cost vectors summed per class)
 and ``unfold(choice)`` (a class's strategy given to each of its members).
 
 A model of L identical layers traces into L copies of the same operators, and every copy has
@@ -16,11 +16,12 @@ the loss, keep kinds of their own; so does every operator that occurs once.
 The folded problem is exact for any choice that gives all members of a class one strategy:
 a class's node cost is the sum of its members', an edge between two classes carries the sum
 of their edges' matrices (parallel edges, which elimination adds), and an edge inside a
-class is a self-edge (its diagonal, which elimination adds to the node). What folding gives
-up is the choices that tell members apart (the first layer split unlike the tenth), so a
-solver that folds polishes the unfolded answer on the whole problem (``dp.solve``: 1-opt
-descent, then local search in ``compiler/search``). Memory is not folded: a choice is
-checked, and penalised, on the whole problem, where each step's live nodes are known.
+class is a self-edge (its diagonal, which elimination adds to the node), and the members'
+edges between two classes are summed once here. What folding gives up is the choices that
+tell members apart (the first layer split unlike the tenth); ``dp.solve`` descends from the
+unfolded answer on the whole problem (1-opt), which may untie them. Memory is not folded: a
+choice is checked, and penalised, on the whole problem, where each step's live nodes are
+known.
 """
 
 from __future__ import annotations
