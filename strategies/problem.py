@@ -135,10 +135,14 @@ class SearchProblem:
         return total
 
     @functools.cached_property
+    def sizes(self) -> np.ndarray:
+        """Each node's strategy count."""
+        return np.fromiter((len(c) for c in self.node_costs), np.int64, self.num_nodes)
+
+    @functools.cached_property
     def offsets(self) -> np.ndarray:
         """Where each node's strategies begin in ``flat_costs`` / ``flat_usages``."""
-        sizes = np.fromiter((len(c) for c in self.node_costs), np.int64, self.num_nodes)
-        return np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64) if len(sizes) else sizes
+        return np.cumsum(self.sizes) - self.sizes
 
     @functools.cached_property
     def flat_costs(self) -> np.ndarray:

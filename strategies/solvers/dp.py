@@ -500,7 +500,7 @@ def solve(
             )
         got, _ = run(
             folded.problem,
-            folded.costs(problem.flat_costs if costs is None else costs),
+            None if costs is None else folded.costs(costs),  # None: the fold's own sums
             star=star,
             enumeration_limit=enumeration_limit,
             deadline=deadline,
@@ -519,9 +519,8 @@ def solve(
 
     def penalised(lam: float):
         if folded is not None:  # run_with takes the flat layout (problem.py)
-            sizes = np.diff(np.r_[problem.offsets, len(problem.flat_costs)])
-            flat = problem.flat_costs + lam * (problem.flat_usages * np.repeat(hot, sizes))
-            return run_with(flat)[0]
+            hot_flat = np.repeat(hot, problem.sizes)
+            return run_with(problem.flat_costs + lam * (problem.flat_usages * hot_flat))[0]
         costs = [
             c + lam * u if h else c for c, u, h in zip(problem.node_costs, usage, hot.tolist())
         ]

@@ -92,7 +92,7 @@ def fold(problem: SearchProblem, rounds: int = ROUNDS) -> Fold | None:
     if k == 0 or len(members) / k < MIN_SHRINK:
         return None
     order = np.argsort(members, kind="stable")
-    sizes = np.fromiter((len(c) for c in problem.node_costs), np.int64, problem.num_nodes)
+    sizes = problem.sizes
     gather = np.concatenate([problem.offsets[i] + np.arange(sizes[i]) for i in order.tolist()])
     counts = np.bincount(members, minlength=k)
     first = order[np.r_[0, np.cumsum(counts)[:-1]]]  # a member of each class
