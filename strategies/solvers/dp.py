@@ -37,7 +37,9 @@ trees and series-parallel graphs are solved optimally.
 Folding (fold.py): a problem of at least ``FOLD_NODES`` nodes whose repeated blocks (a stack
 of identical layers) fold it to half its size or less is eliminated folded: one node per class
 of alike nodes, every member taking its class's strategy, and the answer unfolded before the
-memory search, the repair and the descent below, which all see the whole problem. On GPT
+memory search, the repair and the descent below, which all see the whole problem; the first
+elimination runs both ways, and the memory search goes on folded only where folded was the
+cheaper (a Flax GPT of 12 layers eliminates 9% dearer folded). On GPT
 training steps of 8-40 layers this eliminates a tenth to a fortieth of the nodes and finds
 cheaper plans than eliminating the whole problem (elimination is approximate on both, and
 folded the layers cannot drift apart: 1.7B on 32 A100s, 0.72x the unfolded plan's step after
@@ -482,8 +484,9 @@ def solve(
     fold: bool | None = None,
 ) -> Solution:
     """Elimination DP with a Lagrangian memory multiplier and repair (module docstring).
-    ``fold``: eliminate on the problem with its repeated blocks folded (``fold.py``); None
-    folds problems of at least ``FOLD_NODES`` nodes that fold to half their size or less."""
+    ``fold``: eliminate on the problem with its repeated blocks folded (``fold.py``); None:
+    on problems of at least ``FOLD_NODES`` nodes that fold to half their size or less, both
+    ways once, and folded on where that was cheaper."""
     t0 = time.perf_counter()
     check_fits(problem)
     deadline = t0 + (DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit))
@@ -508,6 +511,12 @@ def solve(
         return folded.unfold(got), False  # optimal among the tied choices only
 
     choice, exact = run_with()
+    if folded is not None and fold is None:  # by size: folded only where it eliminates better
+        plain, plain_exact = run(
+            problem, None, star=star, enumeration_limit=enumeration_limit, deadline=deadline
+        )
+        if problem.cost(plain) <= problem.cost(choice):
+            folded, choice, exact = None, plain, plain_exact
     adj = Adjacency.of(problem)
     if problem.feasible(choice):
         if not exact:
