@@ -324,11 +324,18 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
     """Rewrite, in place, nodes whose outputs are not split over MB and all of whose readers
     read them in one MB-split layout, to a candidate making that layout, when each of its
     inputs reads for free (``relaxed``: or comes from another such node, rewritten on a later
-    pass); repeated until nothing changes."""
-    changed = True
-    while changed:
-        changed = False
-        for n in reversed(graph.nodes):
+    pass); repeated until nothing changes. A node's rewrite depends only on its own choice, its
+    readers' and its operands' (and their producers'), so each pass looks again only at the
+    neighbours of what the passes so far rewrote: the same rewrites, in the same order, as
+    looking at every node on every pass."""
+    pos = {n.id: k for k, n in enumerate(graph.nodes)}
+    dirty = set(range(len(graph.nodes)))
+    while dirty:
+        todo, dirty = dirty, set()
+        for at in range(len(graph.nodes) - 1, -1, -1):
+            if at not in todo:
+                continue
+            n = graph.nodes[at]
             if any(MB in l.axes for l in choice[n.id].out_layouts) or any(
                 v.id in results for v in n.outputs
             ):
@@ -362,5 +369,12 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
                     choice[n.id] = c
                     for v, l in zip(n.outputs, c.out_layouts):
                         layout[v.id] = l
-                    changed = True
+                    near = {pos[u.id] for v in n.outputs for u, _ in graph.users.get(v.id, ())}
+                    near |= {
+                        pos[graph.producer[x.id].id]
+                        for x in n.inputs
+                        if isinstance(x, Value) and x.id in graph.producer
+                    }
+                    todo |= {j for j in near if j < at}  # this pass reaches them yet
+                    dirty |= {j for j in near if j > at}  # the next pass
                     break

@@ -17,6 +17,7 @@ Total cost = chosen node costs + chosen edge costs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gzip
 import json
@@ -102,20 +103,28 @@ class SearchProblem:
                 f"{where}: edge {e} joins {self.edges[e].tolist()}, not nodes of "
                 f"this problem (0 .. {n - 1})."
             )
-        for e, ((u, v), m) in enumerate(zip(self.edges, self.edge_costs)):
-            if m.shape != (len(self.node_costs[u]), len(self.node_costs[v])):
+        if self.num_edges:
+            shapes = np.array([m.shape if m.ndim == 2 else (-1, -1) for m in self.edge_costs])
+            wrong = (shapes != self.sizes[self.edges]).any(1)
+            if wrong.any():
+                e = int(np.flatnonzero(wrong)[0])
+                (u, v), m = self.edges[e].tolist(), self.edge_costs[e]
                 raise ConfigError(
-                    f"{where}: edge {e} ({u}, {v}) has a cost matrix "
-                    f"of shape {m.shape}, expected "
-                    f"{(len(self.node_costs[u]), len(self.node_costs[v]))}."
+                    f"{where}: edge {e} ({u}, {v}) has a cost matrix of shape {m.shape}, "
+                    f"expected {(len(self.node_costs[u]), len(self.node_costs[v]))}."
                 )
         _check_values(where, "edge", "cost", self.edge_costs)
-        if self.usage_limit is not None and (
-            isinstance(self.usage_limit, bool)
-            or not isinstance(self.usage_limit, (int, np.integer))
-            or self.usage_limit < 0
-        ):
-            raise ConfigError(f"{where}: usage_limit {self.usage_limit!r} is not an integer >= 0.")
+        _check_limit(where, self.usage_limit)
+
+    def with_limit(self, limit) -> SearchProblem:
+        """This problem within ``limit`` bytes (None: no limit); its arrays, and the views
+        cached from them, shared rather than checked again."""
+        if limit == self.usage_limit:
+            return self
+        _check_limit(f"problem {self.name!r}", limit)
+        new = copy.copy(self)  # the instance dict: the fields and the cached properties
+        object.__setattr__(new, "usage_limit", limit)
+        return new
 
     # ------------------------------------------------------------------ queries
     @property
@@ -127,12 +136,30 @@ class SearchProblem:
         return len(self.edge_costs)
 
     def cost(self, choice) -> float:
-        c = np.asarray(choice).tolist()  # Python ints index fastest
-        total = sum(float(nc[s]) for nc, s in zip(self.node_costs, c))
-        total += sum(
-            float(m[c[u], c[v]]) for (u, v), m in zip(self.edges.tolist(), self.edge_costs)
-        )
-        return total
+        """The summed node and edge costs of ``choice``, correctly rounded (``math.fsum``: the
+        same figure whatever the order of the terms)."""
+        c = np.asarray(choice, np.int64)
+        terms = [self.flat_costs[self.offsets + c]]
+        if self.num_edges:
+            u, v = self.edges[:, 0], self.edges[:, 1]
+            flat, base, cols = self._flat_edges
+            terms.append(flat[base + c[u] * cols + c[v]])
+        return math.fsum(np.concatenate(terms).tolist())
+
+    @functools.cached_property
+    def _flat_edges(self) -> tuple:
+        """(every distinct edge matrix raveled one after another, where each edge's starts,
+        each edge's column count): a matrix shared by several edges is stored once."""
+        start: dict[int, int] = {}
+        parts, size = [], 0
+        for m in self.edge_costs:
+            if id(m) not in start:
+                start[id(m)] = size
+                parts.append(np.ravel(m))
+                size += m.size
+        base = np.fromiter((start[id(m)] for m in self.edge_costs), np.int64, self.num_edges)
+        cols = np.fromiter((m.shape[1] for m in self.edge_costs), np.int64, self.num_edges)
+        return np.concatenate(parts).astype(np.float64), base, cols
 
     @functools.cached_property
     def sizes(self) -> np.ndarray:
@@ -166,6 +193,11 @@ class SearchProblem:
         np.add.at(delta, self.intervals[:, 0], use)  # an empty interval adds and takes back
         np.add.at(delta, self.intervals[:, 1], -use)
         return np.cumsum(delta)[:horizon]
+
+    def smallest(self) -> list:
+        """Each node's strategy of the fewest bytes (the first on a tie): within less than its
+        ``peak``, no choice fits."""
+        return [int(np.argmin(u)) for u in self.node_usages]
 
     def peak(self, choice) -> int:
         prof = self.usage_profile(choice)
@@ -332,14 +364,19 @@ def _check_values(where, kind, what, arrays) -> None:
     is not finite or is negative."""
     if not arrays:
         return
-    flat = np.concatenate([np.ravel(a) for a in arrays]).astype(np.float64, copy=False)
+    first: dict[int, int] = {}  # an array shared by several nodes or edges is checked once
+    for i, a in enumerate(arrays):
+        first.setdefault(id(a), i)
+    firsts = list(first.values())
+    flat = np.concatenate([np.ravel(arrays[i]) for i in firsts]).astype(np.float64, copy=False)
     ok = np.isfinite(flat) & (flat >= 0)
     if ok.all():
         return
     k = int(np.argmin(ok))
-    sizes = np.cumsum([np.size(a) for a in arrays])
-    i = int(np.searchsorted(sizes, k, side="right"))
-    j = k - (int(sizes[i - 1]) if i else 0)
+    sizes = np.cumsum([np.size(arrays[i]) for i in firsts])
+    at_first = int(np.searchsorted(sizes, k, side="right"))
+    i = firsts[at_first]  # the first node or edge holding it
+    j = k - (int(sizes[at_first - 1]) if at_first else 0)
     entry = [int(x) for x in np.unravel_index(j, np.shape(arrays[i]))]
     at = f"strategy {entry[0]}" if kind == "node" else f"strategy pair {entry}"
     raise ConfigError(
@@ -349,25 +386,40 @@ def _check_values(where, kind, what, arrays) -> None:
     )
 
 
+def _check_limit(where: str, limit) -> None:
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 0
+    ):
+        raise ConfigError(f"{where}: usage_limit {limit!r} is not an integer >= 0.")
+
+
 def check_fits(problem: SearchProblem) -> None:
     """Raise InfeasibleError when even the smallest strategy of every node breaks the limit:
     the message names the peak time step, the largest nodes live there (by ``node_names`` when
     the problem has them), the bytes the smallest choice needs there, and the limit."""
     if problem.usage_limit is None or problem.num_nodes == 0:
         return
-    smallest = [int(np.argmin(u)) for u in problem.node_usages]
-    prof = problem.usage_profile(smallest)
-    t = int(np.argmax(prof))
-    if prof[t] <= problem.usage_limit:
+    if problem.peak(problem.smallest()) <= problem.usage_limit:
         return
     from autopar.errors import InfeasibleError
 
+    raise InfeasibleError(
+        f"no strategy fits the memory limit of {problem.usage_limit} bytes per device: "
+        f"{least_need(problem)}. Raise max_device_memory, use more devices, or shrink the model "
+        "or batch there."
+    )
+
+
+def least_need(problem: SearchProblem) -> str:
+    """Where the smallest strategy of every node holds the most: "at step t the smallest
+    strategies still need B bytes (largest live: ...)", naming the five largest nodes live
+    there (by ``node_names`` when the problem has them)."""
+    smallest = problem.smallest()
+    prof = problem.usage_profile(smallest)
+    t = int(np.argmax(prof)) if len(prof) else 0
     live = [i for i, (s, e) in enumerate(problem.intervals) if s <= t < e]
     live.sort(key=lambda i: -int(problem.node_usages[i][smallest[i]]))
     names = problem.node_names or tuple(f"node {i}" for i in range(problem.num_nodes))
     top = ", ".join(f"{names[i]} ({int(problem.node_usages[i][smallest[i]])} B)" for i in live[:5])
-    raise InfeasibleError(
-        f"no strategy fits the memory limit of {problem.usage_limit} bytes per device: at step {t} "
-        f"the smallest strategies still need {int(prof[t])} bytes (largest live: {top}). Raise "
-        "max_device_memory, use more devices, or shrink the model or batch there."
-    )
+    need = int(prof[t]) if len(prof) else 0
+    return f"at step {t} the smallest strategies still need {need} bytes (largest live: {top})"

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -104,15 +105,29 @@ class _Forward(NamedTuple):
     (the forward position its cost goes to) and which nodes are derivatives or read one
     (``back``)."""
 
-    fwd: list
-    cuts: list
-    anchor: list
-    back: list
+    fwd: tuple
+    cuts: tuple
+    anchor: tuple
+    back: tuple
+
+
+# graph -> {batch input positions: its _Forward}: the stage planner asks for the same graph's once
+# per (stages, micro-batches, interleave) tried, and a graph is never changed once built
+_FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _layers(graph, batch_inputs) -> _Forward:
     """A graph and its batch input positions -> the forward nodes, the cut positions among them,
-    each node's anchor and which nodes are derivatives (module docstring, points 1 and 2)."""
+    each node's anchor and which nodes are derivatives (module docstring, points 1 and 2), as
+    tuples (kept per graph and shared)."""
+    known = _FORWARD.setdefault(graph, {})
+    key = frozenset(batch_inputs)
+    if key not in known:
+        known[key] = _Forward(*map(tuple, _find_layers(graph, key)))
+    return known[key]
+
+
+def _find_layers(graph, batch_inputs) -> tuple:
     index = {n.id: k for k, n in enumerate(graph.nodes)}
     back = _derivatives(graph, index)
     varies = graph.dependents(batch_inputs)
@@ -126,7 +141,7 @@ def _layers(graph, batch_inputs) -> _Forward:
     anchor = _anchors(graph, index, pos, back, last_use)
     split = _backward_splits(graph, index, back, varies, anchor, len(fwd))
     cuts = [i for i in _cuts(graph, index, fwd, pos) if not split[i]]
-    return _Forward(fwd, cuts, anchor, back)
+    return fwd, cuts, anchor, back
 
 
 def _derivatives(graph, index) -> list:
@@ -384,7 +399,7 @@ def _layer_groups(graph, count, stages, fwd, cuts, anchor) -> _Layers:
             [[s for s in range(count) if i in stages.inputs[s]] for i in range(len(graph.inputs))],
             [],
         )
-    bounds = [0] + cuts + [len(fwd)]  # layer l = forward positions [b[l], b[l+1])
+    bounds = [0, *cuts, len(fwd)]  # layer l = forward positions [b[l], b[l+1])
     n_layers = len(bounds) - 1
     if n_layers < count:
         raise PipelineError(

@@ -44,6 +44,7 @@ from ..strategies.candidates import batch_defaults, candidates_of
 from ..strategies.cost_model import memory_timeline, program_memory
 from ..strategies.microbatch import MicroFit
 from ..strategies.optimizer import optimizer_updates
+from ..strategies.problem import least_need
 from ..strategies.propagation import Assignment, propagate
 from ..strategies.slices import slice_early
 from ..strategies.strategy import Alternative, Strategy
@@ -84,7 +85,7 @@ from .pipeline_plan import (
     plan_pipeline,
     reshard_cost,
 )
-from .search import default_search_mode, recursive_search, search, with_fixed
+from .search import built_problem, default_search_mode, recursive_search, search, with_fixed
 
 
 def _search_name(config) -> str:
@@ -345,6 +346,7 @@ def _on_mesh(req: CompileRequest, mesh) -> MeshPlan:
     return _profiled(req, [_finish(req, mesh, planner, assignment)])[0]
 
 
+_ZERO_HINT = ", or set enable_parallel_optimizer=True to shard the optimizer state and update."
 SEARCH_RETRIES = 3  # searches under a tighter cap when the lowered plan overruns the real one
 RETRY_STEP = 0.1  # ... each at least this share tighter than the last
 
@@ -354,9 +356,10 @@ def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPla
     offers. The search's memory model is the problem's (live intervals of operator outputs);
     the lowered program's (``memory_timeline``) is the truth the cap is checked against, so
     when no offered plan fits the cap there, the search runs again within what it thought its
-    plan holds scaled down by the overrun (and at least ``RETRY_STEP`` below its last limit),
-    up to ``SEARCH_RETRIES`` times (the last plan is returned either way: the
-    caller names its peak when it does not fit).
+    plan holds scaled down by the overrun (and at least ``RETRY_STEP`` below its last limit,
+    but not below the least any plan holds in its model, where it stops), up to
+    ``SEARCH_RETRIES`` times (the last plan is returned either way: the caller names its peak
+    when it does not fit). The problem is built once for every limit.
 
     On a pipeline's stage mesh the whole step is searched within the memory of all
     ``pipeline_stages`` stages' devices (``max_device_memory`` times the stage count): its
@@ -366,8 +369,9 @@ def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPla
     stage against the cap, remains the judge. Where no layout fits that, the search runs
     without it (the stage planner names what does not fit)."""
     cap = config.max_device_memory
+    built = built_problem(req, mesh, planner, cands, fit)  # searched within each limit
     if not req.pipelined or cap is None:
-        return _searched_within(req, config, mesh, planner, cands, fit)
+        return _searched_within(req, config, mesh, planner, cands, fit, built)
     try:
         return _searched_within(
             req,
@@ -376,22 +380,27 @@ def _searched(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPla
             planner,
             cands,
             fit,
+            built,
         )
     except InfeasibleError:
         return _searched_within(
-            req, config.replace(max_device_memory=None), mesh, planner, cands, fit
+            req, config.replace(max_device_memory=None), mesh, planner, cands, fit, built
         )
 
 
-def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> MeshPlan:
+def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit, built) -> MeshPlan:
     """``_searched`` within ``config.max_device_memory`` (for a pipeline's stage mesh, the
-    scaled cap ``_searched`` gives it)."""
+    scaled cap ``_searched`` gives it), searching ``built`` (``search.built_problem``)."""
     cap = config.max_device_memory
     limit = cap
     best = peak = None
+    problem = built.problem
+    least = problem.peak(problem.smallest())  # no plan holds less in the search's model
     for _ in range(SEARCH_RETRIES + 1):
         try:
-            found = search(req, config.replace(max_device_memory=limit), mesh, planner, cands, fit)
+            found = search(
+                req, config.replace(max_device_memory=limit), mesh, planner, cands, fit, built
+            )
         except InfeasibleError as e:
             if best is None:
                 raise
@@ -406,9 +415,18 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit) -> 
         if peak <= cap:
             return best
         # the next search within what the search thought this plan holds, scaled by its
-        # overrun: a plan the search thought smaller than the limit would be found again
+        # overrun (a plan the search thought smaller than the limit would be found again), and
+        # no less than the least any plan holds in the search's model (within less, none fits)
         searched = found[0].peak if found[0].peak else limit
-        limit = int(min(limit * (1 - RETRY_STEP), searched * cap / peak))
+        nxt = max(least, int(min(limit * (1 - RETRY_STEP), searched * cap / peak)))
+        if nxt >= limit:  # no tighter search is possible
+            raise InfeasibleError(
+                f"no plan fits max_device_memory={cap}: the search's plan within {limit} bytes "
+                f"lowers to {peak} bytes per device, and no plan holds less in the search's "
+                f"model: {least_need(problem)}. Raise max_device_memory, use more devices or "
+                "a smaller batch" + ("." if config.enable_parallel_optimizer else _ZERO_HINT)
+            )
+        limit = nxt
     assert best is not None  # the loop ran at least once
     return best
 
@@ -692,11 +710,7 @@ def _plan_traced(req: CompileRequest, full, t0, t_trace, cache=None):
     # no search has checked this plan (data_parallel, semi_auto_parallel), or it changed after
     # the search (the parallel optimizer, results gathered for return)
     if cap is not None and peak > cap:
-        hint = (
-            ""
-            if config.enable_parallel_optimizer
-            else (", or set enable_parallel_optimizer=True to shard the optimizer state and update")
-        )
+        hint = "" if config.enable_parallel_optimizer else _ZERO_HINT[:-1]
         raise InfeasibleError(
             f"{config.parallel_mode.value} needs {peak} bytes per device at {peak_op} "
             f"({peak_where}), more than max_device_memory={cap}. Raise max_device_memory, use "

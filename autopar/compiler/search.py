@@ -53,7 +53,37 @@ BOUND_SHARE = 2.0  # ... or after this many times the search's own time (>= 1 s)
 BOUND_MAX = 10.0  # ... and never for longer than this many seconds
 
 
-def search(req, config, mesh, planner, cands, fit):
+def built_problem(req, mesh, planner, cands, fit):
+    """The step's ``Built`` problem on ``mesh`` with no memory limit (``search`` gives it each
+    limit it searches within; nothing else in it depends on the limit)."""
+    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
+    fixed = req.arg_layouts(mesh)
+    options = (
+        None
+        if fit is None
+        else tuple(
+            fit.argument(v, opts)
+            for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed))
+        )
+    )
+    return build_problem(
+        req.graph,
+        mesh,
+        cands,
+        fixed,
+        seconds,
+        None,
+        req.name,
+        [n for n, _ in req.names],
+        arg_options=options,
+        state_pairs=req.pairs,
+        state_pricing=req.state_pricing(),
+        repeat=req.micro if req.pipelined else 1,
+        batch_inputs=frozenset(batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)),
+    )
+
+
+def search(req, config, mesh, planner, cands, fit, built=None):
     """auto_parallel: the SearchProblem of the graph, solved by ``config.search_mode``
     (``fit``: the MicroFit its layouts must pass, or None). Out: the plans for the caller to
     lower and compare by their estimated step, cheapest in the search's model first: the
@@ -67,33 +97,11 @@ def search(req, config, mesh, planner, cands, fit):
     tries TRW-S's (``trws.bound``, the engine ``autopar solve`` bounds with) for
     ``BOUND_SHARE`` times as long as the search took (at least a second, at most ``BOUND_MAX``
     and what ``search_time`` leaves; less once its sweeps stall), run only for the plan a
-    Strategy reports."""
+    Strategy reports. ``built``: the step's problem on ``mesh`` (``built_problem``) when the
+    caller searches it again within another limit."""
     t0 = time.monotonic()
-    seconds = lambda s, d, shape, dtype: plan_steps(planner, s, d, shape, dtype)[1]
-    fixed = req.arg_layouts(mesh)
-    options = (
-        None
-        if fit is None
-        else tuple(
-            fit.argument(v, opts)
-            for v, opts in zip(req.graph.inputs, default_arg_options(req.graph, mesh, fixed))
-        )
-    )
-    built = build_problem(
-        req.graph,
-        mesh,
-        cands,
-        fixed,
-        seconds,
-        config.max_device_memory,
-        req.name,
-        [n for n, _ in req.names],
-        arg_options=options,
-        state_pairs=req.pairs,
-        state_pricing=req.state_pricing(),
-        repeat=req.micro if req.pipelined else 1,
-        batch_inputs=frozenset(batch_inputs(req.graph, req.args, req.batch_argnums, req.pairs)),
-    )
+    built = built or built_problem(req, mesh, planner, cands, fit)
+    built = dataclasses.replace(built, problem=built.problem.with_limit(config.max_device_memory))
     progress = _progress(req.name, config.search_mode.value, config)
     try:
         solution = solvers.get(config.search_mode.value)(

@@ -547,7 +547,7 @@ def solve(
             hot |= extra
             continue
         low, below, above = 0.0, choice, fit  # lambdas and plans bracketing the least
-        held = lambda c: float(sum(u[s] for u, s, h in zip(usage, c, hot) if h))
+        held = lambda c: float(problem.flat_usages[(problem.offsets + np.asarray(c))[hot]].sum())
         line = lambda c, lam: problem.cost(c) + lam * held(c)
         for _ in range(_LAMBDA_STEPS):
             if time.perf_counter() > deadline or high <= low * 1.001:
