@@ -185,15 +185,20 @@ def repair_memory(
     min_use = np.array([int(u.min()) for u in problem.node_usages], np.int64)
     pin = np.zeros(problem.num_nodes, bool)
     pin[list(pinned)] = True
-    cache: dict = {}  # node -> (extra cost, bytes saved, node, strategy) per move
+    # every move (node, strategy) in the problem's flat layout: its extra cost and the bytes
+    # it saves, brought up to date for a live node whose neighbourhood changed (``fresh``)
+    sizes, offsets, flat_use = problem.sizes, problem.offsets, problem.flat_usages
+    owner = np.repeat(np.arange(problem.num_nodes), sizes)
+    strategy = np.arange(len(owner)) - offsets[owner]
+    extra, saved = np.zeros(len(owner)), np.zeros(len(owner), np.int64)
+    fresh = np.zeros(problem.num_nodes, bool)
 
-    def moves(i: int):
-        if i not in cache:
-            local = local_costs(problem, adj, i, choice)
-            saved = use[i] - problem.node_usages[i]
-            ok = np.flatnonzero(saved > 0)
-            cache[i] = (local[ok] - local[choice[i]], saved[ok], np.full(len(ok), i), ok)
-        return cache[i]
+    def refresh(i: int) -> None:
+        local = local_costs(problem, adj, i, choice)
+        at = slice(offsets[i], offsets[i] + sizes[i])
+        extra[at] = local - local[choice[i]]
+        saved[at] = use[i] - flat_use[at]
+        fresh[i] = True
 
     while len(prof):
         t = int(np.argmax(prof))
@@ -205,16 +210,20 @@ def repair_memory(
         if len(live) == 0:
             live = np.flatnonzero(shrinkable)
         assert len(live), "check_fits passed, so some live node can shrink"
-        extra, saved, node, strat = (np.concatenate(a) for a in zip(*map(moves, live.tolist())))
-        score = extra / np.minimum(saved, excess)
-        k = int(np.lexsort((strat, node, extra, score))[0])
+        for i in live[~fresh[live]].tolist():
+            refresh(i)
+        mask = np.zeros(problem.num_nodes, bool)
+        mask[live] = True
+        cand = np.flatnonzero(mask[owner] & (saved > 0))
+        node, strat, cost = owner[cand], strategy[cand], extra[cand]
+        score = cost / np.minimum(saved[cand], excess)
+        k = int(np.lexsort((strat, node, cost, score))[0])
         i, s = int(node[k]), int(strat[k])
         new = int(problem.node_usages[i][s])
         prof[iv[i, 0] : iv[i, 1]] += new - use[i]
         use[i], choice[i] = new, s
-        cache.pop(i, None)
-        for w in adj.neighbours(i):
-            cache.pop(w, None)
+        fresh[i] = False
+        fresh[adj.neighbours(i)] = False
     return choice
 
 
