@@ -23,6 +23,7 @@ this mesh, a rank's local shapes are those of one micro-batch.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -287,21 +288,33 @@ def _backward(graph, cands, forward: _Pass, reshard_cost) -> dict:
     a node's own inputs read for free, then also through chains of such values (the zeros and
     updates of a cross-entropy's scatter-add); the variant with the cheaper reads wins."""
     results = {o.id for o in graph.outputs if not isinstance(o, Const)}
-    best: tuple[float, dict] | None = None
+    variants, changed = [], set()
     for relaxed in (False, True):
         ch, lay = dict(forward.choice), dict(forward.layout)
-        _split_invariants(graph, cands, ch, lay, reshard_cost, results, relaxed)
-        total = _read_seconds(graph, _Pass(ch, lay), reshard_cost)
+        changed |= _split_invariants(graph, cands, ch, lay, reshard_cost, results, relaxed)
+        variants.append(_Pass(ch, lay))
+    # the reads that differ: of the rewritten nodes, and of their outputs' readers
+    differ = changed | {
+        u.id
+        for n in graph.nodes
+        if n.id in changed
+        for v in n.outputs
+        for u, _ in graph.users.get(v.id, ())
+    }
+    nodes = [n for n in graph.nodes if n.id in differ]
+    best: tuple[float, dict] | None = None
+    for plan in variants:
+        total = _read_seconds(nodes, plan, reshard_cost)
         if best is None or total < best[0]:
-            best = (total, ch)
+            best = (total, plan.choice)
     assert best is not None  # the loop ran
     return best[1]
 
 
-def _read_seconds(graph, plan: _Pass, reshard_cost) -> float:
-    """A pass -> the seconds of every collective its nodes' inputs are read through."""
+def _read_seconds(nodes, plan: _Pass, reshard_cost) -> float:
+    """Nodes and a pass -> the seconds of every collective their inputs are read through."""
     total, memo = 0.0, {}
-    for n in graph.nodes:
+    for n in nodes:
         have, c = tuple(_held(x, plan.layout) for x in n.inputs), plan.choice[n.id]
         key = (n.signature, c, have)  # a repeated layer's node: the same reads
         if key not in memo:
@@ -327,14 +340,16 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
     pass); repeated until nothing changes. A node's rewrite depends only on its own choice, its
     readers' and its operands' (and their producers'), so each pass looks again only at the
     neighbours of what the passes so far rewrote: the same rewrites, in the same order, as
-    looking at every node on every pass."""
+    looking at every node on every pass. Returns the ids of the nodes rewritten."""
     pos = {n.id: k for k, n in enumerate(graph.nodes)}
+    rewritten: set = set()
     dirty = set(range(len(graph.nodes)))
     while dirty:
         todo, dirty = dirty, set()
-        for at in range(len(graph.nodes) - 1, -1, -1):
-            if at not in todo:
-                continue
+        heap = [-k for k in todo]  # the pass's nodes, last first
+        heapq.heapify(heap)
+        while heap:
+            at = -heapq.heappop(heap)
             n = graph.nodes[at]
             if any(MB in l.axes for l in choice[n.id].out_layouts) or any(
                 v.id in results for v in n.outputs
@@ -375,6 +390,12 @@ def _split_invariants(graph, cands, choice, layout, reshard_cost, results, relax
                         for x in n.inputs
                         if isinstance(x, Value) and x.id in graph.producer
                     }
-                    todo |= {j for j in near if j < at}  # this pass reaches them yet
-                    dirty |= {j for j in near if j > at}  # the next pass
+                    for j in near:
+                        if j < at and j not in todo:  # this pass reaches them yet
+                            todo.add(j)
+                            heapq.heappush(heap, -j)
+                        elif j > at:  # the next pass
+                            dirty.add(j)
+                    rewritten.add(n.id)
                     break
+    return rewritten
