@@ -117,11 +117,13 @@ class SearchProblem:
         _check_limit(where, self.usage_limit)
 
     def with_limit(self, limit) -> SearchProblem:
-        """This problem within ``limit`` bytes (None: no limit); its arrays, and the views
-        cached from them, shared rather than checked again."""
+        """This problem within ``limit`` bytes (None: no limit); its arrays, and the flat views
+        of them (made first), shared rather than checked again."""
         if limit == self.usage_limit:
             return self
         _check_limit(f"problem {self.name!r}", limit)
+        for view in ("offsets", "flat_costs", "flat_usages", "_flat_edges"):
+            getattr(self, view)
         new = copy.copy(self)  # the instance dict: the fields and the cached properties
         object.__setattr__(new, "usage_limit", limit)
         return new
@@ -159,7 +161,8 @@ class SearchProblem:
                 size += m.size
         base = np.fromiter((start[id(m)] for m in self.edge_costs), np.int64, self.num_edges)
         cols = np.fromiter((m.shape[1] for m in self.edge_costs), np.int64, self.num_edges)
-        return np.concatenate(parts).astype(np.float64), base, cols
+        flat = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+        return flat, base, cols
 
     @functools.cached_property
     def sizes(self) -> np.ndarray:

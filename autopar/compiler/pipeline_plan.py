@@ -339,11 +339,12 @@ INTERLEAVES = (1, 2, 4)  # model parts per stage's devices "auto" tries
 
 def pipeline_options(config, full, batch_rows: int) -> list:
     """The (stages, micro-batches, interleave) triples ``auto_pipeline`` tries, stages
-    ascending: the given count where one is given, else ``stage_counts``, and micro-batches 1, 2, 4 without a pipeline (they only save memory), S, 2 S, 4 S
-    with S stages (fewer leave stages idle) and the count giving one row per device of the
-    stage mesh's first axis per micro-batch (Megatron-LM's micro-batch of one sequence per
-    data-parallel rank), each dividing the batch rows; with S > 1 stages each interleave of
-    ``INTERLEAVES`` (or the given one) whose micro-batches S divides."""
+    ascending: the given count where one is given, else ``stage_counts``, and micro-batches 1,
+    2, 4 without a pipeline (they only save memory), S, 2 S, 4 S with S stages (fewer leave
+    stages idle) and the count giving one row per device of the stage mesh's first axis per
+    micro-batch (Megatron-LM's micro-batch of one sequence per data-parallel rank), each
+    dividing the batch rows; with S > 1 stages each interleave of ``INTERLEAVES`` (or the given
+    one) whose micro-batches S divides."""
     n = full.size
     given_s, given_m = config.pipeline_stages, config.micro_batches
     given_v = config.pipeline_interleave
@@ -379,9 +380,9 @@ def stage_counts(full) -> list:
     """The stage counts ``pipeline_options`` tries on mesh ``full``: per count of
     ``STAGE_LADDER``, the count nearest to it (by ratio; the smaller on a tie) whose stages
     ``Topology.inner`` accepts (whole levels, a tile of one, or part of the outermost),
-    ascending without repeats: the
-    ladder itself on 2^k hosts of 2^j devices; on Megatron-LM's 315 DGX hosts of 8 GPUs (530B)
-    1, 3, 5, 9, 15, 35 and 63 stages, where powers of two would split hosts."""
+    ascending without repeats: the ladder itself on 2^k hosts of 2^j devices; on Megatron-LM's
+    315 DGX hosts of 8 GPUs (530B) 1, 3, 5, 9, 15, 35 and 63 stages, where powers of two would
+    split hosts."""
     n, topo = full.size, full.topology
 
     def whole(s: int) -> bool:
