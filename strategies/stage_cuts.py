@@ -111,8 +111,8 @@ class _Forward(NamedTuple):
     back: tuple
 
 
-# graph -> {batch input positions: its _Forward}: the stage planner asks for the same graph's once
-# per (stages, micro-batches, interleave) tried, and a graph is never changed once built
+# graph -> {batch input positions: its _Forward}: the stage planner asks for a graph's layers
+# once per (stages, micro-batches, interleave) tried, and a graph never changes once built
 _FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
