@@ -186,12 +186,16 @@ class SearchProblem:
             return np.zeros(0, np.int64)
         return np.concatenate(self.node_usages).astype(np.int64)
 
+    def usages(self, choice) -> np.ndarray:
+        """Each node's bytes in its strategy of ``choice`` (int64)."""
+        return self.flat_usages[self.offsets + np.asarray(choice, np.int64)]
+
     def usage_profile(self, choice) -> np.ndarray:
         """Memory in use at every time step 0 .. max(end) - 1."""
         if self.num_nodes == 0:
             return np.zeros(0, np.int64)
         horizon = int(self.intervals[:, 1].max())
-        use = self.flat_usages[self.offsets + np.asarray(choice, np.int64)]
+        use = self.usages(choice)
         delta = np.zeros(horizon + 1, np.int64)
         np.add.at(delta, self.intervals[:, 0], use)  # an empty interval adds and takes back
         np.add.at(delta, self.intervals[:, 1], -use)

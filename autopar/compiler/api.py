@@ -393,9 +393,8 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit, bui
     scaled cap ``_searched`` gives it), searching ``built`` (``search.built_problem``)."""
     cap = config.max_device_memory
     limit = cap
-    best = peak = None
+    best = peak = least = None
     problem = built.problem
-    least = problem.peak(problem.smallest())  # no plan holds less in the search's model
     for _ in range(SEARCH_RETRIES + 1):
         try:
             found = search(
@@ -418,6 +417,8 @@ def _searched_within(req: CompileRequest, config, mesh, planner, cands, fit, bui
         # overrun (a plan the search thought smaller than the limit would be found again), and
         # no less than the least any plan holds in the search's model (within less, none fits)
         searched = found[0].peak if found[0].peak else limit
+        if least is None:  # no plan holds less in the search's model
+            least = problem.peak(problem.smallest())
         nxt = max(least, int(min(limit * (1 - RETRY_STEP), searched * cap / peak)))
         if nxt >= limit:  # no tighter search is possible
             raise InfeasibleError(

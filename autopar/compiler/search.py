@@ -100,7 +100,8 @@ def search(req, config, mesh, planner, cands, fit, built=None):
     Strategy reports. ``built``: the step's problem on ``mesh`` (``built_problem``) when the
     caller searches it again within another limit."""
     t0 = time.monotonic()
-    built = built or built_problem(req, mesh, planner, cands, fit)
+    if built is None:
+        built = built_problem(req, mesh, planner, cands, fit)
     built = dataclasses.replace(built, problem=built.problem.with_limit(config.max_device_memory))
     progress = _progress(req.name, config.search_mode.value, config)
     try:

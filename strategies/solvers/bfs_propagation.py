@@ -176,7 +176,7 @@ def repair_memory(
         return choice
     adj = adj or Adjacency.of(problem)
     iv = problem.intervals
-    use = np.array([int(u[c]) for u, c in zip(problem.node_usages, choice)], np.int64)
+    use = problem.usages(choice)
     horizon = int(iv[:, 1].max())
     delta = np.zeros(horizon + 1, np.int64)
     np.add.at(delta, iv[:, 0], use)
@@ -248,7 +248,7 @@ def improve(
     adj = adj or Adjacency.of(problem)
     iv = problem.intervals
     limit = problem.usage_limit
-    use = np.array([int(u[c]) for u, c in zip(problem.node_usages, choice)], np.int64)
+    use = problem.usages(choice)
     prof = problem.usage_profile(choice)
     frozen = set(pinned)
     todo = [i for i in range(n) if len(problem.node_costs[i]) > 1 and i not in frozen]

@@ -495,11 +495,16 @@ def solve(
         folded = folding.fold(problem)
 
     def run_with(costs=None):
-        """(choice, exact) of one elimination with ``costs``: per node (unfolded) or in the
-        flat layout (folded); None: the problem's own."""
+        """(choice, exact) of one elimination with ``costs`` in the flat layout (problem.py);
+        None: the problem's own."""
         if folded is None:
+            per_node = None if costs is None else np.split(costs, problem.offsets[1:])
             return run(
-                problem, costs, star=star, enumeration_limit=enumeration_limit, deadline=deadline
+                problem,
+                per_node,
+                star=star,
+                enumeration_limit=enumeration_limit,
+                deadline=deadline,
             )
         got, _ = run(
             folded.problem,
@@ -522,18 +527,12 @@ def solve(
         if not exact:
             choice = improve(problem, choice, adj, deadline=deadline)
         return _finish(problem, choice, initial, t0, exact, progress, folded=folded)
-    usage = [u.astype(np.float64) for u in problem.node_usages]
     candidates = [choice]
     hot = _violated_nodes(problem, choice)
 
     def penalised(lam: float):
-        if folded is not None:  # run_with takes the flat layout (problem.py)
-            hot_flat = np.repeat(hot, problem.sizes)
-            return run_with(problem.flat_costs + lam * (problem.flat_usages * hot_flat))[0]
-        costs = [
-            c + lam * u if h else c for c, u, h in zip(problem.node_costs, usage, hot.tolist())
-        ]
-        return run_with(costs)[0]
+        hot_flat = np.repeat(hot, problem.sizes)
+        return run_with(problem.flat_costs + lam * (problem.flat_usages * hot_flat))[0]
 
     for _ in range(4):  # widen the penalised set while violations move
         scale = _lambda_scale(problem, hot)
@@ -547,7 +546,7 @@ def solve(
             hot |= extra
             continue
         low, below, above = 0.0, choice, fit  # lambdas and plans bracketing the least
-        held = lambda c: float(problem.flat_usages[(problem.offsets + np.asarray(c))[hot]].sum())
+        held = lambda c: float(problem.usages(c)[hot].sum())
         line = lambda c, lam: problem.cost(c) + lam * held(c)
         for _ in range(_LAMBDA_STEPS):
             if time.perf_counter() > deadline or high <= low * 1.001:
